@@ -1,0 +1,1001 @@
+//! The simulated network: hosts, interfaces, point-to-point links, routing, and the event loop
+//! that moves packets through them.
+//!
+//! All state sits behind one mutex and is advanced by a single driver task that sleeps until the
+//! next event. Link arithmetic uses the exact (nanosecond) event times, so serialisation, queueing
+//! and propagation are exact; endpoints see deliveries when the tokio clock reaches them, which in
+//! paused (virtual) time moves in 1 ms ticks (see docs/decisions.md).
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Duration;
+
+use qgate_aqm::{DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::loss::LossState;
+use crate::socket::SimSocket;
+use crate::trace::{Trace, TraceEvent, TraceRecord};
+use crate::{LinkParams, LinkStats};
+
+/// IPv4 + UDP header bytes added to every datagram's payload when it occupies a link.
+pub const IPV4_UDP_OVERHEAD: usize = 28;
+/// IPv6 + UDP header bytes.
+pub const IPV6_UDP_OVERHEAD: usize = 48;
+/// Datagrams a socket buffers before it drops arrivals (like a kernel receive buffer).
+pub const DEFAULT_SOCKET_RX_LIMIT: usize = 4096;
+
+/// A host in the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostId(pub(crate) usize);
+/// An interface (one address) of a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InterfaceId(pub(crate) usize);
+/// A point-to-point link between two interfaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub struct LinkId(pub(crate) usize);
+
+/// One direction of a link: from the first interface given to [`Network::connect`] to the
+/// second (`AtoB`), or back (`BtoA`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Direction {
+    /// From the link's first interface to its second.
+    AtoB,
+    /// From the link's second interface to its first.
+    BtoA,
+}
+
+impl Direction {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a network operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetError {
+    /// Another interface already has this address.
+    #[error("address {0} is already assigned to an interface")]
+    AddressTaken(IpAddr),
+    /// The interface is already connected to a link (links are point-to-point).
+    #[error("interface {0} is already connected to a link")]
+    InterfaceBusy(IpAddr),
+    /// The host has no interface with this address.
+    #[error("host '{host}' has no interface with address {addr}")]
+    NoSuchAddress {
+        /// The host's name.
+        host: String,
+        /// The address asked for.
+        addr: IpAddr,
+    },
+    /// A socket is already bound to this address and port.
+    #[error("address {0} is already in use")]
+    AddrInUse(SocketAddr),
+    /// The host's ephemeral ports are all bound.
+    #[error("no free ephemeral port on host '{0}'")]
+    NoFreePort(String),
+    /// Link parameters failed validation.
+    #[error("invalid link parameters: {0}")]
+    BadParams(String),
+}
+
+/// A datagram in flight.
+#[derive(Debug)]
+pub(crate) struct Datagram {
+    pub(crate) src: SocketAddr,
+    pub(crate) dst: SocketAddr,
+    pub(crate) data: Box<[u8]>,
+}
+
+struct Host {
+    name: String,
+    interfaces: Vec<InterfaceId>,
+    forwarding: bool,
+    next_ephemeral: u16,
+}
+
+struct Interface {
+    host: HostId,
+    addr: IpAddr,
+    /// The link this interface transmits on, and in which direction.
+    link: Option<(LinkId, Direction)>,
+}
+
+struct LinkDir {
+    params: LinkParams,
+    queue: Box<dyn QueueDiscipline<Datagram>>,
+    /// The packet being clocked onto the wire.
+    tx: Option<Packet<Datagram>>,
+    loss: LossState,
+    /// Arrival time of the last packet put on the wire: later packets never arrive before it.
+    last_arrival: Instant,
+    /// Bumped when the link goes down, so events scheduled before are recognised as lost.
+    epoch: u64,
+    stats: LinkStats,
+}
+
+struct Link {
+    ends: [InterfaceId; 2],
+    dirs: [LinkDir; 2],
+}
+
+pub(crate) struct SocketSlot {
+    host: HostId,
+    local: SocketAddr,
+    pub(crate) rx: VecDeque<(Datagram, IpAddr, Option<Ecn>)>,
+    rx_limit: usize,
+    pub(crate) waker: Option<Waker>,
+    pub(crate) dropped_rx: u64,
+}
+
+enum EventKind {
+    TxDone {
+        link: LinkId,
+        dir: Direction,
+        epoch: u64,
+    },
+    Arrive {
+        link: LinkId,
+        dir: Direction,
+        epoch: u64,
+        packet: Packet<Datagram>,
+    },
+}
+
+struct Event {
+    at: Instant,
+    seq: u64,
+    kind: EventKind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    /// Reversed, so the `BinaryHeap` pops the earliest event; ties go in insertion order.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// Counters of things the network dropped outside links.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostDrops {
+    /// Datagrams for an address no route leads to, or arriving at a non-forwarding host for an
+    /// address it does not own.
+    pub unroutable: u64,
+    /// Datagrams for a port nobody listens on.
+    pub no_listener: u64,
+    /// Datagrams dropped because the receiving socket's buffer was full.
+    pub socket_overflow: u64,
+}
+
+pub(crate) struct SimState {
+    hosts: Vec<Host>,
+    interfaces: Vec<Interface>,
+    links: Vec<Link>,
+    addr_index: HashMap<IpAddr, InterfaceId>,
+    routes: HashMap<(HostId, IpAddr), Option<InterfaceId>>,
+    pub(crate) sockets: Vec<Option<SocketSlot>>,
+    bindings: BTreeMap<(IpAddr, u16), usize>,
+    events: BinaryHeap<Event>,
+    seq: u64,
+    rng: ChaCha8Rng,
+    drops: Vec<Dropped<Datagram>>,
+    wake: Vec<Waker>,
+    trace: Option<Trace>,
+    start: Instant,
+    /// When the driver will next wake by itself; `None` = it waits for a notification.
+    driver_wake_at: Option<Instant>,
+    host_drops: HostDrops,
+}
+
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<SimState>,
+    pub(crate) notify: Notify,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SimState> {
+        // A panic while holding the lock leaves consistent-enough state for counters and tests.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wake the driver if the state now holds an event earlier than it plans to wake for, then
+    /// wake any sockets that received data.
+    pub(crate) fn after_change(&self, mut st: MutexGuard<'_, SimState>) {
+        let next = st.events.peek().map(|e| e.at);
+        let notify = match (next, st.driver_wake_at) {
+            (Some(n), Some(w)) => n < w,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if notify {
+            st.driver_wake_at = next;
+        }
+        let wakers = std::mem::take(&mut st.wake);
+        drop(st);
+        if notify {
+            self.notify.notify_one();
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// Aborts the driver task when the last handle (network or socket) is gone.
+pub(crate) struct NetInner {
+    pub(crate) shared: Arc<Shared>,
+    driver: tokio::task::AbortHandle,
+}
+
+impl Drop for NetInner {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// A handle to a simulated network. Cheap to clone; all clones and all sockets share it.
+#[derive(Clone)]
+pub struct Network {
+    pub(crate) inner: Arc<NetInner>,
+}
+
+impl std::fmt::Debug for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.inner.shared.lock();
+        f.debug_struct("Network")
+            .field("hosts", &st.hosts.len())
+            .field("links", &st.links.len())
+            .finish()
+    }
+}
+
+fn flow_hash(src: SocketAddr, dst: SocketAddr) -> u64 {
+    // FNV-1a over the 4-tuple: deterministic across runs (no random hasher seed).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for a in [src, dst] {
+        match a.ip() {
+            IpAddr::V4(v4) => eat(&v4.octets()),
+            IpAddr::V6(v6) => eat(&v6.octets()),
+        }
+        eat(&a.port().to_be_bytes());
+    }
+    h
+}
+
+impl Network {
+    /// A new, empty network whose random choices (loss, jitter) all come from `seed`.
+    ///
+    /// Must be called inside a tokio runtime: it spawns the task that moves packets. Under a
+    /// paused clock (`tokio::time::pause`, `start_paused = true`) the network runs in virtual
+    /// time; otherwise in real time.
+    pub fn new(seed: u64) -> Network {
+        let now = Instant::now();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SimState {
+                hosts: Vec::new(),
+                interfaces: Vec::new(),
+                links: Vec::new(),
+                addr_index: HashMap::new(),
+                routes: HashMap::new(),
+                sockets: Vec::new(),
+                bindings: BTreeMap::new(),
+                events: BinaryHeap::new(),
+                seq: 0,
+                rng: ChaCha8Rng::seed_from_u64(seed),
+                drops: Vec::new(),
+                wake: Vec::new(),
+                trace: None,
+                start: now,
+                driver_wake_at: None,
+                host_drops: HostDrops::default(),
+            }),
+            notify: Notify::new(),
+        });
+        let driver = tokio::spawn(drive(shared.clone())).abort_handle();
+        Network {
+            inner: Arc::new(NetInner { shared, driver }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        self.inner.shared.lock()
+    }
+
+    /// Add a host. Hosts do not forward packets unless [`Network::set_forwarding`] says so.
+    pub fn add_host(&self, name: &str) -> HostId {
+        let mut st = self.lock();
+        st.hosts.push(Host {
+            name: name.to_string(),
+            interfaces: Vec::new(),
+            forwarding: false,
+            next_ephemeral: 49152,
+        });
+        HostId(st.hosts.len() - 1)
+    }
+
+    /// Give `host` an interface with address `addr`.
+    pub fn add_interface(&self, host: HostId, addr: IpAddr) -> Result<InterfaceId, NetError> {
+        let mut st = self.lock();
+        if st.addr_index.contains_key(&addr) {
+            return Err(NetError::AddressTaken(addr));
+        }
+        let id = InterfaceId(st.interfaces.len());
+        st.interfaces.push(Interface {
+            host,
+            addr,
+            link: None,
+        });
+        st.hosts[host.0].interfaces.push(id);
+        st.addr_index.insert(addr, id);
+        st.routes.clear();
+        Ok(id)
+    }
+
+    /// Let `host` forward packets not addressed to it (a router).
+    pub fn set_forwarding(&self, host: HostId, on: bool) {
+        let mut st = self.lock();
+        st.hosts[host.0].forwarding = on;
+        st.routes.clear();
+    }
+
+    /// Connect two interfaces with a point-to-point link; `a_to_b` and `b_to_a` describe the
+    /// two directions.
+    pub fn connect(
+        &self,
+        a: InterfaceId,
+        b: InterfaceId,
+        a_to_b: LinkParams,
+        b_to_a: LinkParams,
+    ) -> Result<LinkId, NetError> {
+        a_to_b.validate().map_err(NetError::BadParams)?;
+        b_to_a.validate().map_err(NetError::BadParams)?;
+        let mut st = self.lock();
+        for i in [a, b] {
+            if st.interfaces[i.0].link.is_some() {
+                return Err(NetError::InterfaceBusy(st.interfaces[i.0].addr));
+            }
+        }
+        let id = LinkId(st.links.len());
+        let now = Instant::now();
+        let dir = |params: LinkParams| LinkDir {
+            queue: params.queue.build(),
+            params,
+            tx: None,
+            loss: LossState::default(),
+            last_arrival: now,
+            epoch: 0,
+            stats: LinkStats::default(),
+        };
+        st.links.push(Link {
+            ends: [a, b],
+            dirs: [dir(a_to_b), dir(b_to_a)],
+        });
+        st.interfaces[a.0].link = Some((id, Direction::AtoB));
+        st.interfaces[b.0].link = Some((id, Direction::BtoA));
+        st.routes.clear();
+        Ok(id)
+    }
+
+    /// [`Network::connect`] with the same parameters both ways.
+    pub fn connect_symmetric(
+        &self,
+        a: InterfaceId,
+        b: InterfaceId,
+        params: LinkParams,
+    ) -> Result<LinkId, NetError> {
+        self.connect(a, b, params.clone(), params)
+    }
+
+    /// Bind a UDP socket on `host`. An unspecified IP (`0.0.0.0`) receives on every interface
+    /// of the host; port 0 picks a free ephemeral port.
+    pub fn bind(&self, host: HostId, addr: SocketAddr) -> Result<Arc<SimSocket>, NetError> {
+        self.bind_with_buffer(host, addr, DEFAULT_SOCKET_RX_LIMIT)
+    }
+
+    /// [`Network::bind`] with a receive buffer of `rx_limit` datagrams.
+    pub fn bind_with_buffer(
+        &self,
+        host: HostId,
+        addr: SocketAddr,
+        rx_limit: usize,
+    ) -> Result<Arc<SimSocket>, NetError> {
+        let mut st = self.lock();
+        let h = &st.hosts[host.0];
+        if !addr.ip().is_unspecified()
+            && !h
+                .interfaces
+                .iter()
+                .any(|i| st.interfaces[i.0].addr == addr.ip())
+        {
+            return Err(NetError::NoSuchAddress {
+                host: h.name.clone(),
+                addr: addr.ip(),
+            });
+        }
+        let port = if addr.port() == 0 {
+            st.free_port(host, addr.ip())?
+        } else {
+            addr.port()
+        };
+        let local = SocketAddr::new(addr.ip(), port);
+        if st.port_taken(host, local) {
+            return Err(NetError::AddrInUse(local));
+        }
+        let slot = SocketSlot {
+            host,
+            local,
+            rx: VecDeque::new(),
+            rx_limit: rx_limit.max(1),
+            waker: None,
+            dropped_rx: 0,
+        };
+        let id = match st.sockets.iter().position(Option::is_none) {
+            Some(i) => {
+                st.sockets[i] = Some(slot);
+                i
+            }
+            None => {
+                st.sockets.push(Some(slot));
+                st.sockets.len() - 1
+            }
+        };
+        st.bindings.insert((local.ip(), port), id);
+        drop(st);
+        Ok(Arc::new(SimSocket::new(self.inner.clone(), id, local)))
+    }
+
+    /// The parameters of one direction of a link.
+    pub fn params(&self, link: LinkId, dir: Direction) -> LinkParams {
+        self.lock().links[link.0].dirs[dir.index()].params.clone()
+    }
+
+    /// Change one direction of a link while the network runs. A new rate or delay applies to
+    /// packets that start transmitting afterwards; taking the link down loses everything queued
+    /// and in flight; a new queue discipline takes over the queued packets.
+    pub fn set_params(
+        &self,
+        link: LinkId,
+        dir: Direction,
+        params: LinkParams,
+    ) -> Result<(), NetError> {
+        params.validate().map_err(NetError::BadParams)?;
+        let mut st = self.lock();
+        let now = Instant::now();
+        st.set_params(link, dir, params, now);
+        self.inner.shared.after_change(st);
+        Ok(())
+    }
+
+    /// Change one direction of a link with a closure over its current parameters.
+    pub fn update(
+        &self,
+        link: LinkId,
+        dir: Direction,
+        f: impl FnOnce(&mut LinkParams),
+    ) -> Result<(), NetError> {
+        let mut p = self.params(link, dir);
+        f(&mut p);
+        self.set_params(link, dir, p)
+    }
+
+    /// Change both directions of a link with the same closure.
+    pub fn update_both(&self, link: LinkId, f: impl Fn(&mut LinkParams)) -> Result<(), NetError> {
+        self.update(link, Direction::AtoB, &f)?;
+        self.update(link, Direction::BtoA, &f)
+    }
+
+    /// Counters of one direction of a link.
+    pub fn stats(&self, link: LinkId, dir: Direction) -> LinkStats {
+        self.lock().links[link.0].dirs[dir.index()].stats
+    }
+
+    /// The queue discipline's own counters for one direction of a link.
+    pub fn queue_stats(&self, link: LinkId, dir: Direction) -> QueueStats {
+        self.lock().links[link.0].dirs[dir.index()].queue.stats()
+    }
+
+    /// Packets queued or being transmitted, in flight on the wire, across the network.
+    pub fn in_flight(&self) -> usize {
+        let st = self.lock();
+        st.events.len()
+            + st.links
+                .iter()
+                .flat_map(|l| l.dirs.iter())
+                .map(|d| d.queue.backlog().packets)
+                .sum::<usize>()
+    }
+
+    /// Drops that happened at hosts rather than on links.
+    pub fn host_drops(&self) -> HostDrops {
+        self.lock().host_drops
+    }
+
+    /// Start recording a packet trace of at most `limit` records (older records are kept;
+    /// later ones are counted as truncated).
+    pub fn enable_trace(&self, limit: usize) {
+        self.lock().trace = Some(Trace::new(limit));
+    }
+
+    /// Take the trace recorded so far (recording continues into a fresh one).
+    pub fn take_trace(&self) -> Trace {
+        let mut st = self.lock();
+        match st.trace.as_mut() {
+            Some(t) => t.take(),
+            None => Trace::new(0),
+        }
+    }
+
+    /// Time since the network was created, on the network's clock.
+    pub fn elapsed(&self) -> Duration {
+        Instant::now() - self.lock().start
+    }
+
+    /// The address of an interface.
+    pub fn addr(&self, iface: InterfaceId) -> IpAddr {
+        self.lock().interfaces[iface.0].addr
+    }
+}
+
+impl SimState {
+    fn port_taken(&self, host: HostId, local: SocketAddr) -> bool {
+        let port = local.port();
+        if local.ip().is_unspecified() {
+            // A wildcard bind conflicts with any bind of the port on this host.
+            self.bindings
+                .iter()
+                .any(|((_, p), id)| *p == port && self.slot_host(*id) == Some(host))
+        } else {
+            self.bindings.contains_key(&(local.ip(), port))
+                || self.bindings.iter().any(|((ip, p), id)| {
+                    *p == port && ip.is_unspecified() && self.slot_host(*id) == Some(host)
+                })
+        }
+    }
+
+    fn slot_host(&self, id: usize) -> Option<HostId> {
+        self.sockets.get(id)?.as_ref().map(|s| s.host)
+    }
+
+    fn free_port(&mut self, host: HostId, ip: IpAddr) -> Result<u16, NetError> {
+        for _ in 0..16384 {
+            let h = &mut self.hosts[host.0];
+            let port = h.next_ephemeral;
+            h.next_ephemeral = if port == u16::MAX { 49152 } else { port + 1 };
+            if !self.port_taken(host, SocketAddr::new(ip, port)) {
+                return Ok(port);
+            }
+        }
+        Err(NetError::NoFreePort(self.hosts[host.0].name.clone()))
+    }
+
+    pub(crate) fn unbind(&mut self, id: usize) {
+        if let Some(slot) = self.sockets[id].take() {
+            self.bindings.remove(&(slot.local.ip(), slot.local.port()));
+        }
+    }
+
+    fn push_event(&mut self, at: Instant, kind: EventKind) {
+        self.seq += 1;
+        self.events.push(Event {
+            at,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn record(&mut self, at: Instant, link: LinkId, dir: Direction, size: usize, ev: TraceEvent) {
+        if let Some(trace) = self.trace.as_mut() {
+            let backlog = self.links[link.0].dirs[dir.index()].queue.backlog();
+            trace.push(TraceRecord {
+                at: at - self.start,
+                link,
+                dir,
+                size,
+                event: ev,
+                queue_packets: backlog.packets,
+                queue_bytes: backlog.bytes,
+            });
+        }
+    }
+
+    /// The interface `host` sends a datagram for `dst` from: the one whose link peer owns
+    /// `dst`, otherwise the first hop of a shortest path through forwarding hosts.
+    fn route(&mut self, host: HostId, dst: IpAddr) -> Option<InterfaceId> {
+        if let Some(r) = self.routes.get(&(host, dst)) {
+            return *r;
+        }
+        let r = self.compute_route(host, dst);
+        self.routes.insert((host, dst), r);
+        r
+    }
+
+    fn peer(&self, iface: InterfaceId) -> Option<InterfaceId> {
+        let (link, dir) = self.interfaces[iface.0].link?;
+        let ends = self.links[link.0].ends;
+        Some(match dir {
+            Direction::AtoB => ends[1],
+            Direction::BtoA => ends[0],
+        })
+    }
+
+    fn compute_route(&self, host: HostId, dst: IpAddr) -> Option<InterfaceId> {
+        let target = self.interfaces[self.addr_index.get(&dst)?.0].host;
+        for &i in &self.hosts[host.0].interfaces {
+            if self
+                .peer(i)
+                .is_some_and(|p| self.interfaces[p.0].addr == dst)
+            {
+                return Some(i);
+            }
+        }
+        // Breadth-first over hosts; remember the first interface used on each path.
+        let mut first: Vec<Option<InterfaceId>> = vec![None; self.hosts.len()];
+        let mut seen = vec![false; self.hosts.len()];
+        let mut queue = VecDeque::from([host]);
+        seen[host.0] = true;
+        while let Some(h) = queue.pop_front() {
+            if h != host && !self.hosts[h.0].forwarding && h != target {
+                continue;
+            }
+            for &i in &self.hosts[h.0].interfaces {
+                let Some(p) = self.peer(i) else { continue };
+                let next = self.interfaces[p.0].host;
+                if seen[next.0] {
+                    continue;
+                }
+                seen[next.0] = true;
+                first[next.0] = if h == host { Some(i) } else { first[h.0] };
+                if next == target {
+                    return first[next.0];
+                }
+                queue.push_back(next);
+            }
+        }
+        None
+    }
+
+    /// Send a datagram from a socket at `now`.
+    pub(crate) fn send(
+        &mut self,
+        socket: usize,
+        src_ip: Option<IpAddr>,
+        dst: SocketAddr,
+        ecn: Option<Ecn>,
+        data: &[u8],
+        now: Instant,
+    ) -> std::io::Result<()> {
+        let slot = self.sockets[socket]
+            .as_ref()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))?;
+        let host = slot.host;
+        let port = slot.local.port();
+        let src_ip = src_ip.or(Some(slot.local.ip()).filter(|ip| !ip.is_unspecified()));
+        let iface = match src_ip {
+            // Source-bound sends leave through that interface (policy routing, as multi-homed
+            // hosts configure it), whatever the destination.
+            Some(ip) => self.hosts[host.0]
+                .interfaces
+                .iter()
+                .copied()
+                .find(|i| self.interfaces[i.0].addr == ip)
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::AddrNotAvailable,
+                        format!("no interface with source address {ip}"),
+                    )
+                })?,
+            None => match self.route(host, dst.ip()) {
+                Some(i) => i,
+                None => {
+                    self.host_drops.unroutable += 1;
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NetworkUnreachable,
+                        format!("no route to {}", dst.ip()),
+                    ));
+                }
+            },
+        };
+        let src = SocketAddr::new(self.interfaces[iface.0].addr, port);
+        let overhead = if dst.is_ipv4() {
+            IPV4_UDP_OVERHEAD
+        } else {
+            IPV6_UDP_OVERHEAD
+        };
+        let mut packet = Packet::new(
+            data.len() + overhead,
+            flow_hash(src, dst),
+            Datagram {
+                src,
+                dst,
+                data: data.into(),
+            },
+        );
+        packet.ecn = ecn.unwrap_or_default();
+        if self.hosts[host.0]
+            .interfaces
+            .iter()
+            .any(|i| self.interfaces[i.0].addr == dst.ip())
+        {
+            // To ourselves: no link involved.
+            self.deliver_local(host, packet);
+            return Ok(());
+        }
+        match self.interfaces[iface.0].link {
+            Some((link, dir)) => {
+                self.transmit(link, dir, packet, now);
+                Ok(())
+            }
+            None => {
+                self.host_drops.unroutable += 1;
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::NetworkUnreachable,
+                    format!("interface {} has no link", src.ip()),
+                ))
+            }
+        }
+    }
+
+    /// Offer a packet to a link direction's queue at `now`.
+    fn transmit(&mut self, link: LinkId, dir: Direction, packet: Packet<Datagram>, now: Instant) {
+        let size = packet.size;
+        let d = &mut self.links[link.0].dirs[dir.index()];
+        d.stats.sent += 1;
+        d.stats.sent_bytes += size as u64;
+        if !d.params.up {
+            d.stats.dropped_down += 1;
+            self.record(now, link, dir, size, TraceEvent::DropDown);
+            return;
+        }
+        let mut drops = std::mem::take(&mut self.drops);
+        let verdict = d.queue.enqueue(now.into_std(), packet, &mut drops);
+        if verdict == Verdict::Marked {
+            d.stats.marked += 1;
+        }
+        let backlog = d.queue.backlog();
+        d.stats.max_queue_packets = d.stats.max_queue_packets.max(backlog.packets);
+        d.stats.max_queue_bytes = d.stats.max_queue_bytes.max(backlog.bytes);
+        let idle = d.tx.is_none();
+        if !matches!(verdict, Verdict::Dropped(_)) {
+            self.record(now, link, dir, size, TraceEvent::Enqueue);
+        }
+        self.count_queue_drops(link, dir, &mut drops, now);
+        self.drops = drops;
+        if idle {
+            self.start_next(link, dir, now);
+        }
+    }
+
+    fn count_queue_drops(
+        &mut self,
+        link: LinkId,
+        dir: Direction,
+        drops: &mut Vec<Dropped<Datagram>>,
+        now: Instant,
+    ) {
+        for dropped in drops.drain(..) {
+            self.links[link.0].dirs[dir.index()].stats.dropped_queue += 1;
+            let ev = match dropped.reason {
+                DropReason::Overflow => TraceEvent::DropOverflow,
+                DropReason::Aqm => TraceEvent::DropAqm,
+            };
+            self.record(now, link, dir, dropped.packet.size, ev);
+        }
+    }
+
+    /// Put the next queued packet on the transmitter, if any.
+    fn start_next(&mut self, link: LinkId, dir: Direction, now: Instant) {
+        let mut drops = std::mem::take(&mut self.drops);
+        let d = &mut self.links[link.0].dirs[dir.index()];
+        let next = d.queue.dequeue(now.into_std(), &mut drops);
+        let epoch = d.epoch;
+        let done = next.as_ref().map(|p| now + d.params.serialisation(p.size));
+        d.tx = next;
+        self.count_queue_drops(link, dir, &mut drops, now);
+        self.drops = drops;
+        if let Some(done) = done {
+            self.push_event(done, EventKind::TxDone { link, dir, epoch });
+        }
+    }
+
+    fn set_params(&mut self, link: LinkId, dir: Direction, params: LinkParams, now: Instant) {
+        let d = &mut self.links[link.0].dirs[dir.index()];
+        let going_down = d.params.up && !params.up;
+        let new_queue = d.params.queue != params.queue;
+        d.params = params;
+        if going_down {
+            d.epoch += 1;
+            let mut lost = d.tx.take().into_iter().count() as u64;
+            let mut drops = std::mem::take(&mut self.drops);
+            let d = &mut self.links[link.0].dirs[dir.index()];
+            while d.queue.dequeue(now.into_std(), &mut drops).is_some() {
+                lost += 1;
+            }
+            d.stats.dropped_down += lost;
+            self.count_queue_drops(link, dir, &mut drops, now);
+            self.drops = drops;
+        } else if new_queue {
+            let mut old = std::mem::replace(&mut d.queue, d.params.queue.build());
+            let mut drops = std::mem::take(&mut self.drops);
+            while let Some(mut p) = old.dequeue(now.into_std(), &mut drops) {
+                p.enqueued_at = None;
+                let d = &mut self.links[link.0].dirs[dir.index()];
+                d.queue.enqueue(now.into_std(), p, &mut drops);
+            }
+            self.count_queue_drops(link, dir, &mut drops, now);
+            self.drops = drops;
+        }
+    }
+
+    /// Process one event at its scheduled time.
+    fn handle(&mut self, ev: Event) {
+        let now = ev.at;
+        match ev.kind {
+            EventKind::TxDone { link, dir, epoch } => {
+                let d = &mut self.links[link.0].dirs[dir.index()];
+                if epoch != d.epoch {
+                    return; // The link went down while this packet was on the transmitter.
+                }
+                let Some(packet) = d.tx.take() else { return };
+                let size = packet.size;
+                if d.loss.lose(&d.params.loss, &mut self.rng) {
+                    d.stats.dropped_loss += 1;
+                    self.record(now, link, dir, size, TraceEvent::DropLoss);
+                } else {
+                    let d = &mut self.links[link.0].dirs[dir.index()];
+                    let mut arrive = now + d.params.delay;
+                    let j = d.params.jitter.as_nanos() as i64;
+                    if j > 0 {
+                        let offset = self.rng.random_range(-j..=j);
+                        let shift = Duration::from_nanos(offset.unsigned_abs());
+                        arrive = if offset >= 0 {
+                            arrive + shift
+                        } else {
+                            arrive.checked_sub(shift).unwrap_or(now).max(now)
+                        };
+                    }
+                    // Jitter never reorders: a packet leaves the wire no earlier than the last.
+                    arrive = arrive.max(d.last_arrival);
+                    d.last_arrival = arrive;
+                    let epoch = d.epoch;
+                    self.push_event(
+                        arrive,
+                        EventKind::Arrive {
+                            link,
+                            dir,
+                            epoch,
+                            packet,
+                        },
+                    );
+                }
+                self.start_next(link, dir, now);
+            }
+            EventKind::Arrive {
+                link,
+                dir,
+                epoch,
+                packet,
+            } => {
+                let size = packet.size;
+                let d = &mut self.links[link.0].dirs[dir.index()];
+                if epoch != d.epoch {
+                    d.stats.dropped_down += 1;
+                    self.record(now, link, dir, size, TraceEvent::DropDown);
+                    return;
+                }
+                d.stats.delivered += 1;
+                d.stats.delivered_bytes += size as u64;
+                self.record(now, link, dir, size, TraceEvent::Deliver);
+                let far = self.links[link.0].ends[1 - dir.index()];
+                let host = self.interfaces[far.0].host;
+                self.arrive_at_host(host, packet, now);
+            }
+        }
+    }
+
+    fn arrive_at_host(&mut self, host: HostId, packet: Packet<Datagram>, now: Instant) {
+        let dst_ip = packet.payload.dst.ip();
+        let owns = self.hosts[host.0]
+            .interfaces
+            .iter()
+            .any(|i| self.interfaces[i.0].addr == dst_ip);
+        if owns {
+            self.deliver_local(host, packet);
+        } else if self.hosts[host.0].forwarding {
+            match self
+                .route(host, dst_ip)
+                .and_then(|i| self.interfaces[i.0].link)
+            {
+                Some((link, dir)) => self.transmit(link, dir, packet, now),
+                None => self.host_drops.unroutable += 1,
+            }
+        } else {
+            self.host_drops.unroutable += 1;
+        }
+    }
+
+    fn deliver_local(&mut self, host: HostId, packet: Packet<Datagram>) {
+        let dst = packet.payload.dst;
+        let id = self
+            .bindings
+            .get(&(dst.ip(), dst.port()))
+            .or_else(|| {
+                let any = if dst.is_ipv4() {
+                    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+                } else {
+                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                };
+                self.bindings.get(&(any, dst.port()))
+            })
+            .copied()
+            .filter(|id| self.slot_host(*id) == Some(host));
+        let Some(id) = id else {
+            self.host_drops.no_listener += 1;
+            return;
+        };
+        let slot = self.sockets[id].as_mut().expect("bound socket has a slot");
+        if slot.rx.len() >= slot.rx_limit {
+            slot.dropped_rx += 1;
+            self.host_drops.socket_overflow += 1;
+            return;
+        }
+        let ecn = Some(packet.ecn).filter(|e| e.is_capable());
+        slot.rx.push_back((packet.payload, dst.ip(), ecn));
+        if let Some(w) = slot.waker.take() {
+            self.wake.push(w);
+        }
+    }
+}
+
+/// The driver: sleeps until the next event (or until woken by a send that creates an earlier
+/// one), then processes every event that is due, in (time, insertion) order.
+async fn drive(shared: Arc<Shared>) {
+    loop {
+        let next = {
+            let mut st = shared.lock();
+            let now = Instant::now();
+            while st.events.peek().is_some_and(|e| e.at <= now) {
+                let ev = st.events.pop().expect("peeked");
+                st.handle(ev);
+            }
+            let next = st.events.peek().map(|e| e.at);
+            st.driver_wake_at = next;
+            let wakers = std::mem::take(&mut st.wake);
+            drop(st);
+            for w in wakers {
+                w.wake();
+            }
+            next
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = shared.notify.notified() => {}
+                }
+            }
+            None => shared.notify.notified().await,
+        }
+    }
+}
