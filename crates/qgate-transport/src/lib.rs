@@ -1,1 +1,14 @@
+//! QUIC transport for qgate: endpoints on quinn 0.11 with rustls (ring) and TLS 1.3,
+//! development certificates, one options struct for every transport knob, 0-RTT, and HTTP/3
+//! helpers on h3. The same code runs on a real UDP socket or a `qgate-netsim` interface.
 
+mod endpoint;
+pub mod http3;
+mod options;
+pub mod tls;
+
+pub use endpoint::{
+    client_config, connect, endpoint, server_config, Connected, Socket, TransportError,
+};
+pub use options::{Congestion, OptionError, TransportOptions};
+pub use tls::{DevPki, Identity, TlsError, TrustRoots};

@@ -1,0 +1,227 @@
+//! HTTP/3 client and server helpers on h3 + h3-quinn, with bounded bodies.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Request, Response, StatusCode};
+
+/// ALPN for HTTP/3 (RFC 9114 §3.1).
+pub const ALPN_H3: &[u8] = b"h3";
+
+/// An HTTP/3 failure; the message says at which step.
+#[derive(Debug, thiserror::Error)]
+pub enum H3Error {
+    /// The HTTP/3 connection could not be set up or broke.
+    #[error("HTTP/3 connection: {0}")]
+    Connection(String),
+    /// A request or response stream failed.
+    #[error("HTTP/3 stream: {0}")]
+    Stream(String),
+    /// A body exceeded its limit.
+    #[error("{what} body exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// "request" or "response".
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+fn stream_err(e: h3::error::StreamError) -> H3Error {
+    H3Error::Stream(e.to_string())
+}
+
+/// A response with its whole body.
+#[derive(Debug, Clone)]
+pub struct H3Response {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: http::HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+/// Read a body of at most `limit` bytes from a receiving stream's `poll_recv_data`.
+async fn read_body<B: Buf>(
+    mut poll: impl FnMut(&mut Context<'_>) -> Poll<Result<Option<B>, h3::error::StreamError>>,
+    limit: usize,
+    what: &'static str,
+) -> Result<Bytes, H3Error> {
+    let mut body = BytesMut::new();
+    while let Some(mut chunk) = std::future::poll_fn(&mut poll).await.map_err(stream_err)? {
+        if body.len() + chunk.remaining() > limit {
+            return Err(H3Error::TooLarge { what, limit });
+        }
+        while chunk.has_remaining() {
+            let c = chunk.chunk();
+            body.extend_from_slice(c);
+            let n = c.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(body.freeze())
+}
+
+impl From<h3::error::StreamError> for H3Error {
+    fn from(e: h3::error::StreamError) -> Self {
+        stream_err(e)
+    }
+}
+
+/// An HTTP/3 client on one QUIC connection. Requests may be issued concurrently (`&self`).
+pub struct H3Client {
+    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    conn: quinn::Connection,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl H3Client {
+    /// Start HTTP/3 on an established (or 0-RTT) QUIC connection.
+    pub async fn new(conn: quinn::Connection) -> Result<H3Client, H3Error> {
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+            .await
+            .map_err(|e| H3Error::Connection(e.to_string()))?;
+        let driver = tokio::spawn(async move {
+            let e = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+            if !e.is_h3_no_error() {
+                tracing::debug!(error = %e, "HTTP/3 client connection closed");
+            }
+        });
+        Ok(H3Client { send, conn, driver })
+    }
+
+    /// The QUIC connection underneath.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.conn
+    }
+
+    /// Send `req` with `body`; read the response, refusing a body over `max_response` bytes.
+    pub async fn request(
+        &self,
+        req: Request<()>,
+        body: Bytes,
+        max_response: usize,
+    ) -> Result<H3Response, H3Error> {
+        let mut send = self.send.clone();
+        let mut stream = send.send_request(req).await.map_err(stream_err)?;
+        if !body.is_empty() {
+            stream.send_data(body).await.map_err(stream_err)?;
+        }
+        stream.finish().await.map_err(stream_err)?;
+        let resp = stream.recv_response().await.map_err(stream_err)?;
+        let body = read_body(|cx| stream.poll_recv_data(cx), max_response, "response").await?;
+        let (parts, ()) = resp.into_parts();
+        Ok(H3Response {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// Close the connection gracefully (HTTP/3 no-error).
+    pub fn close(&self) {
+        self.conn.close(0x100u32.into(), b"done");
+    }
+}
+
+impl Drop for H3Client {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Answers HTTP/3 requests. The body arrives whole (bounded by [`ServeLimits::max_body`]).
+pub trait Handler: Send + Sync + 'static {
+    /// Produce the response to `req` with `body` from `peer`.
+    fn handle(
+        &self,
+        req: Request<()>,
+        body: Bytes,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<Bytes>> + Send;
+}
+
+/// Limits a server applies per request.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            max_body: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Serve HTTP/3 on one QUIC connection until the peer closes it. Concurrency is bounded by the
+/// QUIC stream limit (`max_concurrent_bidi_streams`).
+pub async fn serve_connection<H: Handler>(
+    conn: quinn::Connection,
+    handler: Arc<H>,
+    limits: ServeLimits,
+) -> Result<(), H3Error> {
+    let peer = conn.remote_address();
+    let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> = h3::server::builder()
+        .build(h3_quinn::Connection::new(conn))
+        .await
+        .map_err(|e| H3Error::Connection(e.to_string()))?;
+    loop {
+        match h3c.accept().await {
+            Ok(Some(resolver)) => {
+                let handler = handler.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_request(resolver, handler, limits, peer).await {
+                        tracing::debug!(%peer, error = %e, "request failed");
+                    }
+                });
+            }
+            Ok(None) => return Ok(()),
+            Err(e) if e.is_h3_no_error() => return Ok(()),
+            Err(e) => {
+                // A peer that closes with a QUIC-level no-error or times out ends the loop too.
+                return match e {
+                    h3::error::ConnectionError::Timeout { .. } => Ok(()),
+                    e => Err(H3Error::Connection(e.to_string())),
+                };
+            }
+        }
+    }
+}
+
+async fn serve_request<H: Handler>(
+    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+    handler: Arc<H>,
+    limits: ServeLimits,
+    peer: SocketAddr,
+) -> Result<(), H3Error> {
+    let (req, mut stream) = resolver.resolve_request().await.map_err(stream_err)?;
+    let resp = match read_body(|cx| stream.poll_recv_data(cx), limits.max_body, "request").await {
+        Ok(body) => handler.handle(req, body, peer).await,
+        Err(H3Error::TooLarge { limit, .. }) => {
+            // Stop the peer from sending the rest (RFC 9114 §4.1.1 H3_REQUEST_REJECTED-like).
+            stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+            Response::builder()
+                .status(StatusCode::PAYLOAD_TOO_LARGE)
+                .body(Bytes::from(format!("request body exceeds {limit} bytes\n")))
+                .expect("static response")
+        }
+        Err(e) => return Err(e),
+    };
+    let (parts, body) = resp.into_parts();
+    stream
+        .send_response(Response::from_parts(parts, ()))
+        .await
+        .map_err(stream_err)?;
+    if !body.is_empty() {
+        stream.send_data(body).await.map_err(stream_err)?;
+    }
+    stream.finish().await.map_err(stream_err)?;
+    Ok(())
+}

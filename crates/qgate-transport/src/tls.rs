@@ -1,0 +1,324 @@
+//! TLS material: server identities (PEM files or a development PKI) and client trust roots.
+//!
+//! The development PKI is a CA plus a server certificate for `localhost`, loopback addresses
+//! and any extra names, made with rcgen and kept in a directory so that a client on the same
+//! machine can trust the server by that CA (`ca.pem`). It is for development and simulation
+//! only: the CA key sits unencrypted next to it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Something wrong with TLS material; the message names the file and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A file is not valid PEM of the expected kind.
+    #[error("{path}: {problem}")]
+    BadPem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Certificate generation failed.
+    #[error("generating development certificates: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// rustls refused the material.
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// The crypto provider qgate uses everywhere: rustls on *ring*.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A server's certificate chain and private key.
+#[derive(Debug)]
+pub struct Identity {
+    /// Leaf first.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// The leaf's key.
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Identity {
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn bad_pem(path: &Path, problem: impl Into<String>) -> TlsError {
+    TlsError::BadPem {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    }
+}
+
+/// Read every certificate in a PEM file; an empty or malformed file is an error.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = fs::read(path).map_err(io_err(path))?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad_pem(path, format!("not a valid PEM certificate file ({e})")))?;
+    if certs.is_empty() {
+        return Err(bad_pem(path, "contains no CERTIFICATE block"));
+    }
+    Ok(certs)
+}
+
+/// Read the first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = fs::read(path).map_err(io_err(path))?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => {
+            bad_pem(path, "contains no PRIVATE KEY block")
+        }
+        e => bad_pem(path, format!("not a valid PEM private key ({e})")),
+    })
+}
+
+impl Identity {
+    /// Load a certificate chain and key from PEM files, checking that they belong together.
+    pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Identity, TlsError> {
+        let id = Identity {
+            chain: load_certs(cert)?,
+            key: load_key(key)?,
+        };
+        // Fail here, naming both files, rather than at the first handshake.
+        let signer = provider()
+            .key_provider
+            .load_private_key(id.key.clone_key())
+            .map_err(|e| bad_pem(key, format!("unusable private key ({e})")))?;
+        let certified = rustls::sign::CertifiedKey::new(id.chain.clone(), signer);
+        certified.keys_match().map_err(|_| {
+            bad_pem(
+                key,
+                format!("does not match the certificate in {}", cert.display()),
+            )
+        })?;
+        Ok(id)
+    }
+}
+
+/// A development PKI: a CA and a server certificate it signed.
+#[derive(Debug, Clone)]
+pub struct DevPki {
+    /// The CA certificate clients trust.
+    pub ca: CertificateDer<'static>,
+    /// The server's identity (leaf signed by the CA).
+    pub server: Identity,
+}
+
+/// Names every development server certificate covers.
+const DEV_NAMES: &[&str] = &["localhost", "qgate.test", "127.0.0.1", "::1"];
+
+impl DevPki {
+    /// Make a fresh CA and a server certificate for `localhost`, `qgate.test`, the loopback
+    /// addresses and `extra_names` (DNS names or IP addresses).
+    pub fn generate(extra_names: &[String]) -> Result<DevPki, TlsError> {
+        let (ca_pem, leaf_pem, leaf_key) = generate_pems(extra_names)?;
+        Ok(DevPki {
+            ca: CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("rcgen emits valid PEM"),
+            server: Identity {
+                chain: vec![CertificateDer::from_pem_slice(leaf_pem.as_bytes())
+                    .expect("rcgen emits valid PEM")],
+                key: PrivateKeyDer::from_pem_slice(leaf_key.as_bytes())
+                    .expect("rcgen emits valid PEM"),
+            },
+        })
+    }
+
+    /// Load the development PKI kept in `dir` (`ca.pem`, `server.pem`, `server.key`), or make
+    /// one there if `dir` has none.
+    pub fn load_or_create(dir: &Path) -> Result<DevPki, TlsError> {
+        let (ca, cert, key) = Self::paths(dir);
+        if !ca.exists() {
+            fs::create_dir_all(dir).map_err(io_err(dir))?;
+            let (ca_pem, leaf_pem, key_pem) = generate_pems(&[])?;
+            write_private(&key, key_pem.as_bytes())?;
+            fs::write(&cert, leaf_pem).map_err(io_err(&cert))?;
+            fs::write(&ca, ca_pem).map_err(io_err(&ca))?;
+            tracing::info!(dir = %dir.display(), "created a development CA and server certificate");
+        }
+        Ok(DevPki {
+            ca: load_certs(&ca)?.remove(0),
+            server: Identity::from_pem_files(&cert, &key)?,
+        })
+    }
+
+    /// `ca.pem`, `server.pem`, `server.key` inside `dir`.
+    pub fn paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        (
+            dir.join("ca.pem"),
+            dir.join("server.pem"),
+            dir.join("server.key"),
+        )
+    }
+
+    /// Trust roots holding just this PKI's CA.
+    pub fn trust(&self) -> TrustRoots {
+        TrustRoots {
+            roots: vec![self.ca.clone()],
+        }
+    }
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<(), TlsError> {
+    use std::io::Write;
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path).map_err(io_err(path))?;
+    f.write_all(data).map_err(io_err(path))
+}
+
+fn generate_pems(extra_names: &[String]) -> Result<(String, String, String), TlsError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "qgate development CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let mut names: Vec<String> = DEV_NAMES.iter().map(|s| s.to_string()).collect();
+    names.extend(extra_names.iter().cloned());
+    let leaf_key = KeyPair::generate()?;
+    let mut leaf_params = CertificateParams::new(names)?;
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, "qgate development server");
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer)?;
+    Ok((ca_cert.pem(), leaf.pem(), leaf_key.serialize_pem()))
+}
+
+/// The CA certificates a client accepts servers by.
+#[derive(Debug, Clone, Default)]
+pub struct TrustRoots {
+    /// DER certificates.
+    pub roots: Vec<CertificateDer<'static>>,
+}
+
+impl TrustRoots {
+    /// Every certificate in a PEM file.
+    pub fn from_pem_file(path: &Path) -> Result<TrustRoots, TlsError> {
+        Ok(TrustRoots {
+            roots: load_certs(path)?,
+        })
+    }
+
+    pub(crate) fn store(&self) -> Result<rustls::RootCertStore, TlsError> {
+        let mut store = rustls::RootCertStore::empty();
+        for c in &self.roots {
+            store.add(c.clone())?;
+        }
+        Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("qgate-tls-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn dev_pki_persists_and_reloads() {
+        let dir = tmp("persist");
+        let a = DevPki::load_or_create(&dir).unwrap();
+        let b = DevPki::load_or_create(&dir).unwrap();
+        assert_eq!(a.ca, b.ca);
+        assert_eq!(a.server.chain, b.server.chain);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(dir.join("server.key"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "key must not be readable by others");
+        }
+    }
+
+    #[test]
+    fn bad_files_are_named_in_the_error() {
+        let dir = tmp("bad");
+        let missing = dir.join("nope.pem");
+        let e = load_certs(&missing).unwrap_err().to_string();
+        assert!(e.contains("nope.pem") && e.contains("No such file"), "{e}");
+
+        let garbage = dir.join("garbage.pem");
+        fs::write(&garbage, "hello, not a certificate\n").unwrap();
+        let e = load_certs(&garbage).unwrap_err().to_string();
+        assert!(
+            e.contains("garbage.pem: contains no CERTIFICATE block"),
+            "{e}"
+        );
+        let e = load_key(&garbage).unwrap_err().to_string();
+        assert!(
+            e.contains("garbage.pem: contains no PRIVATE KEY block"),
+            "{e}"
+        );
+
+        let broken = dir.join("broken.pem");
+        fs::write(
+            &broken,
+            "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let e = load_certs(&broken).unwrap_err().to_string();
+        assert!(
+            e.contains("broken.pem: not a valid PEM certificate file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mismatched_key_is_refused() {
+        let d1 = tmp("mm1");
+        let d2 = tmp("mm2");
+        DevPki::load_or_create(&d1).unwrap();
+        DevPki::load_or_create(&d2).unwrap();
+        let e = Identity::from_pem_files(&d1.join("server.pem"), &d2.join("server.key"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not match the certificate"), "{e}");
+    }
+}

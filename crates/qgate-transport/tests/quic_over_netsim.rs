@@ -1,0 +1,373 @@
+//! QUIC and HTTP/3 through qgate-transport over the simulated network, in virtual time, and
+//! over real loopback UDP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use qgate_netsim::{Direction, LinkId, LinkParams, LossModel, Network};
+use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
+use qgate_transport::{
+    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+};
+use tokio::time::Instant;
+
+const SERVER: &str = "10.0.0.2:4433";
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+struct Setup {
+    net: Network,
+    link: LinkId,
+    client: quinn::Endpoint,
+    server: quinn::Endpoint,
+    client_cfg: quinn::ClientConfig,
+}
+
+fn pki() -> DevPki {
+    DevPki::generate(&[]).unwrap()
+}
+
+fn setup(params: LinkParams, alpn: &[&[u8]], seed: u64) -> Setup {
+    let net = Network::new(seed);
+    let (c, s) = (net.add_host("client"), net.add_host("server"));
+    let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
+    let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
+    let link = net.connect_symmetric(ic, is, params).unwrap();
+    let pki = pki();
+    let opts = TransportOptions::default();
+    let scfg = server_config(&pki.server, alpn, &opts).unwrap();
+    let server = endpoint(
+        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
+        Some(scfg),
+        Some(seed),
+    )
+    .unwrap();
+    let client = endpoint(
+        Socket::from(net.bind(c, sa("10.0.0.1:0")).unwrap()),
+        None,
+        Some(seed + 1),
+    )
+    .unwrap();
+    let client_cfg = client_config(&pki.trust(), alpn, &opts).unwrap();
+    Setup {
+        net,
+        link,
+        client,
+        server,
+        client_cfg,
+    }
+}
+
+/// Server side for raw QUIC tests: accept (0-RTT if offered), read every uni stream fully, and
+/// report (bytes, time the first byte arrived, time the stream ended) per stream.
+fn spawn_sink(server: quinn::Endpoint) -> tokio::sync::mpsc::Receiver<(usize, Instant, Instant)> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let connecting = incoming.accept().unwrap();
+                let conn = match connecting.into_0rtt() {
+                    Ok((conn, _)) => conn,
+                    Err(connecting) => connecting.await.unwrap(),
+                };
+                while let Ok(mut recv) = conn.accept_uni().await {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        let mut first = None;
+                        let mut total = 0;
+                        while let Some(chunk) = recv.read_chunk(64 * 1024, true).await.unwrap() {
+                            first.get_or_insert_with(Instant::now);
+                            total += chunk.bytes.len();
+                        }
+                        let _ = tx
+                            .send((total, first.unwrap_or_else(Instant::now), Instant::now()))
+                            .await;
+                    });
+                }
+            });
+        }
+    });
+    rx
+}
+
+#[tokio::test(start_paused = true)]
+async fn handshake_takes_one_round_trip() {
+    let s = setup(
+        LinkParams::new(100_000_000, Duration::from_millis(25)),
+        &[b"test"],
+        1,
+    );
+    let _sink = spawn_sink(s.server.clone());
+    let t0 = Instant::now();
+    let conn = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(!conn.is_0rtt());
+    // RTT = 50 ms; allow serialisation of the handshake flights and the 1 ms clock ticks.
+    assert!(
+        took >= Duration::from_millis(50) && took <= Duration::from_millis(53),
+        "handshake took {took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_rtt_resumption_carries_data_in_the_first_flight() {
+    let s = setup(
+        LinkParams::new(100_000_000, Duration::from_millis(25)),
+        &[b"test"],
+        2,
+    );
+    let mut sink = spawn_sink(s.server.clone());
+
+    // First connection: full handshake; a stream round trip makes sure the ticket arrived.
+    let first = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", true)
+        .await
+        .unwrap();
+    assert!(!first.is_0rtt(), "no ticket yet, so no 0-RTT");
+    let mut st = first.connection().open_uni().await.unwrap();
+    st.write_all(b"hello").await.unwrap();
+    st.finish().unwrap();
+    assert_eq!(sink.recv().await.unwrap().0, 5);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.connection().close(0u32.into(), b"bye");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Second connection: 0-RTT. The data reaches the server after one one-way delay, long
+    // before a full handshake (1 RTT) plus the data's own trip (½ RTT) could have.
+    let t0 = Instant::now();
+    let second = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", true)
+        .await
+        .unwrap();
+    assert!(second.is_0rtt(), "a cached ticket must give 0-RTT");
+    let mut st = second.connection().open_uni().await.unwrap();
+    st.write_all(&[1u8; 500]).await.unwrap();
+    st.finish().unwrap();
+    let (n, first_byte, _) = sink.recv().await.unwrap();
+    assert_eq!(n, 500);
+    let at = first_byte - t0;
+    assert!(
+        at < Duration::from_millis(30),
+        "0-RTT data arrived after {at:?}"
+    );
+    let quinn_accepted = match second {
+        qgate_transport::Connected::ZeroRtt { accepted, .. } => accepted.await,
+        _ => unreachable!(),
+    };
+    assert!(quinn_accepted, "the server accepted the early data");
+}
+
+async fn bulk(params: LinkParams, bytes: usize, seed: u64) -> (Duration, Setup) {
+    let s = setup(params, &[b"test"], seed);
+    let mut sink = spawn_sink(s.server.clone());
+    let conn = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let conn = conn.connection().clone();
+    let t0 = Instant::now();
+    let writer = tokio::spawn(async move {
+        let mut st = conn.open_uni().await.unwrap();
+        let chunk = Bytes::from(vec![0xabu8; 64 * 1024]);
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            st.write_chunk(chunk.slice(..n)).await.unwrap();
+            left -= n;
+        }
+        st.finish().unwrap();
+        st.stopped().await.ok();
+        conn
+    });
+    let (n, _, end) = sink.recv().await.unwrap();
+    assert_eq!(n, bytes);
+    let _conn = writer.await.unwrap();
+    (end - t0, s)
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_megabytes_use_ninety_percent_of_the_link() {
+    let rate = 10_000_000u64;
+    let bytes = 10 * 1024 * 1024;
+    let (took, s) = bulk(LinkParams::new(rate, Duration::from_millis(25)), bytes, 3).await;
+    let goodput = bytes as f64 * 8.0 / took.as_secs_f64();
+    assert!(
+        goodput >= 0.9 * rate as f64,
+        "goodput {:.2} Mbit/s in {took:?}",
+        goodput / 1e6
+    );
+    let st = s.net.stats(s.link, Direction::AtoB);
+    assert!(st.delivered_bytes >= bytes as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_percent_loss_still_completes() {
+    let params = LinkParams::new(10_000_000, Duration::from_millis(25))
+        .with_loss(LossModel::Bernoulli { p: 0.01 });
+    let (took, s) = bulk(params, 2 * 1024 * 1024, 4).await;
+    let st = s.net.stats(s.link, Direction::AtoB);
+    assert!(st.dropped_loss > 0, "the link did lose packets");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn same_seed_same_transfer() {
+    let params = || {
+        LinkParams::new(5_000_000, Duration::from_millis(20))
+            .with_loss(LossModel::Bernoulli { p: 0.02 })
+            .with_queue("droptail:packets=30".parse().unwrap())
+    };
+    let run = |seed| async move {
+        let (t, s) = bulk(params(), 500_000, seed).await;
+        let stats = (
+            s.net.stats(s.link, Direction::AtoB),
+            s.net.stats(s.link, Direction::BtoA),
+        );
+        s.client.close(0u32.into(), b"");
+        s.server.close(0u32.into(), b"");
+        (t, stats)
+    };
+    let (t1, st1) = run(11).await;
+    let (t2, st2) = run(11).await;
+    let (t3, st3) = run(12).await;
+    assert_eq!(t1, t2);
+    assert_eq!(st1, st2);
+    assert!(st1.0.dropped_loss > 0);
+    assert!(t1 != t3 || st1 != st3, "another seed gives another run");
+}
+
+/// Echoes the method, path and body length.
+struct Echo;
+
+impl Handler for Echo {
+    async fn handle(&self, req: Request<()>, body: Bytes, _peer: SocketAddr) -> Response<Bytes> {
+        Response::builder()
+            .status(StatusCode::OK)
+            .body(Bytes::from(format!(
+                "{} {} {}",
+                req.method(),
+                req.uri().path(),
+                body.len()
+            )))
+            .unwrap()
+    }
+}
+
+fn spawn_h3(server: quinn::Endpoint, limits: ServeLimits) {
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            tokio::spawn(async move {
+                let conn = incoming.await.unwrap();
+                http3::serve_connection(conn, Arc::new(Echo), limits)
+                    .await
+                    .ok();
+            });
+        }
+    });
+}
+
+async fn h3_exchange(client: &quinn::Endpoint, cfg: &quinn::ClientConfig, addr: SocketAddr) {
+    let conn = connect(client, cfg, addr, "localhost", false)
+        .await
+        .unwrap();
+    let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
+    let r = h3
+        .request(
+            Request::post("https://localhost/ingest").body(()).unwrap(),
+            Bytes::from(vec![0u8; 3000]),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "POST /ingest 3000");
+    let r = h3
+        .request(
+            Request::get("https://localhost/x").body(()).unwrap(),
+            Bytes::new(),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.body, "GET /x 0");
+    // Over the body limit: 413, and the server keeps serving.
+    let r = h3
+        .request(
+            Request::post("https://localhost/big").body(()).unwrap(),
+            Bytes::from(vec![0u8; 20_000]),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let r = h3
+        .request(
+            Request::get("https://localhost/after").body(()).unwrap(),
+            Bytes::new(),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.body, "GET /after 0");
+    h3.close();
+}
+
+#[tokio::test(start_paused = true)]
+async fn http3_over_netsim() {
+    let s = setup(
+        LinkParams::new(50_000_000, Duration::from_millis(10)),
+        &[ALPN_H3],
+        5,
+    );
+    spawn_h3(s.server.clone(), ServeLimits { max_body: 10_000 });
+    let t0 = Instant::now();
+    h3_exchange(&s.client, &s.client_cfg, sa(SERVER)).await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn http3_over_loopback_udp() {
+    let pki = pki();
+    let opts = TransportOptions::default();
+    let server = endpoint(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        None,
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    spawn_h3(server, ServeLimits { max_body: 10_000 });
+    let client = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), h3_exchange(&client, &cfg, addr))
+        .await
+        .expect("loopback exchange timed out");
+}
+
+#[tokio::test(start_paused = true)]
+async fn untrusted_server_is_refused() {
+    let s = setup(
+        LinkParams::new(50_000_000, Duration::from_millis(5)),
+        &[b"test"],
+        6,
+    );
+    let _sink = spawn_sink(s.server.clone());
+    // A client that trusts another CA.
+    let other = client_config(&pki().trust(), &[b"test"], &TransportOptions::default()).unwrap();
+    let e = connect(&s.client, &other, sa(SERVER), "localhost", false)
+        .await
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("connection to 10.0.0.2:4433 failed"), "{e}");
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+}
