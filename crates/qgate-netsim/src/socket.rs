@@ -172,13 +172,13 @@ impl AsyncUdpSocket for SimSocket {
             };
             let len = d.data.len().min(bufs[n].len());
             bufs[n][..len].copy_from_slice(&d.data[..len]);
-            let mut m = RecvMeta::default();
-            m.addr = d.src;
-            m.len = len;
-            m.stride = len;
-            m.ecn = from_ecn(ecn);
-            m.dst_ip = Some(to);
-            meta[n] = m;
+            meta[n] = RecvMeta {
+                addr: d.src,
+                len,
+                stride: len,
+                ecn: from_ecn(ecn),
+                dst_ip: Some(to),
+            };
             n += 1;
         }
         if n == 0 {

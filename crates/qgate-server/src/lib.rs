@@ -1,1 +1,252 @@
+//! qgate's cloud-side ingest server: HTTP/3 over QUIC; POSTed bodies are counted and, with a
+//! directory sink, stored durably before they are acknowledged.
+//!
+//! Routes:
+//! - `POST /ingest` or `POST /ingest/<name>`: store the body; `201 Created` with
+//!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
+//! - `GET /stats`: counters as JSON. `GET /metrics`: Prometheus text. `GET /health`: `ok`.
 
+mod sink;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use qgate_transport::http3::{self, Handler, ServeLimits};
+
+pub use sink::{Sink, SinkError};
+
+/// Counters of what the server has done.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// QUIC connections accepted.
+    pub connections: AtomicU64,
+    /// Ingest requests stored.
+    pub ingested: AtomicU64,
+    /// Ingest bytes stored.
+    pub ingested_bytes: AtomicU64,
+    /// Requests answered with an error status.
+    pub errors: AtomicU64,
+    /// All requests.
+    pub requests: AtomicU64,
+}
+
+/// A snapshot of [`ServerStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatsSnapshot {
+    /// QUIC connections accepted.
+    pub connections: u64,
+    /// Ingest requests stored.
+    pub ingested: u64,
+    /// Ingest bytes stored.
+    pub ingested_bytes: u64,
+    /// Requests answered with an error status.
+    pub errors: u64,
+    /// All requests.
+    pub requests: u64,
+}
+
+impl ServerStats {
+    /// Read every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            connections: r(&self.connections),
+            ingested: r(&self.ingested),
+            ingested_bytes: r(&self.ingested_bytes),
+            errors: r(&self.errors),
+            requests: r(&self.requests),
+        }
+    }
+}
+
+/// The ingest service: a sink and counters, answering HTTP/3 requests.
+pub struct IngestService {
+    sink: Sink,
+    stats: Arc<ServerStats>,
+}
+
+impl IngestService {
+    /// A service storing into `sink`.
+    pub fn new(sink: Sink) -> IngestService {
+        IngestService {
+            sink,
+            stats: Arc::new(ServerStats::default()),
+        }
+    }
+
+    /// The service's counters.
+    pub fn stats(&self) -> Arc<ServerStats> {
+        self.stats.clone()
+    }
+
+    fn metrics(&self) -> String {
+        let s = self.stats.snapshot();
+        let mut out = String::new();
+        for (name, help, kind, v) in [
+            (
+                "qgate_server_connections_total",
+                "QUIC connections accepted",
+                "counter",
+                s.connections,
+            ),
+            (
+                "qgate_server_requests_total",
+                "HTTP/3 requests received",
+                "counter",
+                s.requests,
+            ),
+            (
+                "qgate_server_ingested_total",
+                "ingest requests stored",
+                "counter",
+                s.ingested,
+            ),
+            (
+                "qgate_server_ingested_bytes_total",
+                "ingest bytes stored",
+                "counter",
+                s.ingested_bytes,
+            ),
+            (
+                "qgate_server_errors_total",
+                "requests answered with an error status",
+                "counter",
+                s.errors,
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            ));
+        }
+        out
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Bytes> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(body.into())
+        .expect("valid response")
+}
+
+fn json(status: StatusCode, body: String) -> Response<Bytes> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Bytes::from(body))
+        .expect("valid response")
+}
+
+/// `ingest` or `ingest/<name>` → the stream name (`default` for the bare path); names are
+/// limited to `[A-Za-z0-9._-]{1,64}` so they are safe as file names.
+fn stream_name(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/ingest")?;
+    let name = match rest {
+        "" | "/" => "default",
+        r => r.strip_prefix('/')?,
+    };
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    ok.then_some(name)
+}
+
+impl Handler for IngestService {
+    async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let path = req.uri().path();
+        let resp = match (req.method(), path) {
+            (&Method::GET, "/health") => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, "/stats") => json(
+                StatusCode::OK,
+                serde_json_like(&self.stats.snapshot()),
+            ),
+            (&Method::GET, "/metrics") => text(StatusCode::OK, self.metrics()),
+            (&Method::POST, p) if p.starts_with("/ingest") => match stream_name(p) {
+                None => text(
+                    StatusCode::BAD_REQUEST,
+                    "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n",
+                ),
+                Some(name) => match self.sink.store(name, &body).await {
+                    Ok(id) => {
+                        self.stats.ingested.fetch_add(1, Ordering::Relaxed);
+                        self.stats
+                            .ingested_bytes
+                            .fetch_add(body.len() as u64, Ordering::Relaxed);
+                        json(
+                            StatusCode::CREATED,
+                            format!("{{\"id\":{id},\"bytes\":{}}}", body.len()),
+                        )
+                    }
+                    Err(e) => {
+                        tracing::error!(%peer, error = %e, "could not store an ingest body");
+                        text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+                    }
+                },
+            },
+            (_, "/health" | "/stats" | "/metrics") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
+            (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+            _ => text(StatusCode::NOT_FOUND, format!("no route {path}\n")),
+        };
+        if resp.status().is_client_error() || resp.status().is_server_error() {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        resp
+    }
+}
+
+fn serde_json_like(s: &StatsSnapshot) -> String {
+    format!(
+        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{}}}",
+        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors
+    )
+}
+
+/// Accept QUIC connections on `endpoint` and serve HTTP/3 on each until the endpoint closes.
+///
+/// Requests are handled only once the handshake has completed (`incoming.await`, not
+/// `into_0rtt`): an ingest POST is not idempotent, and a replayed 0-RTT flight can never complete
+/// a handshake, so a replay never stores a body twice (RFC 9001 §9.2).
+pub async fn serve(endpoint: quinn::Endpoint, service: Arc<IngestService>, limits: ServeLimits) {
+    while let Some(incoming) = endpoint.accept().await {
+        let service = service.clone();
+        tokio::spawn(async move {
+            let peer = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "handshake failed");
+                    return;
+                }
+            };
+            service.stats.connections.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = http3::serve_connection(conn, service, limits).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_names_are_file_safe() {
+        assert_eq!(stream_name("/ingest"), Some("default"));
+        assert_eq!(stream_name("/ingest/"), Some("default"));
+        assert_eq!(stream_name("/ingest/sensor-7.temp"), Some("sensor-7.temp"));
+        assert_eq!(stream_name("/ingest/../etc"), None);
+        assert_eq!(stream_name("/ingest/a/b"), None);
+        assert_eq!(stream_name("/ingest/.hidden"), None);
+        assert_eq!(stream_name("/ingestx"), None);
+        assert_eq!(stream_name(&format!("/ingest/{}", "a".repeat(65))), None);
+    }
+}

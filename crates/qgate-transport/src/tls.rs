@@ -203,7 +203,9 @@ fn generate_pems(extra_names: &[String]) -> Result<(String, String, String), Tls
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     };
-    let ca_key = KeyPair::generate()?;
+    // Ed25519: fixed-size signatures, so handshake flights have the same size in every run and
+    // simulations stay deterministic (ECDSA's DER signatures vary by a byte or two).
+    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
         .distinguished_name
@@ -215,7 +217,7 @@ fn generate_pems(extra_names: &[String]) -> Result<(String, String, String), Tls
 
     let mut names: Vec<String> = DEV_NAMES.iter().map(|s| s.to_string()).collect();
     names.extend(extra_names.iter().cloned());
-    let leaf_key = KeyPair::generate()?;
+    let leaf_key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
     let mut leaf_params = CertificateParams::new(names)?;
     leaf_params
         .distinguished_name

@@ -1,1 +1,156 @@
-fn main() {}
+//! `qgate`: IoT data over QUIC — server, clients, demo and benchmarks.
+
+mod client;
+mod config;
+mod lab;
+mod server;
+mod url;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+
+/// Exit status for a usage or configuration error (bad flag, URL, config file).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status when a request got a non-success HTTP status.
+pub const EXIT_HTTP_STATUS: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qgate",
+    version,
+    about = "qgate: IoT data over QUIC and HTTP/3",
+    long_about = "qgate carries IoT data over QUIC: an HTTP/3 ingest server, HTTP/3 clients, and \
+                  experiments that run the same code on a simulated network in virtual time.\n\n\
+                  Exit status: 0 success, 1 runtime error, 2 usage or configuration error, \
+                  3 the server answered with a non-success HTTP status."
+)]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// TOML configuration file (tables [server], [client], [transport], [demo]); flags override it.
+    #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], GET /stats,
+    /// /metrics, /health).
+    Server(server::ServerArgs),
+    /// Send an HTTP/3 GET and print the response body.
+    Get(client::ClientArgs),
+    /// Send an HTTP/3 POST (body from --data, --file or standard input) and print the response.
+    Post(client::PostArgs),
+    /// Run a server and several HTTP/3 clients on a simulated network and summarise delays
+    /// and throughput.
+    Demo(lab::DemoArgs),
+    /// Measure the system: simulator speed, transport overhead against plain quinn.
+    Bench(BenchCmd),
+}
+
+#[derive(Args, Debug)]
+struct BenchCmd {
+    #[command(subcommand)]
+    which: lab::Bench,
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{level},quinn=warn,quinn_proto=warn,h3=warn,rustls=warn"
+        ))
+        .add_directive(format!("qgate={level}").parse().expect("valid directive"))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// An error and the exit status it deserves.
+pub struct Failure {
+    pub status: u8,
+    pub error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure {
+            status: 1,
+            error: e.into(),
+        }
+    }
+}
+
+/// A usage/config error (exit 2).
+pub fn usage(msg: impl std::fmt::Display) -> Failure {
+    Failure {
+        status: EXIT_USAGE,
+        error: anyhow::anyhow!("{msg}"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let config = match &cli.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("qgate: error: {e:#}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => Config::default(),
+    };
+    let result = match cli.command {
+        Command::Server(a) => server::run(a, &config),
+        Command::Get(a) => client::get(a, &config),
+        Command::Post(a) => client::post(a, &config),
+        Command::Demo(a) => lab::demo(a, &config),
+        Command::Bench(b) => lab::bench(b.which),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("qgate: error: {:#}", f.error);
+            ExitCode::from(f.status)
+        }
+    }
+}
+
+/// Where the development PKI lives by default: `$QGATE_HOME/dev-pki`, else
+/// `$XDG_DATA_HOME/qgate/dev-pki`, else `~/.local/share/qgate/dev-pki`.
+pub fn default_dev_pki_dir() -> PathBuf {
+    if let Some(h) = std::env::var_os("QGATE_HOME") {
+        return PathBuf::from(h).join("dev-pki");
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("qgate").join("dev-pki")
+}
+
+/// A current-thread runtime for a command.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

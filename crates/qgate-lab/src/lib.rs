@@ -1,0 +1,18 @@
+//! qgate experiments: scenarios that run the real qgate code on the simulated network in
+//! virtual time, and system benchmarks.
+
+pub mod bench;
+pub mod demo;
+pub mod stats;
+
+/// Run `f` on a single-threaded tokio runtime whose clock is paused: time advances only when
+/// every task waits, straight to the next timer, so simulated minutes take wall-clock
+/// milliseconds and runs are deterministic.
+pub fn virtual_time<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a tokio runtime")
+        .block_on(f)
+}

@@ -1,0 +1,60 @@
+//! The lab's scenarios run and measure what they claim to.
+
+use qgate_lab::bench::{sim_speed, SimSpeedConfig};
+use qgate_lab::demo::{self, DemoConfig};
+use qgate_netsim::LossModel;
+
+#[test]
+fn sim_speed_measures_a_saturated_flow() {
+    let cfg = SimSpeedConfig {
+        virtual_secs: 5.0,
+        repeats: 2,
+        ..Default::default()
+    };
+    let mut calls = 0;
+    let r = sim_speed(cfg, |_| calls += 1);
+    assert_eq!(calls, 2);
+    assert_eq!(r.speedup.n, 2);
+    // One bulk flow fills most of a 10 Mbit/s link (slow start included in 5 s).
+    assert!(
+        r.goodput_mbps.mean > 8.0 && r.goodput_mbps.mean <= 10.0,
+        "{:?}",
+        r.goodput_mbps
+    );
+}
+
+#[test]
+fn demo_answers_every_request_and_delay_tracks_the_path() {
+    let cfg = DemoConfig {
+        clients: 4,
+        requests: 30,
+        ..Default::default()
+    };
+    let r = qgate_lab::virtual_time(demo::run(cfg.clone())).unwrap();
+    assert_eq!((r.ok, r.failed), (120, 0));
+    assert_eq!(r.server.ingested, 120);
+    // RTT = 2 × (5 + 20) ms; a request and its response take about one RTT.
+    assert!(
+        r.delay_ms.mean >= 50.0 && r.delay_ms.mean < 60.0,
+        "{:?}",
+        r.delay_ms
+    );
+
+    // With 5 % loss on the backbone every request is still answered, later on average.
+    let mut lossy = cfg;
+    lossy.backbone.loss = LossModel::Bernoulli { p: 0.05 };
+    let l = qgate_lab::virtual_time(demo::run(lossy)).unwrap();
+    assert_eq!((l.ok, l.failed), (120, 0));
+    assert!(l.backbone_up.dropped_loss > 0);
+    assert!(l.delay_ms.mean > r.delay_ms.mean);
+}
+
+#[test]
+fn demo_rejects_bad_config_by_name() {
+    let cfg = DemoConfig {
+        requests: 0,
+        ..Default::default()
+    };
+    let e = qgate_lab::virtual_time(demo::run(cfg)).unwrap_err();
+    assert!(e.contains("demo.requests = 0"), "{e}");
+}

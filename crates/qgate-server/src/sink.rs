@@ -1,0 +1,144 @@
+//! Where ingested bodies go: counted only, or stored as files, durably, before acknowledgement.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Storing a body failed; the message names the path.
+#[derive(Debug, thiserror::Error)]
+#[error("sink {path}: {source}")]
+pub struct SinkError {
+    /// The file or directory involved.
+    pub path: PathBuf,
+    /// The error.
+    pub source: std::io::Error,
+}
+
+/// The destination of ingested bodies.
+#[derive(Debug)]
+pub enum Sink {
+    /// Count bodies; keep nothing.
+    Count {
+        /// Next id.
+        next: AtomicU64,
+    },
+    /// One file per body under `root/<stream>/<id>.bin`, fsynced and renamed into place before
+    /// the request is acknowledged, so an acknowledged body survives a crash.
+    Dir {
+        /// The directory.
+        root: PathBuf,
+        /// Next id (continues after the largest id already on disk).
+        next: AtomicU64,
+    },
+}
+
+fn err(path: &Path) -> impl FnOnce(std::io::Error) -> SinkError + '_ {
+    move |source| SinkError {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Sink {
+    /// A sink that only counts.
+    pub fn count_only() -> Sink {
+        Sink::Count {
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// A sink storing under `root` (created if missing). Ids continue after those on disk.
+    pub fn directory(root: &Path) -> Result<Sink, SinkError> {
+        std::fs::create_dir_all(root).map_err(err(root))?;
+        let mut max = 0u64;
+        for stream in std::fs::read_dir(root).map_err(err(root))? {
+            let stream = stream.map_err(err(root))?.path();
+            if !stream.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&stream).map_err(err(&stream))? {
+                let name = f.map_err(err(&stream))?.file_name();
+                let id = name
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".bin"))
+                    .and_then(|n| n.parse::<u64>().ok());
+                max = max.max(id.unwrap_or(0));
+            }
+        }
+        Ok(Sink::Dir {
+            root: root.to_path_buf(),
+            next: AtomicU64::new(max + 1),
+        })
+    }
+
+    /// Store one body of stream `stream`; returns its id once it is durable.
+    pub async fn store(&self, stream: &str, body: &[u8]) -> Result<u64, SinkError> {
+        match self {
+            Sink::Count { next } => Ok(next.fetch_add(1, Ordering::Relaxed)),
+            Sink::Dir { root, next } => {
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                let dir = root.join(stream);
+                let body = body.to_vec();
+                tokio::task::spawn_blocking(move || write_durably(&dir, id, &body))
+                    .await
+                    .map_err(|e| SinkError {
+                        path: root.clone(),
+                        source: std::io::Error::other(e),
+                    })??;
+                Ok(id)
+            }
+        }
+    }
+}
+
+/// Write `dir/<id>.bin` via a temporary file: write, fsync, rename, fsync the directory. A crash
+/// at any point leaves either no file or the whole file, never a torn one under the final name.
+fn write_durably(dir: &Path, id: u64, body: &[u8]) -> Result<(), SinkError> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).map_err(err(dir))?;
+    let tmp = dir.join(format!(".{id:012}.tmp"));
+    let dst = dir.join(format!("{id:012}.bin"));
+    let mut f = std::fs::File::create(&tmp).map_err(err(&tmp))?;
+    f.write_all(body).map_err(err(&tmp))?;
+    f.sync_all().map_err(err(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, &dst).map_err(err(&dst))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err(dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn ids_continue_across_restarts() {
+        let root = std::env::temp_dir().join(format!("qgate-sink-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let sink = Sink::directory(&root).unwrap();
+        assert_eq!(sink.store("a", b"one").await.unwrap(), 1);
+        assert_eq!(sink.store("b", b"two").await.unwrap(), 2);
+        drop(sink);
+        let sink = Sink::directory(&root).unwrap();
+        assert_eq!(sink.store("a", b"three").await.unwrap(), 3);
+        assert_eq!(
+            std::fs::read(root.join("a/000000000001.bin")).unwrap(),
+            b"one"
+        );
+        assert_eq!(
+            std::fs::read(root.join("a/000000000003.bin")).unwrap(),
+            b"three"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn unusable_root_is_named() {
+        let f = std::env::temp_dir().join(format!("qgate-sink-file-{}", std::process::id()));
+        std::fs::write(&f, b"x").unwrap();
+        let e = Sink::directory(&f).unwrap_err().to_string();
+        assert!(e.contains(&f.display().to_string()), "{e}");
+        let _ = std::fs::remove_file(&f);
+    }
+}

@@ -1,0 +1,141 @@
+//! `qgate get` and `qgate post`
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::Args;
+use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TrustRoots};
+
+use crate::config::{parse_duration, Config};
+use crate::{default_dev_pki_dir, usage, Failure, EXIT_HTTP_STATUS};
+
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// https://HOST[:PORT]/PATH (port 443 if omitted).
+    url: String,
+    /// CA certificate(s) to trust, PEM [default: the development CA, if this machine has one].
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// Give up if the server has not answered the handshake within this time [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    connect_timeout: Option<Duration>,
+    /// Largest response body accepted, bytes [default: 16777216].
+    #[arg(long, value_name = "BYTES")]
+    max_response: Option<usize>,
+    /// Print the status line and headers to standard error.
+    #[arg(short, long)]
+    include: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PostArgs {
+    #[command(flatten)]
+    common: ClientArgs,
+    /// The body, as given.
+    #[arg(short, long, value_name = "TEXT", conflicts_with = "file")]
+    data: Option<String>,
+    /// Read the body from FILE (`-` for standard input; the default without --data).
+    #[arg(short, long, value_name = "FILE")]
+    file: Option<PathBuf>,
+}
+
+fn trust(a: &ClientArgs, cfg: &Config) -> Result<TrustRoots, Failure> {
+    if let Some(ca) = a.ca.clone().or(cfg.client.ca.clone()) {
+        return TrustRoots::from_pem_file(&ca).map_err(usage);
+    }
+    let dir = default_dev_pki_dir();
+    if dir.join("ca.pem").exists() {
+        return Ok(DevPki::load_or_create(&dir).map_err(usage)?.trust());
+    }
+    Err(usage(format!(
+        "no CA to trust: pass --ca FILE (the server's CA certificate), or run `qgate server` \
+         once on this machine to create the development CA in {}",
+        dir.display()
+    )))
+}
+
+fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Result<(), Failure> {
+    let target = crate::url::parse(&a.url).map_err(usage)?;
+    let trust = trust(&a, cfg)?;
+    let timeout = match (a.connect_timeout, &cfg.client.connect_timeout) {
+        (Some(t), _) => t,
+        (None, Some(s)) => {
+            parse_duration(s).map_err(|e| usage(format!("[client] connect_timeout: {e}")))?
+        }
+        (None, None) => Duration::from_secs(10),
+    };
+    let max_response = a
+        .max_response
+        .or(cfg.client.max_response)
+        .unwrap_or(16 << 20);
+    let ccfg = client_config(&trust, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    let include = a.include;
+    crate::runtime().block_on(async move {
+        let addr = target.resolve().await.map_err(usage)?;
+        let bind = if addr.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
+        let ep = endpoint(Socket::bind_udp(bind.parse().expect("valid"))?, None, None)?;
+        let conn = tokio::time::timeout(timeout, connect(&ep, &ccfg, addr, &target.host, false))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no response from {addr} within {timeout:?}: is a qgate server listening there?"
+                )
+            })??;
+        let h3 = H3Client::new(conn.connection().clone()).await?;
+        let req = http::Request::builder()
+            .method(method)
+            .uri(target.uri.clone())
+            .body(())
+            .context("building the request")?;
+        let resp = h3.request(req, body, max_response).await?;
+        h3.close();
+        if include {
+            eprintln!("HTTP/3 {}", resp.status);
+            for (k, v) in &resp.headers {
+                eprintln!("{k}: {}", v.to_str().unwrap_or("<binary>"));
+            }
+        }
+        std::io::stdout()
+            .write_all(&resp.body)
+            .context("writing the response")?;
+        std::io::stdout().flush().ok();
+        ep.wait_idle().await;
+        if !resp.status.is_success() {
+            return Err(Failure {
+                status: EXIT_HTTP_STATUS,
+                error: anyhow::anyhow!("{} answered {}", target.url, resp.status),
+            });
+        }
+        Ok(())
+    })
+}
+
+pub fn get(a: ClientArgs, cfg: &Config) -> Result<(), Failure> {
+    request(a, cfg, http::Method::GET, Bytes::new())
+}
+
+pub fn post(a: PostArgs, cfg: &Config) -> Result<(), Failure> {
+    let body = match (a.data, a.file) {
+        (Some(d), _) => Bytes::from(d),
+        (None, Some(f)) if f.as_os_str() != "-" => Bytes::from(
+            std::fs::read(&f)
+                .map_err(|e| usage(format!("cannot read body file {}: {e}", f.display())))?,
+        ),
+        _ => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("reading the body from standard input")?;
+            Bytes::from(buf)
+        }
+    };
+    request(a.common, cfg, http::Method::POST, body)
+}

@@ -1,0 +1,143 @@
+//! The TOML configuration file: one table per command, every key also settable by a flag
+//! (flags win).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use qgate_lab::demo::DemoConfig;
+use qgate_transport::TransportOptions;
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[server]`
+    pub server: ServerConfig,
+    /// `[client]` (get, post)
+    pub client: ClientConfig,
+    /// `[transport]`: QUIC settings for server and clients.
+    pub transport: TransportOptions,
+    /// `[demo]`
+    pub demo: DemoConfig,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// UDP address to listen on.
+    pub listen: Option<SocketAddr>,
+    /// PEM certificate chain.
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    pub key: Option<PathBuf>,
+    /// Directory of the development PKI used when no cert/key is given.
+    pub dev_pki: Option<PathBuf>,
+    /// Directory to store ingested bodies in; none = count only.
+    pub sink: Option<PathBuf>,
+    /// Largest request body, bytes.
+    pub max_body: Option<usize>,
+}
+
+/// `[client]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    /// CA certificate(s) to trust (PEM).
+    pub ca: Option<PathBuf>,
+    /// Give up connecting after this long, e.g. "10s".
+    pub connect_timeout: Option<String>,
+    /// Largest response body, bytes.
+    pub max_response: Option<usize>,
+}
+
+impl Config {
+    /// Read and check a config file; errors name the file and, for syntax, line and column.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let cfg: Config = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "config file {}: {}",
+                path.display(),
+                e.to_string().trim_end()
+            )
+        })?;
+        cfg.transport
+            .validate()
+            .map_err(|e| anyhow::anyhow!("config file {}: [transport] {e}", path.display()))?;
+        Ok(cfg)
+    }
+}
+
+/// Parse a duration like `250ms`, `10s`, `1.5s`, `2m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("duration '{s}' needs a unit: ms, s or m (e.g. 10s)"))?;
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("duration '{s}': '{num}' is not a number"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" | "min" => v * 60.0,
+        _ => {
+            return Err(format!(
+                "duration '{s}': unknown unit '{unit}' (use ms, s or m)"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
+        return Err(format!("duration '{s}' must be positive and at most a day"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("10").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration("10h")
+            .unwrap_err()
+            .contains("unknown unit 'h'"));
+        assert!(parse_duration("0s").unwrap_err().contains("positive"));
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let cfg: Config = toml::from_str(
+            r#"
+            [server]
+            listen = "127.0.0.1:4433"
+            sink = "/tmp/x"
+            [client]
+            connect_timeout = "2s"
+            [transport]
+            congestion = "new-reno"
+            [demo]
+            clients = 3
+            [demo.backbone]
+            rate_bps = 1000000
+            delay = 40.0
+            loss = { kind = "bernoulli", p = 0.01 }
+            queue = { kind = "droptail", packets = 50 }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.demo.clients, 3);
+        assert_eq!(cfg.demo.backbone.delay, Duration::from_millis(40));
+        assert_eq!(cfg.server.listen, Some("127.0.0.1:4433".parse().unwrap()));
+    }
+}

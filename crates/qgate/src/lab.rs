@@ -1,0 +1,173 @@
+//! `qgate demo` and `qgate bench`
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use qgate_lab::bench::{self, LoopbackConfig, SimSpeedConfig};
+use qgate_lab::demo;
+use qgate_netsim::LossModel;
+
+use crate::config::Config;
+use crate::{usage, Failure};
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Number of HTTP/3 clients [default: 8].
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Requests per client [default: 50].
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Body bytes per request [default: 1024].
+    #[arg(long)]
+    body_bytes: Option<usize>,
+    /// Milliseconds between a client's requests [default: 20].
+    #[arg(long)]
+    interval_ms: Option<u64>,
+    /// Backbone (router → server) rate in Mbit/s [default: 50].
+    #[arg(long)]
+    backbone_mbps: Option<f64>,
+    /// Backbone one-way delay in ms [default: 20].
+    #[arg(long)]
+    backbone_delay_ms: Option<f64>,
+    /// Random loss on the backbone, both ways, as a fraction (0.01 = 1 %) [default: 0].
+    #[arg(long)]
+    loss: Option<f64>,
+    /// Seed for every random choice [default: 1].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run in real time instead of virtual time (takes as long as the traffic does).
+    #[arg(long)]
+    real_time: bool,
+}
+
+pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
+    let mut c = cfg.demo.clone();
+    c.transport = cfg.transport.clone();
+    if let Some(v) = a.clients {
+        c.clients = v;
+    }
+    if let Some(v) = a.requests {
+        c.requests = v;
+    }
+    if let Some(v) = a.body_bytes {
+        c.body_bytes = v;
+    }
+    if let Some(v) = a.interval_ms {
+        c.interval_ms = v;
+    }
+    if let Some(v) = a.seed {
+        c.seed = v;
+    }
+    if let Some(mbps) = a.backbone_mbps {
+        if !(mbps.is_finite() && mbps > 0.0) {
+            return Err(usage("--backbone-mbps must be a positive number"));
+        }
+        c.backbone.rate_bps = Some((mbps * 1e6) as u64);
+    }
+    if let Some(ms) = a.backbone_delay_ms {
+        if !(ms.is_finite() && ms >= 0.0) {
+            return Err(usage("--backbone-delay-ms must be a non-negative number"));
+        }
+        c.backbone.delay = Duration::from_secs_f64(ms / 1000.0);
+    }
+    if let Some(p) = a.loss {
+        c.backbone.loss = LossModel::Bernoulli { p };
+    }
+    c.validate().map_err(usage)?;
+    let wall = std::time::Instant::now();
+    let report = if a.real_time {
+        crate::runtime().block_on(demo::run(c))
+    } else {
+        qgate_lab::virtual_time(demo::run(c))
+    }
+    .map_err(|e| anyhow::anyhow!("demo failed: {e}"))?;
+    println!("{report}");
+    let wall = wall.elapsed().as_secs_f64();
+    println!(
+        "  ran in                {:.2} s wall clock ({})",
+        wall,
+        if a.real_time {
+            "real time".to_string()
+        } else {
+            format!(
+                "virtual time, {:.0}× faster than real",
+                report.virtual_secs / wall
+            )
+        }
+    );
+    if report.failed > 0 {
+        return Err(anyhow::anyhow!("{} requests failed", report.failed).into());
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Bench {
+    /// Simulator speed: virtual seconds per wall second for one bulk QUIC flow.
+    Sim {
+        /// Virtual seconds per repeat.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// Link rate in Mbit/s.
+        #[arg(long, default_value_t = 10.0)]
+        mbps: f64,
+        /// Repeats.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+    },
+    /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
+    Loopback {
+        /// MiB per transfer.
+        #[arg(long, default_value_t = 256)]
+        mebibytes: u64,
+        /// Transfers per side.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+    },
+}
+
+pub fn bench(which: Bench) -> Result<(), Failure> {
+    match which {
+        Bench::Sim {
+            seconds,
+            mbps,
+            repeats,
+        } => {
+            if !(seconds > 0.0 && mbps > 0.0 && repeats > 0) {
+                return Err(usage("--seconds, --mbps and --repeats must be positive"));
+            }
+            let cfg = SimSpeedConfig {
+                virtual_secs: seconds,
+                rate_bps: (mbps * 1e6) as u64,
+                repeats,
+                ..Default::default()
+            };
+            eprintln!(
+                "bench sim: one bulk QUIC flow, {mbps} Mbit/s / {:?} one-way, {seconds} virtual s × {repeats}",
+                cfg.delay
+            );
+            let r = bench::sim_speed(cfg, |i| eprintln!("  repeat {i}/{repeats} done"));
+            println!("simulator speed   {:.1} virtual s per wall s", r.speedup);
+            println!("wall time         {:.2} s per repeat", r.wall_secs);
+            println!("flow goodput      {:.2} Mbit/s", r.goodput_mbps);
+        }
+        Bench::Loopback { mebibytes, repeats } => {
+            if mebibytes == 0 || repeats == 0 {
+                return Err(usage("--mebibytes and --repeats must be positive"));
+            }
+            eprintln!("bench loopback: {mebibytes} MiB per transfer, {repeats} transfers per side, alternating");
+            let r = bench::loopback(
+                LoopbackConfig {
+                    bytes: mebibytes * 1024 * 1024,
+                    repeats,
+                },
+                |i| eprintln!("  pair {i}/{repeats} done"),
+            );
+            println!("qgate-transport   {:.3} Gbit/s", r.qgate_gbps);
+            println!("plain quinn       {:.3} Gbit/s", r.quinn_gbps);
+            println!("ratio             {:.3}", r.ratio());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! `qgate server`
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use qgate_server::{IngestService, Sink};
+use qgate_transport::http3::{ServeLimits, ALPN_H3};
+use qgate_transport::{endpoint, server_config, Congestion, DevPki, Identity, Socket};
+
+use crate::config::Config;
+use crate::{default_dev_pki_dir, usage, Failure};
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// UDP address to listen on [default: 0.0.0.0:4433; port 0 picks a free port].
+    #[arg(short, long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// PEM certificate chain (with --key); without both, a development certificate is used.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// PEM private key matching --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Directory of the development CA and certificate (created if missing); clients trust
+    /// DIR/ca.pem [default: $QGATE_HOME/dev-pki or ~/.local/share/qgate/dev-pki].
+    #[arg(long, value_name = "DIR")]
+    dev_pki: Option<PathBuf>,
+    /// Store each ingested body durably as a file under DIR/<stream>/ before acknowledging it;
+    /// without it bodies are only counted.
+    #[arg(long, value_name = "DIR")]
+    sink: Option<PathBuf>,
+    /// Largest request body in bytes; larger ones get 413 [default: 16777216].
+    #[arg(long, value_name = "BYTES")]
+    max_body: Option<usize>,
+    /// Congestion controller: cubic, new-reno or bbr [default: cubic].
+    #[arg(long, value_name = "NAME")]
+    congestion: Option<Congestion>,
+}
+
+pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
+    let c = &cfg.server;
+    let listen = a
+        .listen
+        .or(c.listen)
+        .unwrap_or_else(|| "0.0.0.0:4433".parse().expect("valid"));
+    let mut transport = cfg.transport.clone();
+    if let Some(cc) = a.congestion {
+        transport.congestion = cc;
+    }
+    let identity = match (a.cert.or(c.cert.clone()), a.key.or(c.key.clone())) {
+        (Some(cert), Some(key)) => Identity::from_pem_files(&cert, &key).map_err(usage)?,
+        (None, None) => {
+            let dir = a
+                .dev_pki
+                .or(c.dev_pki.clone())
+                .unwrap_or_else(default_dev_pki_dir);
+            let pki = DevPki::load_or_create(&dir).map_err(usage)?;
+            eprintln!(
+                "qgate: using the development certificate; clients trust {}",
+                dir.join("ca.pem").display()
+            );
+            pki.server
+        }
+        _ => {
+            return Err(usage(
+                "give both a certificate and a key ([server] cert and key)",
+            ))
+        }
+    };
+    let sink = match a.sink.or(c.sink.clone()) {
+        Some(dir) => Sink::directory(&dir).map_err(usage)?,
+        None => Sink::count_only(),
+    };
+    let limits = ServeLimits {
+        max_body: a
+            .max_body
+            .or(c.max_body)
+            .unwrap_or(ServeLimits::default().max_body),
+    };
+    let scfg = server_config(&identity, &[ALPN_H3], &transport).map_err(usage)?;
+    crate::runtime().block_on(async move {
+        let socket = Socket::bind_udp(listen).map_err(usage)?;
+        let ep = endpoint(socket, Some(scfg), None)?;
+        let local = ep.local_addr().context("reading the bound address")?;
+        println!("qgate server listening on udp/{local} (HTTP/3)");
+        use std::io::Write;
+        std::io::stdout().flush().ok();
+        let service = Arc::new(IngestService::new(sink));
+        let stats = service.stats();
+        let serving = tokio::spawn(qgate_server::serve(ep.clone(), service, limits));
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        eprintln!("qgate: shutting down");
+        ep.close(0u32.into(), b"server shutting down");
+        let _ = tokio::time::timeout(Duration::from_secs(3), ep.wait_idle()).await;
+        serving.abort();
+        let s = stats.snapshot();
+        eprintln!(
+            "qgate: served {} connections, {} requests, stored {} bodies ({} bytes)",
+            s.connections, s.requests, s.ingested, s.ingested_bytes
+        );
+        Ok(())
+    })
+}

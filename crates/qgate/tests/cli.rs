@@ -1,0 +1,292 @@
+//! The `qgate` binary as a user runs it: help, bad input, and a real server on loopback.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+fn qgate(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_qgate"));
+    c.env("QGATE_HOME", home)
+        .env_remove("QGATE_CONFIG")
+        .env_remove("RUST_LOG");
+    c
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qgate-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A failed run: the expected exit status, the message on stderr, and never a panic.
+fn assert_fails(o: Output, status: i32, needle: &str) {
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(status), "stderr: {err}");
+    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+#[test]
+fn help_everywhere() {
+    let home = tmp("help");
+    for args in [
+        vec!["--help"],
+        vec!["server", "--help"],
+        vec!["get", "--help"],
+        vec!["post", "--help"],
+        vec!["demo", "--help"],
+        vec!["bench", "--help"],
+        vec!["bench", "sim", "--help"],
+        vec!["bench", "loopback", "--help"],
+    ] {
+        let o = qgate(&home).args(&args).output().unwrap();
+        assert!(o.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("Usage"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn malformed_url_is_a_usage_error() {
+    let home = tmp("url");
+    let o = qgate(&home)
+        .args(["get", "localhost:4433/x"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "invalid URL 'localhost:4433/x'");
+    let o = qgate(&home)
+        .args(["get", "http://localhost/"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "scheme 'http' is not supported");
+}
+
+#[test]
+fn missing_ca_says_what_to_do() {
+    let home = tmp("noca");
+    let o = qgate(&home)
+        .args(["get", "https://localhost:4433/"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "no CA to trust: pass --ca FILE");
+}
+
+#[test]
+fn unreachable_server_times_out_clearly() {
+    let home = tmp("unreach");
+    let pki = home.join("pki");
+    qgate_transport::DevPki::load_or_create(&pki).unwrap();
+    // A bound UDP socket that never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://localhost:{}/", silent.local_addr().unwrap().port());
+    let o = qgate(&home)
+        .args(["get", &url, "--ca"])
+        .arg(pki.join("ca.pem"))
+        .args(["--connect-timeout", "500ms"])
+        .output()
+        .unwrap();
+    assert_fails(o, 1, "within 500ms: is a qgate server listening there?");
+}
+
+#[test]
+fn bad_certificate_files_are_named() {
+    let home = tmp("certs");
+    let o = qgate(&home)
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--cert",
+            "/nonexistent/c.pem",
+            "--key",
+            "/nonexistent/k.pem",
+        ])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "/nonexistent/c.pem: No such file");
+    let junk = home.join("junk.pem");
+    std::fs::write(&junk, "not pem at all").unwrap();
+    let o = qgate(&home)
+        .args(["server", "--listen", "127.0.0.1:0", "--cert"])
+        .arg(&junk)
+        .arg("--key")
+        .arg(&junk)
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "junk.pem: contains no CERTIFICATE block");
+    let o = qgate(&home)
+        .args(["get", "https://localhost/", "--ca"])
+        .arg(&junk)
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "junk.pem: contains no CERTIFICATE block");
+}
+
+#[test]
+fn malformed_config_is_named_with_its_line() {
+    let home = tmp("config");
+    let cfg = home.join("bad.toml");
+    std::fs::write(&cfg, "[server]\nlisten = \"127.0.0.1:4433\"\nlistne = 5\n").unwrap();
+    let o = qgate(&home)
+        .arg("--config")
+        .arg(&cfg)
+        .args(["demo"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(err.contains("bad.toml") && err.contains("line 3"), "{err}");
+    assert_fails(o, 2, "unknown field `listne`");
+
+    std::fs::write(&cfg, "[transport]\nkeep_alive_ms = 0\n").unwrap();
+    let o = qgate(&home)
+        .arg("--config")
+        .arg(&cfg)
+        .args(["demo"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "keep_alive_ms");
+
+    let o = qgate(&home)
+        .args(["--config", "/nonexistent/q.toml", "demo"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "cannot read config file /nonexistent/q.toml");
+
+    std::fs::write(&cfg, "[demo]\nclients = 0\n").unwrap();
+    let o = qgate(&home)
+        .arg("--config")
+        .arg(&cfg)
+        .args(["demo"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "demo.clients = 0 must be 1..=1000");
+}
+
+#[test]
+fn demo_runs_in_virtual_time_and_reports() {
+    let home = tmp("demo");
+    let o = qgate(&home)
+        .args(["demo", "--clients", "3", "--requests", "20", "--seed", "4"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("requests answered    60 of 60 (0 failed)"),
+        "{out}"
+    );
+    assert!(out.contains("response delay"), "{out}");
+    assert!(out.contains("virtual time"), "{out}");
+    // Same seed, same numbers (the wall-clock line aside).
+    let again = qgate(&home)
+        .args(["demo", "--clients", "3", "--requests", "20", "--seed", "4"])
+        .output()
+        .unwrap();
+    let strip = |s: &str| {
+        s.lines()
+            .filter(|l| !l.contains("wall clock"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&out), strip(&String::from_utf8_lossy(&again.stdout)));
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn server_post_get_over_loopback() {
+    let home = tmp("e2e");
+    let sink = home.join("sink");
+    let mut child = qgate(&home)
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--max-body",
+            "1000",
+            "--sink",
+        ])
+        .arg(&sink)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _server = Server(child);
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let base = format!("https://localhost:{port}");
+    let ca = home.join("dev-pki/ca.pem");
+    assert!(ca.exists(), "the server created the development CA");
+
+    // The default CA location is found without --ca.
+    let o = qgate(&home)
+        .args([
+            "post",
+            &format!("{base}/ingest/sensors"),
+            "--data",
+            "t=21.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let body = String::from_utf8_lossy(&o.stdout);
+    assert!(body.contains("\"bytes\":6"), "{body}");
+    let stored: Vec<_> = std::fs::read_dir(sink.join("sensors")).unwrap().collect();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        std::fs::read(stored[0].as_ref().unwrap().path()).unwrap(),
+        b"t=21.5"
+    );
+
+    let o = qgate(&home)
+        .args(["get", &format!("{base}/stats"), "--ca"])
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":1"));
+
+    // Too large → 413 and exit status 3; the server keeps serving.
+    let big = home.join("big.bin");
+    std::fs::write(&big, vec![0u8; 5000]).unwrap();
+    let o = qgate(&home)
+        .args(["post", &format!("{base}/ingest"), "--file"])
+        .arg(&big)
+        .output()
+        .unwrap();
+    assert_fails(o, 3, "413 Payload Too Large");
+    let o = qgate(&home)
+        .args(["get", &format!("{base}/nope")])
+        .output()
+        .unwrap();
+    assert_fails(o, 3, "404 Not Found");
+    let o = qgate(&home)
+        .args(["get", &format!("{base}/metrics")])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("qgate_server_ingested_total 1"));
+}
