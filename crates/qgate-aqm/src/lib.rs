@@ -5,14 +5,28 @@
 //! caller, who owns the link. The simulated network (`qgate-netsim`) and the gateway's egress
 //! shaper drive the same implementations.
 //!
-//! Implemented here: [`DropTail`] (by packets and by bytes). The active queue managements (RED,
-//! PIE, CoDel, FQ-CoDel, PID-Delay) implement the same trait.
+//! Implemented: [`DropTail`] (by packets or bytes), [`Red`] (Floyd–Jacobson, gentle, ns-3
+//! defaults), [`Pie`] (RFC 8033), [`Codel`] (RFC 8289, Linux arithmetic), [`FqCodel`]
+//! (RFC 8290) and [`PidDelay`] (paper 004). [`DisciplineSpec`] names any of them with its
+//! parameters, from TOML or a `kind:key=value` string.
 
+mod codel;
 mod droptail;
+mod fqcodel;
+mod piddelay;
+mod pie;
+mod red;
+mod rng;
 mod spec;
 
+pub use codel::{Codel, CodelParams, CodelQueue, CodelState};
 pub use droptail::DropTail;
-pub use spec::{DisciplineSpec, SpecError};
+pub use fqcodel::{FqCodel, FqCodelParams};
+pub use piddelay::{Branch, PidController, PidDelay, PidDelayParams};
+pub use pie::{Pie, PieParams};
+pub use red::{Red, RedParams};
+pub use rng::SplitMix64;
+pub use spec::{BuildContext, DisciplineSpec, SpecError, DEFAULT_PACKET_LIMIT};
 
 use std::time::{Duration, Instant};
 

@@ -1,32 +1,166 @@
 //! Naming a discipline and its parameters, from TOML or from a command-line string.
+//!
+//! TOML: `queue = { kind = "pie", target_ms = 20 }`. Flag: `pie:target_ms=20,ecn=true`. The flag
+//! form is read through the same deserializer, so both reject the same mistakes with the same
+//! messages. Unset parameters take each algorithm's published defaults.
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DropTail, QueueDiscipline};
+use crate::{
+    Codel, CodelParams, DropTail, FqCodel, FqCodelParams, PidDelay, PidDelayParams, Pie, PieParams,
+    QueueDiscipline, Red, RedParams,
+};
 
-/// A queue discipline by name with its parameters: the form configs and flags use.
-///
-/// TOML: `queue = { kind = "droptail", packets = 1000 }`. Flag: `droptail:packets=1000` or
-/// `droptail:bytes=150000`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The packet limit every discipline but FQ-CoDel gets when none is given (paper 004's buffer).
+pub const DEFAULT_PACKET_LIMIT: usize = 1000;
+
+/// A queue discipline by name with its parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum DisciplineSpec {
     /// FIFO with a packet limit and an optional byte limit.
     Droptail {
-        /// Packet limit (default 1000, the paper-004 scenario's buffer).
-        #[serde(default)]
+        /// Packet limit (1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         packets: Option<usize>,
-        /// Byte limit; when set, arrivals that would exceed it are dropped.
-        #[serde(default)]
+        /// Byte limit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         bytes: Option<usize>,
     },
+    /// RED, ns-3 defaults.
+    Red {
+        /// Packet limit (1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+        /// Minimum threshold, packets (5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min_th: Option<f64>,
+        /// Maximum threshold, packets (15).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_th: Option<f64>,
+        /// Average weight (0.002).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        w_q: Option<f64>,
+        /// Drop probability at max_th (0.02).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_p: Option<f64>,
+        /// Gentle mode (true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gentle: Option<bool>,
+        /// Wait between drops (true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait: Option<bool>,
+        /// Mean packet size for idle decay, bytes (500).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mean_pkt_size: Option<usize>,
+        /// Mark instead of early drop (false).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ecn: Option<bool>,
+    },
+    /// PIE, RFC 8033 defaults.
+    Pie {
+        /// Packet limit (1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+        /// Target delay, ms (15).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_ms: Option<f64>,
+        /// Update period, ms (15).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        t_update_ms: Option<f64>,
+        /// α, Hz (0.125).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        alpha: Option<f64>,
+        /// β, Hz (1.25).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta: Option<f64>,
+        /// Burst allowance, ms (150).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_burst_ms: Option<f64>,
+        /// Mark while p ≤ 10 % (false).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ecn: Option<bool>,
+    },
+    /// CoDel, RFC 8289 defaults, Linux arithmetic.
+    Codel {
+        /// Packet limit (1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+        /// Target sojourn, ms (5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_ms: Option<f64>,
+        /// Interval, ms (100).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interval_ms: Option<f64>,
+        /// Mark instead of drop (false).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ecn: Option<bool>,
+    },
+    /// FQ-CoDel, RFC 8290 defaults.
+    FqCodel {
+        /// Packet limit (10240).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+        /// Flow buckets (1024).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        flows: Option<usize>,
+        /// DRR quantum, bytes (1514).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quantum: Option<i64>,
+        /// Target sojourn, ms (5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_ms: Option<f64>,
+        /// Interval, ms (100).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interval_ms: Option<f64>,
+        /// Mark instead of drop (true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ecn: Option<bool>,
+    },
+    /// PID-Delay, paper 004 Table II gains.
+    PidDelay {
+        /// Packet limit (1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+        /// τ0, ms (5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_ms: Option<f64>,
+        /// Controller period, ms (15).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        period_ms: Option<f64>,
+        /// K_p (1.3125).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kp: Option<f64>,
+        /// K_i (1.25).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ki: Option<f64>,
+        /// K_d (0.125).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kd: Option<f64>,
+        /// Z1 (1.5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        z1: Option<f64>,
+        /// Z2 (1.2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        z2: Option<f64>,
+        /// Z3 (0.8).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        z3: Option<f64>,
+        /// M1, ms (20).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        m1_ms: Option<f64>,
+        /// M2, ms (10).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        m2_ms: Option<f64>,
+        /// Mark while U ≤ 10 % (false).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ecn: Option<bool>,
+    },
 }
-
-/// The packet limit a drop-tail queue gets when none is given.
-pub const DEFAULT_PACKET_LIMIT: usize = 1000;
 
 impl Default for DisciplineSpec {
     fn default() -> Self {
@@ -37,42 +171,178 @@ impl Default for DisciplineSpec {
     }
 }
 
-/// A discipline string or table that cannot be understood.
+/// What a discipline needs from the link it serves.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuildContext {
+    /// Seed for its random choices.
+    pub seed: u64,
+    /// The link's rate, bit/s (RED's idle decay); `None` = unknown.
+    pub link_rate_bps: Option<u64>,
+}
+
+/// A discipline string or table that cannot be understood; the message names the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SpecError {
-    /// The name before `:` is not a known discipline.
-    #[error("unknown queue discipline '{0}' (known: droptail)")]
-    UnknownKind(String),
-    /// A `key=value` parameter is not known for this discipline.
-    #[error("queue discipline '{kind}' has no parameter '{key}' (known: {known})")]
-    UnknownParam {
-        /// The discipline.
-        kind: String,
-        /// The offending key.
-        key: String,
-        /// The keys it does take.
-        known: &'static str,
-    },
-    /// A parameter's value is malformed or out of range.
-    #[error("queue discipline parameter '{key}': {problem}")]
-    BadValue {
-        /// The parameter.
-        key: String,
-        /// What is wrong with it.
-        problem: String,
-    },
+#[error("queue discipline '{input}': {problem}")]
+pub struct SpecError {
+    /// What was given.
+    pub input: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+fn ms(v: Option<f64>, default: Duration) -> Duration {
+    v.map_or(default, |x| Duration::from_secs_f64(x / 1000.0))
 }
 
 impl DisciplineSpec {
-    /// Check the parameters' ranges.
+    /// The names accepted as `kind`.
+    pub const KINDS: &'static [&'static str] =
+        &["droptail", "red", "pie", "codel", "fq-codel", "pid-delay"];
+
+    /// The discipline's name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DisciplineSpec::Droptail { .. } => "droptail",
+            DisciplineSpec::Red { .. } => "red",
+            DisciplineSpec::Pie { .. } => "pie",
+            DisciplineSpec::Codel { .. } => "codel",
+            DisciplineSpec::FqCodel { .. } => "fq-codel",
+            DisciplineSpec::PidDelay { .. } => "pid-delay",
+        }
+    }
+
+    /// The spec with all defaults for `kind`.
+    pub fn default_for(kind: &str) -> Result<DisciplineSpec, SpecError> {
+        kind.parse()
+    }
+
+    /// Check every parameter's range.
     pub fn validate(&self) -> Result<(), SpecError> {
+        let err = |problem: String| SpecError {
+            input: self.to_string(),
+            problem,
+        };
+        let positive = |name: &str, v: Option<f64>| match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                Err(err(format!("{name} must be a positive number, got {x}")))
+            }
+            _ => Ok(()),
+        };
+        let nonneg = |name: &str, v: Option<f64>| match v {
+            Some(x) if !(x.is_finite() && x >= 0.0) => Err(err(format!(
+                "{name} must be a non-negative number, got {x}"
+            ))),
+            _ => Ok(()),
+        };
+        let at_least_one = |name: &str, v: Option<usize>| match v {
+            Some(0) => Err(err(format!("{name} must be at least 1"))),
+            _ => Ok(()),
+        };
         match self {
             DisciplineSpec::Droptail { packets, bytes } => {
-                if *packets == Some(0) {
-                    return Err(bad("packets", "must be at least 1"));
+                at_least_one("packets", *packets)?;
+                at_least_one("bytes", *bytes)
+            }
+            DisciplineSpec::Red {
+                limit,
+                min_th,
+                max_th,
+                w_q,
+                max_p,
+                mean_pkt_size,
+                ..
+            } => {
+                at_least_one("limit", *limit)?;
+                at_least_one("mean_pkt_size", *mean_pkt_size)?;
+                nonneg("min_th", *min_th)?;
+                positive("max_th", *max_th)?;
+                let p = RedParams::default();
+                if min_th.unwrap_or(p.min_th) >= max_th.unwrap_or(p.max_th) {
+                    return Err(err("min_th must be below max_th".into()));
                 }
-                if *bytes == Some(0) {
-                    return Err(bad("bytes", "must be at least 1"));
+                for (name, v) in [("w_q", w_q), ("max_p", max_p)] {
+                    if let Some(x) = v {
+                        if !(*x > 0.0 && *x <= 1.0) {
+                            return Err(err(format!("{name} must be in (0, 1], got {x}")));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            DisciplineSpec::Pie {
+                limit,
+                target_ms,
+                t_update_ms,
+                alpha,
+                beta,
+                max_burst_ms,
+                ..
+            } => {
+                at_least_one("limit", *limit)?;
+                positive("target_ms", *target_ms)?;
+                positive("t_update_ms", *t_update_ms)?;
+                nonneg("alpha", *alpha)?;
+                nonneg("beta", *beta)?;
+                nonneg("max_burst_ms", *max_burst_ms)
+            }
+            DisciplineSpec::Codel {
+                limit,
+                target_ms,
+                interval_ms,
+                ..
+            } => {
+                at_least_one("limit", *limit)?;
+                positive("target_ms", *target_ms)?;
+                positive("interval_ms", *interval_ms)
+            }
+            DisciplineSpec::FqCodel {
+                limit,
+                flows,
+                quantum,
+                target_ms,
+                interval_ms,
+                ..
+            } => {
+                at_least_one("limit", *limit)?;
+                at_least_one("flows", *flows)?;
+                if matches!(quantum, Some(q) if *q < 1) {
+                    return Err(err("quantum must be at least 1 byte".into()));
+                }
+                positive("target_ms", *target_ms)?;
+                positive("interval_ms", *interval_ms)
+            }
+            DisciplineSpec::PidDelay {
+                limit,
+                target_ms,
+                period_ms,
+                kp,
+                ki,
+                kd,
+                z1,
+                z2,
+                z3,
+                m1_ms,
+                m2_ms,
+                ..
+            } => {
+                at_least_one("limit", *limit)?;
+                positive("target_ms", *target_ms)?;
+                positive("period_ms", *period_ms)?;
+                for (n, v) in [
+                    ("kp", kp),
+                    ("ki", ki),
+                    ("kd", kd),
+                    ("z1", z1),
+                    ("z2", z2),
+                    ("z3", z3),
+                ] {
+                    nonneg(n, *v)?;
+                }
+                positive("m1_ms", *m1_ms)?;
+                positive("m2_ms", *m2_ms)?;
+                let d = PidDelayParams::default();
+                if ms(*m2_ms, d.m2) >= ms(*m1_ms, d.m1) {
+                    return Err(err("m2_ms must be below m1_ms (paper 004: M2 < M1)".into()));
                 }
                 Ok(())
             }
@@ -80,89 +350,204 @@ impl DisciplineSpec {
     }
 
     /// Build the discipline this spec names.
-    pub fn build<T: Send + 'static>(&self) -> Box<dyn QueueDiscipline<T>> {
+    pub fn build<T: Send + 'static>(&self, ctx: BuildContext) -> Box<dyn QueueDiscipline<T>> {
+        let lim = |l: &Option<usize>| l.unwrap_or(DEFAULT_PACKET_LIMIT);
         match self {
-            DisciplineSpec::Droptail { packets, bytes } => match (packets, bytes) {
-                (_, Some(b)) => {
+            DisciplineSpec::Droptail { packets, bytes } => match bytes {
+                Some(b) => {
                     let mut q = DropTail::with_byte_limit(*b);
                     if let Some(p) = packets {
                         q = q.with_packet_cap(*p);
                     }
                     Box::new(q)
                 }
-                (p, None) => Box::new(DropTail::with_packet_limit(
-                    p.unwrap_or(DEFAULT_PACKET_LIMIT),
-                )),
+                None => Box::new(DropTail::with_packet_limit(lim(packets))),
             },
+            DisciplineSpec::Red {
+                limit,
+                min_th,
+                max_th,
+                w_q,
+                max_p,
+                gentle,
+                wait,
+                mean_pkt_size,
+                ecn,
+            } => {
+                let d = RedParams::default();
+                Box::new(Red::new(
+                    RedParams {
+                        limit: lim(limit),
+                        min_th: min_th.unwrap_or(d.min_th),
+                        max_th: max_th.unwrap_or(d.max_th),
+                        w_q: w_q.unwrap_or(d.w_q),
+                        max_p: max_p.unwrap_or(d.max_p),
+                        gentle: gentle.unwrap_or(d.gentle),
+                        wait: wait.unwrap_or(d.wait),
+                        mean_pkt_size: mean_pkt_size.unwrap_or(d.mean_pkt_size),
+                        link_rate_bps: ctx.link_rate_bps.unwrap_or(d.link_rate_bps),
+                        ecn: ecn.unwrap_or(d.ecn),
+                    },
+                    ctx.seed,
+                ))
+            }
+            DisciplineSpec::Pie {
+                limit,
+                target_ms,
+                t_update_ms,
+                alpha,
+                beta,
+                max_burst_ms,
+                ecn,
+            } => {
+                let d = PieParams::default();
+                Box::new(Pie::new(
+                    PieParams {
+                        limit: lim(limit),
+                        target: ms(*target_ms, d.target),
+                        t_update: ms(*t_update_ms, d.t_update),
+                        alpha: alpha.unwrap_or(d.alpha),
+                        beta: beta.unwrap_or(d.beta),
+                        max_burst: ms(*max_burst_ms, d.max_burst),
+                        ecn: ecn.unwrap_or(d.ecn),
+                        ..d
+                    },
+                    ctx.seed,
+                ))
+            }
+            DisciplineSpec::Codel {
+                limit,
+                target_ms,
+                interval_ms,
+                ecn,
+            } => {
+                let d = CodelParams::default();
+                Box::new(Codel::new(
+                    CodelParams {
+                        target: ms(*target_ms, d.target),
+                        interval: ms(*interval_ms, d.interval),
+                        ecn: ecn.unwrap_or(d.ecn),
+                        ..d
+                    },
+                    lim(limit),
+                ))
+            }
+            DisciplineSpec::FqCodel {
+                limit,
+                flows,
+                quantum,
+                target_ms,
+                interval_ms,
+                ecn,
+            } => {
+                let d = FqCodelParams::default();
+                Box::new(FqCodel::new(FqCodelParams {
+                    limit: limit.unwrap_or(d.limit),
+                    flows: flows.unwrap_or(d.flows),
+                    quantum: quantum.unwrap_or(d.quantum),
+                    codel: CodelParams {
+                        target: ms(*target_ms, d.codel.target),
+                        interval: ms(*interval_ms, d.codel.interval),
+                        ecn: ecn.unwrap_or(d.codel.ecn),
+                        ..d.codel
+                    },
+                    perturbation: ctx.seed,
+                    ..d
+                }))
+            }
+            DisciplineSpec::PidDelay {
+                limit,
+                target_ms,
+                period_ms,
+                kp,
+                ki,
+                kd,
+                z1,
+                z2,
+                z3,
+                m1_ms,
+                m2_ms,
+                ecn,
+            } => {
+                let d = PidDelayParams::default();
+                Box::new(PidDelay::new(
+                    PidDelayParams {
+                        limit: lim(limit),
+                        target: ms(*target_ms, d.target),
+                        period: ms(*period_ms, d.period),
+                        kp: kp.unwrap_or(d.kp),
+                        ki: ki.unwrap_or(d.ki),
+                        kd: kd.unwrap_or(d.kd),
+                        z1: z1.unwrap_or(d.z1),
+                        z2: z2.unwrap_or(d.z2),
+                        z3: z3.unwrap_or(d.z3),
+                        m1: ms(*m1_ms, d.m1),
+                        m2: ms(*m2_ms, d.m2),
+                        ecn: ecn.unwrap_or(d.ecn),
+                        ..d
+                    },
+                    ctx.seed,
+                ))
+            }
         }
     }
-}
-
-fn bad(key: &str, problem: &str) -> SpecError {
-    SpecError::BadValue {
-        key: key.to_string(),
-        problem: problem.to_string(),
-    }
-}
-
-fn parse_usize(key: &str, value: &str) -> Result<usize, SpecError> {
-    value
-        .parse()
-        .map_err(|_| bad(key, &format!("'{value}' is not a whole number")))
 }
 
 impl FromStr for DisciplineSpec {
     type Err = SpecError;
 
+    /// `kind` or `kind:key=value,key=value`; values are numbers or `true`/`false`.
     fn from_str(s: &str) -> Result<Self, SpecError> {
-        let (kind, params) = s.split_once(':').unwrap_or((s, ""));
-        let params = params.split(',').filter(|p| !p.trim().is_empty()).map(|p| {
-            p.split_once('=')
-                .map(|(k, v)| (k.trim(), v.trim()))
-                .ok_or_else(|| bad(p, "expected key=value"))
-        });
-        let spec = match kind.trim() {
-            "droptail" | "drop-tail" => {
-                let (mut packets, mut bytes) = (None, None);
-                for kv in params {
-                    let (k, v) = kv?;
-                    match k {
-                        "packets" => packets = Some(parse_usize(k, v)?),
-                        "bytes" => bytes = Some(parse_usize(k, v)?),
-                        _ => {
-                            return Err(SpecError::UnknownParam {
-                                kind: "droptail".into(),
-                                key: k.into(),
-                                known: "packets, bytes",
-                            })
-                        }
-                    }
-                }
-                DisciplineSpec::Droptail { packets, bytes }
-            }
-            other => return Err(SpecError::UnknownKind(other.to_string())),
+        let fail = |problem: String| SpecError {
+            input: s.to_string(),
+            problem,
         };
-        spec.validate()?;
+        let (kind, params) = s.split_once(':').unwrap_or((s, ""));
+        let kind = match kind.trim() {
+            "drop-tail" => "droptail",
+            "fqcodel" | "fq_codel" => "fq-codel",
+            "pid" | "piddelay" | "pid_delay" => "pid-delay",
+            k => k,
+        };
+        if !Self::KINDS.contains(&kind) {
+            return Err(fail(format!(
+                "unknown discipline '{kind}' (known: {})",
+                Self::KINDS.join(", ")
+            )));
+        }
+        let mut doc = format!("kind = \"{kind}\"\n");
+        for kv in params.split(',').filter(|p| !p.trim().is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| fail(format!("'{kv}' is not key=value")))?;
+            let (k, v) = (k.trim(), v.trim());
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(fail(format!("'{k}' is not a parameter name")));
+            }
+            let is_value =
+                v == "true" || v == "false" || v.parse::<f64>().is_ok_and(f64::is_finite);
+            if !is_value {
+                return Err(fail(format!("{k} = '{v}' is not a number or true/false")));
+            }
+            doc.push_str(&format!("{k} = {v}\n"));
+        }
+        let spec: DisciplineSpec =
+            toml::from_str(&doc).map_err(|e| fail(e.message().to_string()))?;
+        spec.validate().map_err(|e| fail(e.problem))?;
         Ok(spec)
     }
 }
 
 impl fmt::Display for DisciplineSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DisciplineSpec::Droptail { packets, bytes } => {
-                write!(f, "droptail")?;
-                let mut sep = ':';
-                if let Some(p) = packets {
-                    write!(f, "{sep}packets={p}")?;
-                    sep = ',';
-                }
-                if let Some(b) = bytes {
-                    write!(f, "{sep}bytes={b}")?;
-                }
-                Ok(())
-            }
+        write!(f, "{}", self.kind())?;
+        let table = toml::Table::try_from(self).map_err(|_| fmt::Error)?;
+        let mut sep = ':';
+        for (k, v) in table.iter().filter(|(k, _)| *k != "kind") {
+            write!(f, "{sep}{k}={v}")?;
+            sep = ',';
         }
+        Ok(())
     }
 }
 
@@ -175,44 +560,80 @@ mod tests {
         for s in [
             "droptail",
             "droptail:packets=64",
-            "droptail:bytes=15000",
-            "droptail:packets=5,bytes=9000",
+            "droptail:bytes=15000,packets=5",
+            "red:max_th=150,min_th=70,w_q=0.02",
+            "pie:ecn=true,target_ms=20",
+            "codel:interval_ms=50",
+            "fq-codel:quantum=300",
+            "pid-delay:target_ms=10",
         ] {
             let spec: DisciplineSpec = s.parse().unwrap();
-            assert_eq!(spec.to_string(), s);
+            let again: DisciplineSpec = spec.to_string().parse().unwrap();
+            assert_eq!(spec, again, "{s} → {spec}");
         }
+        assert_eq!(
+            "fq_codel".parse::<DisciplineSpec>().unwrap().kind(),
+            "fq-codel"
+        );
     }
 
     #[test]
     fn rejects_with_a_message_naming_the_problem() {
-        let e = "red:min=5".parse::<DisciplineSpec>().unwrap_err();
-        assert!(
-            e.to_string().contains("unknown queue discipline 'red'"),
-            "{e}"
-        );
-        let e = "droptail:pkts=5".parse::<DisciplineSpec>().unwrap_err();
-        assert!(e.to_string().contains("no parameter 'pkts'"), "{e}");
-        let e = "droptail:packets=lots"
-            .parse::<DisciplineSpec>()
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("'lots' is not a whole number"),
-            "{e}"
-        );
-        let e = "droptail:packets=0".parse::<DisciplineSpec>().unwrap_err();
-        assert!(e.to_string().contains("at least 1"), "{e}");
+        let cases = [
+            ("blue", "unknown discipline 'blue'"),
+            ("droptail:pkts=5", "unknown field `pkts`"),
+            ("droptail:packets=lots", "packets = 'lots' is not a number"),
+            ("droptail:packets=0", "packets must be at least 1"),
+            ("red:min_th=20,max_th=10", "min_th must be below max_th"),
+            ("red:max_p=2", "max_p must be in (0, 1]"),
+            ("pie:target_ms=-3", "target_ms must be a positive number"),
+            ("pid-delay:m1_ms=5", "m2_ms must be below m1_ms"),
+            ("codel:target_ms", "'target_ms' is not key=value"),
+            (
+                "fq-codel:ecn=maybe",
+                "ecn = 'maybe' is not a number or true/false",
+            ),
+            ("pie:limit=1.5", "limit"),
+        ];
+        for (input, needle) in cases {
+            let e = input.parse::<DisciplineSpec>().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("queue discipline '{input}'")), "{e}");
+            assert!(e.contains(needle), "{input}: {e}");
+        }
     }
 
     #[test]
-    fn builds_a_bounded_queue() {
-        let spec: DisciplineSpec = "droptail:packets=3".parse().unwrap();
-        let mut q = spec.build::<()>();
-        let now = std::time::Instant::now();
-        let mut dropped = Vec::new();
-        for _ in 0..5 {
-            q.enqueue(now, crate::Packet::new(10, 0, ()), &mut dropped);
+    fn toml_tables_work_too() {
+        #[derive(Deserialize)]
+        struct L {
+            queue: DisciplineSpec,
         }
-        assert_eq!(q.backlog().packets, 3);
-        assert_eq!(dropped.len(), 2);
+        let l: L = toml::from_str("queue = { kind = \"codel\", target_ms = 3 }").unwrap();
+        assert_eq!(l.queue, "codel:target_ms=3".parse().unwrap());
+    }
+
+    #[test]
+    fn every_kind_builds_a_bounded_queue() {
+        for kind in DisciplineSpec::KINDS {
+            let spec: DisciplineSpec = format!(
+                "{kind}:{}=3",
+                if *kind == "droptail" {
+                    "packets"
+                } else {
+                    "limit"
+                }
+            )
+            .parse()
+            .unwrap();
+            let mut q = spec.build::<()>(BuildContext::default());
+            assert_eq!(q.name(), *kind);
+            let now = std::time::Instant::now();
+            let mut dropped = Vec::new();
+            for _ in 0..5 {
+                q.enqueue(now, crate::Packet::new(100, 0, ()), &mut dropped);
+            }
+            assert_eq!(q.backlog().packets, 3, "{kind}");
+            assert_eq!(dropped.len(), 2, "{kind}");
+        }
     }
 }

@@ -32,8 +32,8 @@ mod trace;
 pub use link::{LinkParams, LinkStats};
 pub use loss::LossModel;
 pub use network::{
-    Direction, HostDrops, HostId, InterfaceId, LinkId, NetError, Network, DEFAULT_SOCKET_RX_LIMIT,
-    IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD,
+    Direction, HostDrops, HostId, InterfaceId, LinkId, NetError, Network, SojournLog,
+    DEFAULT_SOCKET_RX_LIMIT, IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD,
 };
 pub use socket::{Received, SimSocket};
 pub use trace::{Trace, TraceEvent, TraceRecord};

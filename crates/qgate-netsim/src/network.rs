@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
 
-use qgate_aqm::{DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict};
+use qgate_aqm::{
+    BuildContext, DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
@@ -117,6 +119,19 @@ struct LinkDir {
     /// Bumped when the link goes down, so events scheduled before are recognised as lost.
     epoch: u64,
     stats: LinkStats,
+    /// Queueing delay of each dequeued packet, when an experiment asks for it.
+    sojourns: Option<SojournLog>,
+}
+
+/// Queueing delays (time in queue, excluding transmission) of the packets a link direction
+/// dequeued, with when they left; bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SojournLog {
+    /// (dequeue time since the network started, sojourn), in order.
+    pub samples: Vec<(Duration, Duration)>,
+    /// Samples not kept because the limit was reached.
+    pub truncated: u64,
+    limit: usize,
 }
 
 struct Link {
@@ -198,6 +213,7 @@ pub(crate) struct SimState {
     wake: Vec<Waker>,
     trace: Option<Trace>,
     start: Instant,
+    seed: u64,
     /// When the driver will next wake by itself; `None` = it waits for a notification.
     driver_wake_at: Option<Instant>,
     host_drops: HostDrops,
@@ -265,6 +281,16 @@ impl std::fmt::Debug for Network {
     }
 }
 
+/// The seed and rate a link direction's queue discipline is built with: the network seed mixed
+/// with the link and direction, so every queue has its own reproducible random stream.
+fn queue_context(seed: u64, link: LinkId, dir: Direction, params: &LinkParams) -> BuildContext {
+    let salt = (link.0 as u64 * 2 + dir.index() as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    BuildContext {
+        seed: seed ^ salt,
+        link_rate_bps: params.rate_bps,
+    }
+}
+
 fn flow_hash(src: SocketAddr, dst: SocketAddr) -> u64 {
     // FNV-1a over the 4-tuple: deterministic across runs (no random hasher seed).
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -308,6 +334,7 @@ impl Network {
                 wake: Vec::new(),
                 trace: None,
                 start: now,
+                seed,
                 driver_wake_at: None,
                 host_drops: HostDrops::default(),
             }),
@@ -379,18 +406,20 @@ impl Network {
         }
         let id = LinkId(st.links.len());
         let now = Instant::now();
-        let dir = |params: LinkParams| LinkDir {
-            queue: params.queue.build(),
+        let seed = st.seed;
+        let dir = |params: LinkParams, d: Direction| LinkDir {
+            queue: params.queue.build(queue_context(seed, id, d, &params)),
             params,
             tx: None,
             loss: LossState::default(),
             last_arrival: now,
             epoch: 0,
             stats: LinkStats::default(),
+            sojourns: None,
         };
         st.links.push(Link {
             ends: [a, b],
-            dirs: [dir(a_to_b), dir(b_to_a)],
+            dirs: [dir(a_to_b, Direction::AtoB), dir(b_to_a, Direction::BtoA)],
         });
         st.interfaces[a.0].link = Some((id, Direction::AtoB));
         st.interfaces[b.0].link = Some((id, Direction::BtoA));
@@ -525,6 +554,33 @@ impl Network {
                 .flat_map(|l| l.dirs.iter())
                 .map(|d| d.queue.backlog().packets)
                 .sum::<usize>()
+    }
+
+    /// Start logging the queueing delay of every packet this link direction dequeues (at most
+    /// `limit` samples).
+    pub fn log_sojourns(&self, link: LinkId, dir: Direction, limit: usize) {
+        self.lock().links[link.0].dirs[dir.index()].sojourns = Some(SojournLog {
+            limit,
+            ..Default::default()
+        });
+    }
+
+    /// Take the queueing delays logged so far (logging continues).
+    pub fn take_sojourns(&self, link: LinkId, dir: Direction) -> SojournLog {
+        let mut st = self.lock();
+        match st.links[link.0].dirs[dir.index()].sojourns.as_mut() {
+            Some(log) => {
+                let limit = log.limit;
+                std::mem::replace(
+                    log,
+                    SojournLog {
+                        limit,
+                        ..Default::default()
+                    },
+                )
+            }
+            None => SojournLog::default(),
+        }
     }
 
     /// Drops that happened at hosts rather than on links.
@@ -809,6 +865,14 @@ impl SimState {
         let mut drops = std::mem::take(&mut self.drops);
         let d = &mut self.links[link.0].dirs[dir.index()];
         let next = d.queue.dequeue(now.into_std(), &mut drops);
+        if let (Some(p), Some(log)) = (next.as_ref(), d.sojourns.as_mut()) {
+            if log.samples.len() < log.limit {
+                log.samples
+                    .push((now - self.start, p.sojourn(now.into_std())));
+            } else {
+                log.truncated += 1;
+            }
+        }
         let epoch = d.epoch;
         let done = next.as_ref().map(|p| now + d.params.serialisation(p.size));
         d.tx = next;
@@ -836,7 +900,8 @@ impl SimState {
             self.count_queue_drops(link, dir, &mut drops, now);
             self.drops = drops;
         } else if new_queue {
-            let mut old = std::mem::replace(&mut d.queue, d.params.queue.build());
+            let ctx = queue_context(self.seed, link, dir, &d.params);
+            let mut old = std::mem::replace(&mut d.queue, d.params.queue.build(ctx));
             let mut drops = std::mem::take(&mut self.drops);
             while let Some(mut p) = old.dequeue(now.into_std(), &mut drops) {
                 p.enqueued_at = None;
