@@ -18,6 +18,7 @@ mod pie;
 mod red;
 mod rng;
 mod spec;
+pub mod stability;
 
 pub use codel::{Codel, CodelParams, CodelQueue, CodelState};
 pub use droptail::DropTail;

@@ -1,9 +1,12 @@
 //! qgate experiments: scenarios that run the real qgate code on the simulated network in
 //! virtual time, and system benchmarks.
 
+pub mod aqm;
+pub mod aqm_report;
 pub mod bench;
 pub mod demo;
 pub mod stats;
+pub mod svg;
 
 /// Run `f` on a single-threaded tokio runtime whose clock is paused: time advances only when
 /// every task waits, straight to the next timer, so simulated minutes take wall-clock

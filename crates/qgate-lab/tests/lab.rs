@@ -58,3 +58,44 @@ fn demo_rejects_bad_config_by_name() {
     let e = qgate_lab::virtual_time(demo::run(cfg)).unwrap_err();
     assert!(e.contains("demo.requests = 0"), "{e}");
 }
+
+#[test]
+fn aqm_run_is_sane_and_deterministic() {
+    use qgate_lab::aqm::{run_one, AqmConfig};
+    use std::time::Duration;
+    let mut cfg = AqmConfig::paper();
+    cfg.flows = 3;
+    cfg.duration = Duration::from_secs(8);
+    cfg.warmup = Duration::from_secs(2);
+    let spec = "pid-delay".parse().unwrap();
+    let t = std::time::Instant::now();
+    let a = run_one(&cfg, &spec, 1);
+    eprintln!(
+        "aqm run: {:?} wall; {:?}",
+        t.elapsed(),
+        (
+            a.total_goodput_mbps,
+            a.utilisation,
+            a.qdelay_ms,
+            &a.flow_rtt_ms,
+            a.queue_drops,
+            a.aqm_drops,
+            a.random_losses
+        )
+    );
+    assert!(
+        a.total_goodput_mbps > 3.0 && a.total_goodput_mbps < 10.0,
+        "{}",
+        a.total_goodput_mbps
+    );
+    assert!(
+        a.utilisation > 0.4 && a.utilisation <= 1.0,
+        "{}",
+        a.utilisation
+    );
+    assert!(a.random_losses > 0);
+    assert_eq!(a.series.len(), 8);
+    let b = run_one(&cfg, &spec, 1);
+    assert_eq!(a.received_packets, b.received_packets);
+    assert_eq!(a.qdelay_ms, b.qdelay_ms);
+}

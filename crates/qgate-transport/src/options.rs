@@ -62,6 +62,9 @@ pub struct TransportOptions {
     pub max_concurrent_uni_streams: u32,
     /// Probe for a larger path MTU than 1200 bytes (RFC 8899 DPLPMTUD).
     pub mtu_discovery: bool,
+    /// Fix every datagram's UDP payload at most this size (1200..=65527) and turn MTU discovery
+    /// off; experiments use it to reproduce a paper's packet size.
+    pub max_udp_payload: Option<u16>,
 }
 
 impl Default for TransportOptions {
@@ -78,6 +81,7 @@ impl Default for TransportOptions {
             max_concurrent_bidi_streams: 100,
             max_concurrent_uni_streams: 100,
             mtu_discovery: true,
+            max_udp_payload: None,
         }
     }
 }
@@ -140,6 +144,14 @@ impl TransportOptions {
                 return Err(err(name, "is too large"));
             }
         }
+        if let Some(m) = self.max_udp_payload {
+            if !(1200..=65527).contains(&m) {
+                return Err(err(
+                    "max_udp_payload",
+                    format!("{m} is outside 1200..=65527 (QUIC needs 1200)"),
+                ));
+            }
+        }
         if self.initial_window == Some(0) {
             return Err(err("initial_window", "must be positive"));
         }
@@ -187,8 +199,11 @@ impl TransportOptions {
             .send_window(self.send_window)
             .max_concurrent_bidi_streams(self.max_concurrent_bidi_streams.into())
             .max_concurrent_uni_streams(self.max_concurrent_uni_streams.into());
-        if !self.mtu_discovery {
+        if !self.mtu_discovery || self.max_udp_payload.is_some() {
             t.mtu_discovery_config(None);
+        }
+        if let Some(m) = self.max_udp_payload {
+            t.initial_mtu(m).min_mtu(m.min(1200));
         }
         Ok(t)
     }

@@ -3,6 +3,7 @@
 mod client;
 mod config;
 mod lab;
+mod labcmd;
 mod server;
 mod url;
 
@@ -53,6 +54,14 @@ enum Command {
     Demo(lab::DemoArgs),
     /// Measure the system: simulator speed, transport overhead against plain quinn.
     Bench(BenchCmd),
+    /// Reproduce the papers' experiments on the simulated network (results/…).
+    Lab(LabCmd),
+}
+
+#[derive(Args, Debug)]
+struct LabCmd {
+    #[command(subcommand)]
+    which: labcmd::Lab,
 }
 
 #[derive(Args, Debug)]
@@ -123,6 +132,7 @@ fn main() -> ExitCode {
         Command::Post(a) => client::post(a, &config),
         Command::Demo(a) => lab::demo(a, &config),
         Command::Bench(b) => lab::bench(b.which),
+        Command::Lab(l) => labcmd::run(l.which),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -290,3 +290,73 @@ fn server_post_get_over_loopback() {
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("qgate_server_ingested_total 1"));
 }
+
+#[test]
+fn lab_aqm_quick_writes_every_result_file() {
+    let home = tmp("lab-aqm");
+    let out = home.join("aqm");
+    let o = qgate(&home)
+        .args(["lab", "aqm", "--quick", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "results.csv",
+        "timeseries.csv",
+        "summary.md",
+        "goodput_timeseries.svg",
+        "qdelay_bars.svg",
+        "rtt_bars.svg",
+        "lost_bars.svg",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        1 + 6,
+        "a header and one row per discipline:\n{csv}"
+    );
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("Against paper 004, number by number"));
+    // Drop-tail's standing queue dwarfs every AQM's (the bufferbloat every AQM exists to fix).
+    let delay = |name: &str| -> f64 {
+        let row = csv
+            .lines()
+            .find(|l| l.split(',').nth(1) == Some(name))
+            .unwrap();
+        let cells: Vec<&str> = row.split(',').collect();
+        cells[cells.len() - 8].parse().unwrap()
+    };
+    for aqm in ["red", "pie", "codel", "fq-codel", "pid-delay"] {
+        assert!(
+            delay("droptail") > 5.0 * delay(aqm),
+            "droptail {} vs {aqm} {}",
+            delay("droptail"),
+            delay(aqm)
+        );
+    }
+    let o = qgate(&home)
+        .args(["lab", "aqm", "--quick", "--only", "blue"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "unknown discipline 'blue'");
+}
+
+#[test]
+fn lab_margins_prints_the_table() {
+    let home = tmp("margins");
+    let o = qgate(&home)
+        .args([
+            "lab", "margins", "--mbps", "50", "--rtt-ms", "42", "--flows", "30",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("phase margin") && out.contains("Table II (×1)"),
+        "{out}"
+    );
+}

@@ -1,0 +1,469 @@
+//! Result files of `qgate lab aqm`: results.csv, timeseries.csv, summary.md and SVG figures.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::aqm::{AqmConfig, RunResult};
+use crate::stats::Summary;
+use crate::svg::{bar_chart, line_chart, Bar, Series};
+
+/// Per-discipline aggregate over seeds.
+#[derive(Debug, Clone)]
+pub struct Aggregate {
+    /// Discipline name.
+    pub discipline: String,
+    /// Total goodput per run, Mbit/s (n = seeds).
+    pub total_goodput: Summary,
+    /// Per-flow goodput over all flows of all runs, Mbit/s.
+    pub flow_goodput: Summary,
+    /// Bottleneck utilisation per run.
+    pub utilisation: Summary,
+    /// Mean queueing delay per run, ms (n = seeds).
+    pub qdelay_mean: Summary,
+    /// Packet-level standard deviation of the queueing delay, averaged over runs, ms.
+    pub qdelay_std: f64,
+    /// 99th percentile queueing delay, averaged over runs, ms.
+    pub qdelay_p99: f64,
+    /// Per-flow mean RTT over all flows of all runs, ms.
+    pub rtt: Summary,
+    /// Packets lost at the bottleneck per run (queue drops + random loss).
+    pub lost: Summary,
+    /// Packets delivered to the sink per run.
+    pub received: Summary,
+    /// AQM drops per run.
+    pub aqm_drops: Summary,
+}
+
+/// Aggregate runs by discipline, in the order they first appear.
+pub fn aggregate(results: &[RunResult]) -> Vec<Aggregate> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in results {
+        if !names.contains(&r.discipline.as_str()) {
+            names.push(&r.discipline);
+        }
+    }
+    names
+        .iter()
+        .map(|name| {
+            let rs: Vec<&RunResult> = results.iter().filter(|r| r.discipline == *name).collect();
+            let col = |f: &dyn Fn(&RunResult) -> f64| {
+                Summary::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>())
+            };
+            let flows: Vec<f64> = rs
+                .iter()
+                .flat_map(|r| r.flow_goodput_mbps.iter().copied())
+                .collect();
+            let rtts: Vec<f64> = rs
+                .iter()
+                .flat_map(|r| r.flow_rtt_ms.iter().copied())
+                .filter(|x| x.is_finite())
+                .collect();
+            Aggregate {
+                discipline: name.to_string(),
+                total_goodput: col(&|r| r.total_goodput_mbps),
+                flow_goodput: Summary::of(&flows),
+                utilisation: col(&|r| r.utilisation),
+                qdelay_mean: col(&|r| r.qdelay_ms.mean),
+                qdelay_std: col(&|r| r.qdelay_ms.std).mean,
+                qdelay_p99: col(&|r| r.qdelay_p99_ms).mean,
+                rtt: Summary::of(&rtts),
+                lost: col(&|r| (r.queue_drops + r.random_losses) as f64),
+                received: col(&|r| r.received_packets as f64),
+                aqm_drops: col(&|r| r.aqm_drops as f64),
+            }
+        })
+        .collect()
+}
+
+/// Write results.csv.
+pub fn results_csv(cfg: &AqmConfig, results: &[RunResult]) -> String {
+    let mut s = String::from("point,discipline,spec,seed,total_goodput_mbps,flow_goodput_mean_mbps,flow_goodput_std_mbps,utilisation,qdelay_mean_ms,qdelay_std_ms,qdelay_p99_ms,rtt_mean_ms,queue_drops,aqm_drops,random_losses,received_packets\n");
+    for r in results {
+        let fg = Summary::of(&r.flow_goodput_mbps);
+        let rtt = Summary::of(
+            &r.flow_rtt_ms
+                .iter()
+                .copied()
+                .filter(|x| x.is_finite())
+                .collect::<Vec<_>>(),
+        );
+        let _ = writeln!(
+            s,
+            "{},{},\"{}\",{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.2},{},{},{},{}",
+            cfg.key,
+            r.discipline,
+            r.spec,
+            r.seed,
+            r.total_goodput_mbps,
+            fg.mean,
+            fg.std,
+            r.utilisation,
+            r.qdelay_ms.mean,
+            r.qdelay_ms.std,
+            r.qdelay_p99_ms,
+            rtt.mean,
+            r.queue_drops,
+            r.aqm_drops,
+            r.random_losses,
+            r.received_packets
+        );
+    }
+    s
+}
+
+/// Write timeseries.csv.
+pub fn timeseries_csv(results: &[RunResult]) -> String {
+    let mut s = String::from("discipline,seed,t_s,goodput_mbps,qdelay_ms,rtt_ms\n");
+    for r in results {
+        for p in &r.series {
+            let _ = writeln!(
+                s,
+                "{},{},{},{:.4},{:.3},{:.2}",
+                r.discipline, r.seed, p.t, p.goodput_mbps, p.qdelay_ms, p.rtt_ms
+            );
+        }
+    }
+    s
+}
+
+/// Paper 004's reported numbers (§IV), by discipline: (per-flow goodput kbit/s, queue delay
+/// ms, delay ms, RTT ms); `None` where the paper gives none.
+pub fn paper_numbers(discipline: &str) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
+    match discipline {
+        "pid-delay" => (Some(699.4), Some(0.62), Some(71.2), Some(196.8)),
+        "pie" => (Some(397.9), Some(4.14), None, Some(206.5)),
+        "red" => (None, None, Some(83.9), Some(236.7)),
+        "droptail" => (None, None, Some(242.4), Some(301.9)),
+        "codel" => (None, None, Some(169.4), Some(325.5)),
+        "fq-codel" => (None, None, Some(148.3), Some(228.2)),
+        _ => (None, None, None, None),
+    }
+}
+
+/// One-way data delay from source to sink: propagation + serialisation at both hops + queueing.
+fn one_way_ms(cfg: &AqmConfig, qdelay_ms: f64) -> f64 {
+    let ser = |rate: u64| cfg.packet_bytes as f64 * 8.0 / rate as f64 * 1000.0;
+    (cfg.access_delay + cfg.bottleneck_delay).as_secs_f64() * 1000.0
+        + ser(cfg.access_rate_bps)
+        + ser(cfg.bottleneck_rate_bps)
+        + qdelay_ms
+}
+
+fn fmt_s(s: &Summary, p: usize) -> String {
+    format!("{:.p$} ± {:.p$}", s.mean, s.std)
+}
+
+/// summary.md: the table, the comparison with the paper, the τ0 sweep and notes.
+pub fn summary_md(
+    cfg: &AqmConfig,
+    results: &[RunResult],
+    sweep: &[(f64, Aggregate)],
+    command: &str,
+    margins: &str,
+) -> String {
+    let aggs = aggregate(results);
+    let mut s = String::new();
+    let _ = writeln!(s, "# qgate lab aqm — {}\n", cfg.label);
+    let _ = writeln!(
+        s,
+        "Reproduce: `{command}` (results are deterministic for a given seed list).\n"
+    );
+    let _ = writeln!(
+        s,
+        "Setup: {} QUIC bulk flows (quinn, CUBIC, {} B packets) → access {} Mbit/s / {:?} (drop-tail {}) → gateway → bottleneck {} Mbit/s / {:?}, {:.0} % random loss on the data direction, queue limit {} packets, discipline under test → sink. {} s per run, statistics after a {} s warm-up, seeds {:?} (n = {} runs per discipline). ECN off everywhere.\n",
+        cfg.flows, cfg.packet_bytes, cfg.access_rate_bps / 1_000_000, cfg.access_delay, cfg.limit,
+        cfg.bottleneck_rate_bps / 1_000_000, cfg.bottleneck_delay, cfg.loss * 100.0, cfg.limit,
+        cfg.duration.as_secs(), cfg.warmup.as_secs(), cfg.seeds, cfg.seeds.len()
+    );
+    let _ = writeln!(s, "## Results (mean ± std dev)\n");
+    let _ = writeln!(s, "| discipline | total goodput Mbit/s | per-flow goodput Mbit/s | utilisation % | queue delay mean ms | queue delay std ms | queue delay p99 ms | RTT ms | lost pkts | of which AQM | received pkts |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for a in &aggs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} |",
+            a.discipline,
+            fmt_s(&a.total_goodput, 3),
+            fmt_s(&a.flow_goodput, 3),
+            a.utilisation.mean * 100.0,
+            fmt_s(&a.qdelay_mean, 2),
+            a.qdelay_std,
+            a.qdelay_p99,
+            fmt_s(&a.rtt, 1),
+            a.lost.mean,
+            a.aqm_drops.mean,
+            a.received.mean
+        );
+    }
+    let _ = writeln!(s, "\nn: total goodput, utilisation, queue delay, lost and received over {} runs; per-flow goodput and RTT over {} flows × runs. \"queue delay std\" is the packet-level spread within a run (the paper's std), averaged over runs.\n", cfg.seeds.len(), cfg.seeds.len() * cfg.flows);
+
+    let get = |name: &str| aggs.iter().find(|a| a.discipline == name);
+    if let (Some(pid), Some(pie)) = (get("pid-delay"), get("pie")) {
+        let _ = writeln!(s, "## Against paper 004, number by number\n");
+        let _ = writeln!(s, "| claim | paper | ours | verdict |");
+        let _ = writeln!(s, "|---|---|---|---|");
+        let ratio = pid.flow_goodput.mean / pie.flow_goodput.mean;
+        let verdict = |agree: bool| if agree { "agrees" } else { "**differs**" };
+        let _ = writeln!(
+            s,
+            "| PID-Delay goodput ÷ PIE goodput | 699.4 / 397.9 kbit/s = 1.76× | {:.3} / {:.3} Mbit/s per flow = {:.2}× | direction (PID-Delay higher): {}; size: {} |",
+            pid.flow_goodput.mean, pie.flow_goodput.mean, ratio, verdict(ratio > 1.0),
+            if (ratio - 1.76).abs() / 1.76 < 0.25 { "within 25 % of 1.76×" } else { "**not within 25 % of 1.76×**" }
+        );
+        let _ = writeln!(
+            s,
+            "| PID-Delay queue delay below PIE's | 0.62 (std 2.75) vs 4.14 (std 7.25) ms | {:.2} (std {:.2}) vs {:.2} (std {:.2}) ms | {} |",
+            pid.qdelay_mean.mean, pid.qdelay_std, pie.qdelay_mean.mean, pie.qdelay_std, verdict(pid.qdelay_mean.mean < pie.qdelay_mean.mean)
+        );
+        let mut delays: Vec<(String, f64, Option<f64>)> = aggs
+            .iter()
+            .map(|a| {
+                (
+                    a.discipline.clone(),
+                    one_way_ms(cfg, a.qdelay_mean.mean),
+                    paper_numbers(&a.discipline).2,
+                )
+            })
+            .collect();
+        delays.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let pid_delay = one_way_ms(cfg, pid.qdelay_mean.mean);
+        let lowest = delays.first().map(|d| d.0.clone()).unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| PID-Delay has the lowest delay (paper: 71.2 ms vs RED 83.9, DT 242.4, CoDel 169.4, FQ-CoDel 148.3) | 71.2 ms | one-way {:.1} ms; lowest: {} ({}) | {} |",
+            pid_delay,
+            lowest,
+            delays.iter().map(|(n, d, _)| format!("{n} {d:.1}")).collect::<Vec<_>>().join(", "),
+            verdict(lowest == "pid-delay")
+        );
+        let mut rtts: Vec<(String, f64)> = aggs
+            .iter()
+            .map(|a| (a.discipline.clone(), a.rtt.mean))
+            .collect();
+        rtts.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let _ = writeln!(
+            s,
+            "| PID-Delay has the lowest RTT (paper: 196.8 vs PIE 206.5, DT 301.9, RED 236.7, CoDel 325.5, FQ-CoDel 228.2 ms) | 196.8 ms | {:.1} ms; order: {} | {} |",
+            pid.rtt.mean,
+            rtts.iter().map(|(n, r)| format!("{n} {r:.1}")).collect::<Vec<_>>().join(" < "),
+            verdict(rtts.first().is_some_and(|r| r.0 == "pid-delay"))
+        );
+        if let Some(dt) = get("droptail") {
+            let full = cfg.limit as f64 * cfg.packet_bytes as f64 * 8.0
+                / cfg.bottleneck_rate_bps as f64
+                * 1000.0;
+            let _ = writeln!(
+                s,
+                "| Drop-tail standing delay ≈ buffer ÷ capacity | (scale anchor) | drop-tail queue delay mean {:.1} ms, p99 {:.1} ms; a full buffer is {:.0} ms | {} |",
+                dt.qdelay_mean.mean, dt.qdelay_p99, full,
+                if dt.qdelay_mean.mean > 0.5 * full {
+                    "the buffer stands full"
+                } else {
+                    "**the buffer does not stand full**: the random loss keeps CUBIC's windows below the BDP + buffer after slow start"
+                }
+            );
+        }
+        let _ = writeln!(s);
+    }
+    if !sweep.is_empty() {
+        let _ = writeln!(s, "## PID-Delay's target τ0 (the paper does not give it)\n");
+        let _ = writeln!(
+            s,
+            "| τ0 ms | total goodput Mbit/s | queue delay mean ms | p99 ms | RTT ms | AQM drops |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for (t, a) in sweep {
+            let _ = writeln!(
+                s,
+                "| {t} | {} | {} | {:.2} | {} | {:.0} |",
+                fmt_s(&a.total_goodput, 3),
+                fmt_s(&a.qdelay_mean, 2),
+                a.qdelay_p99,
+                fmt_s(&a.rtt, 1),
+                a.aqm_drops.mean
+            );
+        }
+        let _ = writeln!(s);
+    }
+    if !margins.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Stability of the chosen gains (linearised model)\n\n{margins}\n"
+        );
+    }
+    s
+}
+
+/// The figures, as (file name, SVG).
+pub fn figures(cfg: &AqmConfig, results: &[RunResult]) -> Vec<(String, String)> {
+    let seed = cfg.seeds.first().copied().unwrap_or(1);
+    let first: Vec<&RunResult> = results.iter().filter(|r| r.seed == seed).collect();
+    let series = |f: &dyn Fn(&crate::aqm::Second) -> f64| -> Vec<Series> {
+        first
+            .iter()
+            .map(|r| Series {
+                name: r.discipline.clone(),
+                points: r.series.iter().map(|p| (p.t, f(p))).collect(),
+            })
+            .collect()
+    };
+    let aggs = aggregate(results);
+    let bars = |f: &dyn Fn(&Aggregate) -> (f64, f64)| -> Vec<Bar> {
+        aggs.iter()
+            .map(|a| {
+                let (v, e) = f(a);
+                Bar {
+                    label: a.discipline.clone(),
+                    value: v,
+                    err: e,
+                }
+            })
+            .collect()
+    };
+    let t = |what: &str| format!("{what} — {}", cfg.label);
+    vec![
+        (
+            "goodput_timeseries.svg".into(),
+            line_chart(
+                &t(&format!("Total goodput per second (seed {seed})")),
+                "time (s)",
+                "goodput (Mbit/s)",
+                &series(&|p| p.goodput_mbps),
+            ),
+        ),
+        (
+            "qdelay_timeseries.svg".into(),
+            line_chart(
+                &t(&format!(
+                    "Bottleneck queueing delay per second (seed {seed})"
+                )),
+                "time (s)",
+                "queue delay (ms)",
+                &series(&|p| p.qdelay_ms),
+            ),
+        ),
+        (
+            "rtt_timeseries.svg".into(),
+            line_chart(
+                &t(&format!("Mean sender RTT (seed {seed})")),
+                "time (s)",
+                "RTT (ms)",
+                &series(&|p| p.rtt_ms),
+            ),
+        ),
+        (
+            "goodput_bars.svg".into(),
+            bar_chart(
+                &t("Per-flow goodput, mean ± std"),
+                "goodput (Mbit/s)",
+                &bars(&|a| (a.flow_goodput.mean, a.flow_goodput.std)),
+            ),
+        ),
+        (
+            "total_goodput_bars.svg".into(),
+            bar_chart(
+                &t("Total goodput, mean ± std over seeds"),
+                "goodput (Mbit/s)",
+                &bars(&|a| (a.total_goodput.mean, a.total_goodput.std)),
+            ),
+        ),
+        (
+            "qdelay_bars.svg".into(),
+            bar_chart(
+                &t("Queueing delay, mean ± packet-level std"),
+                "queue delay (ms)",
+                &bars(&|a| (a.qdelay_mean.mean, a.qdelay_std)),
+            ),
+        ),
+        (
+            "rtt_bars.svg".into(),
+            bar_chart(
+                &t("RTT per endpoint, mean ± std"),
+                "RTT (ms)",
+                &bars(&|a| (a.rtt.mean, a.rtt.std)),
+            ),
+        ),
+        (
+            "lost_bars.svg".into(),
+            bar_chart(
+                &t("Packets lost at the bottleneck per run"),
+                "packets",
+                &bars(&|a| (a.lost.mean, a.lost.std)),
+            ),
+        ),
+        (
+            "received_bars.svg".into(),
+            bar_chart(
+                &t("Packets received by the sink per run"),
+                "packets",
+                &bars(&|a| (a.received.mean, a.received.std)),
+            ),
+        ),
+    ]
+}
+
+/// Write every file into `dir`.
+pub fn write_all(
+    dir: &Path,
+    cfg: &AqmConfig,
+    results: &[RunResult],
+    sweep: &[(f64, Aggregate)],
+    command: &str,
+    margins: &str,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("results.csv"), results_csv(cfg, results))?;
+    std::fs::write(dir.join("timeseries.csv"), timeseries_csv(results))?;
+    std::fs::write(
+        dir.join("summary.md"),
+        summary_md(cfg, results, sweep, command, margins),
+    )?;
+    for (name, svg) in figures(cfg, results) {
+        std::fs::write(dir.join(name), svg)?;
+    }
+    Ok(())
+}
+
+/// The stability margins of PID-Delay's gains at the operating point of `cfg`, as Markdown.
+pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String {
+    use qgate_aqm::stability::{margins, max_gain_scale, OperatingPoint};
+    let capacity_pps = cfg.bottleneck_rate_bps as f64 / (cfg.packet_bytes as f64 * 8.0);
+    let rtt =
+        2.0 * (cfg.access_delay + cfg.bottleneck_delay).as_secs_f64() + params.target.as_secs_f64();
+    let op = OperatingPoint {
+        capacity_pps,
+        flows: cfg.flows as f64,
+        rtt,
+    };
+    let mut s = format!(
+        "Operating point: C = {capacity_pps:.0} packets/s, N = {}, R* = {:.1} ms (propagation + τ0), T = {:.0} ms; gains Kp {}, Ki {}, Kd {}, errors in seconds. Loop rebuilt from paper eqs. 15–17 (see docs/decisions.md P10).\n\n| gains | gain crossover rad/s | phase margin ° | phase crossover rad/s | gain margin dB |\n|---|---|---|---|---|\n",
+        cfg.flows, rtt * 1000.0, params.period.as_secs_f64() * 1000.0, params.kp, params.ki, params.kd
+    );
+    let f = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.2}"));
+    for (name, k) in [
+        ("Table II (×1)", 1.0),
+        ("× Z1 = 1.5", params.z1),
+        ("× Z2 = 1.2", params.z2),
+        ("× Z3 = 0.8", params.z3),
+    ] {
+        let m = margins(params, &op, k);
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} |",
+            f(m.gain_crossover),
+            f(m.phase_margin_deg),
+            f(m.phase_crossover),
+            f(m.gain_margin_db)
+        );
+    }
+    match max_gain_scale(params, &op, 45.0) {
+        Some(k) => {
+            let _ = write!(
+                s,
+                "\nLargest common scale of (Kp, Ki, Kd) with a phase margin ≥ 45°: ×{k:.4}."
+            );
+        }
+        None => s.push_str("\nNo scale of the gains reaches a 45° phase margin here."),
+    }
+    s
+}

@@ -1,0 +1,207 @@
+//! `qgate lab …`: the papers' experiments on the simulated network.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use qgate_aqm::PidDelayParams;
+use qgate_lab::aqm::{self, AqmConfig};
+use qgate_lab::aqm_report;
+
+use crate::{usage, Failure};
+
+#[derive(Subcommand, Debug)]
+pub enum Lab {
+    /// Paper 004: six queue disciplines under QUIC bulk flows (results/aqm/).
+    Aqm(AqmArgs),
+    /// Gain and phase margins of PID-Delay's gains on the linearised model (paper 004 §III).
+    Margins(MarginArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AqmArgs {
+    /// Smoke run: one seed, 20 s, paper point only, no τ0 sweep.
+    #[arg(long)]
+    quick: bool,
+    /// Number of seeds (1, 2, …) [default: 5].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Simulated seconds per run [default: 100].
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Only these disciplines (comma-separated names, e.g. pie,pid-delay).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Skip the second operating point (50 Mbit/s, 20 ms, 30 flows).
+    #[arg(long)]
+    no_second_point: bool,
+    /// Where to write results [default: results/aqm].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct MarginArgs {
+    /// Bottleneck rate, Mbit/s.
+    #[arg(long, default_value_t = 10.0)]
+    mbps: f64,
+    /// Round-trip propagation delay, ms (τ0 is added).
+    #[arg(long, default_value_t = 102.0)]
+    rtt_ms: f64,
+    /// Long-lived flows.
+    #[arg(long, default_value_t = 10)]
+    flows: usize,
+    /// Packet size, bytes.
+    #[arg(long, default_value_t = 1440)]
+    packet_bytes: usize,
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+fn run_point(cfg: &AqmConfig, name: &str) -> Vec<aqm::RunResult> {
+    let pb = progress((cfg.disciplines.len() * cfg.seeds.len()) as u64, name);
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let total = pb.length().unwrap_or(0);
+    let r = aqm::run_all(cfg, |label| {
+        pb.set_message(label.to_string());
+        pb.inc(1);
+        if !tty {
+            // No terminal to draw a bar on: one line per finished run.
+            eprintln!("{name}: [{}/{total}] {label}", pb.position());
+        }
+    });
+    pb.finish_with_message("done");
+    r
+}
+
+pub fn run(which: Lab) -> Result<(), Failure> {
+    match which {
+        Lab::Aqm(a) => aqm_cmd(a),
+        Lab::Margins(m) => {
+            if !(m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0) {
+                return Err(usage(
+                    "--mbps, --rtt-ms, --flows and --packet-bytes must be positive",
+                ));
+            }
+            let cfg = AqmConfig {
+                key: "custom".into(),
+                label: "custom".into(),
+                flows: m.flows,
+                bottleneck_rate_bps: (m.mbps * 1e6) as u64,
+                bottleneck_delay: Duration::from_secs_f64(m.rtt_ms / 2000.0),
+                access_delay: Duration::ZERO,
+                packet_bytes: m.packet_bytes,
+                ..AqmConfig::paper()
+            };
+            println!(
+                "{}",
+                aqm_report::margins_md(&cfg, &PidDelayParams::default())
+            );
+            Ok(())
+        }
+    }
+}
+
+fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
+    let mut cfg = AqmConfig::paper();
+    if a.quick {
+        cfg = cfg.quick();
+    }
+    if let Some(n) = a.seeds {
+        if n == 0 {
+            return Err(usage("--seeds must be at least 1"));
+        }
+        cfg.seeds = (1..=n).collect();
+    }
+    if let Some(d) = a.duration {
+        if d < 2 {
+            return Err(usage("--duration must be at least 2 seconds"));
+        }
+        cfg.duration = Duration::from_secs(d);
+        cfg.warmup = cfg.warmup.min(Duration::from_secs(d / 4));
+    }
+    if !a.only.is_empty() {
+        let known: Vec<&str> = cfg.disciplines.iter().map(|d| d.kind()).collect();
+        if let Some(bad) = a.only.iter().find(|o| !known.contains(&o.as_str())) {
+            return Err(usage(format!(
+                "--only: unknown discipline '{bad}' (known: {})",
+                known.join(", ")
+            )));
+        }
+        cfg.disciplines
+            .retain(|d| a.only.iter().any(|o| o == d.kind()));
+    }
+    let out = a.out.unwrap_or_else(|| PathBuf::from("results/aqm"));
+    let mut command = String::from("qgate lab aqm");
+    for arg in std::env::args().skip(3) {
+        command.push(' ');
+        command.push_str(&arg);
+    }
+    let wall = std::time::Instant::now();
+    let results = run_point(&cfg, "paper point");
+    // τ0 sweep for PID-Delay (τ0 = 5 ms is in the main run).
+    let mut sweep = Vec::new();
+    if !a.quick && cfg.disciplines.iter().any(|d| d.kind() == "pid-delay") {
+        let mut sc = cfg.clone();
+        sc.disciplines = [2.0, 10.0, 20.0]
+            .iter()
+            .flat_map(|t| aqm::disciplines(cfg.limit, Some(*t)).pop())
+            .collect();
+        let swept = run_point(&sc, "τ0 sweep");
+        let base = results
+            .iter()
+            .filter(|r| r.discipline == "pid-delay")
+            .cloned()
+            .collect::<Vec<_>>();
+        for (t, rs) in [
+            (2.0, &swept[..cfg.seeds.len()]),
+            (5.0, &base[..]),
+            (10.0, &swept[cfg.seeds.len()..2 * cfg.seeds.len()]),
+            (20.0, &swept[2 * cfg.seeds.len()..]),
+        ] {
+            if let Some(agg) = aqm_report::aggregate(rs).pop() {
+                sweep.push((t, agg));
+            }
+        }
+    }
+    let margins = aqm_report::margins_md(&cfg, &PidDelayParams::default());
+    aqm_report::write_all(&out, &cfg, &results, &sweep, &command, &margins)
+        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
+    println!(
+        "{}",
+        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
+    );
+    if !a.quick && !a.no_second_point {
+        let mut second = AqmConfig::second_point();
+        second.seeds = cfg.seeds.clone();
+        second.duration = cfg.duration;
+        second.warmup = cfg.warmup;
+        second
+            .disciplines
+            .retain(|d| cfg.disciplines.iter().any(|c| c.kind() == d.kind()));
+        let r2 = run_point(&second, "second point");
+        let dir = out.join("second-point");
+        let m2 = aqm_report::margins_md(&second, &PidDelayParams::default());
+        aqm_report::write_all(&dir, &second, &r2, &[], &command, &m2)
+            .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", dir.display()))?;
+        println!(
+            "{}",
+            std::fs::read_to_string(dir.join("summary.md")).unwrap_or_default()
+        );
+    }
+    eprintln!(
+        "qgate lab aqm: done in {:.1} s; results in {}",
+        wall.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
+}
