@@ -326,10 +326,11 @@ impl fmt::Display for DemoReport {
         )?;
         writeln!(
             f,
-            "  backbone {} / {:?} one-way, loss {:.2} %",
+            "  backbone {} / {:?} one-way, loss {:.2} %, queue {}",
             mbps(&c.backbone),
             c.backbone.delay,
-            c.backbone.loss.mean_loss() * 100.0
+            c.backbone.loss.mean_loss() * 100.0,
+            c.backbone.queue
         )?;
         writeln!(
             f,

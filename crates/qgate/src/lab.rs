@@ -33,6 +33,10 @@ pub struct DemoArgs {
     /// Random loss on the backbone, both ways, as a fraction (0.01 = 1 %) [default: 0].
     #[arg(long)]
     loss: Option<f64>,
+    /// Queue discipline on the backbone, both ways, e.g. `pie`, `codel:target_ms=3`,
+    /// `fq-codel:quantum=300`, `pid-delay:target_ms=10` [default: droptail:packets=1000].
+    #[arg(long, value_name = "SPEC")]
+    backbone_queue: Option<qgate_aqm::DisciplineSpec>,
     /// Seed for every random choice [default: 1].
     #[arg(long)]
     seed: Option<u64>,
@@ -70,6 +74,9 @@ pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
             return Err(usage("--backbone-delay-ms must be a non-negative number"));
         }
         c.backbone.delay = Duration::from_secs_f64(ms / 1000.0);
+    }
+    if let Some(q) = a.backbone_queue {
+        c.backbone.queue = q;
     }
     if let Some(p) = a.loss {
         c.backbone.loss = LossModel::Bernoulli { p };

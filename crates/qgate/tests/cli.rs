@@ -360,3 +360,27 @@ fn lab_margins_prints_the_table() {
         "{out}"
     );
 }
+
+#[test]
+fn demo_takes_a_queue_discipline_flag() {
+    let home = tmp("demo-queue");
+    let o = qgate(&home)
+        .args([
+            "demo",
+            "--clients",
+            "2",
+            "--requests",
+            "10",
+            "--backbone-queue",
+            "codel:target_ms=3",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("queue codel:target_ms=3"));
+    let o = qgate(&home)
+        .args(["demo", "--backbone-queue", "pie:target=3"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "unknown field `target`");
+}
