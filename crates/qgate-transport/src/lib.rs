@@ -3,6 +3,7 @@
 //! helpers on h3. The same code runs on a real UDP socket or a `qgate-netsim` interface.
 
 mod endpoint;
+pub mod history;
 pub mod http3;
 mod options;
 pub mod tls;

@@ -1,0 +1,368 @@
+//! Initial congestion window from the history of earlier connections to the same peer
+//! (paper 002 §4, Algorithm 1): record the window when a connection closes and when a 0-RTT
+//! resumption completes its handshake; keep an average per peer; start a new 1-RTT connection
+//! with max(default, average), clamped to a ceiling. Entries age out; the table is bounded and
+//! evicts the least recently used peer.
+//!
+//! Times are milliseconds of wall-clock (Unix) time passed in by the caller, so a history
+//! survives restarts and simulations can pass virtual time.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How the per-peer average is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Averaging {
+    /// Arithmetic mean of every sample (paper 002: "arithmetic mean").
+    Mean,
+    /// Exponentially weighted: avg ← (1 − weight)·avg + weight·sample (paper 002: "moving
+    /// average"); weight in (0, 1].
+    Ewma {
+        /// Weight of the newest sample.
+        weight: f64,
+    },
+}
+
+/// Settings of a history table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Averaging method.
+    pub averaging: Averaging,
+    /// Never start above this many bytes, whatever the history says.
+    pub ceiling_bytes: u64,
+    /// Ignore (and drop) entries not updated for this long, ms.
+    pub max_age_ms: u64,
+    /// At most this many peers; the least recently used is evicted beyond it.
+    pub capacity: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        HistoryConfig {
+            averaging: Averaging::Ewma { weight: 0.25 },
+            // 1 MiB: ~85 Mbit/s at 100 ms, beyond which starting at full speed is reckless.
+            ceiling_bytes: 1 << 20,
+            // A day.
+            max_age_ms: 24 * 3600 * 1000,
+            capacity: 10_000,
+        }
+    }
+}
+
+impl HistoryConfig {
+    /// Check ranges; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Averaging::Ewma { weight } = self.averaging {
+            if !(weight > 0.0 && weight <= 1.0) {
+                return Err(format!(
+                    "history averaging weight {weight} must be in (0, 1]"
+                ));
+            }
+        }
+        if self.capacity == 0 {
+            return Err("history capacity must be at least 1".into());
+        }
+        if self.ceiling_bytes == 0 {
+            return Err("history ceiling_bytes must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// What the table knows about one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Average recorded congestion window, bytes.
+    pub avg_cwnd: f64,
+    /// Samples averaged.
+    pub count: u64,
+    /// Smallest RTT seen by the recorded connections, µs (0 = unknown): the reference the
+    /// careful-resume safeguard compares a new connection's first RTT with.
+    pub min_rtt_us: u64,
+    /// When the entry was last updated, Unix ms.
+    pub updated_ms: u64,
+    /// When the entry was last used or updated, Unix ms (for LRU eviction).
+    pub used_ms: u64,
+}
+
+/// The initial window chosen for a new connection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// Initial congestion window, bytes.
+    pub window: u64,
+    /// Whether the history raised it above the default.
+    pub from_history: bool,
+    /// The RTT the history was recorded at, µs (0 = unknown), for the safeguard.
+    pub reference_rtt_us: u64,
+}
+
+/// Per-peer congestion-window history.
+#[derive(Debug, Clone)]
+pub struct HistoryTable {
+    config: HistoryConfig,
+    entries: HashMap<String, Entry>,
+}
+
+impl HistoryTable {
+    /// An empty table.
+    pub fn new(config: HistoryConfig) -> Self {
+        HistoryTable {
+            config,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// A table holding `entries` (e.g. loaded from disk); over-capacity entries are evicted.
+    pub fn with_entries(
+        config: HistoryConfig,
+        entries: impl IntoIterator<Item = (String, Entry)>,
+    ) -> Self {
+        let mut t = HistoryTable::new(config);
+        t.entries.extend(entries);
+        t.evict();
+        t
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &HistoryConfig {
+        &self.config
+    }
+
+    /// Record a window of `cwnd` bytes for `peer` seen at `now_ms`, with the connection's
+    /// minimum RTT (µs, 0 if unknown). Returns the updated entry and the peers evicted to make
+    /// room.
+    pub fn record(
+        &mut self,
+        peer: &str,
+        cwnd: u64,
+        min_rtt_us: u64,
+        now_ms: u64,
+    ) -> (Entry, Vec<String>) {
+        let fresh = Entry {
+            avg_cwnd: cwnd as f64,
+            count: 1,
+            min_rtt_us,
+            updated_ms: now_ms,
+            used_ms: now_ms,
+        };
+        let max_age = self.config.max_age_ms;
+        let averaging = self.config.averaging;
+        let e = self
+            .entries
+            .entry(peer.to_string())
+            .and_modify(|e| {
+                if now_ms.saturating_sub(e.updated_ms) > max_age {
+                    *e = fresh; // stale history restarts
+                    return;
+                }
+                e.avg_cwnd = match averaging {
+                    Averaging::Mean => {
+                        e.avg_cwnd + (cwnd as f64 - e.avg_cwnd) / (e.count + 1) as f64
+                    }
+                    Averaging::Ewma { weight } => {
+                        (1.0 - weight) * e.avg_cwnd + weight * cwnd as f64
+                    }
+                };
+                e.count += 1;
+                if min_rtt_us > 0 && (e.min_rtt_us == 0 || min_rtt_us < e.min_rtt_us) {
+                    e.min_rtt_us = min_rtt_us;
+                }
+                e.updated_ms = now_ms;
+                e.used_ms = now_ms;
+            })
+            .or_insert(fresh);
+        let out = *e;
+        (out, self.evict())
+    }
+
+    /// The initial window for a new 1-RTT connection to `peer` at `now_ms`: max(default,
+    /// average), at most the ceiling (paper 002 Algorithm 1, line 10). A stale entry is dropped.
+    pub fn initial_window(&mut self, peer: &str, default: u64, now_ms: u64) -> Decision {
+        let none = Decision {
+            window: default,
+            from_history: false,
+            reference_rtt_us: 0,
+        };
+        let Some(e) = self.entries.get_mut(peer) else {
+            return none;
+        };
+        if now_ms.saturating_sub(e.updated_ms) > self.config.max_age_ms {
+            self.entries.remove(peer);
+            return none;
+        }
+        e.used_ms = now_ms;
+        let avg = e.avg_cwnd.round() as u64;
+        if avg <= default {
+            return Decision {
+                reference_rtt_us: e.min_rtt_us,
+                ..none
+            };
+        }
+        Decision {
+            window: avg.min(self.config.ceiling_bytes.max(default)),
+            from_history: true,
+            reference_rtt_us: e.min_rtt_us,
+        }
+    }
+
+    /// The entry for `peer`, if any.
+    pub fn get(&self, peer: &str) -> Option<&Entry> {
+        self.entries.get(peer)
+    }
+
+    /// Every entry, most recently used first.
+    pub fn entries(&self) -> Vec<(&str, &Entry)> {
+        let mut v: Vec<_> = self.entries.iter().map(|(k, e)| (k.as_str(), e)).collect();
+        v.sort_by(|a, b| b.1.used_ms.cmp(&a.1.used_ms).then(a.0.cmp(b.0)));
+        v
+    }
+
+    /// Forget everything.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Forget one peer.
+    pub fn remove(&mut self, peer: &str) -> Option<Entry> {
+        self.entries.remove(peer)
+    }
+
+    /// Peers held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Evict least recently used peers beyond capacity; returns them.
+    fn evict(&mut self) -> Vec<String> {
+        let over = self.entries.len().saturating_sub(self.config.capacity);
+        if over == 0 {
+            return Vec::new();
+        }
+        let mut by_age: Vec<(u64, String)> = self
+            .entries
+            .iter()
+            .map(|(k, e)| (e.used_ms, k.clone()))
+            .collect();
+        by_age.sort();
+        let gone: Vec<String> = by_age.into_iter().take(over).map(|(_, k)| k).collect();
+        for k in &gone {
+            self.entries.remove(k);
+        }
+        gone
+    }
+}
+
+/// Whether a new connection's first RTT shows the path much worse than when its history was
+/// recorded (the careful-resume check): RTT above `factor` × the reference.
+pub fn path_changed(reference_rtt_us: u64, observed_rtt_us: u64, factor: f64) -> bool {
+    reference_rtt_us > 0 && observed_rtt_us as f64 > factor * reference_rtt_us as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(averaging: Averaging) -> HistoryTable {
+        HistoryTable::new(HistoryConfig {
+            averaging,
+            ceiling_bytes: 500_000,
+            max_age_ms: 10_000,
+            capacity: 3,
+        })
+    }
+
+    #[test]
+    fn mean_and_ewma() {
+        let mut m = table(Averaging::Mean);
+        for (i, c) in [100_000u64, 200_000, 600_000].iter().enumerate() {
+            m.record("p", *c, 0, i as u64);
+        }
+        assert_eq!(m.get("p").unwrap().avg_cwnd, 300_000.0);
+        assert_eq!(m.get("p").unwrap().count, 3);
+        let mut e = table(Averaging::Ewma { weight: 0.5 });
+        for c in [100_000u64, 200_000, 600_000] {
+            e.record("p", c, 0, 0);
+        }
+        // 100k → 150k → 375k
+        assert_eq!(e.get("p").unwrap().avg_cwnd, 375_000.0);
+    }
+
+    #[test]
+    fn initial_window_is_max_of_default_and_average_clamped() {
+        let mut t = table(Averaging::Mean);
+        let d = t.initial_window("p", 14_720, 0);
+        assert_eq!(
+            (d.window, d.from_history),
+            (14_720, false),
+            "no history → default"
+        );
+        t.record("p", 10_000, 50_000, 0);
+        let d = t.initial_window("p", 14_720, 1);
+        assert_eq!(
+            (d.window, d.from_history),
+            (14_720, false),
+            "history below default → default"
+        );
+        assert_eq!(d.reference_rtt_us, 50_000);
+        t.record("p", 150_000, 40_000, 2); // mean 80 000
+        assert_eq!(t.initial_window("p", 14_720, 3).window, 80_000);
+        t.record("p", 5_000_000, 0, 4);
+        let d = t.initial_window("p", 14_720, 5);
+        assert_eq!((d.window, d.from_history), (500_000, true), "ceiling");
+        assert_eq!(d.reference_rtt_us, 40_000, "the smallest RTT is kept");
+    }
+
+    #[test]
+    fn stale_entries_age_out() {
+        let mut t = table(Averaging::Mean);
+        t.record("p", 100_000, 0, 0);
+        assert!(t.initial_window("p", 14_720, 10_000).from_history);
+        assert!(!t.initial_window("p", 14_720, 20_001).from_history);
+        assert!(t.get("p").is_none(), "a stale entry is dropped");
+        t.record("q", 100_000, 0, 0);
+        t.record("q", 300_000, 0, 50_000);
+        assert_eq!(
+            t.get("q").unwrap().count,
+            1,
+            "a stale entry restarts on record"
+        );
+    }
+
+    #[test]
+    fn least_recently_used_is_evicted() {
+        let mut t = table(Averaging::Mean);
+        t.record("a", 1, 0, 1);
+        t.record("b", 1, 0, 2);
+        t.record("c", 1, 0, 3);
+        t.initial_window("a", 10, 4); // a is used again
+        let (_, evicted) = t.record("d", 1, 0, 5);
+        assert_eq!(evicted, vec!["b".to_string()]);
+        assert_eq!(t.len(), 3);
+        assert!(t.get("b").is_none() && t.get("a").is_some());
+        assert_eq!(t.entries()[0].0, "d");
+    }
+
+    #[test]
+    fn path_change_check() {
+        assert!(path_changed(40_000, 90_000, 2.0));
+        assert!(!path_changed(40_000, 70_000, 2.0));
+        assert!(!path_changed(0, 900_000, 2.0), "no reference, no verdict");
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let c = HistoryConfig {
+            averaging: Averaging::Ewma { weight: 0.0 },
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().contains("weight"));
+    }
+}

@@ -1,0 +1,4 @@
+//! Sans-IO cores of qgate: plain data structures and algorithms that take `now` as an argument
+//! and return decisions; the async shells in other crates own sockets, clocks and files.
+
+pub mod history;

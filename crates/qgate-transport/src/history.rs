@@ -1,0 +1,470 @@
+//! Congestion-window history for QUIC connections (paper 002): a persistent, crash-safe store
+//! of per-peer averages (redb), and a congestion controller wrapper that starts a connection
+//! from the history, records its window when it ends, and falls back to the default window if
+//! the path turned out much worse than when the history was recorded.
+//!
+//! Peers: a client keys by `server-name@address`; a server keys by the client's IP address (a
+//! client's port changes every connection). See docs/decisions.md H1–H6.
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use qgate_core::history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable};
+use quinn::congestion::{Controller, ControllerFactory};
+use quinn_proto::RttEstimator;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::TransportOptions;
+
+const TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("cwnd_history");
+
+/// The RTT ratio above which a connection started from history falls back to the default
+/// window (decision H4: twice the recorded minimum RTT).
+pub const DEFAULT_SAFEGUARD_FACTOR: f64 = 2.0;
+
+/// Opening or writing the store failed; the message names the file.
+#[derive(Debug, thiserror::Error)]
+#[error("history store {path}: {problem}")]
+pub struct HistoryError {
+    /// The database file.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub problem: String,
+}
+
+fn encode(e: &Entry) -> [u8; 40] {
+    let mut b = [0u8; 40];
+    b[0..8].copy_from_slice(&e.avg_cwnd.to_le_bytes());
+    b[8..16].copy_from_slice(&e.count.to_le_bytes());
+    b[16..24].copy_from_slice(&e.min_rtt_us.to_le_bytes());
+    b[24..32].copy_from_slice(&e.updated_ms.to_le_bytes());
+    b[32..40].copy_from_slice(&e.used_ms.to_le_bytes());
+    b
+}
+
+fn decode(b: &[u8]) -> Option<Entry> {
+    if b.len() != 40 {
+        return None;
+    }
+    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let avg = f64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
+    (avg.is_finite() && avg >= 0.0).then(|| Entry {
+        avg_cwnd: avg,
+        count: u(8),
+        min_rtt_us: u(16),
+        updated_ms: u(24),
+        used_ms: u(32),
+    })
+}
+
+/// Milliseconds of wall-clock time; simulations substitute virtual time.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock in Unix milliseconds.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    })
+}
+
+/// A history table, optionally persisted in a redb database (every record is one committed,
+/// crash-safe transaction: a torn write never corrupts it).
+pub struct HistoryStore {
+    table: Mutex<HistoryTable>,
+    db: Option<(redb::Database, PathBuf)>,
+    clock: Clock,
+    write_errors: AtomicU64,
+}
+
+impl std::fmt::Debug for HistoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HistoryStore")
+            .field("path", &self.db.as_ref().map(|(_, p)| p))
+            .finish()
+    }
+}
+
+impl HistoryStore {
+    /// A store that lives only in memory.
+    pub fn in_memory(config: HistoryConfig, clock: Clock) -> Arc<HistoryStore> {
+        Arc::new(HistoryStore {
+            table: Mutex::new(HistoryTable::new(config)),
+            db: None,
+            clock,
+            write_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// Open (or create) the store at `path`. A file that is not a valid store is moved aside to
+    /// `<path>.corrupt-<unix ms>` and a fresh store is created: the returned warning says so.
+    pub fn open(
+        path: &Path,
+        config: HistoryConfig,
+        clock: Clock,
+    ) -> Result<(Arc<HistoryStore>, Option<String>), HistoryError> {
+        let fail = |problem: String| HistoryError {
+            path: path.to_path_buf(),
+            problem,
+        };
+        config.validate().map_err(&fail)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let mut warning = None;
+        let (db, entries) = match Self::load(path) {
+            Ok(x) => x,
+            Err(problem) => {
+                let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), (clock)()));
+                std::fs::rename(path, &aside).map_err(|e| {
+                    fail(format!(
+                        "unreadable ({problem}) and cannot be moved aside: {e}"
+                    ))
+                })?;
+                warning = Some(format!(
+                    "history store {} was unreadable ({problem}); moved it to {} and started a fresh one",
+                    path.display(),
+                    aside.display()
+                ));
+                Self::load(path).map_err(fail)?
+            }
+        };
+        let store = HistoryStore {
+            table: Mutex::new(HistoryTable::with_entries(config, entries)),
+            db: Some((db, path.to_path_buf())),
+            clock,
+            write_errors: AtomicU64::new(0),
+        };
+        Ok((Arc::new(store), warning))
+    }
+
+    fn load(path: &Path) -> Result<(redb::Database, Vec<(String, Entry)>), String> {
+        let db = redb::Database::create(path).map_err(|e| e.to_string())?;
+        let txn = db.begin_write().map_err(|e| e.to_string())?;
+        txn.open_table(TABLE).map_err(|e| e.to_string())?;
+        txn.commit().map_err(|e| e.to_string())?;
+        let read = db.begin_read().map_err(|e| e.to_string())?;
+        let table = read.open_table(TABLE).map_err(|e| e.to_string())?;
+        let mut entries = Vec::new();
+        for row in table.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let entry =
+                decode(v.value()).ok_or_else(|| format!("entry '{}' is malformed", k.value()))?;
+            entries.push((k.value().to_string(), entry));
+        }
+        drop(table);
+        drop(read);
+        Ok((db, entries))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HistoryTable> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Now, by the store's clock.
+    pub fn now_ms(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// Record a window for `peer` and persist it.
+    pub fn record(&self, peer: &str, cwnd: u64, min_rtt_us: u64) -> Entry {
+        let now = self.now_ms();
+        let (entry, evicted) = self.lock().record(peer, cwnd, min_rtt_us, now);
+        if let Some((db, path)) = &self.db {
+            let write = || -> Result<(), redb::Error> {
+                let txn = db.begin_write()?;
+                {
+                    let mut t = txn.open_table(TABLE)?;
+                    t.insert(peer, encode(&entry).as_slice())?;
+                    for k in &evicted {
+                        t.remove(k.as_str())?;
+                    }
+                }
+                txn.commit()?;
+                Ok(())
+            };
+            if let Err(e) = write() {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(path = %path.display(), error = %e, "could not persist a history entry");
+            }
+        }
+        entry
+    }
+
+    /// The initial window for a new connection to `peer` (max(default, average), clamped).
+    pub fn decide(&self, peer: &str, default: u64) -> Decision {
+        let now = self.now_ms();
+        self.lock().initial_window(peer, default, now)
+    }
+
+    /// Every entry, most recently used first.
+    pub fn entries(&self) -> Vec<(String, Entry)> {
+        self.lock()
+            .entries()
+            .into_iter()
+            .map(|(k, e)| (k.to_string(), *e))
+            .collect()
+    }
+
+    /// The entry for one peer.
+    pub fn get(&self, peer: &str) -> Option<Entry> {
+        self.lock().get(peer).copied()
+    }
+
+    /// Forget every peer (and persist that).
+    pub fn clear(&self) -> Result<usize, HistoryError> {
+        let n = self.lock().len();
+        self.lock().clear();
+        if let Some((db, path)) = &self.db {
+            let fail = |e: redb::Error| HistoryError {
+                path: path.clone(),
+                problem: e.to_string(),
+            };
+            let txn = db.begin_write().map_err(|e| fail(e.into()))?;
+            txn.delete_table(TABLE).map_err(|e| fail(e.into()))?;
+            txn.open_table(TABLE).map_err(|e| fail(e.into()))?;
+            txn.commit().map_err(|e| fail(e.into()))?;
+        }
+        Ok(n)
+    }
+
+    /// Writes that failed (logged; the in-memory table still has them).
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// A client configuration for one connection to `peer`, with the history's initial window
+    /// and a recording controller. Clone `base` from one config per server so that 0-RTT
+    /// session tickets are shared.
+    pub fn client_config(
+        self: &Arc<Self>,
+        base: &quinn::ClientConfig,
+        opts: &TransportOptions,
+        peer: &str,
+        safeguard: Option<f64>,
+    ) -> Result<(quinn::ClientConfig, Arc<ConnHistory>), crate::OptionError> {
+        let (transport, conn) = self.transport_config(opts, peer, safeguard)?;
+        let mut cfg = base.clone();
+        cfg.transport_config(Arc::new(transport));
+        Ok((cfg, conn))
+    }
+
+    /// A server configuration for one incoming connection from `peer` (use with
+    /// `Incoming::accept_with`).
+    pub fn server_config(
+        self: &Arc<Self>,
+        base: &quinn::ServerConfig,
+        opts: &TransportOptions,
+        peer: &str,
+        safeguard: Option<f64>,
+    ) -> Result<(Arc<quinn::ServerConfig>, Arc<ConnHistory>), crate::OptionError> {
+        let (transport, conn) = self.transport_config(opts, peer, safeguard)?;
+        let mut cfg = base.clone();
+        cfg.transport_config(Arc::new(transport));
+        Ok((Arc::new(cfg), conn))
+    }
+
+    fn transport_config(
+        self: &Arc<Self>,
+        opts: &TransportOptions,
+        peer: &str,
+        safeguard: Option<f64>,
+    ) -> Result<(quinn::TransportConfig, Arc<ConnHistory>), crate::OptionError> {
+        let mut default_opts = opts.clone();
+        default_opts.initial_window = None;
+        let default_window = opts.initial_window.unwrap_or_else(|| {
+            default_opts
+                .controller_factory()
+                .build(Instant::now(), 1200)
+                .initial_window()
+        });
+        let decision = self.decide(peer, default_window);
+        let conn = Arc::new(ConnHistory {
+            peer: peer.to_string(),
+            decision,
+            fell_back: AtomicBool::new(false),
+        });
+        let mut start_opts = opts.clone();
+        start_opts.initial_window = Some(decision.window);
+        let factory = Arc::new(HistoryFactory {
+            start: start_opts.controller_factory(),
+            fallback: opts.controller_factory(),
+            store: self.clone(),
+            conn: conn.clone(),
+            safeguard,
+        });
+        let mut t = opts.to_quinn()?;
+        t.congestion_controller_factory(factory);
+        Ok((t, conn))
+    }
+}
+
+/// What the history did for one connection.
+#[derive(Debug)]
+pub struct ConnHistory {
+    /// The peer key.
+    pub peer: String,
+    /// The initial window chosen.
+    pub decision: Decision,
+    fell_back: AtomicBool,
+}
+
+impl ConnHistory {
+    /// Whether the safeguard dropped the window back to the default.
+    pub fn fell_back(&self) -> bool {
+        self.fell_back.load(Ordering::Relaxed)
+    }
+}
+
+struct HistoryFactory {
+    start: Arc<dyn ControllerFactory + Send + Sync>,
+    fallback: Arc<dyn ControllerFactory + Send + Sync>,
+    store: Arc<HistoryStore>,
+    conn: Arc<ConnHistory>,
+    safeguard: Option<f64>,
+}
+
+impl ControllerFactory for HistoryFactory {
+    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        Box::new(HistoryController {
+            inner: self.start.clone().build(now, current_mtu),
+            factory: self,
+            mtu: current_mtu,
+            checked: false,
+            min_rtt_us: 0,
+            original: true,
+        })
+    }
+}
+
+/// Delegates to the configured controller; records its window when the connection's controller
+/// is dropped (the connection ended); applies the safeguard at the first RTT sample.
+struct HistoryController {
+    inner: Box<dyn Controller>,
+    factory: Arc<HistoryFactory>,
+    mtu: u16,
+    checked: bool,
+    min_rtt_us: u64,
+    /// Copies made by `clone_box` (quinn's `congestion_state()`) do not record.
+    original: bool,
+}
+
+impl Controller for HistoryController {
+    fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
+        self.inner.on_sent(now, bytes, last_packet_number)
+    }
+
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        bytes: u64,
+        app_limited: bool,
+        rtt: &RttEstimator,
+    ) {
+        self.min_rtt_us = rtt.min().as_micros() as u64;
+        if !self.checked {
+            self.checked = true;
+            let f = &self.factory;
+            if let Some(factor) = f.safeguard {
+                let d = f.conn.decision;
+                // Careful resume: the first acknowledged packet's RTT validates the history's
+                // path. (quinn's estimator still reports its configured initial RTT until its
+                // first sample, so the packet's own send → ack time is used.)
+                let sample = now.saturating_duration_since(sent).as_micros() as u64;
+                if d.from_history && path_changed(d.reference_rtt_us, sample, factor) {
+                    self.inner = f.fallback.clone().build(now, self.mtu);
+                    f.conn.fell_back.store(true, Ordering::Relaxed);
+                    tracing::debug!(peer = %f.conn.peer, "path slower than its history: default window");
+                }
+            }
+        }
+        self.inner.on_ack(now, sent, bytes, app_limited, rtt)
+    }
+
+    fn on_end_acks(
+        &mut self,
+        now: Instant,
+        in_flight: u64,
+        app_limited: bool,
+        largest: Option<u64>,
+    ) {
+        self.inner.on_end_acks(now, in_flight, app_limited, largest)
+    }
+
+    fn on_congestion_event(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        persistent: bool,
+        lost_bytes: u64,
+    ) {
+        self.inner
+            .on_congestion_event(now, sent, persistent, lost_bytes)
+    }
+
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.mtu = new_mtu;
+        self.inner.on_mtu_update(new_mtu)
+    }
+
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+
+    fn metrics(&self) -> quinn::congestion::ControllerMetrics {
+        self.inner.metrics()
+    }
+
+    fn clone_box(&self) -> Box<dyn Controller> {
+        Box::new(HistoryController {
+            inner: self.inner.clone_box(),
+            factory: self.factory.clone(),
+            mtu: self.mtu,
+            checked: self.checked,
+            min_rtt_us: self.min_rtt_us,
+            original: false,
+        })
+    }
+
+    fn initial_window(&self) -> u64 {
+        self.inner.initial_window()
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+impl Drop for HistoryController {
+    fn drop(&mut self) {
+        if self.original {
+            // Paper 002 Algorithm 1: record the window when a connection closes.
+            let f = &self.factory;
+            f.store
+                .record(&f.conn.peer, self.inner.window(), self.min_rtt_us);
+        }
+    }
+}
+
+/// Record the live window of `conn` for `peer` now — for the paper's second recording point,
+/// when a 0-RTT resumption completes its handshake.
+pub fn record_now(store: &HistoryStore, peer: &str, conn: &quinn::Connection) -> Entry {
+    let s = conn.stats();
+    store.record(peer, s.path.cwnd, conn.rtt().as_micros() as u64)
+}
+
+/// A client's history key for a server.
+pub fn client_peer_key(server_name: &str, addr: std::net::SocketAddr) -> String {
+    format!("{server_name}@{addr}")
+}
+
+/// A server's history key for a client.
+pub fn server_peer_key(addr: std::net::SocketAddr) -> String {
+    addr.ip().to_string()
+}

@@ -1,0 +1,251 @@
+//! Congestion-window history (paper 002) on real QUIC connections over netsim, and its store.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_netsim::{LinkId, LinkParams, Network};
+use qgate_transport::history::{client_peer_key, HistoryStore};
+use qgate_transport::{
+    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+};
+
+const SERVER: &str = "10.0.0.2:4433";
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("qgate-hist-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn config() -> HistoryConfig {
+    HistoryConfig {
+        averaging: Averaging::Mean,
+        ..Default::default()
+    }
+}
+
+/// Virtual-time clock for the store.
+fn virtual_clock() -> qgate_transport::history::Clock {
+    let start = tokio::time::Instant::now();
+    Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64)
+}
+
+struct Setup {
+    net: Network,
+    link: LinkId,
+    client: quinn::Endpoint,
+    base: quinn::ClientConfig,
+}
+
+fn setup(one_way_ms: u64) -> Setup {
+    let net = Network::new(1);
+    let (c, s) = (net.add_host("client"), net.add_host("server"));
+    let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
+    let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
+    let link = net
+        .connect_symmetric(
+            ic,
+            is,
+            LinkParams::new(100_000_000, Duration::from_millis(one_way_ms)),
+        )
+        .unwrap();
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    let server = endpoint(
+        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
+        Some(server_config(&pki.server, &[b"t"], &opts).unwrap()),
+        Some(1),
+    )
+    .unwrap();
+    tokio::spawn(async move {
+        while let Some(inc) = server.accept().await {
+            tokio::spawn(async move {
+                let Ok(conn) = inc.await else { return };
+                while let Ok(mut rx) = conn.accept_uni().await {
+                    tokio::spawn(async move {
+                        while let Ok(Some(_)) = rx.read_chunk(1 << 20, false).await {}
+                    });
+                }
+            });
+        }
+    });
+    let client = endpoint(
+        Socket::from(net.bind(c, sa("10.0.0.1:0")).unwrap()),
+        None,
+        Some(2),
+    )
+    .unwrap();
+    let base = client_config(&pki.trust(), &[b"t"], &opts).unwrap();
+    Setup {
+        net,
+        link,
+        client,
+        base,
+    }
+}
+
+/// Upload `bytes` on a connection configured by `cfg`; return the connection's initial window
+/// and its window at the end; close it and wait until quinn has dropped it.
+async fn upload(s: &Setup, cfg: &quinn::ClientConfig, bytes: usize) -> (u64, u64) {
+    let c = connect(&s.client, cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let conn = c.connection().clone();
+    let initial = conn.congestion_state().initial_window();
+    let mut st = conn.open_uni().await.unwrap();
+    st.write_all(&Bytes::from(vec![7u8; bytes])).await.unwrap();
+    st.finish().unwrap();
+    st.stopped().await.ok();
+    let end = conn.stats().path.cwnd;
+    conn.close(0u32.into(), b"done");
+    drop(conn);
+    drop(c);
+    tokio::time::sleep(Duration::from_secs(2)).await; // draining, then the state is freed
+    (initial, end)
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_connection_starts_from_the_recorded_window() {
+    let s = setup(20);
+    let store = HistoryStore::in_memory(config(), virtual_clock());
+    let opts = TransportOptions::default();
+    let peer = client_peer_key("localhost", sa(SERVER));
+
+    let (cfg, h1) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+    assert!(!h1.decision.from_history, "no history yet");
+    let (initial1, end1) = upload(&s, &cfg, 4 << 20).await;
+    assert_eq!(initial1, h1.decision.window);
+    let e = store
+        .get(&peer)
+        .expect("the closed connection was recorded");
+    assert_eq!(e.count, 1);
+    assert_eq!(
+        e.avg_cwnd as u64, end1,
+        "the window at close is what was recorded"
+    );
+    assert!(
+        end1 > initial1 * 4,
+        "slow start grew the window: {initial1} → {end1}"
+    );
+    assert!(
+        e.min_rtt_us >= 40_000 && e.min_rtt_us < 45_000,
+        "{}",
+        e.min_rtt_us
+    );
+
+    let (cfg, h2) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+    assert!(h2.decision.from_history);
+    assert_eq!(h2.decision.window, end1.min(1 << 20));
+    let (initial2, _) = upload(&s, &cfg, 100_000).await;
+    assert_eq!(
+        initial2, h2.decision.window,
+        "the new connection starts with the history"
+    );
+    assert_eq!(store.get(&peer).unwrap().count, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn history_below_the_default_uses_the_default() {
+    let s = setup(20);
+    let store = HistoryStore::in_memory(config(), virtual_clock());
+    let peer = client_peer_key("localhost", sa(SERVER));
+    store.record(&peer, 3_000, 40_000); // a bad network's small window
+    let (cfg, h) = store
+        .client_config(&s.base, &TransportOptions::default(), &peer, None)
+        .unwrap();
+    assert!(!h.decision.from_history);
+    let (initial, _) = upload(&s, &cfg, 10_000).await;
+    assert_eq!(initial, h.decision.window);
+    assert!(
+        initial > 3_000,
+        "the default ({initial}) and not the history"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn safeguard_falls_back_when_the_rtt_jumps() {
+    let s = setup(20);
+    let store = HistoryStore::in_memory(config(), virtual_clock());
+    let opts = TransportOptions::default();
+    let peer = client_peer_key("localhost", sa(SERVER));
+    let (cfg, _) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    upload(&s, &cfg, 4 << 20).await;
+
+    // Same RTT: the history stands.
+    let (cfg, h) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    upload(&s, &cfg, 200_000).await;
+    assert!(h.decision.from_history && !h.fell_back());
+
+    // The path's delay quadruples: the first RTT sample (≈ 160 ms vs 40 ms) trips the safeguard.
+    s.net
+        .update_both(s.link, |l| l.delay = Duration::from_millis(80))
+        .unwrap();
+    let (cfg, h) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    assert!(h.decision.from_history);
+    upload(&s, &cfg, 200_000).await;
+    assert!(h.fell_back(), "RTT jumped: back to the default window");
+
+    // Without the safeguard the same history is used as it is.
+    let (cfg, h) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+    upload(&s, &cfg, 200_000).await;
+    assert!(h.decision.from_history && !h.fell_back());
+}
+
+#[test]
+fn store_persists_across_reopen_and_survives_a_corrupt_file() {
+    let dir = tmp("persist");
+    let path = dir.join("history.redb");
+    let clock = qgate_transport::history::system_clock();
+    {
+        let (store, warning) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
+        assert!(warning.is_none());
+        store.record("a@1.2.3.4:443", 100_000, 30_000);
+        store.record("a@1.2.3.4:443", 300_000, 20_000);
+        store.record("b@5.6.7.8:443", 50_000, 0);
+    }
+    let (store, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
+    let a = store.get("a@1.2.3.4:443").unwrap();
+    assert_eq!((a.avg_cwnd, a.count, a.min_rtt_us), (200_000.0, 2, 20_000));
+    assert_eq!(store.entries().len(), 2);
+    assert_eq!(store.clear().unwrap(), 2);
+    drop(store);
+    let (store, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
+    assert!(store.entries().is_empty(), "clear persisted");
+    drop(store);
+
+    // A corrupt file: a clear warning, the file kept aside, a fresh store.
+    std::fs::write(
+        &path,
+        b"this is not a redb database, just garbage bytes.....",
+    )
+    .unwrap();
+    let (store, warning) = HistoryStore::open(&path, config(), clock).unwrap();
+    let w = warning.expect("a warning");
+    assert!(
+        w.contains("was unreadable") && w.contains(".corrupt-"),
+        "{w}"
+    );
+    assert!(store.entries().is_empty());
+    let aside: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1);
+    store.record("c", 1, 0);
+    assert!(store.get("c").is_some());
+}
