@@ -168,6 +168,7 @@ pub async fn run(config: DemoConfig) -> Result<DemoReport, String> {
         server_ep.clone(),
         service,
         ServeLimits::default(),
+        None,
     ));
     let ccfg =
         client_config(&pki.trust(), &[ALPN_H3], &config.transport).map_err(|e| e.to_string())?;

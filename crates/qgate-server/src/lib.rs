@@ -209,17 +209,57 @@ fn serde_json_like(s: &StatsSnapshot) -> String {
     )
 }
 
+/// Congestion-window history on the server side (paper 002): each incoming connection gets a
+/// configuration whose initial window comes from that client's history, via
+/// `Incoming::accept_with`.
+pub struct ServerHistory {
+    /// The store.
+    pub store: std::sync::Arc<qgate_transport::history::HistoryStore>,
+    /// The server configuration every connection's is derived from.
+    pub base: quinn::ServerConfig,
+    /// Transport settings.
+    pub opts: qgate_transport::TransportOptions,
+    /// The careful-resume RTT factor, if the safeguard is on.
+    pub safeguard: Option<f64>,
+}
+
 /// Accept QUIC connections on `endpoint` and serve HTTP/3 on each until the endpoint closes.
 ///
 /// Requests are handled only once the handshake has completed (`incoming.await`, not
 /// `into_0rtt`): an ingest POST is not idempotent, and a replayed 0-RTT flight can never complete
 /// a handshake, so a replay never stores a body twice (RFC 9001 §9.2).
-pub async fn serve(endpoint: quinn::Endpoint, service: Arc<IngestService>, limits: ServeLimits) {
+pub async fn serve(
+    endpoint: quinn::Endpoint,
+    service: Arc<IngestService>,
+    limits: ServeLimits,
+    history: Option<Arc<ServerHistory>>,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let service = service.clone();
+        let history = history.clone();
         tokio::spawn(async move {
             let peer = incoming.remote_address();
-            let conn = match incoming.await {
+            let connecting = match &history {
+                Some(h) => {
+                    let key = qgate_transport::history::server_peer_key(peer);
+                    match h.store.server_config(&h.base, &h.opts, &key, h.safeguard) {
+                        Ok((cfg, _)) => incoming.accept_with(cfg),
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "history config failed; default window");
+                            incoming.accept()
+                        }
+                    }
+                }
+                None => incoming.accept(),
+            };
+            let connecting = match connecting {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "refused");
+                    return;
+                }
+            };
+            let conn = match connecting.await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "handshake failed");

@@ -29,6 +29,13 @@ pub struct ClientArgs {
     /// Print the status line and headers to standard error.
     #[arg(short, long)]
     include: bool,
+    /// Start from the congestion window of earlier connections to this server (paper 002)
+    /// [default: off, or [history] mode].
+    #[arg(long, value_enum, value_name = "MODE")]
+    history: Option<crate::config::HistoryMode>,
+    /// The history database [default: $QGATE_HOME/history.redb].
+    #[arg(long, value_name = "FILE")]
+    history_store: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -74,8 +81,19 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
         .unwrap_or(16 << 20);
     let ccfg = client_config(&trust, &[ALPN_H3], &cfg.transport).map_err(usage)?;
     let include = a.include;
+    let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;
+    let transport = cfg.transport.clone();
     crate::runtime().block_on(async move {
         let addr = target.resolve().await.map_err(usage)?;
+        let ccfg = match &history {
+            Some((store, safeguard)) => {
+                let peer = qgate_transport::history::client_peer_key(&target.host, addr);
+                let (c, h) = store.client_config(&ccfg, &transport, &peer, *safeguard).map_err(usage)?;
+                tracing::info!(%peer, window = h.decision.window, from_history = h.decision.from_history, "initial window");
+                c
+            }
+            None => ccfg,
+        };
         let bind = if addr.is_ipv4() {
             "0.0.0.0:0"
         } else {

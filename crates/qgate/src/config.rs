@@ -21,6 +21,41 @@ pub struct Config {
     pub transport: TransportOptions,
     /// `[demo]`
     pub demo: DemoConfig,
+    /// `[history]`: congestion-window history (paper 002) for get, post and server.
+    pub history: HistorySection,
+}
+
+/// Whether and how new connections start from the congestion window of earlier ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum HistoryMode {
+    /// Always the controller's default initial window.
+    Off,
+    /// Arithmetic mean of recorded windows.
+    Mean,
+    /// Exponentially weighted moving average of recorded windows.
+    Ewma,
+}
+
+/// `[history]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistorySection {
+    /// off, mean or ewma [default: off for get/post/server].
+    pub mode: Option<HistoryMode>,
+    /// The database file [default: $QGATE_HOME/history.redb].
+    pub store: Option<PathBuf>,
+    /// Fall back to the default window when the first RTT exceeds this × the recorded one
+    /// [default: 2.0]; 0 turns the safeguard off.
+    pub safeguard: Option<f64>,
+    /// EWMA weight of the newest sample [default: 0.25].
+    pub ewma_weight: Option<f64>,
+    /// Never start above this many bytes [default: 1048576].
+    pub ceiling_bytes: Option<u64>,
+    /// Forget a peer not seen for this many seconds [default: 86400].
+    pub max_age_s: Option<u64>,
+    /// At most this many peers [default: 10000].
+    pub capacity: Option<usize>,
 }
 
 /// `[server]`

@@ -2,6 +2,7 @@
 
 mod client;
 mod config;
+mod history;
 mod lab;
 mod labcmd;
 mod server;
@@ -56,6 +57,8 @@ enum Command {
     Bench(BenchCmd),
     /// Reproduce the papers' experiments on the simulated network (results/…).
     Lab(LabCmd),
+    /// Inspect or clear the congestion-window history (paper 002).
+    History(history::HistoryArgs),
 }
 
 #[derive(Args, Debug)]
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => lab::demo(a, &config),
         Command::Bench(b) => lab::bench(b.which),
         Command::Lab(l) => labcmd::run(l.which),
+        Command::History(h) => history::run(h, &config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,6 +39,13 @@ pub struct ServerArgs {
     /// Congestion controller: cubic, new-reno or bbr [default: cubic].
     #[arg(long, value_name = "NAME")]
     congestion: Option<Congestion>,
+    /// Start each client's connection from that client's window history (paper 002)
+    /// [default: off, or [history] mode].
+    #[arg(long, value_enum, value_name = "MODE")]
+    history: Option<crate::config::HistoryMode>,
+    /// The history database [default: $QGATE_HOME/history.redb].
+    #[arg(long, value_name = "FILE")]
+    history_store: Option<PathBuf>,
 }
 
 pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
@@ -82,6 +89,15 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             .unwrap_or(ServeLimits::default().max_body),
     };
     let scfg = server_config(&identity, &[ALPN_H3], &transport).map_err(usage)?;
+    let history =
+        crate::history::open(a.history, a.history_store.clone(), cfg)?.map(|(store, safeguard)| {
+            Arc::new(qgate_server::ServerHistory {
+                store,
+                base: scfg.clone(),
+                opts: transport.clone(),
+                safeguard,
+            })
+        });
     crate::runtime().block_on(async move {
         let socket = Socket::bind_udp(listen).map_err(usage)?;
         let ep = endpoint(socket, Some(scfg), None)?;
@@ -91,7 +107,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         std::io::stdout().flush().ok();
         let service = Arc::new(IngestService::new(sink));
         let stats = service.stats();
-        let serving = tokio::spawn(qgate_server::serve(ep.clone(), service, limits));
+        let serving = tokio::spawn(qgate_server::serve(ep.clone(), service, limits, history));
         tokio::signal::ctrl_c()
             .await
             .context("waiting for Ctrl-C")?;

@@ -384,3 +384,108 @@ fn demo_takes_a_queue_discipline_flag() {
         .unwrap();
     assert_fails(o, 2, "unknown field `target`");
 }
+
+#[test]
+fn history_is_recorded_listed_and_cleared() {
+    let home = tmp("history");
+    let sink = home.join("sink");
+    let server_store = home.join("server-history.redb");
+    let mut child = qgate(&home)
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--history",
+            "ewma",
+            "--history-store",
+        ])
+        .arg(&server_store)
+        .arg("--sink")
+        .arg(&sink)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let server = Server(child);
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let url = format!("https://localhost:{port}/ingest/h");
+    let store = home.join("client-history.redb");
+    for _ in 0..2 {
+        let o = qgate(&home)
+            .args([
+                "post",
+                &url,
+                "--data",
+                "x",
+                "--history",
+                "mean",
+                "--history-store",
+            ])
+            .arg(&store)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let o = qgate(&home)
+        .args(["history", "list", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let peer = format!("localhost@127.0.0.1:{port}");
+    assert!(out.contains(&peer) && out.contains("samples=2"), "{out}");
+    let o = qgate(&home)
+        .args(["history", "show", &peer, "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let o = qgate(&home)
+        .args(["history", "show", "nobody", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "no history for 'nobody'");
+    let o = qgate(&home)
+        .args(["history", "clear", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("forgot 1 peers"));
+
+    // The server recorded its side, keyed by the client's address.
+    drop(server);
+    let o = qgate(&home)
+        .args(["history", "list", "--store"])
+        .arg(&server_store)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("127.0.0.1\t"), "{out}");
+
+    // A corrupt store: a warning naming it, and the command still works.
+    std::fs::write(&store, b"garbage garbage garbage garbage garbage garbage").unwrap();
+    let o = qgate(&home)
+        .args(["history", "list", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(
+        stderr(&o).contains("was unreadable") && stderr(&o).contains(".corrupt-"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -1,0 +1,131 @@
+//! `qgate history …` and opening the history store for the other commands.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_transport::history::{system_clock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
+
+use crate::config::{Config, HistoryMode, HistorySection};
+use crate::{usage, Failure};
+
+/// The default store file: `$QGATE_HOME/history.redb` (beside the dev PKI).
+pub fn default_store() -> PathBuf {
+    crate::default_dev_pki_dir()
+        .parent()
+        .map(|p| p.join("history.redb"))
+        .unwrap_or_else(|| PathBuf::from("history.redb"))
+}
+
+/// The history settings from the config file.
+pub fn history_config(mode: HistoryMode, s: &HistorySection) -> Result<HistoryConfig, Failure> {
+    let d = HistoryConfig::default();
+    let c = HistoryConfig {
+        averaging: match mode {
+            HistoryMode::Mean => Averaging::Mean,
+            _ => Averaging::Ewma {
+                weight: s.ewma_weight.unwrap_or(0.25),
+            },
+        },
+        ceiling_bytes: s.ceiling_bytes.unwrap_or(d.ceiling_bytes),
+        max_age_ms: s.max_age_s.map_or(d.max_age_ms, |x| x.saturating_mul(1000)),
+        capacity: s.capacity.unwrap_or(d.capacity),
+    };
+    c.validate().map_err(|e| usage(format!("[history] {e}")))?;
+    Ok(c)
+}
+
+/// Open the store if history is on (a corrupt file is moved aside with a warning).
+pub fn open(
+    mode: Option<HistoryMode>,
+    store: Option<PathBuf>,
+    cfg: &Config,
+) -> Result<Option<(Arc<HistoryStore>, Option<f64>)>, Failure> {
+    let mode = mode.or(cfg.history.mode).unwrap_or(HistoryMode::Off);
+    if mode == HistoryMode::Off {
+        return Ok(None);
+    }
+    let hc = history_config(mode, &cfg.history)?;
+    let path = store
+        .or(cfg.history.store.clone())
+        .unwrap_or_else(default_store);
+    let (store, warning) = HistoryStore::open(&path, hc, system_clock()).map_err(usage)?;
+    if let Some(w) = warning {
+        eprintln!("qgate: warning: {w}");
+    }
+    let factor = cfg.history.safeguard.unwrap_or(DEFAULT_SAFEGUARD_FACTOR);
+    if !(factor.is_finite() && factor >= 0.0) {
+        return Err(usage("[history] safeguard must be a non-negative number"));
+    }
+    Ok(Some((store, (factor > 0.0).then_some(factor))))
+}
+
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    /// The store file [default: $QGATE_HOME/history.redb].
+    #[arg(long, value_name = "FILE", global = true)]
+    store: Option<PathBuf>,
+    #[command(subcommand)]
+    which: HistoryCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum HistoryCmd {
+    /// One line per peer: average window, samples, minimum RTT, last update.
+    List,
+    /// Everything recorded for one peer (as `list` prints it).
+    Show {
+        /// The peer key, e.g. `localhost@127.0.0.1:4433` (client side) or `10.0.0.7` (server).
+        peer: String,
+    },
+    /// Forget every peer.
+    Clear,
+}
+
+pub fn run(a: HistoryArgs, cfg: &Config) -> Result<(), Failure> {
+    let path = a
+        .store
+        .or(cfg.history.store.clone())
+        .unwrap_or_else(default_store);
+    let hc = history_config(cfg.history.mode.unwrap_or(HistoryMode::Ewma), &cfg.history)?;
+    let (store, warning) = HistoryStore::open(&path, hc, system_clock()).map_err(usage)?;
+    if let Some(w) = warning {
+        eprintln!("qgate: warning: {w}");
+    }
+    let now = store.now_ms();
+    let line = |peer: &str, e: &qgate_core::history::Entry| {
+        format!(
+            "{peer}\tavg_cwnd={:.0} B\tsamples={}\tmin_rtt={:.1} ms\tupdated={:.0} s ago",
+            e.avg_cwnd,
+            e.count,
+            e.min_rtt_us as f64 / 1000.0,
+            now.saturating_sub(e.updated_ms) as f64 / 1000.0
+        )
+    };
+    match a.which {
+        HistoryCmd::List => {
+            let entries = store.entries();
+            if entries.is_empty() {
+                eprintln!("qgate: no history in {}", path.display());
+            }
+            for (peer, e) in entries {
+                println!("{}", line(&peer, &e));
+            }
+        }
+        HistoryCmd::Show { peer } => match store.get(&peer) {
+            Some(e) => println!("{}", line(&peer, &e)),
+            None => {
+                return Err(usage(format!(
+                    "no history for '{peer}' in {}",
+                    path.display()
+                )))
+            }
+        },
+        HistoryCmd::Clear => {
+            let n = store.clear().map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("forgot {n} peers");
+        }
+    }
+    Ok(())
+}
