@@ -88,8 +88,9 @@ fn aqm_run_is_sane_and_deterministic() {
         "{}",
         a.total_goodput_mbps
     );
+    // What crossed the bottleneck (with headers) is at least the goodput, at most capacity.
     assert!(
-        a.utilisation > 0.4 && a.utilisation <= 1.0,
+        a.utilisation * 10.0 >= a.total_goodput_mbps && a.utilisation <= 1.0,
         "{}",
         a.utilisation
     );

@@ -36,12 +36,15 @@ pub fn history_config(mode: HistoryMode, s: &HistorySection) -> Result<HistoryCo
     Ok(c)
 }
 
+/// An open store and its safeguard factor (`None` = safeguard off).
+pub type OpenHistory = (Arc<HistoryStore>, Option<f64>);
+
 /// Open the store if history is on (a corrupt file is moved aside with a warning).
 pub fn open(
     mode: Option<HistoryMode>,
     store: Option<PathBuf>,
     cfg: &Config,
-) -> Result<Option<(Arc<HistoryStore>, Option<f64>)>, Failure> {
+) -> Result<Option<OpenHistory>, Failure> {
     let mode = mode.or(cfg.history.mode).unwrap_or(HistoryMode::Off);
     if mode == HistoryMode::Off {
         return Ok(None);
