@@ -5,6 +5,8 @@ pub mod aqm;
 pub mod aqm_report;
 pub mod bench;
 pub mod demo;
+pub mod history;
+pub mod history_report;
 pub mod stats;
 pub mod svg;
 

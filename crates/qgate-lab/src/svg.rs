@@ -201,11 +201,14 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[Bar]) -> String {
         let color = COLORS[i % COLORS.len()];
         let _ = writeln!(
             out,
-            r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="{color}"/><text x="{:.1}" y="{}" text-anchor="middle">{}</text><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
+            r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="{color}"/><text transform="translate({:.1},{}) rotate({})" text-anchor="{}">{}</text><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
             sy(b.value),
             (sy(0.0) - sy(b.value)).max(0.0),
             x + w / 2.0,
             H - BOTTOM + 16.0,
+            // Many bars: slant the labels so they do not run into each other.
+            if bars.len() > 6 { -25 } else { 0 },
+            if bars.len() > 6 { "end" } else { "middle" },
             esc(&b.label),
             x + w / 2.0,
             sy(b.value + b.err) - 5.0,

@@ -100,3 +100,33 @@ fn aqm_run_is_sane_and_deterministic() {
     assert_eq!(a.received_packets, b.received_packets);
     assert_eq!(a.qdelay_ms, b.qdelay_ms);
 }
+
+#[test]
+fn history_series_learns_and_starts_higher() {
+    use qgate_lab::history::{run_series, Scheme, Series, GOOD};
+    let base = Series {
+        experiment: "simple",
+        net: GOOD,
+        bytes: 1_000_000,
+        scheme: Scheme::Default,
+        background: 0,
+        runs: 4,
+        change: None,
+        safeguard: false,
+        seed: 3,
+    };
+    let t = std::time::Instant::now();
+    let d = run_series(&base);
+    let h = run_series(&Series {
+        scheme: Scheme::Ewma,
+        ..base.clone()
+    });
+    eprintln!("history series: {:?} wall\n{d:?}\n{h:?}", t.elapsed());
+    assert_eq!((d.len(), h.len()), (4, 4));
+    assert!(d.iter().all(|r| !r.from_history));
+    assert!(!h[0].from_history, "the first run has no history");
+    assert!(h[1..]
+        .iter()
+        .all(|r| r.from_history && r.initial_window > d[0].initial_window));
+    assert!(h.iter().all(|r| r.latency_s > 0.038 && r.loss_ratio < 0.5));
+}

@@ -249,3 +249,30 @@ fn store_persists_across_reopen_and_survives_a_corrupt_file() {
     store.record("c", 1, 0);
     assert!(store.get("c").is_some());
 }
+
+/// Paper 002's second recording point: when a 0-RTT resumption completes its handshake.
+#[tokio::test(start_paused = true)]
+async fn zero_rtt_handshake_completion_is_recorded() {
+    let s = setup(20);
+    let store = HistoryStore::in_memory(config(), virtual_clock());
+    let opts = TransportOptions::default();
+    let peer = client_peer_key("localhost", sa(SERVER));
+    let (cfg, _) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+    upload(&s, &cfg, 1 << 20).await; // also caches a session ticket
+    assert_eq!(store.get(&peer).unwrap().count, 1);
+
+    let (cfg, _) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+    let c = connect(&s.client, &cfg, sa(SERVER), "localhost", true)
+        .await
+        .unwrap();
+    let qgate_transport::Connected::ZeroRtt { conn, accepted } = c else {
+        panic!("a ticket was cached, so this must be 0-RTT");
+    };
+    assert!(
+        accepted.await,
+        "handshake completed with early data accepted"
+    );
+    let e = qgate_transport::history::record_now(&store, &peer, &conn);
+    assert_eq!(e.count, 2, "recorded at 0-RTT handshake completion");
+    conn.close(0u32.into(), b"");
+}

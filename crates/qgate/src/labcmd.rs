@@ -17,6 +17,21 @@ pub enum Lab {
     Aqm(AqmArgs),
     /// Gain and phase margins of PID-Delay's gains on the linearised model (paper 004 §III).
     Margins(MarginArgs),
+    /// Paper 002: initial congestion window from history (results/history/).
+    History(HistoryArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    /// Smoke run: 5 runs per series, 1 MB only, fewer variants.
+    #[arg(long)]
+    quick: bool,
+    /// Downloads per series [default: 50].
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Where to write results [default: results/history].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -86,6 +101,7 @@ fn run_point(cfg: &AqmConfig, name: &str) -> Vec<aqm::RunResult> {
 pub fn run(which: Lab) -> Result<(), Failure> {
     match which {
         Lab::Aqm(a) => aqm_cmd(a),
+        Lab::History(h) => history_cmd(h),
         Lab::Margins(m) => {
             if !(m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0) {
                 return Err(usage(
@@ -109,6 +125,45 @@ pub fn run(which: Lab) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
+    use qgate_lab::{history, history_report};
+    let runs = a.runs.unwrap_or(if a.quick { 5 } else { 50 });
+    if runs < 2 {
+        return Err(usage(
+            "--runs must be at least 2 (the first run of a series has no history)",
+        ));
+    }
+    let plan = history::plan(runs, a.quick);
+    let out = a.out.unwrap_or_else(|| PathBuf::from("results/history"));
+    let command = std::iter::once("qgate lab history".to_string())
+        .chain(std::env::args().skip(3))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let wall = std::time::Instant::now();
+    let pb = progress(plan.len() as u64, "series");
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let results = history::run_all(&plan, |label| {
+        pb.set_message(label.to_string());
+        pb.inc(1);
+        if !tty {
+            eprintln!("history: [{}/{}] {label}", pb.position(), plan.len());
+        }
+    });
+    pb.finish_with_message("done");
+    history_report::write_all(&out, &plan, &results, &command)
+        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
+    println!(
+        "{}",
+        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
+    );
+    eprintln!(
+        "qgate lab history: done in {:.1} s; results in {}",
+        wall.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {

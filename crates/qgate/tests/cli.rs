@@ -489,3 +489,36 @@ fn history_is_recorded_listed_and_cleared() {
         stderr(&o)
     );
 }
+
+#[test]
+fn lab_history_quick_writes_every_result_file() {
+    let home = tmp("lab-history");
+    let out = home.join("history");
+    let o = qgate(&home)
+        .args(["lab", "history", "--quick", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "results.csv",
+        "summary.md",
+        "latency_1MB_good.svg",
+        "latency_1MB_bad.svg",
+        "loss_ratio_1MB.svg",
+        "dumbbell_good.svg",
+        "good_to_bad_latency.svg",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    // 12 series × 5 runs, minus any run that failed to complete.
+    assert!(csv.lines().count() > 50, "{csv}");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Against paper 002") && summary.contains("## Good → bad"));
+    let o = qgate(&home)
+        .args(["lab", "history", "--runs", "1"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "--runs must be at least 2");
+}
