@@ -6,9 +6,9 @@
 //! first, not 70.7 ms. Times are exact nanoseconds. [`CodelState`] is the control law alone,
 //! driven over any FIFO, so FQ-CoDel runs one per flow.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::fifo::{CountedFifo, Fifo};
 use crate::{Backlog, DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict};
 
 /// CoDel's parameters (RFC 8289 §4.2–4.3 defaults).
@@ -211,34 +211,9 @@ impl CodelState {
     }
 }
 
-/// A FIFO with its byte count, as CoDel drives it.
-#[derive(Debug)]
-pub(crate) struct Fifo<T> {
-    pub(crate) packets: VecDeque<Packet<T>>,
-    pub(crate) bytes: usize,
-}
-
-impl<T> Default for Fifo<T> {
-    fn default() -> Self {
-        Fifo {
-            packets: VecDeque::new(),
-            bytes: 0,
-        }
-    }
-}
-
-impl<T> Fifo<T> {
-    pub(crate) fn push(&mut self, p: Packet<T>) {
-        self.bytes += p.size;
-        self.packets.push_back(p);
-    }
-}
-
 impl<T> CodelQueue<T> for Fifo<T> {
     fn pop(&mut self) -> Option<Packet<T>> {
-        let p = self.packets.pop_front()?;
-        self.bytes -= p.size;
-        Some(p)
+        Fifo::pop(self)
     }
     fn backlog_bytes(&self) -> usize {
         self.bytes
@@ -250,9 +225,8 @@ impl<T> CodelQueue<T> for Fifo<T> {
 pub struct Codel<T> {
     params: CodelParams,
     limit: usize,
-    fifo: Fifo<T>,
+    q: CountedFifo<T>,
     state: CodelState,
-    stats: QueueStats,
 }
 
 impl<T> Codel<T> {
@@ -261,9 +235,8 @@ impl<T> Codel<T> {
         Codel {
             params,
             limit,
-            fifo: Fifo::default(),
+            q: CountedFifo::default(),
             state: CodelState::default(),
-            stats: QueueStats::default(),
         }
     }
 
@@ -281,53 +254,38 @@ impl<T: Send> QueueDiscipline<T> for Codel<T> {
     fn enqueue(
         &mut self,
         now: Instant,
-        mut packet: Packet<T>,
+        packet: Packet<T>,
         dropped: &mut Vec<Dropped<T>>,
     ) -> Verdict {
-        self.stats.offered += 1;
-        if self.fifo.packets.len() >= self.limit {
-            self.stats.count_drop(DropReason::Overflow);
-            dropped.push(Dropped {
-                packet,
-                reason: DropReason::Overflow,
-            });
-            return Verdict::Dropped(DropReason::Overflow);
+        self.q.offered();
+        if self.q.fifo.len() >= self.limit {
+            return self.q.reject(packet, DropReason::Overflow, dropped);
         }
-        packet.enqueued_at = Some(now);
-        self.fifo.push(packet);
-        self.stats.enqueued += 1;
-        self.stats.observe_backlog(self.backlog());
+        self.q.admit(now, packet);
         Verdict::Enqueued
     }
 
     fn dequeue(&mut self, now: Instant, dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
         let before = dropped.len();
-        let p = self.state.dequeue(
-            &mut self.fifo,
-            now,
-            &self.params,
-            dropped,
-            &mut self.stats.marked,
-        );
+        let q = &mut self.q;
+        let p = self
+            .state
+            .dequeue(&mut q.fifo, now, &self.params, dropped, &mut q.stats.marked);
         let n = (dropped.len() - before) as u64;
-        self.stats.dropped_aqm += n;
-        self.stats.dropped_after_enqueue += n;
+        q.stats.dropped_aqm += n;
+        q.stats.dropped_after_enqueue += n;
         if let Some(p) = &p {
-            self.stats.dequeued += 1;
-            self.stats.dequeued_bytes += p.size as u64;
+            q.count_departure(p);
         }
         p
     }
 
     fn backlog(&self) -> Backlog {
-        Backlog {
-            packets: self.fifo.packets.len(),
-            bytes: self.fifo.bytes,
-        }
+        self.q.fifo.backlog()
     }
 
     fn stats(&self) -> QueueStats {
-        self.stats
+        self.q.stats
     }
 }
 

@@ -1,30 +1,26 @@
 //! Drop-tail: a FIFO that refuses arrivals once a packet or byte limit is reached.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::fifo::CountedFifo;
 use crate::{Backlog, DropReason, Dropped, Packet, QueueDiscipline, QueueStats, Verdict};
 
 /// A FIFO bounded by packets and, optionally, bytes; an arrival that would exceed either limit
 /// is dropped (tail drop).
 #[derive(Debug)]
 pub struct DropTail<T> {
-    queue: VecDeque<Packet<T>>,
+    q: CountedFifo<T>,
     limit_packets: usize,
     limit_bytes: Option<usize>,
-    bytes: usize,
-    stats: QueueStats,
 }
 
 impl<T> DropTail<T> {
     /// A queue of at most `limit_packets` packets.
     pub fn with_packet_limit(limit_packets: usize) -> Self {
         DropTail {
-            queue: VecDeque::new(),
+            q: CountedFifo::default(),
             limit_packets,
             limit_bytes: None,
-            bytes: 0,
-            stats: QueueStats::default(),
         }
     }
 
@@ -43,8 +39,10 @@ impl<T> DropTail<T> {
     }
 
     fn fits(&self, size: usize) -> bool {
-        self.queue.len() < self.limit_packets
-            && self.limit_bytes.is_none_or(|l| self.bytes + size <= l)
+        self.q.fifo.len() < self.limit_packets
+            && self
+                .limit_bytes
+                .is_none_or(|l| self.q.fifo.bytes + size <= l)
     }
 }
 
@@ -56,43 +54,27 @@ impl<T: Send> QueueDiscipline<T> for DropTail<T> {
     fn enqueue(
         &mut self,
         now: Instant,
-        mut packet: Packet<T>,
+        packet: Packet<T>,
         dropped: &mut Vec<Dropped<T>>,
     ) -> Verdict {
-        self.stats.offered += 1;
+        self.q.offered();
         if !self.fits(packet.size) {
-            self.stats.count_drop(DropReason::Overflow);
-            dropped.push(Dropped {
-                packet,
-                reason: DropReason::Overflow,
-            });
-            return Verdict::Dropped(DropReason::Overflow);
+            return self.q.reject(packet, DropReason::Overflow, dropped);
         }
-        packet.enqueued_at = Some(now);
-        self.bytes += packet.size;
-        self.queue.push_back(packet);
-        self.stats.enqueued += 1;
-        self.stats.observe_backlog(self.backlog());
+        self.q.admit(now, packet);
         Verdict::Enqueued
     }
 
     fn dequeue(&mut self, _now: Instant, _dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
-        let packet = self.queue.pop_front()?;
-        self.bytes -= packet.size;
-        self.stats.dequeued += 1;
-        self.stats.dequeued_bytes += packet.size as u64;
-        Some(packet)
+        self.q.depart()
     }
 
     fn backlog(&self) -> Backlog {
-        Backlog {
-            packets: self.queue.len(),
-            bytes: self.bytes,
-        }
+        self.q.fifo.backlog()
     }
 
     fn stats(&self) -> QueueStats {
-        self.stats
+        self.q.stats
     }
 }
 

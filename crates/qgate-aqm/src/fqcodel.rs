@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::codel::{CodelParams, CodelState, Fifo};
+use crate::codel::{CodelParams, CodelState};
+use crate::fifo::Fifo;
 use crate::{Backlog, DropReason, Dropped, Packet, QueueDiscipline, QueueStats, Verdict};
 
 /// FQ-CoDel parameters (RFC 8290 §5 / Linux defaults).

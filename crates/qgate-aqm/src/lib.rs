@@ -12,6 +12,7 @@
 
 mod codel;
 mod droptail;
+mod fifo;
 mod fqcodel;
 mod piddelay;
 mod pie;

@@ -5,11 +5,11 @@
 //! Every choice the paper leaves open is recorded in docs/decisions.md (P1–P10) and cited at
 //! the line that implements it.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::fifo::CountedFifo;
 use crate::rng::SplitMix64;
-use crate::{Backlog, DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict};
+use crate::{Backlog, DropReason, Dropped, Packet, QueueDiscipline, QueueStats, Verdict};
 
 /// PID-Delay parameters: paper 004 Table II gains, plus the decisions in docs/decisions.md.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -178,14 +178,12 @@ impl DequeueRate {
 #[derive(Debug)]
 pub struct PidDelay<T> {
     p: PidDelayParams,
-    queue: VecDeque<Packet<T>>,
-    bytes: usize,
+    q: CountedFifo<T>,
     ctl: PidController,
     rate: DequeueRate,
     next_update: Option<Instant>,
     tau: Duration,
     rng: SplitMix64,
-    stats: QueueStats,
 }
 
 impl<T> PidDelay<T> {
@@ -193,14 +191,12 @@ impl<T> PidDelay<T> {
     pub fn new(params: PidDelayParams, seed: u64) -> Self {
         PidDelay {
             p: params,
-            queue: VecDeque::new(),
-            bytes: 0,
+            q: CountedFifo::default(),
             ctl: PidController::new(params),
             rate: DequeueRate::default(),
             next_update: None,
             tau: Duration::ZERO,
             rng: SplitMix64::new(seed),
-            stats: QueueStats::default(),
         }
     }
 
@@ -226,11 +222,11 @@ impl<T> PidDelay<T> {
         while now >= next {
             // Eq. 1 with the current backlog (decision P7). With no rate estimate yet and a
             // non-empty queue there is no delay measurement: skip, as Linux PIE does.
-            if self.rate.avg > 0.0 || self.bytes == 0 {
-                let tau = if self.bytes == 0 {
+            if self.rate.avg > 0.0 || self.q.fifo.bytes == 0 {
+                let tau = if self.q.fifo.bytes == 0 {
                     0.0
                 } else {
-                    self.bytes as f64 / self.rate.avg
+                    self.q.fifo.bytes as f64 / self.rate.avg
                 };
                 self.tau = Duration::from_secs_f64(tau.min(3600.0));
                 // Eq. 2.
@@ -250,65 +246,47 @@ impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
     fn enqueue(
         &mut self,
         now: Instant,
-        mut packet: Packet<T>,
+        packet: Packet<T>,
         dropped: &mut Vec<Dropped<T>>,
     ) -> Verdict {
         self.catch_up(now);
-        self.stats.offered += 1;
-        if self.queue.len() >= self.p.limit {
-            self.stats.count_drop(DropReason::Overflow);
-            dropped.push(Dropped {
-                packet,
-                reason: DropReason::Overflow,
-            });
-            return Verdict::Dropped(DropReason::Overflow);
+        self.q.offered();
+        if self.q.fifo.len() >= self.p.limit {
+            return self.q.reject(packet, DropReason::Overflow, dropped);
         }
         // Decision P8: drop at enqueue with probability U, never with ≤ 2 packets' worth queued.
         let mut verdict = Verdict::Enqueued;
+        let mut packet = packet;
         let u = self.ctl.u;
-        if self.bytes + packet.size > 2 * self.p.mean_pkt_size && u > 0.0 && self.rng.next_f64() < u
-        {
-            if self.p.ecn && packet.ecn.is_capable() && u <= 0.1 {
-                packet.ecn = Ecn::Ce;
-                self.stats.marked += 1;
-                verdict = Verdict::Marked;
-            } else {
-                self.stats.count_drop(DropReason::Aqm);
-                dropped.push(Dropped {
-                    packet,
-                    reason: DropReason::Aqm,
-                });
-                return Verdict::Dropped(DropReason::Aqm);
+        let room = self.q.fifo.bytes + packet.size <= 2 * self.p.mean_pkt_size;
+        if !room && u > 0.0 && self.rng.next_f64() < u {
+            // Decision P9: mark instead while U ≤ 0.1.
+            match self.q.signal(packet, self.p.ecn && u <= 0.1, dropped) {
+                Ok(p) => {
+                    packet = p;
+                    verdict = Verdict::Marked;
+                }
+                Err(v) => return v,
             }
         }
-        packet.enqueued_at = Some(now);
-        self.bytes += packet.size;
-        self.queue.push_back(packet);
-        self.stats.enqueued += 1;
-        self.stats.observe_backlog(self.backlog());
+        self.q.admit(now, packet);
         verdict
     }
 
     fn dequeue(&mut self, now: Instant, _dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
         self.catch_up(now);
-        let p = self.queue.pop_front()?;
-        self.bytes -= p.size;
+        let p = self.q.depart()?;
         self.rate
-            .on_dequeue(now, p.size, self.bytes, self.p.dq_threshold);
-        self.stats.dequeued += 1;
-        self.stats.dequeued_bytes += p.size as u64;
+            .on_dequeue(now, p.size, self.q.fifo.bytes, self.p.dq_threshold);
         Some(p)
     }
 
     fn backlog(&self) -> Backlog {
-        Backlog {
-            packets: self.queue.len(),
-            bytes: self.bytes,
-        }
+        self.q.fifo.backlog()
     }
 
     fn stats(&self) -> QueueStats {
-        self.stats
+        self.q.stats
     }
 }
 

@@ -6,11 +6,11 @@
 //! empties (the timestamp method, RFC 8033 §5.3; Linux's default). Updates are timer-free: each
 //! enqueue or dequeue first runs the updates that came due.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::fifo::CountedFifo;
 use crate::rng::SplitMix64;
-use crate::{Backlog, DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict};
+use crate::{Backlog, DropReason, Dropped, Packet, QueueDiscipline, QueueStats, Verdict};
 
 /// PIE parameters (RFC 8033 §4 defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,8 +52,7 @@ impl Default for PieParams {
 #[derive(Debug)]
 pub struct Pie<T> {
     p: PieParams,
-    queue: VecDeque<Packet<T>>,
-    bytes: usize,
+    q: CountedFifo<T>,
     prob: f64,
     qdelay: Duration,
     qdelay_old: Duration,
@@ -61,7 +60,6 @@ pub struct Pie<T> {
     accu_prob: f64,
     next_update: Option<Instant>,
     rng: SplitMix64,
-    stats: QueueStats,
 }
 
 impl<T> Pie<T> {
@@ -69,8 +67,7 @@ impl<T> Pie<T> {
     pub fn new(params: PieParams, seed: u64) -> Self {
         Pie {
             p: params,
-            queue: VecDeque::new(),
-            bytes: 0,
+            q: CountedFifo::default(),
             prob: 0.0,
             qdelay: Duration::ZERO,
             qdelay_old: Duration::ZERO,
@@ -78,7 +75,6 @@ impl<T> Pie<T> {
             accu_prob: 0.0,
             next_update: None,
             rng: SplitMix64::new(seed),
-            stats: QueueStats::default(),
         }
     }
 
@@ -135,7 +131,7 @@ impl<T> Pie<T> {
     /// RFC 8033 §5.1 drop_early with de-randomisation.
     fn drop_early(&mut self, size: usize) -> bool {
         if (self.qdelay_old < self.p.target / 2 && self.prob < 0.2)
-            || self.bytes + size <= 2 * self.p.mean_pkt_size
+            || self.q.fifo.bytes + size <= 2 * self.p.mean_pkt_size
         {
             return false;
         }
@@ -166,65 +162,50 @@ impl<T: Send> QueueDiscipline<T> for Pie<T> {
     fn enqueue(
         &mut self,
         now: Instant,
-        mut packet: Packet<T>,
+        packet: Packet<T>,
         dropped: &mut Vec<Dropped<T>>,
     ) -> Verdict {
         self.catch_up(now);
-        self.stats.offered += 1;
-        if self.queue.len() >= self.p.limit {
-            self.stats.count_drop(DropReason::Overflow);
-            dropped.push(Dropped {
-                packet,
-                reason: DropReason::Overflow,
-            });
-            return Verdict::Dropped(DropReason::Overflow);
+        self.q.offered();
+        if self.q.fifo.len() >= self.p.limit {
+            return self.q.reject(packet, DropReason::Overflow, dropped);
         }
         let mut verdict = Verdict::Enqueued;
+        let mut packet = packet;
         if self.burst_allowance.is_zero() && self.drop_early(packet.size) {
-            if self.p.ecn && packet.ecn.is_capable() && self.prob <= 0.1 {
-                packet.ecn = Ecn::Ce;
-                self.stats.marked += 1;
-                verdict = Verdict::Marked;
-            } else {
-                self.stats.count_drop(DropReason::Aqm);
-                dropped.push(Dropped {
-                    packet,
-                    reason: DropReason::Aqm,
-                });
-                return Verdict::Dropped(DropReason::Aqm);
+            // ECN only while p ≤ 10 % (RFC 8033 §5.1).
+            match self
+                .q
+                .signal(packet, self.p.ecn && self.prob <= 0.1, dropped)
+            {
+                Ok(p) => {
+                    packet = p;
+                    verdict = Verdict::Marked;
+                }
+                Err(v) => return v,
             }
         }
-        packet.enqueued_at = Some(now);
-        self.bytes += packet.size;
-        self.queue.push_back(packet);
-        self.stats.enqueued += 1;
-        self.stats.observe_backlog(self.backlog());
+        self.q.admit(now, packet);
         verdict
     }
 
     fn dequeue(&mut self, now: Instant, _dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
         self.catch_up(now);
-        let p = self.queue.pop_front()?;
-        self.bytes -= p.size;
-        self.qdelay = if self.queue.is_empty() {
+        let p = self.q.depart()?;
+        self.qdelay = if self.q.fifo.packets.is_empty() {
             Duration::ZERO
         } else {
             p.sojourn(now)
         };
-        self.stats.dequeued += 1;
-        self.stats.dequeued_bytes += p.size as u64;
         Some(p)
     }
 
     fn backlog(&self) -> Backlog {
-        Backlog {
-            packets: self.queue.len(),
-            bytes: self.bytes,
-        }
+        self.q.fifo.backlog()
     }
 
     fn stats(&self) -> QueueStats {
-        self.stats
+        self.q.stats
     }
 }
 

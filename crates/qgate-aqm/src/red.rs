@@ -1,10 +1,10 @@
 //! RED (Floyd & Jacobson 1993) with gentle mode and "wait", ns-3 `RedQueueDisc` defaults.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::fifo::CountedFifo;
 use crate::rng::SplitMix64;
-use crate::{Backlog, DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict};
+use crate::{Backlog, DropReason, Dropped, Packet, QueueDiscipline, QueueStats, Verdict};
 
 /// RED parameters (ns-3 defaults except the limit, which the caller sets).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,14 +52,12 @@ impl Default for RedParams {
 #[derive(Debug)]
 pub struct Red<T> {
     p: RedParams,
-    queue: VecDeque<Packet<T>>,
-    bytes: usize,
+    q: CountedFifo<T>,
     avg: f64,
     /// Packets since the last drop while avg was between the thresholds; −1 below min_th.
     count: i64,
     idle_since: Option<Instant>,
     rng: SplitMix64,
-    stats: QueueStats,
 }
 
 impl<T> Red<T> {
@@ -67,13 +65,11 @@ impl<T> Red<T> {
     pub fn new(params: RedParams, seed: u64) -> Self {
         Red {
             p: params,
-            queue: VecDeque::new(),
-            bytes: 0,
+            q: CountedFifo::default(),
             avg: 0.0,
             count: -1,
             idle_since: None,
             rng: SplitMix64::new(seed),
-            stats: QueueStats::default(),
         }
     }
 
@@ -83,10 +79,10 @@ impl<T> Red<T> {
     }
 
     fn update_avg(&mut self, now: Instant) {
-        let q = self.queue.len() as f64;
+        let q = self.q.fifo.len() as f64;
         match self.idle_since.take() {
             // After idle, decay as if m small packets had left: avg ← (1 − w)^m · avg.
-            Some(since) if self.queue.is_empty() => {
+            Some(since) if self.q.fifo.packets.is_empty() => {
                 let idle = now.saturating_duration_since(since).as_secs_f64();
                 let m = idle * self.p.link_rate_bps as f64 / 8.0 / self.p.mean_pkt_size as f64;
                 self.avg *= (1.0 - self.p.w_q).powf(m);
@@ -114,10 +110,10 @@ impl<T: Send> QueueDiscipline<T> for Red<T> {
     fn enqueue(
         &mut self,
         now: Instant,
-        mut packet: Packet<T>,
+        packet: Packet<T>,
         dropped: &mut Vec<Dropped<T>>,
     ) -> Verdict {
-        self.stats.offered += 1;
+        self.q.offered();
         self.update_avg(now);
         let mut early = None;
         if self.avg < self.p.min_th {
@@ -142,68 +138,53 @@ impl<T: Send> QueueDiscipline<T> for Red<T> {
                 1.0
             };
             // No early drop with at most one packet queued.
-            if self.queue.len() > 1 && self.rng.next_f64() < pa {
+            if self.q.fifo.len() > 1 && self.rng.next_f64() < pa {
                 early = Some(false);
             }
         }
         let mut verdict = Verdict::Enqueued;
-        if let Some(forced) = early {
-            self.count = 0;
-            if !forced && self.p.ecn && packet.ecn.is_capable() {
-                packet.ecn = Ecn::Ce;
-                self.stats.marked += 1;
-                verdict = Verdict::Marked;
-            } else {
-                self.stats.count_drop(DropReason::Aqm);
-                dropped.push(Dropped {
-                    packet,
-                    reason: DropReason::Aqm,
-                });
-                return Verdict::Dropped(DropReason::Aqm);
+        let packet = match early {
+            None => packet,
+            Some(forced) => {
+                self.count = 0;
+                // Only early drops may become marks (RFC 3168 §7); forced drops drop.
+                match self.q.signal(packet, !forced && self.p.ecn, dropped) {
+                    Ok(p) => {
+                        verdict = Verdict::Marked;
+                        p
+                    }
+                    Err(v) => return v,
+                }
             }
+        };
+        if self.q.fifo.len() >= self.p.limit {
+            return self.q.reject(packet, DropReason::Overflow, dropped);
         }
-        if self.queue.len() >= self.p.limit {
-            self.stats.count_drop(DropReason::Overflow);
-            dropped.push(Dropped {
-                packet,
-                reason: DropReason::Overflow,
-            });
-            return Verdict::Dropped(DropReason::Overflow);
-        }
-        packet.enqueued_at = Some(now);
-        self.bytes += packet.size;
-        self.queue.push_back(packet);
-        self.stats.enqueued += 1;
-        self.stats.observe_backlog(self.backlog());
+        self.q.admit(now, packet);
         verdict
     }
 
     fn dequeue(&mut self, now: Instant, _dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
-        let p = self.queue.pop_front()?;
-        self.bytes -= p.size;
-        self.stats.dequeued += 1;
-        self.stats.dequeued_bytes += p.size as u64;
-        if self.queue.is_empty() {
+        let p = self.q.depart()?;
+        if self.q.fifo.packets.is_empty() {
             self.idle_since = Some(now);
         }
         Some(p)
     }
 
     fn backlog(&self) -> Backlog {
-        Backlog {
-            packets: self.queue.len(),
-            bytes: self.bytes,
-        }
+        self.q.fifo.backlog()
     }
 
     fn stats(&self) -> QueueStats {
-        self.stats
+        self.q.stats
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Ecn;
     use std::time::Duration;
 
     /// ns-3's golden: 300 back-to-back enqueues of 1000 B, no dequeues, limit 300.

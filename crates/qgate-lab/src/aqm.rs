@@ -2,7 +2,7 @@
 //! bottleneck (the discipline under test) → sink, on the simulated network in virtual time.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -385,31 +385,14 @@ async fn sink_loop(server: quinn::Endpoint, received: Arc<Vec<AtomicU64>>) {
 
 /// Run every (discipline, seed) pair, two at a time (one per core); `progress(label)` after each.
 pub fn run_all(cfg: &AqmConfig, progress: impl Fn(&str) + Sync) -> Vec<RunResult> {
-    let jobs: Vec<(usize, &DisciplineSpec, u64)> = cfg
+    let jobs: Vec<(&DisciplineSpec, u64)> = cfg
         .disciplines
         .iter()
-        .enumerate()
-        .flat_map(|(i, d)| cfg.seeds.iter().map(move |s| (i, d, *s)))
+        .flat_map(|d| cfg.seeds.iter().map(move |s| (d, *s)))
         .collect();
-    let next = AtomicUsize::new(0);
-    let results = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 2);
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let j = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(i, spec, seed)) = jobs.get(j) else {
-                    break;
-                };
-                let r = run_one(cfg, spec, seed);
-                progress(&format!("{} seed {seed}", spec.kind()));
-                results.lock().expect("lock").push((i, seed, r));
-            });
-        }
-    });
-    let mut r = results.into_inner().expect("lock");
-    r.sort_by_key(|(i, seed, _)| (*i, *seed));
-    r.into_iter().map(|(_, _, r)| r).collect()
+    crate::pool::run_each(
+        &jobs,
+        |(spec, seed)| run_one(cfg, spec, *seed),
+        |(spec, seed)| progress(&format!("{} seed {seed}", spec.kind())),
+    )
 }

@@ -111,6 +111,17 @@ pub fn results_csv(cfg: &AqmConfig, results: &[RunResult]) -> String {
     s
 }
 
+/// Write flows.csv: each flow's goodput and mean RTT (the paper's "RTT per endpoint").
+pub fn flows_csv(results: &[RunResult]) -> String {
+    let mut s = String::from("discipline,seed,flow,goodput_mbps,rtt_mean_ms\n");
+    for r in results {
+        for (i, (g, rtt)) in r.flow_goodput_mbps.iter().zip(&r.flow_rtt_ms).enumerate() {
+            let _ = writeln!(s, "{},{},{},{:.4},{:.2}", r.discipline, r.seed, i, g, rtt);
+        }
+    }
+    s
+}
+
 /// Write timeseries.csv.
 pub fn timeseries_csv(results: &[RunResult]) -> String {
     let mut s = String::from("discipline,seed,t_s,goodput_mbps,qdelay_ms,rtt_ms\n");
@@ -474,6 +485,7 @@ pub fn write_all(
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("results.csv"), results_csv(cfg, results))?;
     std::fs::write(dir.join("timeseries.csv"), timeseries_csv(results))?;
+    std::fs::write(dir.join("flows.csv"), flows_csv(results))?;
     std::fs::write(
         dir.join("summary.md"),
         summary_md(cfg, results, sweep, command, margins),

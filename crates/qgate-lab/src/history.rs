@@ -3,8 +3,7 @@
 //! window comes from the history of earlier connections (or not, for the default scheme).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -480,21 +479,5 @@ pub fn plan(runs: usize, quick: bool) -> Vec<Series> {
 
 /// Run every series, two at a time; `progress(label)` after each.
 pub fn run_all(series: &[Series], progress: impl Fn(&str) + Sync) -> Vec<Vec<Run>> {
-    let next = AtomicUsize::new(0);
-    let out = Mutex::new(vec![Vec::new(); series.len()]);
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 2);
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(s) = series.get(i) else { break };
-                let r = run_series(s);
-                progress(&s.label());
-                out.lock().expect("lock")[i] = r;
-            });
-        }
-    });
-    out.into_inner().expect("lock")
+    crate::pool::run_each(series, run_series, |s| progress(&s.label()))
 }

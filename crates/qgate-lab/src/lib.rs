@@ -7,6 +7,7 @@ pub mod bench;
 pub mod demo;
 pub mod history;
 pub mod history_report;
+mod pool;
 pub mod stats;
 pub mod svg;
 

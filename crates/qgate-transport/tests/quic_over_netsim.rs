@@ -209,10 +209,11 @@ async fn ten_megabytes_use_ninety_percent_of_the_link() {
 async fn one_percent_loss_still_completes() {
     let params = LinkParams::new(10_000_000, Duration::from_millis(25))
         .with_loss(LossModel::Bernoulli { p: 0.01 });
-    let (took, s) = bulk(params, 2 * 1024 * 1024, 4).await;
+    // The same 10 MB as above: every byte arrives (bulk() checks the count) despite the losses.
+    let (took, s) = bulk(params, 10 * 1024 * 1024, 4).await;
     let st = s.net.stats(s.link, Direction::AtoB);
-    assert!(st.dropped_loss > 0, "the link did lose packets");
-    assert!(took < Duration::from_secs(60), "{took:?}");
+    assert!(st.dropped_loss > 50, "the link did lose packets: {st:?}");
+    assert!(took < Duration::from_secs(120), "{took:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -304,6 +304,7 @@ fn lab_aqm_quick_writes_every_result_file() {
     for f in [
         "results.csv",
         "timeseries.csv",
+        "flows.csv",
         "summary.md",
         "goodput_timeseries.svg",
         "qdelay_bars.svg",
