@@ -198,6 +198,7 @@ fn demo_runs_in_virtual_time_and_reports() {
     assert_eq!(strip(&out), strip(&String::from_utf8_lossy(&again.stdout)));
 }
 
+/// A `qgate server` on 127.0.0.1 with a free port, killed when dropped.
 struct Server(Child);
 
 impl Drop for Server {
@@ -207,20 +208,11 @@ impl Drop for Server {
     }
 }
 
-#[test]
-fn server_post_get_over_loopback() {
-    let home = tmp("e2e");
-    let sink = home.join("sink");
-    let mut child = qgate(&home)
-        .args([
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--max-body",
-            "1000",
-            "--sink",
-        ])
-        .arg(&sink)
+/// Start `qgate server --listen 127.0.0.1:0 ARGS…` and return it with the port it printed.
+fn start_server(home: &Path, args: &[&std::ffi::OsStr]) -> (Server, String) {
+    let mut child = qgate(home)
+        .args(["server", "--listen", "127.0.0.1:0"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -229,16 +221,31 @@ fn server_post_get_over_loopback() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let _server = Server(child);
+    // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3)"
     let port = line
-        .trim()
-        .rsplit(':')
-        .next()
+        .split(':')
+        .nth(1)
         .unwrap()
         .split(' ')
         .next()
         .unwrap()
         .to_string();
+    (Server(child), port)
+}
+
+#[test]
+fn server_post_get_over_loopback() {
+    let home = tmp("e2e");
+    let sink = home.join("sink");
+    let (_server, port) = start_server(
+        &home,
+        &[
+            "--max-body".as_ref(),
+            "1000".as_ref(),
+            "--sink".as_ref(),
+            sink.as_os_str(),
+        ],
+    );
     let base = format!("https://localhost:{port}");
     let ca = home.join("dev-pki/ca.pem");
     assert!(ca.exists(), "the server created the development CA");
@@ -391,36 +398,17 @@ fn history_is_recorded_listed_and_cleared() {
     let home = tmp("history");
     let sink = home.join("sink");
     let server_store = home.join("server-history.redb");
-    let mut child = qgate(&home)
-        .args([
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--history",
-            "ewma",
-            "--history-store",
-        ])
-        .arg(&server_store)
-        .arg("--sink")
-        .arg(&sink)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let server = Server(child);
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_string();
+    let (server, port) = start_server(
+        &home,
+        &[
+            "--history".as_ref(),
+            "ewma".as_ref(),
+            "--history-store".as_ref(),
+            server_store.as_os_str(),
+            "--sink".as_ref(),
+            sink.as_os_str(),
+        ],
+    );
     let url = format!("https://localhost:{port}/ingest/h");
     let store = home.join("client-history.redb");
     for _ in 0..2 {
