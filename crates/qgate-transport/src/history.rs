@@ -60,6 +60,47 @@ fn decode(b: &[u8]) -> Option<Entry> {
     })
 }
 
+/// Why a store file did not open.
+#[derive(Debug)]
+enum LoadError {
+    /// The content is not a valid store: move it aside and start afresh.
+    Corrupt(String),
+    /// Anything else (locked by another process, permissions, I/O): report, touch nothing.
+    Fatal(String),
+}
+
+impl LoadError {
+    fn from_open(e: redb::DatabaseError) -> LoadError {
+        use redb::{DatabaseError as D, StorageError as S};
+        match e {
+            D::DatabaseAlreadyOpen | D::LockProtocolMismatch => LoadError::Fatal(
+                "is in use by another process (a running qgate server or client?)".into(),
+            ),
+            D::Storage(S::Corrupted(m)) => LoadError::Corrupt(m),
+            D::UpgradeRequired(v) => {
+                LoadError::Corrupt(format!("file format version {v} is not ours"))
+            }
+            D::Storage(S::Io(io))
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                LoadError::Corrupt(io.to_string())
+            }
+            other => LoadError::Fatal(other.to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Corrupt(m) | LoadError::Fatal(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Milliseconds of wall-clock time; simulations substitute virtual time.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
@@ -119,7 +160,10 @@ impl HistoryStore {
         let mut warning = None;
         let (db, entries) = match Self::load(path) {
             Ok(x) => x,
-            Err(problem) => {
+            // Locked by another process, or unreadable for a reason that is not the file's
+            // content (permissions, I/O): an error, and the file is left alone.
+            Err(LoadError::Fatal(problem)) => return Err(fail(problem)),
+            Err(LoadError::Corrupt(problem)) => {
                 let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), (clock)()));
                 std::fs::rename(path, &aside).map_err(|e| {
                     fail(format!(
@@ -131,7 +175,7 @@ impl HistoryStore {
                     path.display(),
                     aside.display()
                 ));
-                Self::load(path).map_err(fail)?
+                Self::load(path).map_err(|e| fail(e.to_string()))?
             }
         };
         let store = HistoryStore {
@@ -143,18 +187,19 @@ impl HistoryStore {
         Ok((Arc::new(store), warning))
     }
 
-    fn load(path: &Path) -> Result<(redb::Database, Vec<(String, Entry)>), String> {
-        let db = redb::Database::create(path).map_err(|e| e.to_string())?;
-        let txn = db.begin_write().map_err(|e| e.to_string())?;
-        txn.open_table(TABLE).map_err(|e| e.to_string())?;
-        txn.commit().map_err(|e| e.to_string())?;
-        let read = db.begin_read().map_err(|e| e.to_string())?;
-        let table = read.open_table(TABLE).map_err(|e| e.to_string())?;
+    fn load(path: &Path) -> Result<(redb::Database, Vec<(String, Entry)>), LoadError> {
+        let db = redb::Database::create(path).map_err(LoadError::from_open)?;
+        let corrupt = |e: redb::Error| LoadError::Corrupt(e.to_string());
+        let txn = db.begin_write().map_err(|e| corrupt(e.into()))?;
+        txn.open_table(TABLE).map_err(|e| corrupt(e.into()))?;
+        txn.commit().map_err(|e| corrupt(e.into()))?;
+        let read = db.begin_read().map_err(|e| corrupt(e.into()))?;
+        let table = read.open_table(TABLE).map_err(|e| corrupt(e.into()))?;
         let mut entries = Vec::new();
-        for row in table.iter().map_err(|e| e.to_string())? {
-            let (k, v) = row.map_err(|e| e.to_string())?;
-            let entry =
-                decode(v.value()).ok_or_else(|| format!("entry '{}' is malformed", k.value()))?;
+        for row in table.iter().map_err(|e| corrupt(e.into()))? {
+            let (k, v) = row.map_err(|e| corrupt(e.into()))?;
+            let entry = decode(v.value())
+                .ok_or_else(|| LoadError::Corrupt(format!("entry '{}' is malformed", k.value())))?;
             entries.push((k.value().to_string(), entry));
         }
         drop(table);

@@ -306,3 +306,27 @@ fn truncated_store_opens_cleanly() {
         assert!(store.get("after").is_some());
     }
 }
+
+/// A store another holder has open is reported as in use, and never moved aside.
+#[test]
+fn a_store_in_use_is_an_error_not_corruption() {
+    let dir = tmp("inuse");
+    let path = dir.join("history.redb");
+    let clock = qgate_transport::history::system_clock();
+    let (first, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
+    first.record("keep", 100_000, 1_000);
+    let e = HistoryStore::open(&path, config(), clock)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is in use by another process"), "{e}");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["history.redb".to_string()],
+        "nothing moved aside"
+    );
+    assert!(first.get("keep").is_some());
+}
