@@ -2,3 +2,5 @@
 //! and return decisions; the async shells in other crates own sockets, clocks and files.
 
 pub mod history;
+pub mod path;
+pub mod scheduler;
