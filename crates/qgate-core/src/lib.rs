@@ -4,3 +4,4 @@
 pub mod history;
 pub mod path;
 pub mod scheduler;
+pub mod session;
