@@ -3,5 +3,6 @@
 
 pub mod history;
 pub mod path;
+pub mod probe;
 pub mod scheduler;
 pub mod session;

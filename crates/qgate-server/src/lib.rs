@@ -31,6 +31,10 @@ pub struct ServerStats {
     pub errors: AtomicU64,
     /// All requests.
     pub requests: AtomicU64,
+    /// Path probes answered.
+    pub probes: AtomicU64,
+    /// Datagrams that were not valid probes (ignored).
+    pub bad_probes: AtomicU64,
 }
 
 /// A snapshot of [`ServerStats`].
@@ -46,6 +50,10 @@ pub struct StatsSnapshot {
     pub errors: u64,
     /// All requests.
     pub requests: u64,
+    /// Path probes answered.
+    pub probes: u64,
+    /// Datagrams that were not valid probes (ignored).
+    pub bad_probes: u64,
 }
 
 impl ServerStats {
@@ -58,6 +66,8 @@ impl ServerStats {
             ingested_bytes: r(&self.ingested_bytes),
             errors: r(&self.errors),
             requests: r(&self.requests),
+            probes: r(&self.probes),
+            bad_probes: r(&self.bad_probes),
         }
     }
 }
@@ -115,6 +125,18 @@ impl IngestService {
                 "requests answered with an error status",
                 "counter",
                 s.errors,
+            ),
+            (
+                "qgate_server_probes_total",
+                "path probes answered",
+                "counter",
+                s.probes,
+            ),
+            (
+                "qgate_server_bad_probes_total",
+                "datagrams that were not valid probes",
+                "counter",
+                s.bad_probes,
             ),
         ] {
             out.push_str(&format!(
@@ -204,8 +226,8 @@ impl Handler for IngestService {
 
 fn serde_json_like(s: &StatsSnapshot) -> String {
     format!(
-        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{}}}",
-        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors
+        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"probes\":{},\"bad_probes\":{}}}",
+        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.probes, s.bad_probes
     )
 }
 
@@ -267,6 +289,7 @@ pub async fn serve(
                 }
             };
             service.stats.connections.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(answer_probes(conn.clone(), service.stats.clone()));
             if let Err(e) = http3::serve_connection(conn, service, limits).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
@@ -288,5 +311,24 @@ mod tests {
         assert_eq!(stream_name("/ingest/.hidden"), None);
         assert_eq!(stream_name("/ingestx"), None);
         assert_eq!(stream_name(&format!("/ingest/{}", "a".repeat(65))), None);
+    }
+}
+
+/// Answer every Path Request datagram on `conn` with its ACK Response at once (paper 000 Fig. 2
+/// steps 2–3); anything else is counted and ignored. Ends with the connection.
+pub async fn answer_probes(conn: quinn::Connection, stats: Arc<ServerStats>) {
+    use qgate_core::probe::ProbeMsg;
+    while let Ok(d) = conn.read_datagram().await {
+        match ProbeMsg::decode(&d) {
+            Ok(ProbeMsg::Request(seq)) => {
+                let answer = Bytes::copy_from_slice(&ProbeMsg::Response(seq).encode());
+                if conn.send_datagram(answer).is_ok() {
+                    stats.probes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(ProbeMsg::Response(_)) | Err(_) => {
+                stats.bad_probes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
