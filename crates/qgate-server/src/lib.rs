@@ -6,6 +6,7 @@
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
 //! - `GET /stats`: counters as JSON. `GET /metrics`: Prometheus text. `GET /health`: `ok`.
 
+mod probe;
 mod sink;
 
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
+pub use probe::answer_probes;
 pub use sink::{Sink, SinkError};
 
 /// Counters of what the server has done.
@@ -311,24 +313,5 @@ mod tests {
         assert_eq!(stream_name("/ingest/.hidden"), None);
         assert_eq!(stream_name("/ingestx"), None);
         assert_eq!(stream_name(&format!("/ingest/{}", "a".repeat(65))), None);
-    }
-}
-
-/// Answer every Path Request datagram on `conn` with its ACK Response at once (paper 000 Fig. 2
-/// steps 2–3); anything else is counted and ignored. Ends with the connection.
-pub async fn answer_probes(conn: quinn::Connection, stats: Arc<ServerStats>) {
-    use qgate_core::probe::ProbeMsg;
-    while let Ok(d) = conn.read_datagram().await {
-        match ProbeMsg::decode(&d) {
-            Ok(ProbeMsg::Request(seq)) => {
-                let answer = Bytes::copy_from_slice(&ProbeMsg::Response(seq).encode());
-                if conn.send_datagram(answer).is_ok() {
-                    stats.probes.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(ProbeMsg::Response(_)) | Err(_) => {
-                stats.bad_probes.fetch_add(1, Ordering::Relaxed);
-            }
-        }
     }
 }
