@@ -1,0 +1,188 @@
+//! The path manager's shell (paper 000 §3.2): one QUIC connection per backhaul path, bound to
+//! the path's local address; Path Request / ACK Response probes as QUIC datagrams when the
+//! sans-IO [`PathTable`] asks for them; QUIC's own RTT estimate between probes; a closed
+//! connection reported at once; reconnection attempts as the probes of a path without one.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use qgate_core::path::{PathConfig, PathId, PathTable};
+use qgate_core::probe::ProbeMsg;
+use qgate_transport::{connect, Socket, TransportError};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// One backhaul path: the endpoint bound to its local address, and where the server is.
+pub struct Backhaul {
+    /// A client endpoint bound to the path's local address.
+    pub endpoint: quinn::Endpoint,
+    /// The server's address on this path.
+    pub server: SocketAddr,
+    /// The name the server's certificate carries.
+    pub server_name: String,
+}
+
+impl Backhaul {
+    /// A path whose endpoint is built on `socket` (a netsim interface or a UDP socket bound to
+    /// the path's local address).
+    pub fn new(
+        socket: Socket,
+        server: SocketAddr,
+        server_name: &str,
+        seed: Option<u64>,
+    ) -> Result<Backhaul, TransportError> {
+        Ok(Backhaul {
+            endpoint: qgate_transport::endpoint(socket, None, seed)?,
+            server,
+            server_name: server_name.to_string(),
+        })
+    }
+}
+
+struct Shared {
+    table: Mutex<PathTable>,
+    conns: Vec<Mutex<Option<quinn::Connection>>>,
+    connecting: Vec<Mutex<bool>>,
+    wake: Notify,
+}
+
+/// The running path manager. Dropping it stops its tasks.
+pub struct PathManager {
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for PathManager {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PathManager {
+    /// Start managing `paths` with client configuration `cfg` (it must offer the server's ALPN).
+    pub fn start(
+        paths: Vec<Backhaul>,
+        cfg: quinn::ClientConfig,
+        config: PathConfig,
+    ) -> PathManager {
+        let n = paths.len();
+        let shared = Arc::new(Shared {
+            table: Mutex::new(PathTable::new(n, config, Instant::now().into_std())),
+            conns: (0..n).map(|_| Mutex::new(None)).collect(),
+            connecting: (0..n).map(|_| Mutex::new(false)).collect(),
+            wake: Notify::new(),
+        });
+        let paths = Arc::new(paths);
+        let driver = tokio::spawn(drive(shared.clone(), paths, cfg));
+        PathManager {
+            shared,
+            tasks: vec![driver],
+        }
+    }
+
+    /// A copy of the path table now.
+    pub fn table(&self) -> PathTable {
+        lock(&self.shared.table).clone()
+    }
+
+    /// The live connection of `path`, if any.
+    pub fn connection(&self, path: PathId) -> Option<quinn::Connection> {
+        lock(self.shared.conns.get(path.0)?).clone()
+    }
+
+    /// Apply `f` to the table (assign or release hits, report traffic, pick a path) under its
+    /// lock, then let the driver re-plan: the change may bring a timeout forward.
+    pub fn with_table<R>(&self, f: impl FnOnce(&mut PathTable) -> R) -> R {
+        let r = f(&mut lock(&self.shared.table));
+        self.shared.wake.notify_one();
+        r
+    }
+}
+
+async fn drive(shared: Arc<Shared>, paths: Arc<Vec<Backhaul>>, cfg: quinn::ClientConfig) {
+    loop {
+        let now = Instant::now();
+        let probes = lock(&shared.table).poll(now.into_std());
+        for probe in probes {
+            let conn = lock(&shared.conns[probe.path.0]).clone();
+            match conn {
+                Some(c) => {
+                    // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
+                    lock(&shared.table).on_rtt_estimate(probe.path, c.rtt());
+                    let _ = c.send_datagram(Bytes::copy_from_slice(
+                        &ProbeMsg::Request(probe.seq).encode(),
+                    ));
+                }
+                None => reconnect(&shared, &paths, &cfg, probe.path),
+            }
+        }
+        let next = lock(&shared.table).next_timeout();
+        match next {
+            Some(t) => {
+                let at = Instant::from_std(t);
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.max(now + Duration::from_millis(1))) => {}
+                    _ = shared.wake.notified() => {}
+                }
+            }
+            None => shared.wake.notified().await,
+        }
+    }
+}
+
+/// Connect `path` unless an attempt is under way; on success, read its probe answers until the
+/// connection closes, then report the loss.
+fn reconnect(
+    shared: &Arc<Shared>,
+    paths: &Arc<Vec<Backhaul>>,
+    cfg: &quinn::ClientConfig,
+    path: PathId,
+) {
+    {
+        let mut busy = lock(&shared.connecting[path.0]);
+        if *busy {
+            return;
+        }
+        *busy = true;
+    }
+    let (shared, paths, cfg) = (shared.clone(), paths.clone(), cfg.clone());
+    tokio::spawn(async move {
+        let p = &paths[path.0];
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            connect(&p.endpoint, &cfg, p.server, &p.server_name, false),
+        )
+        .await;
+        *lock(&shared.connecting[path.0]) = false;
+        let conn = match result {
+            Ok(Ok(c)) => c.connection().clone(),
+            Ok(Err(e)) => {
+                tracing::debug!(path = path.0, error = %e, "backhaul connect failed");
+                return;
+            }
+            Err(_) => return,
+        };
+        *lock(&shared.conns[path.0]) = Some(conn.clone());
+        shared.wake.notify_one(); // probe the new connection now rather than at the next timer
+        while let Ok(d) = conn.read_datagram().await {
+            if let Ok(ProbeMsg::Response(seq)) = ProbeMsg::decode(&d) {
+                let now = Instant::now().into_std();
+                let mut t = lock(&shared.table);
+                t.on_probe_ack(path, seq, now);
+                t.on_heard(path);
+            }
+        }
+        // The connection is gone: the path is down until a reconnection succeeds.
+        *lock(&shared.conns[path.0]) = None;
+        lock(&shared.table).on_connection_lost(path, Instant::now().into_std());
+        shared.wake.notify_one();
+    });
+}

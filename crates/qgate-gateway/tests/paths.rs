@@ -1,0 +1,109 @@
+//! The path manager over three simulated backhaul paths: RTTs measured, a dead path detected
+//! within a few RTTs (not after the 30 s probe interval), and its recovery found.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use qgate_core::path::{PathConfig, PathId};
+use qgate_gateway::paths::{Backhaul, PathManager};
+use qgate_netsim::{LinkParams, Network};
+use qgate_server::{IngestService, Sink};
+use qgate_transport::http3::{ServeLimits, ALPN_H3};
+use qgate_transport::{client_config, endpoint, server_config, DevPki, Socket, TransportOptions};
+
+#[tokio::test(start_paused = true)]
+async fn measures_detects_death_and_recovery() {
+    let net = Network::new(1);
+    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
+    let mut links = Vec::new();
+    let mut paths = Vec::new();
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions {
+        keep_alive_ms: Some(1000),
+        ..Default::default()
+    };
+    for i in 1..=3u8 {
+        let gi = net
+            .add_interface(g, format!("10.0.{i}.1").parse().unwrap())
+            .unwrap();
+        let si = net
+            .add_interface(s, format!("10.0.{i}.2").parse().unwrap())
+            .unwrap();
+        let one_way = Duration::from_millis(10 * i as u64);
+        links.push(
+            net.connect_symmetric(gi, si, LinkParams::new(100_000_000, one_way))
+                .unwrap(),
+        );
+    }
+    let server = endpoint(
+        Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
+        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        Some(1),
+    )
+    .unwrap();
+    tokio::spawn(qgate_server::serve(
+        server,
+        Arc::new(IngestService::new(Sink::count_only())),
+        ServeLimits::default(),
+        None,
+    ));
+    for i in 1..=3u8 {
+        let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
+        let remote: SocketAddr = format!("10.0.{i}.2:443").parse().unwrap();
+        paths.push(
+            Backhaul::new(
+                Socket::from(net.bind(g, local).unwrap()),
+                remote,
+                "localhost",
+                Some(i as u64),
+            )
+            .unwrap(),
+        );
+    }
+    let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let pm = PathManager::start(paths, cfg, PathConfig::default());
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = pm.table();
+    for (i, p) in t.paths().iter().enumerate() {
+        let rtt = p.rtt.expect("measured").as_secs_f64() * 1000.0;
+        let want = 20.0 * (i + 1) as f64;
+        assert!(
+            p.up && (rtt - want).abs() < 3.0,
+            "path {i}: up {} rtt {rtt} ms",
+            p.up
+        );
+    }
+
+    // Path 2 (index 1) goes dark; traffic on it is not answered.
+    net.update_both(links[1], |l| l.up = false).unwrap();
+    pm.with_table(|t| t.on_request_sent(PathId(1), tokio::time::Instant::now().into_std()));
+    let died = tokio::time::Instant::now();
+    while pm.table().get(PathId(1)).unwrap().up {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            died.elapsed() < Duration::from_secs(3),
+            "not detected after {:?}",
+            died.elapsed()
+        );
+    }
+    let detected = died.elapsed();
+    assert!(
+        detected < Duration::from_millis(700),
+        "detected after {detected:?}"
+    );
+    assert!(pm.table().get(PathId(0)).unwrap().up && pm.table().get(PathId(2)).unwrap().up);
+
+    // It comes back: probing finds it.
+    net.update_both(links[1], |l| l.up = true).unwrap();
+    let back = tokio::time::Instant::now();
+    while !pm.table().get(PathId(1)).unwrap().up {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "recovery not found"
+        );
+    }
+    assert!(pm.connection(PathId(1)).is_some());
+}
