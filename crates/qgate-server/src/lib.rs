@@ -6,6 +6,7 @@
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
 //! - `GET /stats`: counters as JSON. `GET /metrics`: Prometheus text. `GET /health`: `ok`.
 
+mod dedup;
 mod probe;
 mod sink;
 
@@ -33,6 +34,8 @@ pub struct ServerStats {
     pub errors: AtomicU64,
     /// All requests.
     pub requests: AtomicU64,
+    /// Retried copies of requests already stored (answered, not stored again).
+    pub duplicates: AtomicU64,
     /// Path probes answered.
     pub probes: AtomicU64,
     /// Datagrams that were not valid probes (ignored).
@@ -52,6 +55,8 @@ pub struct StatsSnapshot {
     pub errors: u64,
     /// All requests.
     pub requests: u64,
+    /// Retried copies of requests already stored (answered, not stored again).
+    pub duplicates: u64,
     /// Path probes answered.
     pub probes: u64,
     /// Datagrams that were not valid probes (ignored).
@@ -68,6 +73,7 @@ impl ServerStats {
             ingested_bytes: r(&self.ingested_bytes),
             errors: r(&self.errors),
             requests: r(&self.requests),
+            duplicates: r(&self.duplicates),
             probes: r(&self.probes),
             bad_probes: r(&self.bad_probes),
         }
@@ -78,6 +84,7 @@ impl ServerStats {
 pub struct IngestService {
     sink: Sink,
     stats: Arc<ServerStats>,
+    dedup: dedup::Dedup,
 }
 
 impl IngestService {
@@ -86,6 +93,8 @@ impl IngestService {
         IngestService {
             sink,
             stats: Arc::new(ServerStats::default()),
+            // Enough for every request a gateway can retry within its timeouts.
+            dedup: dedup::Dedup::new(1 << 16),
         }
     }
 
@@ -198,22 +207,14 @@ impl Handler for IngestService {
                     StatusCode::BAD_REQUEST,
                     "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n",
                 ),
-                Some(name) => match self.sink.store(name, &body).await {
-                    Ok(id) => {
-                        self.stats.ingested.fetch_add(1, Ordering::Relaxed);
-                        self.stats
-                            .ingested_bytes
-                            .fetch_add(body.len() as u64, Ordering::Relaxed);
-                        json(
-                            StatusCode::CREATED,
-                            format!("{{\"id\":{id},\"bytes\":{}}}", body.len()),
-                        )
-                    }
-                    Err(e) => {
-                        tracing::error!(%peer, error = %e, "could not store an ingest body");
-                        text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
-                    }
-                },
+                Some(name) => {
+                    let rid = req
+                        .headers()
+                        .get("qgate-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .filter(|v| !v.is_empty() && v.len() <= 64);
+                    self.ingest(name, &body, rid, peer).await
+                }
             },
             (_, "/health" | "/stats" | "/metrics") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
             (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
@@ -226,10 +227,64 @@ impl Handler for IngestService {
     }
 }
 
+impl IngestService {
+    /// Store one body, at most once per request id.
+    async fn ingest(
+        &self,
+        name: &str,
+        body: &Bytes,
+        rid: Option<&str>,
+        peer: SocketAddr,
+    ) -> Response<Bytes> {
+        if let Some(rid) = rid {
+            loop {
+                match self.dedup.admit(rid) {
+                    dedup::Admission::Store => break,
+                    dedup::Admission::Duplicate(id, n) => {
+                        self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                        return json(
+                            StatusCode::CREATED,
+                            format!("{{\"id\":{id},\"bytes\":{n},\"duplicate\":true}}"),
+                        );
+                    }
+                    dedup::Admission::Wait(w) => {
+                        let notified = w.notified();
+                        // Re-check: the first copy may have finished before we listened.
+                        if let dedup::Admission::Wait(_) = self.dedup.admit(rid) {
+                            notified.await;
+                        }
+                    }
+                }
+            }
+        }
+        let result = self.sink.store(name, body).await;
+        if let Some(rid) = rid {
+            self.dedup
+                .finish(rid, result.as_ref().ok().map(|id| (*id, body.len())));
+        }
+        match result {
+            Ok(id) => {
+                self.stats.ingested.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .ingested_bytes
+                    .fetch_add(body.len() as u64, Ordering::Relaxed);
+                json(
+                    StatusCode::CREATED,
+                    format!("{{\"id\":{id},\"bytes\":{}}}", body.len()),
+                )
+            }
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "could not store an ingest body");
+                text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+            }
+        }
+    }
+}
+
 fn serde_json_like(s: &StatsSnapshot) -> String {
     format!(
-        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"probes\":{},\"bad_probes\":{}}}",
-        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.probes, s.bad_probes
+        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"duplicates\":{},\"probes\":{},\"bad_probes\":{}}}",
+        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.duplicates, s.probes, s.bad_probes
     )
 }
 
