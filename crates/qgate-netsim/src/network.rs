@@ -205,7 +205,9 @@ pub(crate) struct SimState {
     addr_index: HashMap<IpAddr, InterfaceId>,
     routes: HashMap<(HostId, IpAddr), Option<InterfaceId>>,
     pub(crate) sockets: Vec<Option<SocketSlot>>,
-    bindings: BTreeMap<(IpAddr, u16), usize>,
+    /// Sockets by (host, local IP, port); the IP is unspecified for a wildcard bind. Keyed by
+    /// host too: two hosts may each have a socket on 0.0.0.0:443.
+    bindings: BTreeMap<(HostId, IpAddr, u16), usize>,
     events: BinaryHeap<Event>,
     seq: u64,
     rng: ChaCha8Rng,
@@ -288,6 +290,14 @@ fn queue_context(seed: u64, link: LinkId, dir: Direction, params: &LinkParams) -
     BuildContext {
         seed: seed ^ salt,
         link_rate_bps: params.rate_bps,
+    }
+}
+
+/// The unspecified address of `ip`'s family.
+fn unspecified(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
     }
 }
 
@@ -490,7 +500,7 @@ impl Network {
                 st.sockets.len() - 1
             }
         };
-        st.bindings.insert((local.ip(), port), id);
+        st.bindings.insert((host, local.ip(), port), id);
         drop(st);
         Ok(Arc::new(SimSocket::new(self.inner.clone(), id, local)))
     }
@@ -617,21 +627,16 @@ impl Network {
 impl SimState {
     fn port_taken(&self, host: HostId, local: SocketAddr) -> bool {
         let port = local.port();
+        let any = unspecified(local.ip());
         if local.ip().is_unspecified() {
             // A wildcard bind conflicts with any bind of the port on this host.
             self.bindings
-                .iter()
-                .any(|((_, p), id)| *p == port && self.slot_host(*id) == Some(host))
+                .keys()
+                .any(|(h, _, p)| *h == host && *p == port)
         } else {
-            self.bindings.contains_key(&(local.ip(), port))
-                || self.bindings.iter().any(|((ip, p), id)| {
-                    *p == port && ip.is_unspecified() && self.slot_host(*id) == Some(host)
-                })
+            self.bindings.contains_key(&(host, local.ip(), port))
+                || self.bindings.contains_key(&(host, any, port))
         }
-    }
-
-    fn slot_host(&self, id: usize) -> Option<HostId> {
-        self.sockets.get(id)?.as_ref().map(|s| s.host)
     }
 
     fn free_port(&mut self, host: HostId, ip: IpAddr) -> Result<u16, NetError> {
@@ -648,7 +653,8 @@ impl SimState {
 
     pub(crate) fn unbind(&mut self, id: usize) {
         if let Some(slot) = self.sockets[id].take() {
-            self.bindings.remove(&(slot.local.ip(), slot.local.port()));
+            self.bindings
+                .remove(&(slot.host, slot.local.ip(), slot.local.port()));
         }
     }
 
@@ -1004,17 +1010,12 @@ impl SimState {
         let dst = packet.payload.dst;
         let id = self
             .bindings
-            .get(&(dst.ip(), dst.port()))
+            .get(&(host, dst.ip(), dst.port()))
             .or_else(|| {
-                let any = if dst.is_ipv4() {
-                    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
-                } else {
-                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
-                };
-                self.bindings.get(&(any, dst.port()))
+                self.bindings
+                    .get(&(host, unspecified(dst.ip()), dst.port()))
             })
-            .copied()
-            .filter(|id| self.slot_host(*id) == Some(host));
+            .copied();
         let Some(id) = id else {
             self.host_drops.no_listener += 1;
             return;

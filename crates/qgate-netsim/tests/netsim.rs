@@ -502,3 +502,25 @@ async fn runs_in_real_time_too() {
         "{d:?}"
     );
 }
+
+/// Two hosts may each listen on the same wildcard port (a server and a gateway on 0.0.0.0:443).
+#[tokio::test(start_paused = true)]
+async fn wildcard_ports_are_per_host() {
+    let net = Network::new(1);
+    let (a, b) = (net.add_host("a"), net.add_host("b"));
+    let ia = net.add_interface(a, ip("10.0.0.1")).unwrap();
+    let ib = net.add_interface(b, ip("10.0.0.2")).unwrap();
+    net.connect_symmetric(
+        ia,
+        ib,
+        LinkParams::new(10_000_000, Duration::from_millis(1)),
+    )
+    .unwrap();
+    let sa_ = net.bind(a, sa("0.0.0.0:443")).unwrap();
+    let sb = net.bind(b, sa("0.0.0.0:443")).unwrap();
+    sa_.send_to(b"to b", sa("10.0.0.2:443")).unwrap();
+    sb.send_to(b"to a", sa("10.0.0.1:443")).unwrap();
+    assert_eq!(sb.recv_from().await.data, b"to b");
+    assert_eq!(sa_.recv_from().await.data, b"to a");
+    assert_eq!(net.host_drops().no_listener, 0);
+}
