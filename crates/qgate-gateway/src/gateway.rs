@@ -53,6 +53,33 @@ impl Default for GatewayConfig {
     }
 }
 
+/// Upper bounds of the response-delay histogram buckets, seconds.
+const DELAY_BUCKETS: [f64; 12] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+];
+
+/// A fixed-bucket histogram of response delays for one class (Prometheus cumulative buckets).
+#[derive(Debug, Default)]
+pub struct DelayHistogram {
+    buckets: [AtomicU64; 12],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl DelayHistogram {
+    fn record(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (b, le) in self.buckets.iter().zip(DELAY_BUCKETS) {
+            if secs <= le {
+                b.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
 /// What the gateway has done.
 #[derive(Debug, Default)]
 pub struct GatewayStats {
@@ -66,6 +93,10 @@ pub struct GatewayStats {
     pub refused: AtomicU64,
     /// Requests that failed on every path.
     pub failed: AtomicU64,
+    /// Response delay (device request in → response out) of priority devices.
+    pub delay_priority: DelayHistogram,
+    /// Response delay of best-effort devices.
+    pub delay_best_effort: DelayHistogram,
 }
 
 /// The gateway.
@@ -82,6 +113,8 @@ pub struct Gateway {
     pub stats: GatewayStats,
     /// Requests forwarded per path.
     pub per_path: Vec<AtomicU64>,
+    /// Request body bytes forwarded per path.
+    pub per_path_bytes: Vec<AtomicU64>,
 }
 
 /// A path's HTTP/3 client and the id of the QUIC connection it runs on.
@@ -115,6 +148,7 @@ impl Gateway {
             instance: u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
             next_rid: AtomicU64::new(1),
             per_path: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            per_path_bytes: (0..n).map(|_| AtomicU64::new(0)).collect(),
             stats: GatewayStats::default(),
             cfg,
             paths,
@@ -297,9 +331,16 @@ impl Gateway {
             .await
             {
                 Ok(Ok(r)) => {
-                    self.paths.with_table(|t| t.on_heard(path));
+                    // Every answer refreshes the path's RTT from QUIC's estimate (§3.2), so a
+                    // path that slows down is seen between the 30 s probes.
+                    let rtt = client.connection().rtt();
+                    self.paths.with_table(|t| {
+                        t.on_heard(path);
+                        t.on_rtt_estimate(path, rtt);
+                    });
                     self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                     self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
+                    self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
                     let mut resp = text(r.status, r.body);
                     resp.headers_mut()
                         .insert("qgate-path", http::HeaderValue::from(path.0));
@@ -323,11 +364,130 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Prometheus text: the path table, per-path traffic, sessions, counters, delay histograms.
+    pub fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let table = self.paths.table();
+        let _ = writeln!(o, "# HELP qgate_gateway_path_rtt_seconds smoothed RTT of each backhaul path\n# TYPE qgate_gateway_path_rtt_seconds gauge");
+        for p in table.paths() {
+            if let Some(r) = p.rtt {
+                let _ = writeln!(
+                    o,
+                    "qgate_gateway_path_rtt_seconds{{path=\"{}\"}} {}",
+                    p.id.0,
+                    r.as_secs_f64()
+                );
+            }
+        }
+        let _ = writeln!(o, "# HELP qgate_gateway_path_hits devices assigned to each path\n# TYPE qgate_gateway_path_hits gauge");
+        for p in table.paths() {
+            let _ = writeln!(
+                o,
+                "qgate_gateway_path_hits{{path=\"{}\"}} {}",
+                p.id.0, p.hits
+            );
+        }
+        let _ = writeln!(o, "# HELP qgate_gateway_path_up whether each path is up\n# TYPE qgate_gateway_path_up gauge");
+        for p in table.paths() {
+            let _ = writeln!(
+                o,
+                "qgate_gateway_path_up{{path=\"{}\"}} {}",
+                p.id.0,
+                u8::from(p.up)
+            );
+        }
+        let _ = writeln!(o, "# HELP qgate_gateway_path_requests_total requests forwarded on each path\n# TYPE qgate_gateway_path_requests_total counter");
+        for (i, n) in self.per_path.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "qgate_gateway_path_requests_total{{path=\"{i}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(o, "# HELP qgate_gateway_path_bytes_total request body bytes forwarded on each path\n# TYPE qgate_gateway_path_bytes_total counter");
+        for (i, n) in self.per_path_bytes.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "qgate_gateway_path_bytes_total{{path=\"{i}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(o, "# HELP qgate_gateway_sessions registered devices\n# TYPE qgate_gateway_sessions gauge\nqgate_gateway_sessions {}", lock(&self.sessions).len());
+        let st = &self.stats;
+        for (name, help, v) in [
+            ("registered", "devices registered", &st.registered),
+            (
+                "forwarded",
+                "requests answered by the server",
+                &st.forwarded,
+            ),
+            (
+                "retried",
+                "forwarding attempts retried on another path",
+                &st.retried,
+            ),
+            ("refused", "requests refused for their Hash ID", &st.refused),
+            ("failed", "requests that failed on every path", &st.failed),
+        ] {
+            let _ = writeln!(o, "# HELP qgate_gateway_{name}_total {help}\n# TYPE qgate_gateway_{name}_total counter\nqgate_gateway_{name}_total {}", v.load(Ordering::Relaxed));
+        }
+        let _ = writeln!(o, "# HELP qgate_gateway_response_delay_seconds device request in to response out\n# TYPE qgate_gateway_response_delay_seconds histogram");
+        for (class, h) in [
+            ("priority", &st.delay_priority),
+            ("best_effort", &st.delay_best_effort),
+        ] {
+            for (b, le) in h.buckets.iter().zip(DELAY_BUCKETS) {
+                let _ = writeln!(o, "qgate_gateway_response_delay_seconds_bucket{{class=\"{class}\",le=\"{le}\"}} {}", b.load(Ordering::Relaxed));
+            }
+            let count = h.count.load(Ordering::Relaxed);
+            let _ = writeln!(o, "qgate_gateway_response_delay_seconds_bucket{{class=\"{class}\",le=\"+Inf\"}} {count}");
+            let _ = writeln!(
+                o,
+                "qgate_gateway_response_delay_seconds_sum{{class=\"{class}\"}} {}",
+                h.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+            );
+            let _ = writeln!(
+                o,
+                "qgate_gateway_response_delay_seconds_count{{class=\"{class}\"}} {count}"
+            );
+        }
+        o
+    }
+}
+
 impl Handler for Gateway {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         match (req.method().as_str(), req.uri().path()) {
             ("POST", "/register") => self.register(&req, peer),
-            _ => self.forward(req, body, peer).await,
+            ("GET", "/metrics") => text(StatusCode::OK, self.metrics()),
+            _ => {
+                let start = Instant::now();
+                let class = req
+                    .headers()
+                    .get(HASH_ID_HEADER)
+                    .and_then(|v| v.to_str().ok()?.parse::<HashId>().ok())
+                    .and_then(|h| {
+                        lock(&self.sessions)
+                            .lookup(&h, peer, start.into_std())
+                            .ok()
+                            .map(|s| s.priority)
+                    });
+                let resp = self.forward(req, body, peer).await;
+                if resp.status().is_success() {
+                    match class {
+                        Some(Priority::Priority) => {
+                            self.stats.delay_priority.record(start.elapsed())
+                        }
+                        Some(Priority::BestEffort) => {
+                            self.stats.delay_best_effort.record(start.elapsed())
+                        }
+                        None => {}
+                    }
+                }
+                resp
+            }
         }
     }
 }

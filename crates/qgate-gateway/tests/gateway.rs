@@ -242,6 +242,33 @@ async fn a_forged_hash_id_is_refused() {
     );
     assert_eq!(send(&w.devices[1], "nope").await.0, 400);
     assert_eq!(w.server.snapshot().ingested, 0);
+    let b = register(&w.devices[1], 0).await;
+    assert_eq!(send(&w.devices[1], &b).await.0, 201);
+    // The gateway's metrics show all of it.
+    let m = w.devices[0]
+        .request(
+            http::Request::get("https://gw/metrics").body(()).unwrap(),
+            Bytes::new(),
+            1 << 16,
+        )
+        .await
+        .unwrap();
+    let m = String::from_utf8_lossy(&m.body).to_string();
+    for line in [
+        "qgate_gateway_sessions 2",
+        "qgate_gateway_refused_total 3",
+        "qgate_gateway_forwarded_total 1",
+        "qgate_gateway_path_up{path=\"0\"} 1",
+        "qgate_gateway_response_delay_seconds_count{class=\"best_effort\"} 1",
+        "qgate_gateway_response_delay_seconds_count{class=\"priority\"} 0",
+        "qgate_gateway_path_bytes_total{path=\"0\"} 1024",
+    ] {
+        assert!(m.contains(line), "missing '{line}' in:\n{m}");
+    }
+    assert!(
+        m.contains("qgate_gateway_path_rtt_seconds{path=\"2\"} 0.06"),
+        "{m}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -275,4 +302,39 @@ async fn a_dying_path_loses_no_request() {
             .load(std::sync::atomic::Ordering::Relaxed)
             > 0
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_moves_priority_devices_off_a_degrading_path() {
+    let w = world(4, "adaptive").await;
+    let mut hashes = Vec::new();
+    for (i, d) in w.devices.iter().enumerate() {
+        hashes.push(register(d, (i % 2) as u8).await);
+    }
+    for (i, d) in w.devices.iter().enumerate() {
+        let (status, path) = send(d, &hashes[i]).await;
+        assert_eq!(status, 201);
+        if i % 2 == 1 {
+            assert_eq!(path, Some(0));
+        }
+    }
+    // Path 1's delay rises from 10 to 80 ms one way (the dynamic scenario of EXPERIMENTS.md).
+    w.net
+        .update_both(w.backhaul[0], |l| l.delay = Duration::from_millis(80))
+        .unwrap();
+    let mut moved_at = None;
+    for round in 0..60 {
+        for (i, d) in w.devices.iter().enumerate() {
+            let (status, path) = send(d, &hashes[i]).await;
+            assert_eq!(status, 201, "no request lost while moving");
+            if i % 2 == 1 && path != Some(0) && moved_at.is_none() {
+                moved_at = Some(round);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let round = moved_at.expect("priority devices moved off the slowed path");
+    assert!(round < 30, "moved only after {round} rounds");
+    // Best-effort devices stay where they are while their path is up.
+    assert_eq!(w.server.snapshot().ingested, 4 + 60 * 4);
 }
