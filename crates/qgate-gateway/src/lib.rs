@@ -1,5 +1,7 @@
-//! The qgate edge gateway (paper 000 §3). Work in progress: the path manager runs; device
-//! registration, the connection manager and forwarding build on it (issue 4).
+//! The qgate edge gateway (paper 000 §3): the path manager (probes, path table), the
+//! connection manager (Hash IDs, scheduler, hits), forwarding with retries, and a device
+//! library. Work in progress (issue 4): the demo and `qgate lab proxy` are still to come.
 
+pub mod device;
 pub mod gateway;
 pub mod paths;

@@ -23,6 +23,8 @@ pub struct Config {
     pub demo: DemoConfig,
     /// `[history]`: congestion-window history (paper 002) for get, post and server.
     pub history: HistorySection,
+    /// `[gateway]` and `[[gateway.paths]]`.
+    pub gateway: crate::gatewaycmd::GatewaySection,
 }
 
 /// Whether and how new connections start from the congestion window of earlier ones.

@@ -2,6 +2,7 @@
 
 mod client;
 mod config;
+mod gatewaycmd;
 mod history;
 mod lab;
 mod labcmd;
@@ -46,6 +47,11 @@ enum Command {
     /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], GET /stats,
     /// /metrics, /health).
     Server(server::ServerArgs),
+    /// Run the edge gateway: devices register for a Hash ID and send through it; it forwards
+    /// over several backhaul paths (paper 000).
+    Gateway(gatewaycmd::GatewayArgs),
+    /// A device: register with a gateway and send records through it, reporting delays.
+    Device(gatewaycmd::DeviceArgs),
     /// Send an HTTP/3 GET and print the response body.
     Get(client::ClientArgs),
     /// Send an HTTP/3 POST (body from --data, --file or standard input) and print the response.
@@ -131,6 +137,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Server(a) => server::run(a, &config),
+        Command::Gateway(a) => gatewaycmd::gateway(a, &config),
+        Command::Device(a) => gatewaycmd::device(a, &config),
         Command::Get(a) => client::get(a, &config),
         Command::Post(a) => client::post(a, &config),
         Command::Demo(a) => lab::demo(a, &config),

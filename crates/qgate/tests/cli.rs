@@ -511,3 +511,91 @@ fn lab_history_quick_writes_every_result_file() {
         .unwrap();
     assert_fails(o, 2, "--runs must be at least 2");
 }
+
+#[test]
+fn device_through_gateway_to_server_as_processes() {
+    let home = tmp("gateway");
+    let (_server, sport) = start_server(&home, &[]);
+    let mut child = qgate(&home)
+        .args([
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--server",
+            &format!("127.0.0.1:{sport}"),
+            "--path",
+            "127.0.0.2:0",
+            "--path",
+            "127.0.0.3:0",
+            "--scheduler",
+            "round-robin",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _gateway = Server(child);
+    assert!(line.contains("2 paths, scheduler round-robin"), "{line}");
+    let gport = line
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    std::thread::sleep(std::time::Duration::from_millis(500)); // paths connect
+    let o = qgate(&home)
+        .args([
+            "device",
+            &format!("https://localhost:{gport}"),
+            "--count",
+            "20",
+            "--size",
+            "100",
+            "--priority",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("sent 20 records of 100 B"), "{out}");
+    assert!(
+        out.contains("paths used: 0: 10, 1: 10"),
+        "round-robin alternates: {out}"
+    );
+    let o = qgate(&home)
+        .args(["get", &format!("https://localhost:{sport}/stats")])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":20"));
+
+    // Bad input: no paths, a malformed path, an unknown scheduler.
+    let o = qgate(&home)
+        .args(["gateway", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "no backhaul paths");
+    let o = qgate(&home)
+        .args(["gateway", "--path", "nowhere"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "'nowhere' is not an address");
+    let o = qgate(&home)
+        .args([
+            "gateway",
+            "--server",
+            "127.0.0.1:1",
+            "--path",
+            "127.0.0.2:0",
+            "--scheduler",
+            "fastest",
+        ])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "unknown scheduler 'fastest'");
+}

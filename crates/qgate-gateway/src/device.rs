@@ -1,0 +1,102 @@
+//! A device: registers with a gateway for a Hash ID (paper 000 Fig. 2 steps 4–6), then sends
+//! records carrying it (step 10). Used by `qgate device`, the demo and the experiments.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use qgate_transport::http3::{H3Client, H3Error};
+use tokio::time::Instant;
+
+use crate::gateway::{HASH_ID_HEADER, PRIORITY_HEADER};
+
+/// Why a device operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The HTTP/3 exchange failed.
+    #[error(transparent)]
+    H3(#[from] H3Error),
+    /// The gateway answered with an error.
+    #[error("the gateway answered {status}: {body}")]
+    Refused {
+        /// Status.
+        status: http::StatusCode,
+        /// Its explanation.
+        body: String,
+    },
+}
+
+/// A registered device on one HTTP/3 connection to a gateway.
+pub struct Device {
+    h3: H3Client,
+    hash: String,
+}
+
+/// One record's outcome.
+#[derive(Debug, Clone, Copy)]
+pub struct Sent {
+    /// Request sent → response received.
+    pub delay: Duration,
+    /// The backhaul path the gateway used, if it said.
+    pub path: Option<usize>,
+}
+
+impl Device {
+    /// Register over `h3` with `priority` (true = class 1).
+    pub async fn register(h3: H3Client, priority: bool) -> Result<Device, DeviceError> {
+        let req = http::Request::post("https://gateway/register")
+            .header(PRIORITY_HEADER, if priority { "1" } else { "0" })
+            .body(())
+            .expect("valid request");
+        let r = h3.request(req, Bytes::new(), 4096).await?;
+        let body = String::from_utf8_lossy(&r.body).to_string();
+        if r.status != http::StatusCode::CREATED {
+            return Err(DeviceError::Refused {
+                status: r.status,
+                body: body.trim().to_string(),
+            });
+        }
+        let hash = body
+            .split('"')
+            .nth(3)
+            .filter(|h| h.len() == 32)
+            .ok_or_else(|| DeviceError::Refused {
+                status: r.status,
+                body: format!("no Hash ID in '{body}'"),
+            })?
+            .to_string();
+        Ok(Device { h3, hash })
+    }
+
+    /// The Hash ID the gateway issued.
+    pub fn hash_id(&self) -> &str {
+        &self.hash
+    }
+
+    /// Send one record to `path` (e.g. `/ingest/sensors`) through the gateway.
+    pub async fn send(&self, path: &str, record: Bytes) -> Result<Sent, DeviceError> {
+        let req = http::Request::post(format!("https://gateway{path}"))
+            .header(HASH_ID_HEADER, self.hash.as_str())
+            .body(())
+            .expect("valid request");
+        let t = Instant::now();
+        let r = self.h3.request(req, record, 1 << 16).await?;
+        if !r.status.is_success() {
+            return Err(DeviceError::Refused {
+                status: r.status,
+                body: String::from_utf8_lossy(&r.body).trim().to_string(),
+            });
+        }
+        Ok(Sent {
+            delay: t.elapsed(),
+            path: r
+                .headers
+                .get("qgate-path")
+                .and_then(|v| v.to_str().ok()?.parse().ok()),
+        })
+    }
+
+    /// The HTTP/3 client underneath.
+    pub fn client(&self) -> &H3Client {
+        &self.h3
+    }
+}

@@ -1,0 +1,310 @@
+//! `qgate gateway` and `qgate device`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::Args;
+use qgate_core::path::PathConfig;
+use qgate_core::scheduler;
+use qgate_gateway::device::Device;
+use qgate_gateway::gateway::{Gateway, GatewayConfig};
+use qgate_gateway::paths::{Backhaul, PathManager};
+use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::{
+    client_config, connect, endpoint, server_config, DevPki, Socket, TrustRoots,
+};
+use serde::Deserialize;
+
+use crate::config::{parse_duration, Config};
+use crate::{default_dev_pki_dir, usage, Failure};
+
+/// `[gateway]` in the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Device-facing UDP address.
+    pub listen: Option<SocketAddr>,
+    /// The server, for paths that do not name their own.
+    pub server: Option<SocketAddr>,
+    /// The name on the server's certificate.
+    pub server_name: Option<String>,
+    /// CA to trust for the server.
+    pub ca: Option<PathBuf>,
+    /// adaptive, round-robin or single.
+    pub scheduler: Option<String>,
+    /// Routine probe period, e.g. "30s".
+    pub probe_interval: Option<String>,
+    /// Per-attempt timeout of a forwarded request, e.g. "5s".
+    pub request_timeout: Option<String>,
+    /// Most devices at once.
+    pub max_devices: Option<usize>,
+    /// Most requests in flight per device.
+    pub max_inflight_per_device: Option<usize>,
+    /// Largest request body, bytes.
+    pub max_body: Option<usize>,
+    /// The backhaul paths.
+    pub paths: Vec<PathSection>,
+}
+
+/// `[[gateway.paths]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathSection {
+    /// Local address the path's connection is bound to (port 0 = any).
+    pub local: SocketAddr,
+    /// The server's address on this path [default: gateway.server].
+    #[serde(default)]
+    pub server: Option<SocketAddr>,
+}
+
+#[derive(Args, Debug)]
+pub struct GatewayArgs {
+    /// Device-facing UDP address [default: 0.0.0.0:4443].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// The server's address, for paths that do not name their own.
+    #[arg(long, value_name = "ADDR")]
+    server: Option<SocketAddr>,
+    /// A backhaul path: LOCAL_ADDR or LOCAL_ADDR=SERVER_ADDR (repeat; replaces the config's).
+    #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
+    paths: Vec<String>,
+    /// Path choice: adaptive, round-robin or single [default: adaptive].
+    #[arg(long, value_name = "NAME")]
+    scheduler: Option<String>,
+    /// Routine probe period [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    probe_interval: Option<Duration>,
+    /// CA certificate(s) of the server, PEM [default: the development CA].
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// Most devices at once [default: 10000].
+    #[arg(long)]
+    max_devices: Option<usize>,
+}
+
+fn dur(name: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
+    v.as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| usage(format!("[gateway] {name}: {e}")))
+}
+
+fn trust(ca: Option<PathBuf>) -> Result<(TrustRoots, DevPki), Failure> {
+    let pki = DevPki::load_or_create(&default_dev_pki_dir()).map_err(usage)?;
+    let roots = match ca {
+        Some(f) => TrustRoots::from_pem_file(&f).map_err(usage)?,
+        None => pki.trust(),
+    };
+    Ok((roots, pki))
+}
+
+pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
+    let g = &cfg.gateway;
+    let listen = a
+        .listen
+        .or(g.listen)
+        .unwrap_or_else(|| "0.0.0.0:4443".parse().expect("valid"));
+    let default_server = a.server.or(g.server);
+    let mut paths: Vec<(SocketAddr, SocketAddr)> = Vec::new();
+    if a.paths.is_empty() {
+        for p in &g.paths {
+            let server = p.server.or(default_server).ok_or_else(|| {
+                usage(format!(
+                    "path {}: no server address (set gateway.server or the path's server)",
+                    p.local
+                ))
+            })?;
+            paths.push((p.local, server));
+        }
+    } else {
+        for spec in &a.paths {
+            let (local, server) = match spec.split_once('=') {
+                Some((l, s)) => (l, Some(s)),
+                None => (spec.as_str(), None),
+            };
+            let local: SocketAddr = local.parse().map_err(|_| {
+                usage(format!(
+                    "--path '{spec}': '{local}' is not an address like 127.0.0.2:0"
+                ))
+            })?;
+            let server = match server {
+                Some(s) => s.parse().map_err(|_| {
+                    usage(format!("--path '{spec}': '{s}' is not a server address"))
+                })?,
+                None => default_server.ok_or_else(|| {
+                    usage(format!(
+                        "--path '{spec}': no server address (give LOCAL=SERVER or --server)"
+                    ))
+                })?,
+            };
+            paths.push((local, server));
+        }
+    }
+    if paths.is_empty() {
+        return Err(usage(
+            "no backhaul paths: give --path LOCAL[=SERVER] (repeatable) or [[gateway.paths]]",
+        ));
+    }
+    let sched_name = a
+        .scheduler
+        .or(g.scheduler.clone())
+        .unwrap_or_else(|| "adaptive".into());
+    let sched = scheduler::by_name(&sched_name).map_err(usage)?;
+    let mut pcfg = PathConfig::default();
+    if let Some(p) = a
+        .probe_interval
+        .or(dur("probe_interval", &g.probe_interval)?)
+    {
+        pcfg.probe_interval = p;
+    }
+    let d = GatewayConfig::default();
+    let gcfg = GatewayConfig {
+        max_devices: a.max_devices.or(g.max_devices).unwrap_or(d.max_devices),
+        max_inflight_per_device: g
+            .max_inflight_per_device
+            .unwrap_or(d.max_inflight_per_device),
+        request_timeout: dur("request_timeout", &g.request_timeout)?.unwrap_or(d.request_timeout),
+        max_body: g.max_body.unwrap_or(d.max_body),
+        server_authority: g.server_name.clone().unwrap_or_else(|| "localhost".into()),
+        ..d
+    };
+    let server_name = gcfg.server_authority.clone();
+    let (roots, pki) = trust(a.ca.or(g.ca.clone()))?;
+    let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    let scfg = server_config(&pki.server, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    crate::runtime().block_on(async move {
+        let mut backhaul = Vec::new();
+        for (local, server) in &paths {
+            let sock = Socket::bind_udp(*local).map_err(usage)?;
+            backhaul.push(Backhaul::new(sock, *server, &server_name, None)?);
+        }
+        let seed: [u8; 32] = {
+            // Hash IDs must be unguessable: seed from the operating system.
+            let mut s = [0u8; 32];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut s))
+                .context("reading /dev/urandom for the Hash ID generator")?;
+            s
+        };
+        let pm = PathManager::start(backhaul, ccfg, pcfg);
+        let gw = Arc::new(Gateway::new(pm, sched, gcfg, seed));
+        let ep = endpoint(Socket::bind_udp(listen).map_err(usage)?, Some(scfg), None)?;
+        let local = ep.local_addr().context("reading the bound address")?;
+        println!(
+            "qgate gateway listening on udp/{local} (HTTP/3), {} paths, scheduler {sched_name}",
+            paths.len()
+        );
+        use std::io::Write;
+        std::io::stdout().flush().ok();
+        let serving = tokio::spawn(gw.clone().serve_devices(ep.clone()));
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        ep.close(0u32.into(), b"gateway shutting down");
+        serving.abort();
+        Ok(())
+    })
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// The gateway: https://HOST:PORT
+    gateway: String,
+    /// Priority class 1 (lowest-RTT path) instead of best effort.
+    #[arg(long)]
+    priority: bool,
+    /// Records to send.
+    #[arg(long, default_value_t = 10)]
+    count: usize,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 50)]
+    size: usize,
+    /// Records per second (0 = as fast as answers come back).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Ingest stream on the server.
+    #[arg(long, default_value = "device")]
+    stream: String,
+    /// CA certificate(s) of the gateway, PEM [default: the development CA].
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+}
+
+pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
+    let target = crate::url::parse(&a.gateway).map_err(usage)?;
+    if a.count == 0 || a.size > 1 << 20 || !(a.rate.is_finite() && a.rate >= 0.0) {
+        return Err(usage(
+            "--count must be positive, --size at most 1 MiB, --rate a non-negative number",
+        ));
+    }
+    let (roots, _) = trust(a.ca)?;
+    let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    crate::runtime().block_on(async move {
+        let addr = target.resolve().await.map_err(usage)?;
+        let ep = endpoint(
+            Socket::bind_udp("0.0.0.0:0".parse().expect("valid"))?,
+            None,
+            None,
+        )?;
+        let conn = tokio::time::timeout(
+            Duration::from_secs(10),
+            connect(&ep, &ccfg, addr, &target.host, false),
+        )
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "no response from {addr} within 10s: is a qgate gateway listening there?"
+            )
+        })??;
+        let dev =
+            Device::register(H3Client::new(conn.connection().clone()).await?, a.priority).await?;
+        eprintln!("registered, Hash ID {}", dev.hash_id());
+        let record = Bytes::from(vec![b'r'; a.size]);
+        let mut delays = Vec::with_capacity(a.count);
+        let mut by_path = std::collections::BTreeMap::new();
+        let start = tokio::time::Instant::now();
+        for i in 0..a.count {
+            if a.rate > 0.0 {
+                tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / a.rate)).await;
+            }
+            let s = dev
+                .send(&format!("/ingest/{}", a.stream), record.clone())
+                .await?;
+            delays.push(s.delay.as_secs_f64() * 1000.0);
+            *by_path
+                .entry(s.path.map_or("?".to_string(), |p| p.to_string()))
+                .or_insert(0) += 1;
+        }
+        dev.client().close();
+        let mut sorted = delays.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let q = |f: f64| sorted[((sorted.len() as f64 * f) as usize).min(sorted.len() - 1)];
+        let s = qgate_lab::stats::Summary::of(&delays);
+        println!(
+            "sent {} records of {} B in {:.2} s",
+            a.count,
+            a.size,
+            start.elapsed().as_secs_f64()
+        );
+        println!(
+            "response delay {:.2} ms; p50 {:.2} ms, p99 {:.2} ms",
+            s,
+            q(0.5),
+            q(0.99)
+        );
+        println!(
+            "paths used: {}",
+            by_path
+                .iter()
+                .map(|(p, n)| format!("{p}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        ep.wait_idle().await;
+        Ok(())
+    })
+}
