@@ -294,10 +294,16 @@ impl Gateway {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
-        for _ in 0..self.cfg.attempts.max(1) {
+        // The request's whole budget; while no path is up it waits for probing to find one.
+        let deadline = Instant::now() + self.cfg.request_timeout * self.cfg.attempts.max(1) as u32;
+        let mut attempts = 0;
+        while attempts < self.cfg.attempts.max(1) && Instant::now() < deadline {
             let path = match self.assign(&hash, device) {
                 Ok(Some(p)) => p,
-                Ok(None) => break,
+                Ok(None) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
                 Err(e) => {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     let status = if e == SessionError::Forged {
@@ -308,6 +314,7 @@ impl Gateway {
                     return text(status, format!("{e}\n"));
                 }
             };
+            attempts += 1;
             let Some(client) = self.client(path).await else {
                 self.paths
                     .with_table(|t| t.on_connection_lost(path, Instant::now().into_std()));

@@ -8,6 +8,8 @@ pub mod demo;
 pub mod history;
 pub mod history_report;
 mod pool;
+pub mod proxy;
+pub mod proxy_report;
 pub mod stats;
 pub mod svg;
 

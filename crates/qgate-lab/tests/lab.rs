@@ -130,3 +130,35 @@ fn history_series_learns_and_starts_higher() {
         .all(|r| r.from_history && r.initial_window > d[0].initial_window));
     assert!(h.iter().all(|r| r.latency_s > 0.038 && r.loss_ratio < 0.5));
 }
+
+#[test]
+fn proxy_point_runs_for_every_scheme() {
+    use qgate_lab::proxy::{plan, run};
+    let points: Vec<_> = plan(1, true)
+        .into_iter()
+        .filter(|p| p.sweep == "delay-hetero" && p.x == 30.0)
+        .collect();
+    assert_eq!(points.len(), 3);
+    let t = std::time::Instant::now();
+    let mut means = Vec::new();
+    for p in &points {
+        let o = run(p);
+        assert_eq!(o.failed, 0, "{}", p.scheme);
+        assert_eq!(
+            o.delays_ms.len(),
+            10 * 32,
+            "{}: every request answered",
+            p.scheme
+        );
+        means.push((
+            p.scheme,
+            qgate_lab::stats::Summary::of(&o.delays_ms).mean,
+            o.total_s,
+        ));
+    }
+    eprintln!("proxy: {means:?} in {:?}", t.elapsed());
+    // Paths at 30/60/90 ms: the single path is the fastest one here; round-robin uses all three.
+    let rr = means.iter().find(|m| m.0 == "round-robin").unwrap().1;
+    let ad = means.iter().find(|m| m.0 == "adaptive").unwrap().1;
+    assert!(ad < rr, "adaptive {ad} ms vs round-robin {rr} ms");
+}

@@ -19,6 +19,21 @@ pub enum Lab {
     Margins(MarginArgs),
     /// Paper 002: initial congestion window from history (results/history/).
     History(HistoryArgs),
+    /// Paper 000: the gateway's schedulers over three backhaul paths (results/proxy/).
+    Proxy(ProxyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProxyArgs {
+    /// Smoke run: a few points, one seed, no dynamic scenario.
+    #[arg(long)]
+    quick: bool,
+    /// Seeds per point [default: 5].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Where to write results [default: results/proxy].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -102,6 +117,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
     match which {
         Lab::Aqm(a) => aqm_cmd(a),
         Lab::History(h) => history_cmd(h),
+        Lab::Proxy(p) => proxy_cmd(p),
         Lab::Margins(m) => {
             if !(m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0) {
                 return Err(usage(
@@ -125,6 +141,43 @@ pub fn run(which: Lab) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
+    use qgate_lab::{proxy, proxy_report};
+    let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 5 });
+    if seeds == 0 {
+        return Err(usage("--seeds must be at least 1"));
+    }
+    let plan = proxy::plan(seeds, a.quick);
+    let out = a.out.unwrap_or_else(|| PathBuf::from("results/proxy"));
+    let command = std::iter::once("qgate lab proxy".to_string())
+        .chain(std::env::args().skip(3))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let wall = std::time::Instant::now();
+    let pb = progress(plan.len() as u64, "runs");
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let results = proxy::run_all(&plan, |label| {
+        pb.set_message(label.to_string());
+        pb.inc(1);
+        if !tty {
+            eprintln!("proxy: [{}/{}] {label}", pb.position(), plan.len());
+        }
+    });
+    pb.finish_with_message("done");
+    proxy_report::write_all(&out, &results, &command)
+        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
+    println!(
+        "{}",
+        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
+    );
+    eprintln!(
+        "qgate lab proxy: done in {:.1} s; results in {}",
+        wall.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {

@@ -599,3 +599,29 @@ fn device_through_gateway_to_server_as_processes() {
         .unwrap();
     assert_fails(o, 2, "unknown scheduler 'fastest'");
 }
+
+#[test]
+fn lab_proxy_quick_writes_every_result_file() {
+    let home = tmp("lab-proxy");
+    let out = home.join("proxy");
+    let o = qgate(&home)
+        .args(["lab", "proxy", "--quick", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "results.csv",
+        "summary.md",
+        "delay-equal_response.svg",
+        "delay-hetero_total.svg",
+        "loss_response.svg",
+        "all-priority_total.svg",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 6 * 3, "{csv}");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Against paper 000"));
+}
