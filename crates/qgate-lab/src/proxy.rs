@@ -71,15 +71,17 @@ fn ms(x: u64) -> Duration {
     Duration::from_millis(x)
 }
 
-struct World {
-    net: Network,
-    links: Vec<LinkId>,
-    devices: Vec<(Device, bool)>,
-    _gateway: Arc<Gateway>,
+/// A built scenario: the network, the backhaul links, registered devices (with their class)
+/// and the gateway.
+pub(crate) struct World {
+    pub(crate) net: Network,
+    pub(crate) links: Vec<LinkId>,
+    pub(crate) devices: Vec<(Device, bool)>,
+    pub(crate) gateway: Arc<Gateway>,
     _keep: Vec<quinn::Endpoint>,
 }
 
-async fn build(p: &Point) -> World {
+pub(crate) async fn build(p: &Point) -> World {
     let net = Network::new(p.seed);
     let (g, s) = (net.add_host("gateway"), net.add_host("server"));
     let pki = DevPki::generate(&[]).expect("PKI");
@@ -196,7 +198,7 @@ async fn build(p: &Point) -> World {
         net,
         links,
         devices,
-        _gateway: gw,
+        gateway: gw,
         _keep: keep,
     }
 }

@@ -12,10 +12,26 @@ use crate::{usage, Failure};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Number of HTTP/3 clients [default: 8].
+    /// The earlier demo instead: HTTP/3 clients straight to a server through a router (the
+    /// [demo] table and the flags below marked "direct" apply to it).
+    #[arg(long)]
+    direct: bool,
+    /// Gateway demo: devices [default: 10].
+    #[arg(long)]
+    devices: Option<usize>,
+    /// Gateway demo: seconds of traffic [default: 10].
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Gateway demo: adaptive, round-robin or single [default: adaptive].
+    #[arg(long)]
+    scheduler: Option<String>,
+    /// Gateway demo: run in virtual time (no live view; finishes at once).
+    #[arg(long = "virtual")]
+    virtual_time: bool,
+    /// Direct: number of HTTP/3 clients [default: 8].
     #[arg(long)]
     clients: Option<usize>,
-    /// Requests per client [default: 50].
+    /// Direct: requests per client [default: 50].
     #[arg(long)]
     requests: Option<usize>,
     /// Body bytes per request [default: 1024].
@@ -40,12 +56,16 @@ pub struct DemoArgs {
     /// Seed for every random choice [default: 1].
     #[arg(long)]
     seed: Option<u64>,
-    /// Run in real time instead of virtual time (takes as long as the traffic does).
+    /// Direct: run in real time instead of virtual time.
     #[arg(long)]
     real_time: bool,
 }
 
 pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
+    cfg.demo.validate().map_err(usage)?;
+    if !a.direct {
+        return gateway_demo(a);
+    }
     let mut c = cfg.demo.clone();
     c.transport = cfg.transport.clone();
     if let Some(v) = a.clients {
@@ -105,6 +125,67 @@ pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
     );
     if report.failed > 0 {
         return Err(anyhow::anyhow!("{} requests failed", report.failed).into());
+    }
+    Ok(())
+}
+
+fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
+    use qgate_lab::gwdemo::{self, GatewayDemo};
+    let mut c = GatewayDemo::default();
+    if let Some(n) = a.devices {
+        if !(1..=500).contains(&n) {
+            return Err(usage("--devices must be 1..=500"));
+        }
+        c.devices = n;
+    }
+    if let Some(d) = a.duration {
+        if !(2..=3600).contains(&d) {
+            return Err(usage("--duration must be 2..=3600 seconds"));
+        }
+        c.duration = Duration::from_secs(d);
+    }
+    if let Some(name) = a.scheduler.as_deref() {
+        qgate_core::scheduler::by_name(name).map_err(usage)?;
+        c.scheduler = match name {
+            "round-robin" | "roundrobin" | "rr" => "round-robin",
+            "single" => "single",
+            _ => "adaptive",
+        };
+    }
+    if let Some(p) = a.loss {
+        if !(0.0..=0.5).contains(&p) {
+            return Err(usage("--loss must be in [0, 0.5]"));
+        }
+        c.loss = p;
+    }
+    if let Some(s) = a.seed {
+        c.seed = s;
+    }
+    println!(
+        "qgate demo — {} devices → gateway (3 backhaul paths: 100/75/50 Mbit/s, 10/20/30 ms) → server, scheduler {}, {} s{}",
+        c.devices,
+        c.scheduler,
+        c.duration.as_secs(),
+        if a.virtual_time { " of virtual time" } else { " in real time" }
+    );
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let live = a.virtual_time.then_some(()).is_none();
+    let view = move |v: String| {
+        if live {
+            if tty {
+                print!("\x1b[2J\x1b[H");
+            }
+            println!("{v}");
+        }
+    };
+    let out = if a.virtual_time {
+        qgate_lab::virtual_time(gwdemo::run(c, view))
+    } else {
+        crate::runtime().block_on(gwdemo::run(c, view))
+    };
+    println!("\nsummary\n{}", out.summary());
+    if out.failed > 0 {
+        return Err(anyhow::anyhow!("{} requests failed", out.failed).into());
     }
     Ok(())
 }

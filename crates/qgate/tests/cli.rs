@@ -173,7 +173,16 @@ fn malformed_config_is_named_with_its_line() {
 fn demo_runs_in_virtual_time_and_reports() {
     let home = tmp("demo");
     let o = qgate(&home)
-        .args(["demo", "--clients", "3", "--requests", "20", "--seed", "4"])
+        .args([
+            "demo",
+            "--direct",
+            "--clients",
+            "3",
+            "--requests",
+            "20",
+            "--seed",
+            "4",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
@@ -186,7 +195,16 @@ fn demo_runs_in_virtual_time_and_reports() {
     assert!(out.contains("virtual time"), "{out}");
     // Same seed, same numbers (the wall-clock line aside).
     let again = qgate(&home)
-        .args(["demo", "--clients", "3", "--requests", "20", "--seed", "4"])
+        .args([
+            "demo",
+            "--direct",
+            "--clients",
+            "3",
+            "--requests",
+            "20",
+            "--seed",
+            "4",
+        ])
         .output()
         .unwrap();
     let strip = |s: &str| {
@@ -375,6 +393,7 @@ fn demo_takes_a_queue_discipline_flag() {
     let o = qgate(&home)
         .args([
             "demo",
+            "--direct",
             "--clients",
             "2",
             "--requests",
@@ -624,4 +643,25 @@ fn lab_proxy_quick_writes_every_result_file() {
     assert_eq!(csv.lines().count(), 1 + 6 * 3, "{csv}");
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Against paper 000"));
+}
+
+#[test]
+fn gateway_demo_in_virtual_time() {
+    let home = tmp("gwdemo");
+    let o = qgate(&home)
+        .args(["demo", "--virtual", "--duration", "6", "--devices", "6"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("6 devices → gateway") && out.contains("summary"),
+        "{out}"
+    );
+    assert!(out.contains("failed       0"), "{out}");
+    let o = qgate(&home)
+        .args(["demo", "--scheduler", "fastest"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "unknown scheduler 'fastest'");
 }
