@@ -198,7 +198,10 @@ impl Gateway {
                 self.stats.registered.fetch_add(1, Ordering::Relaxed);
                 text(StatusCode::CREATED, format!("{{\"hash_id\":\"{h}\"}}"))
             }
-            Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+            Err(e) => {
+                tracing::warn!(%device, error = %e, "registration refused");
+                text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))
+            }
         }
     }
 
@@ -248,10 +251,12 @@ impl Gateway {
             Some(Ok(h)) => h,
             Some(Err(e)) => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%device, error = %e, "refused: malformed Hash ID");
                 return text(StatusCode::BAD_REQUEST, format!("{e}\n"));
             }
             None => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%device, "refused: no Hash ID");
                 return text(
                     StatusCode::UNAUTHORIZED,
                     format!("register first: POST /register, then send {HASH_ID_HEADER}\n"),
@@ -263,6 +268,7 @@ impl Gateway {
             let mut inflight = lock(&self.inflight);
             let n = inflight.entry(hash).or_insert(0);
             if *n >= self.cfg.max_inflight_per_device {
+                tracing::warn!(%device, "refused: too many requests in flight");
                 return text(
                     StatusCode::TOO_MANY_REQUESTS,
                     "too many requests in flight for this device\n",
@@ -306,6 +312,7 @@ impl Gateway {
                 }
                 Err(e) => {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%device, error = %e, "request refused");
                     let status = if e == SessionError::Forged {
                         StatusCode::FORBIDDEN
                     } else {
@@ -364,6 +371,7 @@ impl Gateway {
             }
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%device, request = %rid, "failed on every backhaul path");
         text(
             StatusCode::BAD_GATEWAY,
             "the server is unreachable on every backhaul path\n",

@@ -5,6 +5,7 @@ pub mod aqm;
 pub mod aqm_report;
 pub mod bench;
 pub mod demo;
+pub mod gwbench;
 pub mod gwdemo;
 pub mod history;
 pub mod history_report;

@@ -84,6 +84,18 @@ pub struct GatewayArgs {
     /// Most devices at once [default: 10000].
     #[arg(long)]
     max_devices: Option<usize>,
+    /// Most requests in flight per device [default: 32].
+    #[arg(long)]
+    max_inflight_per_device: Option<usize>,
+    /// Per-attempt timeout of a forwarded request [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    request_timeout: Option<Duration>,
+    /// Largest request body, bytes [default: 1048576].
+    #[arg(long, value_name = "BYTES")]
+    max_body: Option<usize>,
+    /// The name on the server's certificate [default: localhost].
+    #[arg(long, value_name = "NAME")]
+    server_name: Option<String>,
 }
 
 fn dur(name: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
@@ -164,12 +176,20 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     let d = GatewayConfig::default();
     let gcfg = GatewayConfig {
         max_devices: a.max_devices.or(g.max_devices).unwrap_or(d.max_devices),
-        max_inflight_per_device: g
+        max_inflight_per_device: a
             .max_inflight_per_device
+            .or(g.max_inflight_per_device)
             .unwrap_or(d.max_inflight_per_device),
-        request_timeout: dur("request_timeout", &g.request_timeout)?.unwrap_or(d.request_timeout),
-        max_body: g.max_body.unwrap_or(d.max_body),
-        server_authority: g.server_name.clone().unwrap_or_else(|| "localhost".into()),
+        request_timeout: a
+            .request_timeout
+            .or(dur("request_timeout", &g.request_timeout)?)
+            .unwrap_or(d.request_timeout),
+        max_body: a.max_body.or(g.max_body).unwrap_or(d.max_body),
+        server_authority: a
+            .server_name
+            .clone()
+            .or(g.server_name.clone())
+            .unwrap_or_else(|| "localhost".into()),
         ..d
     };
     let server_name = gcfg.server_authority.clone();

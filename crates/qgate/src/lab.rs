@@ -190,6 +190,86 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Spawn `qgate gateway` as its own process, register `n` idle devices with it, and report its
+/// resident memory per device.
+fn memory_bench(n: usize) -> Result<(), Failure> {
+    use std::io::BufRead;
+    use std::sync::Arc;
+    let pki =
+        qgate_transport::DevPki::load_or_create(&crate::default_dev_pki_dir()).map_err(usage)?;
+    let rt = crate::runtime();
+    let (server_addr, _server) = rt.block_on(async {
+        let scfg = qgate_transport::server_config(
+            &pki.server,
+            &[qgate_transport::http3::ALPN_H3],
+            &Default::default(),
+        )
+        .expect("config");
+        let ep = qgate_transport::endpoint(
+            qgate_transport::Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("bind"),
+            Some(scfg),
+            None,
+        )
+        .expect("endpoint");
+        let addr = ep.local_addr().expect("bound");
+        let svc = Arc::new(qgate_server::IngestService::new(
+            qgate_server::Sink::count_only(),
+        ));
+        (
+            addr,
+            tokio::spawn(qgate_server::serve(ep, svc, Default::default(), None)),
+        )
+    });
+    let exe =
+        std::env::current_exe().map_err(|e| anyhow::anyhow!("finding the qgate binary: {e}"))?;
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--server",
+            &server_addr.to_string(),
+            "--path",
+            "127.0.0.2:0",
+            "--max-devices",
+        ])
+        .arg((n + 10).to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting qgate gateway: {e}"))?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let port = line
+        .split(':')
+        .nth(1)
+        .and_then(|x| x.split(' ').next())
+        .unwrap_or("")
+        .to_string();
+    let gw: std::net::SocketAddr = format!("127.0.0.1:{port}")
+        .parse()
+        .map_err(|_| anyhow::anyhow!("gateway did not report its port: {line}"))?;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let before = qgate_lab::gwbench::rss_bytes(child.id()).unwrap_or(0);
+    eprintln!("memory: registering {n} idle devices…");
+    let devices = rt.block_on(qgate_lab::gwbench::idle_devices(gw, &pki.trust(), n));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let after = qgate_lab::gwbench::rss_bytes(child.id()).unwrap_or(0);
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(devices);
+    println!(
+        "memory            {} idle registered devices: gateway RSS {:.1} → {:.1} MiB, {:.1} KiB per device",
+        n,
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        after.saturating_sub(before) as f64 / 1024.0 / n as f64
+    );
+    Ok(())
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Bench {
     /// Simulator speed: virtual seconds per wall second for one bulk QUIC flow.
@@ -203,6 +283,25 @@ pub enum Bench {
         /// Repeats.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+    },
+    /// The gateway on loopback UDP: requests/s and added latency against going to the server
+    /// directly (alternating), and memory per idle registered device.
+    Gateway {
+        /// Concurrent devices, each sending one request after another.
+        #[arg(long, default_value_t = 100)]
+        devices: usize,
+        /// Bytes per request.
+        #[arg(long, default_value_t = 1024)]
+        body: usize,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Alternating (gateway, direct) pairs.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Idle registered devices for the memory measurement (0 skips it).
+        #[arg(long, default_value_t = 10_000)]
+        memory_devices: usize,
     },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
@@ -239,6 +338,40 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             println!("simulator speed   {:.1} virtual s per wall s", r.speedup);
             println!("wall time         {:.2} s per repeat", r.wall_secs);
             println!("flow goodput      {:.2} Mbit/s", r.goodput_mbps);
+        }
+        Bench::Gateway {
+            devices,
+            body,
+            seconds,
+            repeats,
+            memory_devices,
+        } => {
+            if devices == 0
+                || repeats == 0
+                || !seconds.is_finite()
+                || seconds <= 0.0
+                || body > 1 << 20
+            {
+                return Err(usage(
+                    "--devices, --repeats and --seconds must be positive, --body at most 1 MiB",
+                ));
+            }
+            eprintln!("bench gateway: {devices} devices × {body} B requests, {seconds} s per measurement, {repeats} pairs");
+            let r = qgate_lab::gwbench::run(devices, body, seconds, repeats, |i| {
+                eprintln!("  pair {i}/{repeats} done")
+            });
+            println!("via gateway       {:.0} requests/s", r.gateway_rps());
+            println!("direct            {:.0} requests/s", r.direct_rps());
+            println!("added p50         {:.3} ms", r.added_p50_ms());
+            for (g, d) in r.via_gateway.iter().zip(&r.direct) {
+                println!(
+                    "  pair: gateway p50 {:.3} / p99 {:.3} ms; direct p50 {:.3} / p99 {:.3} ms",
+                    g.p50_ms, g.p99_ms, d.p50_ms, d.p99_ms
+                );
+            }
+            if memory_devices > 0 {
+                memory_bench(memory_devices)?;
+            }
         }
         Bench::Loopback { mebibytes, repeats } => {
             if mebibytes == 0 || repeats == 0 {

@@ -1,0 +1,302 @@
+//! `qgate bench gateway`: the gateway's cost on real loopback UDP, measured against talking to the
+//! server directly in the same run.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use qgate_core::path::PathConfig;
+use qgate_core::scheduler;
+use qgate_gateway::device::Device;
+use qgate_gateway::gateway::{Gateway, GatewayConfig};
+use qgate_gateway::paths::{Backhaul, PathManager};
+use qgate_server::{IngestService, Sink};
+use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
+use qgate_transport::{
+    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+};
+
+use crate::stats::Summary;
+
+/// Throughput and latency of one configuration.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Requests answered per second.
+    pub rps: f64,
+    /// Median request latency, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// Benchmark results.
+#[derive(Debug, Clone)]
+pub struct GatewayBench {
+    /// Through the gateway, per repeat.
+    pub via_gateway: Vec<Load>,
+    /// Straight to the server, per repeat.
+    pub direct: Vec<Load>,
+}
+
+impl GatewayBench {
+    /// Requests/s through the gateway (mean ± std).
+    pub fn gateway_rps(&self) -> Summary {
+        Summary::of(&self.via_gateway.iter().map(|l| l.rps).collect::<Vec<_>>())
+    }
+    /// Requests/s direct.
+    pub fn direct_rps(&self) -> Summary {
+        Summary::of(&self.direct.iter().map(|l| l.rps).collect::<Vec<_>>())
+    }
+    /// Added median latency, ms (mean ± std over repeats).
+    pub fn added_p50_ms(&self) -> Summary {
+        Summary::of(
+            &self
+                .via_gateway
+                .iter()
+                .zip(&self.direct)
+                .map(|(g, d)| g.p50_ms - d.p50_ms)
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("valid address")
+}
+
+/// `devices` closed-loop senders of `body` bytes for `secs`, over `clients`.
+async fn drive(
+    clients: Vec<
+        Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>,
+    >,
+    body: usize,
+    secs: f64,
+) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let lat = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|send| {
+            let (stop, lat) = (stop.clone(), lat.clone());
+            let payload = Bytes::from(vec![b'x'; body]);
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    if send(payload.clone()).await {
+                        mine.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                lat.lock().expect("lock").extend(mine);
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut l = std::mem::take(&mut *lat.lock().expect("lock"));
+    l.sort_by(|a, b| a.total_cmp(b));
+    let q = |f: f64| {
+        l.get(((l.len() as f64 * f) as usize).min(l.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    Load {
+        rps: l.len() as f64 / elapsed,
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+    }
+}
+
+/// Run `repeats` alternating pairs (gateway, direct) of `secs` each with `devices` devices.
+pub fn run(
+    devices: usize,
+    body: usize,
+    secs: f64,
+    repeats: usize,
+    progress: impl Fn(usize),
+) -> GatewayBench {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let pki = DevPki::generate(&[]).expect("PKI");
+        let opts = TransportOptions::default();
+        let scfg = server_config(&pki.server, &[ALPN_H3], &opts).expect("config");
+        let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
+        let server = endpoint(
+            Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
+            Some(scfg.clone()),
+            None,
+        )
+        .expect("endpoint");
+        let server_addr = server.local_addr().expect("bound");
+        tokio::spawn(qgate_server::serve(
+            server,
+            Arc::new(IngestService::new(Sink::count_only())),
+            ServeLimits::default(),
+            None,
+        ));
+        let paths = ["127.0.0.2:0", "127.0.0.3:0"]
+            .iter()
+            .map(|l| {
+                Backhaul::new(
+                    Socket::bind_udp(sa(l)).expect("bind"),
+                    server_addr,
+                    "localhost",
+                    None,
+                )
+                .expect("endpoint")
+            })
+            .collect();
+        let pm = PathManager::start(paths, ccfg.clone(), PathConfig::default());
+        let gw = Arc::new(Gateway::new(
+            pm,
+            scheduler::by_name("adaptive").expect("known"),
+            GatewayConfig::default(),
+            [3; 32],
+        ));
+        let gep = endpoint(
+            Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
+            Some(scfg),
+            None,
+        )
+        .expect("endpoint");
+        let gw_addr = gep.local_addr().expect("bound");
+        tokio::spawn(gw.clone().serve_devices(gep));
+        while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let client_ep = endpoint(
+            Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
+            None,
+            None,
+        )
+        .expect("endpoint");
+        let mut via = Vec::new();
+        let mut direct = Vec::new();
+        for i in 0..devices {
+            let c = connect(&client_ep, &ccfg, gw_addr, "localhost", false)
+                .await
+                .expect("connect");
+            let d = Arc::new(
+                Device::register(
+                    H3Client::new(c.connection().clone()).await.expect("h3"),
+                    i % 2 == 0,
+                )
+                .await
+                .expect("register"),
+            );
+            via.push(d);
+            let c = connect(&client_ep, &ccfg, server_addr, "localhost", false)
+                .await
+                .expect("connect");
+            direct.push(Arc::new(
+                H3Client::new(c.connection().clone()).await.expect("h3"),
+            ));
+        }
+        let mut out = GatewayBench {
+            via_gateway: Vec::new(),
+            direct: Vec::new(),
+        };
+        for r in 0..repeats {
+            let senders = via
+                .iter()
+                .map(|d| {
+                    let d = d.clone();
+                    Arc::new(move |b: Bytes| {
+                        let d = d.clone();
+                        Box::pin(async move { d.send("/ingest/bench", b).await.is_ok() })
+                            as futures_util::future::BoxFuture<'static, bool>
+                    })
+                        as Arc<
+                            dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool>
+                                + Send
+                                + Sync,
+                        >
+                })
+                .collect();
+            out.via_gateway.push(drive(senders, body, secs).await);
+            let senders = direct
+                .iter()
+                .map(|h| {
+                    let h = h.clone();
+                    Arc::new(move |b: Bytes| {
+                        let h = h.clone();
+                        Box::pin(async move {
+                            let req = http::Request::post("https://localhost/ingest/bench")
+                                .body(())
+                                .expect("valid");
+                            h.request(req, b, 4096)
+                                .await
+                                .is_ok_and(|r| r.status.is_success())
+                        }) as futures_util::future::BoxFuture<'static, bool>
+                    })
+                        as Arc<
+                            dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool>
+                                + Send
+                                + Sync,
+                        >
+                })
+                .collect();
+            out.direct.push(drive(senders, body, secs).await);
+            progress(r + 1);
+        }
+        out
+    })
+}
+
+/// Resident memory of process `pid`, bytes (Linux `/proc`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
+/// Open `n` idle registered device connections to the gateway at `gw`; returns them (keep them
+/// alive while measuring).
+pub async fn idle_devices(
+    gw: SocketAddr,
+    trust: &qgate_transport::TrustRoots,
+    n: usize,
+) -> Vec<Device> {
+    let opts = TransportOptions {
+        idle_timeout_ms: 600_000,
+        ..Default::default()
+    };
+    let ccfg = client_config(trust, &[ALPN_H3], &opts).expect("config");
+    let ep = endpoint(
+        Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
+        None,
+        None,
+    )
+    .expect("endpoint");
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let c = connect(&ep, &ccfg, gw, "localhost", false)
+            .await
+            .expect("connect");
+        out.push(
+            Device::register(
+                H3Client::new(c.connection().clone()).await.expect("h3"),
+                i % 2 == 0,
+            )
+            .await
+            .expect("register"),
+        );
+    }
+    std::mem::forget(ep);
+    out
+}
