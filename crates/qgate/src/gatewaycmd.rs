@@ -249,6 +249,10 @@ pub struct DeviceArgs {
     /// Ingest stream on the server.
     #[arg(long, default_value = "device")]
     stream: String,
+    /// Send this file's contents, cut into records of --size bytes (instead of --count
+    /// generated records).
+    #[arg(long, value_name = "FILE", conflicts_with = "count")]
+    file: Option<PathBuf>,
     /// CA certificate(s) of the gateway, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
@@ -261,6 +265,20 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
             "--count must be positive, --size at most 1 MiB, --rate a non-negative number",
         ));
     }
+    // The records to send: a file cut into --size pieces, or --count generated ones.
+    let records: Vec<Bytes> = match &a.file {
+        Some(f) => {
+            let data =
+                std::fs::read(f).map_err(|e| usage(format!("cannot read {}: {e}", f.display())))?;
+            if data.is_empty() {
+                return Err(usage(format!("{} is empty", f.display())));
+            }
+            data.chunks(a.size.max(1))
+                .map(Bytes::copy_from_slice)
+                .collect()
+        }
+        None => vec![Bytes::from(vec![b'r'; a.size]); a.count],
+    };
     let (roots, _) = trust(a.ca)?;
     let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
     crate::runtime().block_on(async move {
@@ -283,11 +301,10 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         let dev =
             Device::register(H3Client::new(conn.connection().clone()).await?, a.priority).await?;
         eprintln!("registered, Hash ID {}", dev.hash_id());
-        let record = Bytes::from(vec![b'r'; a.size]);
-        let mut delays = Vec::with_capacity(a.count);
+        let mut delays = Vec::with_capacity(records.len());
         let mut by_path = std::collections::BTreeMap::new();
         let start = tokio::time::Instant::now();
-        for i in 0..a.count {
+        for (i, record) in records.iter().enumerate() {
             if a.rate > 0.0 {
                 tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / a.rate)).await;
             }
@@ -305,9 +322,10 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         let q = |f: f64| sorted[((sorted.len() as f64 * f) as usize).min(sorted.len() - 1)];
         let s = qgate_lab::stats::Summary::of(&delays);
         println!(
-            "sent {} records of {} B in {:.2} s",
-            a.count,
+            "sent {} records of {} B ({} B) in {:.2} s",
+            records.len(),
             a.size,
+            records.iter().map(|r| r.len()).sum::<usize>(),
             start.elapsed().as_secs_f64()
         );
         println!(

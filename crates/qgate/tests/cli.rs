@@ -582,7 +582,7 @@ fn device_through_gateway_to_server_as_processes() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("sent 20 records of 100 B"), "{out}");
+    assert!(out.contains("sent 20 records of 100 B (2000 B)"), "{out}");
     assert!(
         out.contains("paths used: 0: 10, 1: 10"),
         "round-robin alternates: {out}"
@@ -592,6 +592,22 @@ fn device_through_gateway_to_server_as_processes() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":20"));
+    // A file, cut into records.
+    let file = home.join("readings.csv");
+    std::fs::write(&file, "t,21.5\n".repeat(100)).unwrap(); // 700 bytes
+    let o = qgate(&home)
+        .args([
+            "device",
+            &format!("https://localhost:{gport}"),
+            "--size",
+            "300",
+            "--file",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("sent 3 records of 300 B (700 B)"));
 
     // Bad input: no paths, a malformed path, an unknown scheduler.
     let o = qgate(&home)
