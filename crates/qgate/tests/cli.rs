@@ -216,6 +216,23 @@ fn demo_runs_in_virtual_time_and_reports() {
     assert_eq!(strip(&out), strip(&String::from_utf8_lossy(&again.stdout)));
 }
 
+/// Run `qgate lab LAB --quick` into a fresh directory and check it wrote `files`; returns the
+/// home and output directories.
+fn run_lab_quick(lab: &str, files: &[&str]) -> (PathBuf, PathBuf) {
+    let home = tmp(&format!("lab-{lab}"));
+    let out = home.join(lab);
+    let o = qgate(&home)
+        .args(["lab", lab, "--quick", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in files {
+        assert!(out.join(f).exists(), "{lab}: {f} missing");
+    }
+    (home, out)
+}
+
 /// A `qgate server` on 127.0.0.1 with a free port, killed when dropped.
 struct Server(Child);
 
@@ -318,26 +335,19 @@ fn server_post_get_over_loopback() {
 
 #[test]
 fn lab_aqm_quick_writes_every_result_file() {
-    let home = tmp("lab-aqm");
-    let out = home.join("aqm");
-    let o = qgate(&home)
-        .args(["lab", "aqm", "--quick", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    for f in [
-        "results.csv",
-        "timeseries.csv",
-        "flows.csv",
-        "summary.md",
-        "goodput_timeseries.svg",
-        "qdelay_bars.svg",
-        "rtt_bars.svg",
-        "lost_bars.svg",
-    ] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
+    let (home, out) = run_lab_quick(
+        "aqm",
+        &[
+            "results.csv",
+            "timeseries.csv",
+            "flows.csv",
+            "summary.md",
+            "goodput_timeseries.svg",
+            "qdelay_bars.svg",
+            "rtt_bars.svg",
+            "lost_bars.svg",
+        ],
+    );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert_eq!(
         csv.lines().count(),
@@ -500,25 +510,18 @@ fn history_is_recorded_listed_and_cleared() {
 
 #[test]
 fn lab_history_quick_writes_every_result_file() {
-    let home = tmp("lab-history");
-    let out = home.join("history");
-    let o = qgate(&home)
-        .args(["lab", "history", "--quick", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    for f in [
-        "results.csv",
-        "summary.md",
-        "latency_1MB_good.svg",
-        "latency_1MB_bad.svg",
-        "loss_ratio_1MB.svg",
-        "dumbbell_good.svg",
-        "good_to_bad_latency.svg",
-    ] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
+    let (home, out) = run_lab_quick(
+        "history",
+        &[
+            "results.csv",
+            "summary.md",
+            "latency_1MB_good.svg",
+            "latency_1MB_bad.svg",
+            "loss_ratio_1MB.svg",
+            "dumbbell_good.svg",
+            "good_to_bad_latency.svg",
+        ],
+    );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     // 12 series × 5 runs, minus any run that failed to complete.
     assert!(csv.lines().count() > 50, "{csv}");
@@ -637,24 +640,17 @@ fn device_through_gateway_to_server_as_processes() {
 
 #[test]
 fn lab_proxy_quick_writes_every_result_file() {
-    let home = tmp("lab-proxy");
-    let out = home.join("proxy");
-    let o = qgate(&home)
-        .args(["lab", "proxy", "--quick", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    for f in [
-        "results.csv",
-        "summary.md",
-        "delay-equal_response.svg",
-        "delay-hetero_total.svg",
-        "loss_response.svg",
-        "all-priority_total.svg",
-    ] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
+    let (_home, out) = run_lab_quick(
+        "proxy",
+        &[
+            "results.csv",
+            "summary.md",
+            "delay-equal_response.svg",
+            "delay-hetero_total.svg",
+            "loss_response.svg",
+            "all-priority_total.svg",
+        ],
+    );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 6 * 3, "{csv}");
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
