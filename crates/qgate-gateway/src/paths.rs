@@ -66,12 +66,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Congestion-window history for the backhaul connections (paper 002; decision H6: on by
+/// default for the gateway).
+#[derive(Clone)]
+pub struct BackhaulHistory {
+    /// The store.
+    pub store: Arc<qgate_transport::history::HistoryStore>,
+    /// Transport settings the per-connection configuration is built from.
+    pub opts: qgate_transport::TransportOptions,
+    /// Careful-resume factor, if on.
+    pub safeguard: Option<f64>,
+}
+
 impl PathManager {
     /// Start managing `paths` with client configuration `cfg` (it must offer the server's ALPN).
     pub fn start(
         paths: Vec<Backhaul>,
         cfg: quinn::ClientConfig,
         config: PathConfig,
+    ) -> PathManager {
+        Self::start_with_history(paths, cfg, config, None)
+    }
+
+    /// [`PathManager::start`], each backhaul connection starting from its path's window history
+    /// and recording into it (the key is `server-name@server via local-address`, one per path).
+    pub fn start_with_history(
+        paths: Vec<Backhaul>,
+        cfg: quinn::ClientConfig,
+        config: PathConfig,
+        history: Option<BackhaulHistory>,
     ) -> PathManager {
         let n = paths.len();
         let shared = Arc::new(Shared {
@@ -81,7 +104,7 @@ impl PathManager {
             wake: Notify::new(),
         });
         let paths = Arc::new(paths);
-        let driver = tokio::spawn(drive(shared.clone(), paths, cfg));
+        let driver = tokio::spawn(drive(shared.clone(), paths, cfg, history));
         PathManager {
             shared,
             tasks: vec![driver],
@@ -107,7 +130,12 @@ impl PathManager {
     }
 }
 
-async fn drive(shared: Arc<Shared>, paths: Arc<Vec<Backhaul>>, cfg: quinn::ClientConfig) {
+async fn drive(
+    shared: Arc<Shared>,
+    paths: Arc<Vec<Backhaul>>,
+    cfg: quinn::ClientConfig,
+    history: Option<BackhaulHistory>,
+) {
     loop {
         let now = Instant::now();
         let probes = lock(&shared.table).poll(now.into_std());
@@ -121,7 +149,7 @@ async fn drive(shared: Arc<Shared>, paths: Arc<Vec<Backhaul>>, cfg: quinn::Clien
                         &ProbeMsg::Request(probe.seq).encode(),
                     ));
                 }
-                None => reconnect(&shared, &paths, &cfg, probe.path),
+                None => reconnect(&shared, &paths, &cfg, &history, probe.path),
             }
         }
         let next = lock(&shared.table).next_timeout();
@@ -144,6 +172,7 @@ fn reconnect(
     shared: &Arc<Shared>,
     paths: &Arc<Vec<Backhaul>>,
     cfg: &quinn::ClientConfig,
+    history: &Option<BackhaulHistory>,
     path: PathId,
 ) {
     {
@@ -153,7 +182,25 @@ fn reconnect(
         }
         *busy = true;
     }
-    let (shared, paths, cfg) = (shared.clone(), paths.clone(), cfg.clone());
+    let p = &paths[path.0];
+    let cfg = match history {
+        Some(h) => {
+            let local = p
+                .endpoint
+                .local_addr()
+                .map_or("?".to_string(), |a| a.ip().to_string());
+            let key = format!("{}@{} via {local}", p.server_name, p.server);
+            match h.store.client_config(cfg, &h.opts, &key, h.safeguard) {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    tracing::warn!(path = path.0, error = %e, "history config failed; default window");
+                    cfg.clone()
+                }
+            }
+        }
+        None => cfg.clone(),
+    };
+    let (shared, paths) = (shared.clone(), paths.clone());
     tokio::spawn(async move {
         let p = &paths[path.0];
         let result = tokio::time::timeout(

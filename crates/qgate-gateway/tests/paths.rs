@@ -107,3 +107,78 @@ async fn measures_detects_death_and_recovery() {
     }
     assert!(pm.connection(PathId(1)).is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn backhaul_connections_record_and_reuse_their_window_history() {
+    use qgate_core::history::HistoryConfig;
+    use qgate_gateway::paths::BackhaulHistory;
+    use qgate_transport::history::HistoryStore;
+
+    let net = Network::new(2);
+    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
+    let gi = net.add_interface(g, "10.0.1.1".parse().unwrap()).unwrap();
+    let si = net.add_interface(s, "10.0.1.2".parse().unwrap()).unwrap();
+    let link = net
+        .connect_symmetric(
+            gi,
+            si,
+            LinkParams::new(100_000_000, Duration::from_millis(10)),
+        )
+        .unwrap();
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions {
+        keep_alive_ms: Some(1000),
+        idle_timeout_ms: 5000,
+        ..Default::default()
+    };
+    let server = endpoint(
+        Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
+        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        Some(1),
+    )
+    .unwrap();
+    tokio::spawn(qgate_server::serve(
+        server,
+        Arc::new(IngestService::new(Sink::count_only())),
+        ServeLimits::default(),
+        None,
+    ));
+    let start = tokio::time::Instant::now();
+    let store = HistoryStore::in_memory(
+        HistoryConfig::default(),
+        Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64),
+    );
+    let path = Backhaul::new(
+        Socket::from(net.bind(g, "10.0.1.1:0".parse().unwrap()).unwrap()),
+        "10.0.1.2:443".parse().unwrap(),
+        "localhost",
+        Some(3),
+    )
+    .unwrap();
+    let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let history = BackhaulHistory {
+        store: store.clone(),
+        opts: opts.clone(),
+        safeguard: Some(2.0),
+    };
+    let pm = PathManager::start_with_history(vec![path], cfg, PathConfig::default(), Some(history));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(pm.connection(PathId(0)).is_some());
+    let key = "localhost@10.0.1.2:443 via 10.0.1.1";
+    assert!(
+        store.get(key).is_none(),
+        "nothing recorded while the connection lives"
+    );
+
+    // The path dies; the connection idles out and its window is recorded under the path's key.
+    net.update_both(link, |l| l.up = false).unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let e = store
+        .get(key)
+        .expect("recorded when the backhaul connection ended");
+    assert_eq!(e.count, 1);
+    // It comes back: the new connection is configured from the history (recorded again at its end).
+    net.update_both(link, |l| l.up = true).unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(pm.connection(PathId(0)).is_some(), "reconnected");
+}

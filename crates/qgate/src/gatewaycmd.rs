@@ -96,6 +96,13 @@ pub struct GatewayArgs {
     /// The name on the server's certificate [default: localhost].
     #[arg(long, value_name = "NAME")]
     server_name: Option<String>,
+    /// Backhaul connections start from their path's window history (paper 002)
+    /// [default: ewma; off to disable].
+    #[arg(long, value_enum, value_name = "MODE")]
+    history: Option<crate::config::HistoryMode>,
+    /// The history database [default: $QGATE_HOME/gateway-history.redb].
+    #[arg(long, value_name = "FILE")]
+    history_store: Option<PathBuf>,
 }
 
 fn dur(name: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
@@ -161,6 +168,17 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             "no backhaul paths: give --path LOCAL[=SERVER] (repeatable) or [[gateway.paths]]",
         ));
     }
+    let history = crate::history::open_default_on(
+        a.history,
+        a.history_store.clone(),
+        cfg,
+        "gateway-history.redb",
+    )
+    .map(|(store, safeguard)| qgate_gateway::paths::BackhaulHistory {
+        store,
+        opts: cfg.transport.clone(),
+        safeguard,
+    });
     let sched_name = a
         .scheduler
         .or(g.scheduler.clone())
@@ -210,7 +228,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
                 .context("reading /dev/urandom for the Hash ID generator")?;
             s
         };
-        let pm = PathManager::start(backhaul, ccfg, pcfg);
+        let pm = PathManager::start_with_history(backhaul, ccfg, pcfg, history);
         let gw = Arc::new(Gateway::new(pm, sched, gcfg, seed));
         let ep = endpoint(Socket::bind_udp(listen).map_err(usage)?, Some(scfg), None)?;
         let local = ep.local_addr().context("reading the bound address")?;
@@ -256,6 +274,13 @@ pub struct DeviceArgs {
     /// CA certificate(s) of the gateway, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
+    /// Start from the window history of earlier connections to this gateway (paper 002)
+    /// [default: ewma; off to disable].
+    #[arg(long, value_enum, value_name = "MODE")]
+    history: Option<crate::config::HistoryMode>,
+    /// The history database [default: $QGATE_HOME/device-history.redb].
+    #[arg(long, value_name = "FILE")]
+    history_store: Option<PathBuf>,
 }
 
 pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
@@ -281,8 +306,26 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
     };
     let (roots, _) = trust(a.ca)?;
     let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    let history = crate::history::open_default_on(
+        a.history,
+        a.history_store.clone(),
+        cfg,
+        "device-history.redb",
+    );
+    let transport = cfg.transport.clone();
     crate::runtime().block_on(async move {
         let addr = target.resolve().await.map_err(usage)?;
+        // With history on, this connection starts from the window of earlier ones to the gateway.
+        let ccfg = match &history {
+            Some((store, safeguard)) => {
+                let peer = qgate_transport::history::client_peer_key(&target.host, addr);
+                store
+                    .client_config(&ccfg, &transport, &peer, *safeguard)
+                    .map_err(usage)?
+                    .0
+            }
+            None => ccfg,
+        };
         let ep = endpoint(
             Socket::bind_udp("0.0.0.0:0".parse().expect("valid"))?,
             None,

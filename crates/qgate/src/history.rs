@@ -64,6 +64,31 @@ pub fn open(
     Ok(Some((store, (factor > 0.0).then_some(factor))))
 }
 
+/// History for a long-running service or a device, **on (EWMA) unless turned off** (decision H6):
+/// the store defaults to `$QGATE_HOME/<file>`; if it cannot be opened (another process holds
+/// it) the command warns and runs without history rather than failing.
+pub fn open_default_on(
+    mode: Option<HistoryMode>,
+    store: Option<PathBuf>,
+    cfg: &Config,
+    file: &str,
+) -> Option<OpenHistory> {
+    let mode = mode.or(cfg.history.mode).unwrap_or(HistoryMode::Ewma);
+    let path = store
+        .or(cfg.history.store.clone())
+        .unwrap_or_else(|| default_store().with_file_name(file));
+    match open(Some(mode), Some(path), cfg) {
+        Ok(h) => h,
+        Err(f) => {
+            eprintln!(
+                "qgate: warning: running without congestion-window history: {:#}",
+                f.error
+            );
+            None
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct HistoryArgs {
     /// The store file [default: $QGATE_HOME/history.redb].

@@ -595,6 +595,17 @@ fn device_through_gateway_to_server_as_processes() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":20"));
+    // Devices keep a window history by default (paper 002, decision H6).
+    let o = qgate(&home)
+        .args(["history", "list", "--store"])
+        .arg(home.join("device-history.redb"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        listed.contains(&format!("localhost@127.0.0.1:{gport}")),
+        "{listed}"
+    );
     // A file, cut into records.
     let file = home.join("readings.csv");
     std::fs::write(&file, "t,21.5\n".repeat(100)).unwrap(); // 700 bytes
