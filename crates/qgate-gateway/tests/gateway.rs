@@ -10,8 +10,8 @@ use qgate_core::scheduler;
 use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkId, LinkParams, Network};
-use qgate_server::{IngestService, ServerStats, Sink};
-use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
+use qgate_server::ServerStats;
+use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
@@ -49,20 +49,14 @@ async fn world(n: usize, sched: &str) -> World {
                 .unwrap(),
         );
     }
-    let sep = endpoint(
+    let server = qgate_server::CountingServer::start(
         Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
-        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        &pki.server,
+        &opts,
         Some(1),
     )
-    .unwrap();
-    let service = Arc::new(IngestService::new(Sink::count_only()));
-    let server = service.stats();
-    tokio::spawn(qgate_server::serve(
-        sep,
-        service,
-        ServeLimits::default(),
-        None,
-    ));
+    .unwrap()
+    .stats;
 
     let paths = (1..=3u8)
         .map(|k| {

@@ -10,8 +10,7 @@ use qgate_core::path::PathConfig;
 use qgate_core::scheduler;
 use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
 use qgate_gateway::paths::{Backhaul, PathManager};
-use qgate_server::{IngestService, Sink};
-use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
+use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
@@ -25,21 +24,15 @@ async fn forwards_over_two_loopback_paths() {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
     let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
-    let server = endpoint(
+    let server = qgate_server::CountingServer::start(
         Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        Some(scfg.clone()),
+        &pki.server,
+        &opts,
         None,
     )
     .unwrap();
-    let server_addr = server.local_addr().unwrap();
-    let service = Arc::new(IngestService::new(Sink::count_only()));
-    let stats = service.stats();
-    tokio::spawn(qgate_server::serve(
-        server,
-        service,
-        ServeLimits::default(),
-        None,
-    ));
+    let server_addr = server.addr();
+    let stats = server.stats.clone();
 
     let paths = ["127.0.0.2:0", "127.0.0.3:0"]
         .iter()

@@ -8,9 +8,8 @@ use std::time::Duration;
 use qgate_core::path::{PathConfig, PathId};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkParams, Network};
-use qgate_server::{IngestService, Sink};
-use qgate_transport::http3::{ServeLimits, ALPN_H3};
-use qgate_transport::{client_config, endpoint, server_config, DevPki, Socket, TransportOptions};
+use qgate_transport::http3::ALPN_H3;
+use qgate_transport::{client_config, DevPki, Socket, TransportOptions};
 
 #[tokio::test(start_paused = true)]
 async fn measures_detects_death_and_recovery() {
@@ -36,18 +35,13 @@ async fn measures_detects_death_and_recovery() {
                 .unwrap(),
         );
     }
-    let server = endpoint(
+    let _server = qgate_server::CountingServer::start(
         Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
-        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        &pki.server,
+        &opts,
         Some(1),
     )
     .unwrap();
-    tokio::spawn(qgate_server::serve(
-        server,
-        Arc::new(IngestService::new(Sink::count_only())),
-        ServeLimits::default(),
-        None,
-    ));
     for i in 1..=3u8 {
         let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
         let remote: SocketAddr = format!("10.0.{i}.2:443").parse().unwrap();
@@ -131,18 +125,13 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
         idle_timeout_ms: 5000,
         ..Default::default()
     };
-    let server = endpoint(
+    let _server = qgate_server::CountingServer::start(
         Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
-        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        &pki.server,
+        &opts,
         Some(1),
     )
     .unwrap();
-    tokio::spawn(qgate_server::serve(
-        server,
-        Arc::new(IngestService::new(Sink::count_only())),
-        ServeLimits::default(),
-        None,
-    ));
     let start = tokio::time::Instant::now();
     let store = HistoryStore::in_memory(
         HistoryConfig::default(),

@@ -11,11 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use qgate_netsim::{Direction, LinkParams, LinkStats, Network};
-use qgate_server::{IngestService, Sink, StatsSnapshot};
-use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
-};
+use qgate_server::StatsSnapshot;
+use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -151,25 +149,17 @@ pub async fn run(config: DemoConfig) -> Result<DemoReport, String> {
 
     let pki = DevPki::generate(&[]).map_err(|e| e.to_string())?;
     let server_addr = SocketAddr::new(addr(10, 0, 0, 2), 443);
-    let scfg =
-        server_config(&pki.server, &[ALPN_H3], &config.transport).map_err(|e| e.to_string())?;
-    let server_ep = endpoint(
+    let server = qgate_server::CountingServer::start(
         Socket::from(
             net.bind(server_host, server_addr)
                 .map_err(|e| e.to_string())?,
         ),
-        Some(scfg),
+        &pki.server,
+        &config.transport,
         Some(config.seed),
     )
     .map_err(|e| e.to_string())?;
-    let service = Arc::new(IngestService::new(Sink::count_only()));
-    let server_stats = service.stats();
-    let server_task = tokio::spawn(qgate_server::serve(
-        server_ep.clone(),
-        service,
-        ServeLimits::default(),
-        None,
-    ));
+    let server_stats = server.stats.clone();
     let ccfg =
         client_config(&pki.trust(), &[ALPN_H3], &config.transport).map_err(|e| e.to_string())?;
 
@@ -217,8 +207,8 @@ pub async fn run(config: DemoConfig) -> Result<DemoReport, String> {
         }
     }
     let virtual_secs = t0.elapsed().as_secs_f64();
-    server_ep.close(0u32.into(), b"demo over");
-    server_task.abort();
+    server.endpoint.close(0u32.into(), b"demo over");
+    server.task.abort();
     let h = delays.lock().expect("histogram lock");
     let us = |v: u64| v as f64 / 1000.0;
     let all: Vec<f64> = h

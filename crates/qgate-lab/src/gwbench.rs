@@ -12,8 +12,7 @@ use qgate_core::scheduler;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::{Backhaul, PathManager};
-use qgate_server::{IngestService, Sink};
-use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
+use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
@@ -132,19 +131,14 @@ pub fn run(
         let opts = TransportOptions::default();
         let scfg = server_config(&pki.server, &[ALPN_H3], &opts).expect("config");
         let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
-        let server = endpoint(
+        let server = qgate_server::CountingServer::start(
             Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
-            Some(scfg.clone()),
+            &pki.server,
+            &opts,
             None,
         )
-        .expect("endpoint");
-        let server_addr = server.local_addr().expect("bound");
-        tokio::spawn(qgate_server::serve(
-            server,
-            Arc::new(IngestService::new(Sink::count_only())),
-            ServeLimits::default(),
-            None,
-        ));
+        .expect("server");
+        let server_addr = server.addr();
         let paths = ["127.0.0.2:0", "127.0.0.3:0"]
             .iter()
             .map(|l| {

@@ -13,8 +13,7 @@ use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkId, LinkParams, LossModel, Network};
-use qgate_server::{IngestService, Sink};
-use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
+use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
@@ -103,21 +102,16 @@ pub(crate) async fn build(p: &Point) -> World {
         links.push(net.connect_symmetric(gi, si, params).expect("link"));
     }
     let scfg = server_config(&pki.server, &[ALPN_H3], &opts).expect("config");
-    let sep = endpoint(
+    let _server = qgate_server::CountingServer::start(
         Socket::from(
             net.bind(s, "0.0.0.0:443".parse().expect("addr"))
                 .expect("port"),
         ),
-        Some(scfg.clone()),
+        &pki.server,
+        &opts,
         Some(p.seed),
     )
-    .expect("endpoint");
-    tokio::spawn(qgate_server::serve(
-        sep,
-        Arc::new(IngestService::new(Sink::count_only())),
-        ServeLimits::default(),
-        None,
-    ));
+    .expect("server");
     let paths = (1..=3u8)
         .map(|k| {
             let local: SocketAddr = format!("10.0.{k}.1:0").parse().expect("addr");

@@ -288,6 +288,50 @@ fn serde_json_like(s: &StatsSnapshot) -> String {
     )
 }
 
+/// A running count-only ingest server: what experiments, demos, benchmarks and tests start.
+pub struct CountingServer {
+    /// Its QUIC endpoint.
+    pub endpoint: quinn::Endpoint,
+    /// Its counters.
+    pub stats: Arc<ServerStats>,
+    /// The accept loop.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingServer {
+    /// Start an HTTP/3 ingest server that only counts bodies, on `socket`, with `identity` and
+    /// `opts` (`seed` makes quinn's choices reproducible in simulations). Needs a tokio runtime.
+    pub fn start(
+        socket: qgate_transport::Socket,
+        identity: &qgate_transport::Identity,
+        opts: &qgate_transport::TransportOptions,
+        seed: Option<u64>,
+    ) -> Result<CountingServer, qgate_transport::TransportError> {
+        let cfg = qgate_transport::server_config(identity, &[http3::ALPN_H3], opts)?;
+        let endpoint = qgate_transport::endpoint(socket, Some(cfg), seed)?;
+        let service = Arc::new(IngestService::new(Sink::count_only()));
+        let stats = service.stats();
+        let task = tokio::spawn(serve(
+            endpoint.clone(),
+            service,
+            ServeLimits::default(),
+            None,
+        ));
+        Ok(CountingServer {
+            endpoint,
+            stats,
+            task,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint
+            .local_addr()
+            .expect("a bound endpoint has an address")
+    }
+}
+
 /// Congestion-window history on the server side (paper 002): each incoming connection gets a
 /// configuration whose initial window comes from that client's history, via
 /// `Incoming::accept_with`.

@@ -1,17 +1,13 @@
 //! The server answers path probes on the same QUIC connection as HTTP/3, over netsim.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use qgate_core::probe::ProbeMsg;
 use qgate_netsim::{LinkParams, Network};
-use qgate_server::{IngestService, Sink};
-use qgate_transport::http3::{H3Client, ServeLimits, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
-};
+use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
@@ -29,20 +25,14 @@ async fn probes_are_answered_at_once_beside_http3() {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
     let server_addr: SocketAddr = "10.0.0.2:443".parse().unwrap();
-    let sep = endpoint(
+    let stats = qgate_server::CountingServer::start(
         Socket::from(net.bind(s, server_addr).unwrap()),
-        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+        &pki.server,
+        &opts,
         Some(1),
     )
-    .unwrap();
-    let service = Arc::new(IngestService::new(Sink::count_only()));
-    let stats = service.stats();
-    tokio::spawn(qgate_server::serve(
-        sep,
-        service,
-        ServeLimits::default(),
-        None,
-    ));
+    .unwrap()
+    .stats;
 
     let cep = endpoint(
         Socket::from(net.bind(g, "10.0.0.1:0".parse().unwrap()).unwrap()),

@@ -194,32 +194,21 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
 /// resident memory per device.
 fn memory_bench(n: usize) -> Result<(), Failure> {
     use std::io::BufRead;
-    use std::sync::Arc;
+
     let pki =
         qgate_transport::DevPki::load_or_create(&crate::default_dev_pki_dir()).map_err(usage)?;
     let rt = crate::runtime();
-    let (server_addr, _server) = rt.block_on(async {
-        let scfg = qgate_transport::server_config(
-            &pki.server,
-            &[qgate_transport::http3::ALPN_H3],
-            &Default::default(),
-        )
-        .expect("config");
-        let ep = qgate_transport::endpoint(
-            qgate_transport::Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("bind"),
-            Some(scfg),
-            None,
-        )
-        .expect("endpoint");
-        let addr = ep.local_addr().expect("bound");
-        let svc = Arc::new(qgate_server::IngestService::new(
-            qgate_server::Sink::count_only(),
-        ));
-        (
-            addr,
-            tokio::spawn(qgate_server::serve(ep, svc, Default::default(), None)),
-        )
-    });
+    let server = rt
+        .block_on(async {
+            qgate_server::CountingServer::start(
+                qgate_transport::Socket::bind_udp("127.0.0.1:0".parse().expect("addr"))?,
+                &pki.server,
+                &Default::default(),
+                None,
+            )
+        })
+        .map_err(|e| anyhow::anyhow!("starting the ingest server: {e}"))?;
+    let server_addr = server.addr();
     let exe =
         std::env::current_exe().map_err(|e| anyhow::anyhow!("finding the qgate binary: {e}"))?;
     let mut child = std::process::Command::new(exe)
