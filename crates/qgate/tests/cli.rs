@@ -23,6 +23,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Run `qgate ARGS…` with `home` as QGATE_HOME and wait for it.
+fn run(home: &Path, args: &[&str]) -> Output {
+    qgate(home).args(args).output().unwrap()
+}
+
 /// A failed run: the expected exit status, the message on stderr, and never a panic.
 fn assert_fails(o: Output, status: i32, needle: &str) {
     let err = stderr(&o);
@@ -56,25 +61,16 @@ fn help_everywhere() {
 #[test]
 fn malformed_url_is_a_usage_error() {
     let home = tmp("url");
-    let o = qgate(&home)
-        .args(["get", "localhost:4433/x"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["get", "localhost:4433/x"]);
     assert_fails(o, 2, "invalid URL 'localhost:4433/x'");
-    let o = qgate(&home)
-        .args(["get", "http://localhost/"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["get", "http://localhost/"]);
     assert_fails(o, 2, "scheme 'http' is not supported");
 }
 
 #[test]
 fn missing_ca_says_what_to_do() {
     let home = tmp("noca");
-    let o = qgate(&home)
-        .args(["get", "https://localhost:4433/"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["get", "https://localhost:4433/"]);
     assert_fails(o, 2, "no CA to trust: pass --ca FILE");
 }
 
@@ -98,8 +94,9 @@ fn unreachable_server_times_out_clearly() {
 #[test]
 fn bad_certificate_files_are_named() {
     let home = tmp("certs");
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "server",
             "--listen",
             "127.0.0.1:0",
@@ -107,9 +104,8 @@ fn bad_certificate_files_are_named() {
             "/nonexistent/c.pem",
             "--key",
             "/nonexistent/k.pem",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert_fails(o, 2, "/nonexistent/c.pem: No such file");
     let junk = home.join("junk.pem");
     std::fs::write(&junk, "not pem at all").unwrap();
@@ -153,10 +149,7 @@ fn malformed_config_is_named_with_its_line() {
         .unwrap();
     assert_fails(o, 2, "keep_alive_ms");
 
-    let o = qgate(&home)
-        .args(["--config", "/nonexistent/q.toml", "demo"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["--config", "/nonexistent/q.toml", "demo"]);
     assert_fails(o, 2, "cannot read config file /nonexistent/q.toml");
 
     std::fs::write(&cfg, "[demo]\nclients = 0\n").unwrap();
@@ -172,8 +165,9 @@ fn malformed_config_is_named_with_its_line() {
 #[test]
 fn demo_runs_in_virtual_time_and_reports() {
     let home = tmp("demo");
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "demo",
             "--direct",
             "--clients",
@@ -182,9 +176,8 @@ fn demo_runs_in_virtual_time_and_reports() {
             "20",
             "--seed",
             "4",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -194,8 +187,9 @@ fn demo_runs_in_virtual_time_and_reports() {
     assert!(out.contains("response delay"), "{out}");
     assert!(out.contains("virtual time"), "{out}");
     // Same seed, same numbers (the wall-clock line aside).
-    let again = qgate(&home)
-        .args([
+    let again = run(
+        &home,
+        &[
             "demo",
             "--direct",
             "--clients",
@@ -204,9 +198,8 @@ fn demo_runs_in_virtual_time_and_reports() {
             "20",
             "--seed",
             "4",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let strip = |s: &str| {
         s.lines()
             .filter(|l| !l.contains("wall clock"))
@@ -286,15 +279,15 @@ fn server_post_get_over_loopback() {
     assert!(ca.exists(), "the server created the development CA");
 
     // The default CA location is found without --ca.
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "post",
             &format!("{base}/ingest/sensors"),
             "--data",
             "t=21.5",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let body = String::from_utf8_lossy(&o.stdout);
     assert!(body.contains("\"bytes\":6"), "{body}");
@@ -321,15 +314,9 @@ fn server_post_get_over_loopback() {
         .output()
         .unwrap();
     assert_fails(o, 3, "413 Payload Too Large");
-    let o = qgate(&home)
-        .args(["get", &format!("{base}/nope")])
-        .output()
-        .unwrap();
+    let o = run(&home, &["get", &format!("{base}/nope")]);
     assert_fails(o, 3, "404 Not Found");
-    let o = qgate(&home)
-        .args(["get", &format!("{base}/metrics")])
-        .output()
-        .unwrap();
+    let o = run(&home, &["get", &format!("{base}/metrics")]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("qgate_server_ingested_total 1"));
 }
 
@@ -373,22 +360,19 @@ fn lab_aqm_quick_writes_every_result_file() {
             delay(aqm)
         );
     }
-    let o = qgate(&home)
-        .args(["lab", "aqm", "--quick", "--only", "blue"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["lab", "aqm", "--quick", "--only", "blue"]);
     assert_fails(o, 2, "unknown discipline 'blue'");
 }
 
 #[test]
 fn lab_margins_prints_the_table() {
     let home = tmp("margins");
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "lab", "margins", "--mbps", "50", "--rtt-ms", "42", "--flows", "30",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -400,8 +384,9 @@ fn lab_margins_prints_the_table() {
 #[test]
 fn demo_takes_a_queue_discipline_flag() {
     let home = tmp("demo-queue");
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "demo",
             "--direct",
             "--clients",
@@ -410,15 +395,11 @@ fn demo_takes_a_queue_discipline_flag() {
             "10",
             "--backbone-queue",
             "codel:target_ms=3",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("queue codel:target_ms=3"));
-    let o = qgate(&home)
-        .args(["demo", "--backbone-queue", "pie:target=3"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["demo", "--backbone-queue", "pie:target=3"]);
     assert_fails(o, 2, "unknown field `target`");
 }
 
@@ -527,10 +508,7 @@ fn lab_history_quick_writes_every_result_file() {
     assert!(csv.lines().count() > 50, "{csv}");
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Against paper 002") && summary.contains("## Good → bad"));
-    let o = qgate(&home)
-        .args(["lab", "history", "--runs", "1"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["lab", "history", "--runs", "1"]);
     assert_fails(o, 2, "--runs must be at least 2");
 }
 
@@ -571,8 +549,9 @@ fn device_through_gateway_to_server_as_processes() {
         .unwrap()
         .to_string();
     std::thread::sleep(std::time::Duration::from_millis(500)); // paths connect
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "device",
             &format!("https://localhost:{gport}"),
             "--count",
@@ -580,9 +559,8 @@ fn device_through_gateway_to_server_as_processes() {
             "--size",
             "100",
             "--priority",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("sent 20 records of 100 B (2000 B)"), "{out}");
@@ -590,10 +568,7 @@ fn device_through_gateway_to_server_as_processes() {
         out.contains("paths used: 0: 10, 1: 10"),
         "round-robin alternates: {out}"
     );
-    let o = qgate(&home)
-        .args(["get", &format!("https://localhost:{sport}/stats")])
-        .output()
-        .unwrap();
+    let o = run(&home, &["get", &format!("https://localhost:{sport}/stats")]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":20"));
     // Devices keep a window history by default (paper 002, decision H6).
     let o = qgate(&home)
@@ -624,18 +599,13 @@ fn device_through_gateway_to_server_as_processes() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("sent 3 records of 300 B (700 B)"));
 
     // Bad input: no paths, a malformed path, an unknown scheduler.
-    let o = qgate(&home)
-        .args(["gateway", "--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["gateway", "--listen", "127.0.0.1:0"]);
     assert_fails(o, 2, "no backhaul paths");
-    let o = qgate(&home)
-        .args(["gateway", "--path", "nowhere"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["gateway", "--path", "nowhere"]);
     assert_fails(o, 2, "'nowhere' is not an address");
-    let o = qgate(&home)
-        .args([
+    let o = run(
+        &home,
+        &[
             "gateway",
             "--server",
             "127.0.0.1:1",
@@ -643,9 +613,8 @@ fn device_through_gateway_to_server_as_processes() {
             "127.0.0.2:0",
             "--scheduler",
             "fastest",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert_fails(o, 2, "unknown scheduler 'fastest'");
 }
 
@@ -671,10 +640,10 @@ fn lab_proxy_quick_writes_every_result_file() {
 #[test]
 fn gateway_demo_in_virtual_time() {
     let home = tmp("gwdemo");
-    let o = qgate(&home)
-        .args(["demo", "--virtual", "--duration", "6", "--devices", "6"])
-        .output()
-        .unwrap();
+    let o = run(
+        &home,
+        &["demo", "--virtual", "--duration", "6", "--devices", "6"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -682,9 +651,6 @@ fn gateway_demo_in_virtual_time() {
         "{out}"
     );
     assert!(out.contains("failed       0"), "{out}");
-    let o = qgate(&home)
-        .args(["demo", "--scheduler", "fastest"])
-        .output()
-        .unwrap();
+    let o = run(&home, &["demo", "--scheduler", "fastest"]);
     assert_fails(o, 2, "unknown scheduler 'fastest'");
 }
