@@ -14,6 +14,7 @@ use qgate_core::path::PathId;
 use qgate_core::scheduler::{Priority, Scheduler};
 use qgate_core::session::{HashId, SessionError, SessionTable};
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits};
+use qgate_transport::TransportOptions;
 use tokio::time::Instant;
 
 use crate::paths::PathManager;
@@ -49,6 +50,24 @@ impl Default for GatewayConfig {
             attempts: 3,
             max_body: 1 << 20,
             server_authority: "localhost".into(),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Transport options for the device-facing endpoint: `base` with the QUIC stream limits cut
+    /// to what one device may use, so flow control enforces the in-flight limit and an idle
+    /// device's connection does not pre-allocate 100 + 100 stream slots (~8 KiB, decision G7).
+    pub fn device_transport(&self, base: &TransportOptions) -> TransportOptions {
+        TransportOptions {
+            // One stream per request in flight (registration and /metrics count too).
+            max_concurrent_bidi_streams: u32::try_from(self.max_inflight_per_device)
+                .unwrap_or(u32::MAX)
+                .clamp(1, base.max_concurrent_bidi_streams.max(1)),
+            // HTTP/3 needs the peer's control, QPACK encoder and QPACK decoder streams
+            // (RFC 9114 §6.2, RFC 9204 §4.2), plus one for a grease or extension stream.
+            max_concurrent_uni_streams: base.max_concurrent_uni_streams.clamp(3, 4),
+            ..base.clone()
         }
     }
 }
@@ -338,9 +357,11 @@ impl Gateway {
                 .expect("valid request");
             self.paths
                 .with_table(|t| t.on_request_sent(path, Instant::now().into_std()));
+            // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future
+            // (and the per-request task) grows by it and is copied around with it.
             match tokio::time::timeout(
                 self.cfg.request_timeout,
-                client.request(out, body.clone(), 1 << 20),
+                Box::pin(client.request(out, body.clone(), 1 << 20)),
             )
             .await
             {
@@ -504,5 +525,34 @@ impl Handler for Gateway {
                 resp
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_transport_bounds_streams_to_what_a_device_may_use() {
+        let base = TransportOptions::default();
+        let cfg = GatewayConfig::default();
+        let t = cfg.device_transport(&base);
+        assert_eq!(t.max_concurrent_bidi_streams, 32);
+        assert_eq!(t.max_concurrent_uni_streams, 4);
+        assert_eq!(t.receive_window, base.receive_window);
+        // Never below what HTTP/3 needs, never above what the operator configured.
+        let tight = TransportOptions {
+            max_concurrent_bidi_streams: 8,
+            max_concurrent_uni_streams: 1,
+            ..base
+        };
+        let t = cfg.device_transport(&tight);
+        assert_eq!(t.max_concurrent_bidi_streams, 8);
+        assert_eq!(t.max_concurrent_uni_streams, 3);
+        let one = GatewayConfig {
+            max_inflight_per_device: 0,
+            ..cfg
+        };
+        assert_eq!(one.device_transport(&tight).max_concurrent_bidi_streams, 1);
     }
 }

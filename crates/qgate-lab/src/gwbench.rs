@@ -33,10 +33,31 @@ pub struct Load {
 /// Benchmark results.
 #[derive(Debug, Clone)]
 pub struct GatewayBench {
-    /// Through the gateway, per repeat.
+    /// Through the gateway, closed loop (as fast as it answers), per repeat.
     pub via_gateway: Vec<Load>,
-    /// Straight to the server, per repeat.
+    /// Straight to the server, closed loop, per repeat.
     pub direct: Vec<Load>,
+    /// Through the gateway at the fixed offered load, per repeat (empty when not measured).
+    pub via_gateway_paced: Vec<Load>,
+    /// Straight to the server at the fixed offered load, per repeat.
+    pub direct_paced: Vec<Load>,
+}
+
+/// What the devices send.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchConfig {
+    /// Concurrent devices.
+    pub devices: usize,
+    /// Request body, bytes.
+    pub body: usize,
+    /// Seconds per measurement.
+    pub secs: f64,
+    /// Alternating (gateway, direct) pairs.
+    pub repeats: usize,
+    /// Offered load of the latency measurement, requests/s over all devices (0 skips it).
+    /// Closed-loop latency at saturation is queueing (Little's law: devices / throughput), not
+    /// the gateway's cost; the gateway's added latency is measured below saturation (G8).
+    pub paced_rps: f64,
 }
 
 impl GatewayBench {
@@ -48,42 +69,58 @@ impl GatewayBench {
     pub fn direct_rps(&self) -> Summary {
         Summary::of(&self.direct.iter().map(|l| l.rps).collect::<Vec<_>>())
     }
-    /// Added median latency, ms (mean ± std over repeats).
+    /// Added median latency at saturation, ms (mean ± std over repeats).
     pub fn added_p50_ms(&self) -> Summary {
-        Summary::of(
-            &self
-                .via_gateway
-                .iter()
-                .zip(&self.direct)
-                .map(|(g, d)| g.p50_ms - d.p50_ms)
-                .collect::<Vec<_>>(),
-        )
+        added(&self.via_gateway, &self.direct)
+    }
+    /// Added median latency at the fixed offered load, ms (mean ± std over repeats).
+    pub fn added_p50_paced_ms(&self) -> Summary {
+        added(&self.via_gateway_paced, &self.direct_paced)
     }
 }
+
+fn added(via: &[Load], direct: &[Load]) -> Summary {
+    Summary::of(
+        &via.iter()
+            .zip(direct)
+            .map(|(g, d)| g.p50_ms - d.p50_ms)
+            .collect::<Vec<_>>(),
+    )
+}
+
+type SendFn = Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().expect("valid address")
 }
 
-/// `devices` closed-loop senders of `body` bytes for `secs`, over `clients`.
-async fn drive(
-    clients: Vec<
-        Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>,
-    >,
-    body: usize,
-    secs: f64,
-) -> Load {
+/// One sender per client, `body` bytes per request, for `secs`: closed loop (the next request
+/// when the last is answered) when `rps` is 0, else each client sends at `rps / clients`
+/// requests/s, the clients' start times spread evenly over one interval.
+async fn drive(clients: Vec<SendFn>, body: usize, secs: f64, rps: f64) -> Load {
+    let n = clients.len();
     let stop = Arc::new(AtomicBool::new(false));
     let lat = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let tasks: Vec<_> = clients
         .into_iter()
-        .map(|send| {
+        .enumerate()
+        .map(|(i, send)| {
             let (stop, lat) = (stop.clone(), lat.clone());
             let payload = Bytes::from(vec![b'x'; body]);
             tokio::spawn(async move {
                 let mut mine = Vec::new();
+                let mut pace = (rps > 0.0).then(|| {
+                    let every = Duration::from_secs_f64(n as f64 / rps);
+                    let first = tokio::time::Instant::now() + every.mul_f64(i as f64 / n as f64);
+                    let mut t = tokio::time::interval_at(first, every);
+                    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    t
+                });
                 while !stop.load(Ordering::Relaxed) {
+                    if let Some(p) = pace.as_mut() {
+                        p.tick().await;
+                    }
                     let t = Instant::now();
                     if send(payload.clone()).await {
                         mine.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -113,14 +150,16 @@ async fn drive(
     }
 }
 
-/// Run `repeats` alternating pairs (gateway, direct) of `secs` each with `devices` devices.
-pub fn run(
-    devices: usize,
-    body: usize,
-    secs: f64,
-    repeats: usize,
-    progress: impl Fn(usize),
-) -> GatewayBench {
+/// Run `repeats` alternating pairs (gateway, direct), closed loop and then at the fixed offered
+/// load, `secs` each.
+pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
+    let BenchConfig {
+        devices,
+        body,
+        secs,
+        repeats,
+        paced_rps,
+    } = cfg;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -129,7 +168,9 @@ pub fn run(
     rt.block_on(async {
         let pki = DevPki::generate(&[]).expect("PKI");
         let opts = TransportOptions::default();
-        let scfg = server_config(&pki.server, &[ALPN_H3], &opts).expect("config");
+        let gcfg = GatewayConfig::default();
+        let scfg =
+            server_config(&pki.server, &[ALPN_H3], &gcfg.device_transport(&opts)).expect("config");
         let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
         let server = qgate_server::CountingServer::start(
             Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
@@ -155,7 +196,7 @@ pub fn run(
         let gw = Arc::new(Gateway::new(
             pm,
             scheduler::by_name("adaptive").expect("known"),
-            GatewayConfig::default(),
+            gcfg,
             [3; 32],
         ));
         let gep = endpoint(
@@ -197,29 +238,20 @@ pub fn run(
                 H3Client::new(c.connection().clone()).await.expect("h3"),
             ));
         }
-        let mut out = GatewayBench {
-            via_gateway: Vec::new(),
-            direct: Vec::new(),
-        };
-        for r in 0..repeats {
-            let senders = via
-                .iter()
+        let via_senders = || -> Vec<SendFn> {
+            via.iter()
                 .map(|d| {
                     let d = d.clone();
                     Arc::new(move |b: Bytes| {
                         let d = d.clone();
                         Box::pin(async move { d.send("/ingest/bench", b).await.is_ok() })
                             as futures_util::future::BoxFuture<'static, bool>
-                    })
-                        as Arc<
-                            dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool>
-                                + Send
-                                + Sync,
-                        >
+                    }) as SendFn
                 })
-                .collect();
-            out.via_gateway.push(drive(senders, body, secs).await);
-            let senders = direct
+                .collect()
+        };
+        let direct_senders = || -> Vec<SendFn> {
+            direct
                 .iter()
                 .map(|h| {
                     let h = h.clone();
@@ -233,15 +265,27 @@ pub fn run(
                                 .await
                                 .is_ok_and(|r| r.status.is_success())
                         }) as futures_util::future::BoxFuture<'static, bool>
-                    })
-                        as Arc<
-                            dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool>
-                                + Send
-                                + Sync,
-                        >
+                    }) as SendFn
                 })
-                .collect();
-            out.direct.push(drive(senders, body, secs).await);
+                .collect()
+        };
+        let mut out = GatewayBench {
+            via_gateway: Vec::new(),
+            direct: Vec::new(),
+            via_gateway_paced: Vec::new(),
+            direct_paced: Vec::new(),
+        };
+        for r in 0..repeats {
+            out.via_gateway
+                .push(drive(via_senders(), body, secs, 0.0).await);
+            out.direct
+                .push(drive(direct_senders(), body, secs, 0.0).await);
+            if paced_rps > 0.0 {
+                out.via_gateway_paced
+                    .push(drive(via_senders(), body, secs, paced_rps).await);
+                out.direct_paced
+                    .push(drive(direct_senders(), body, secs, paced_rps).await);
+            }
             progress(r + 1);
         }
         out

