@@ -241,7 +241,8 @@ impl TrustRoots {
         })
     }
 
-    pub(crate) fn store(&self) -> Result<rustls::RootCertStore, TlsError> {
+    /// A rustls root store holding these certificates.
+    pub fn store(&self) -> Result<rustls::RootCertStore, TlsError> {
         let mut store = rustls::RootCertStore::empty();
         for c in &self.roots {
             store.add(c.clone())?;

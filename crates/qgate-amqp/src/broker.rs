@@ -1,0 +1,819 @@
+//! The AMQP 1.0 broker: named queues, competing consumers, pre-settled and unsettled delivery,
+//! credit-based back-pressure, redelivery, TTL, size limits, durable queues, SASL, metrics.
+//!
+//! Connection, session and link state machines are fe2o3-amqp's; everything a broker adds —
+//! queues, routing, durability, redelivery — is here, on top of the sans-IO [`Queue`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fe2o3_amqp::acceptor::{
+    ConnectionAcceptor, LinkAcceptor, LinkEndpoint, ListenerSessionHandle, SessionAcceptor,
+};
+use fe2o3_amqp::link::delivery::Sendable;
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::link::{Receiver, Sender};
+use fe2o3_amqp::types::definitions::{self, AmqpError};
+use fe2o3_amqp::types::messaging::message::__private::{Deserializable, Serializable};
+use fe2o3_amqp::types::messaging::{Body, Message, Outcome};
+use fe2o3_amqp::types::primitives::Value;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+use tokio::sync::Notify;
+
+use crate::auth::Credentials;
+use crate::linkname;
+use crate::queue::{ConsumerId, Limits, Queue, QueueStats};
+use crate::store::{Store, StoreError};
+use crate::transport::Stream;
+
+/// What the broker stores and forwards: any AMQP message, body kept as decoded values.
+pub type AmqpMessage = Message<Body<Value>>;
+type Item = Arc<Sendable<Body<Value>>>;
+
+/// One queue declared in the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueDecl {
+    /// Its address.
+    pub name: String,
+    /// Its limits.
+    pub limits: Limits,
+    /// Longest a message waits (the message's own header TTL applies if shorter).
+    pub ttl: Option<Duration>,
+}
+
+/// Broker settings.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Container id in the broker's open frame.
+    pub container_id: String,
+    /// Largest frame accepted and announced (AMQP 1.0 §2.7.1 max-frame-size).
+    pub max_frame_size: u32,
+    /// Queues created at start.
+    pub queues: Vec<QueueDecl>,
+    /// Create a queue when a link names an unknown address (with `default_limits`); if false,
+    /// such links are refused with `amqp:not-found`.
+    pub auto_create: bool,
+    /// Limits of auto-created queues.
+    pub default_limits: Limits,
+    /// TTL of auto-created queues.
+    pub default_ttl: Option<Duration>,
+    /// Most queues (auto-creation stops there).
+    pub max_queues: usize,
+    /// Durable store file; `None` keeps queues in memory only.
+    pub store: Option<PathBuf>,
+    /// Credit a producer link is given (refilled as the broker settles its messages).
+    pub producer_credit: u32,
+    /// Most unsettled deliveries per consumer link.
+    pub consumer_window: usize,
+    /// Producers stop getting credit while a queue holds this fraction of `max_messages` or
+    /// bytes, and resume below it: a slow consumer slows producers instead of filling memory.
+    pub high_water: f64,
+    /// SASL.
+    pub credentials: Credentials,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            container_id: "qgate-broker".into(),
+            max_frame_size: 65_536,
+            queues: Vec::new(),
+            auto_create: true,
+            default_limits: Limits::default(),
+            default_ttl: None,
+            max_queues: 10_000,
+            store: None,
+            producer_credit: 500,
+            consumer_window: 1000,
+            high_water: 0.5,
+            credentials: Credentials::anonymous(),
+        }
+    }
+}
+
+/// Starting the broker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A stored message that no longer decodes.
+    #[error("message store: message {seq} of queue '{queue}' does not decode: {msg}")]
+    Corrupt {
+        /// Queue.
+        queue: String,
+        /// Sequence number.
+        seq: u64,
+        /// Decoder's message.
+        msg: String,
+    },
+}
+
+struct QueueState {
+    name: String,
+    q: Mutex<Queue<Item>>,
+    ttl: Option<Duration>,
+    /// Wakes a consumer when a message arrives (chained: a consumer that takes one and sees
+    /// more wakes the next).
+    arrived: Notify,
+    /// Wakes producers waiting for the queue to drain below the high-water mark.
+    drained: Notify,
+}
+
+impl QueueState {
+    fn lock(&self) -> MutexGuard<'_, Queue<Item>> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    connections_open: AtomicU64,
+    connections_total: AtomicU64,
+    connections_failed: AtomicU64,
+    links_refused: AtomicU64,
+}
+
+struct Inner {
+    cfg: BrokerConfig,
+    queues: Mutex<BTreeMap<String, Arc<QueueState>>>,
+    store: Option<Store>,
+    next_consumer: AtomicU64,
+    counters: Counters,
+}
+
+/// The broker; cheap to clone (all clones are the same broker).
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+fn amqp_error(condition: AmqpError, description: impl Into<String>) -> definitions::Error {
+    definitions::Error {
+        condition: condition.into(),
+        description: Some(description.into()),
+        info: None,
+    }
+}
+
+/// Encode a message as AMQP 1.0 sections (what the store keeps).
+pub fn encode(msg: &AmqpMessage) -> Vec<u8> {
+    serde_amqp::to_vec(&Serializable(msg)).expect("a decoded message encodes")
+}
+
+/// Decode sections written by [`encode`].
+pub fn decode(bytes: &[u8]) -> Result<AmqpMessage, String> {
+    serde_amqp::from_slice::<Deserializable<AmqpMessage>>(bytes)
+        .map(|d| d.0)
+        .map_err(|e| e.to_string())
+}
+
+impl Broker {
+    /// Open the store (if configured), recover its messages, declare the configured queues and
+    /// start the TTL sweeper. Call within a tokio runtime.
+    pub fn start(cfg: BrokerConfig) -> Result<Broker, BrokerError> {
+        let (store, recovered) = match &cfg.store {
+            Some(p) => {
+                let (s, r) = Store::open(p)?;
+                (Some(s), r)
+            }
+            None => (None, Vec::new()),
+        };
+        let inner = Arc::new(Inner {
+            queues: Mutex::new(BTreeMap::new()),
+            store,
+            next_consumer: AtomicU64::new(1),
+            counters: Counters::default(),
+            cfg,
+        });
+        let broker = Broker { inner };
+        for d in broker.inner.cfg.queues.clone() {
+            broker.declare(&d);
+        }
+        let n = recovered.len();
+        for r in recovered {
+            let msg = decode(&r.bytes).map_err(|msg| BrokerError::Corrupt {
+                queue: r.queue.clone(),
+                seq: r.seq,
+                msg,
+            })?;
+            let q = match broker.find(&r.queue) {
+                Some(q) => q,
+                None => broker.declare(&QueueDecl {
+                    name: r.queue.clone(),
+                    limits: broker.inner.cfg.default_limits,
+                    ttl: broker.inner.cfg.default_ttl,
+                }),
+            };
+            // Recovered messages are admitted whatever the limits: they were accepted once.
+            let mut g = q.lock();
+            if !g.insert(r.seq, Arc::new(sendable(msg)), r.bytes.len(), None) {
+                let limits = g.limits();
+                *g = Queue::new(Limits {
+                    max_messages: usize::MAX,
+                    max_bytes: usize::MAX,
+                });
+                tracing::warn!(queue = %r.queue, ?limits, "recovered messages exceed the queue's limits");
+                g.insert(
+                    r.seq,
+                    Arc::new(sendable(decode(&r.bytes).expect("decoded above"))),
+                    r.bytes.len(),
+                    None,
+                );
+            }
+        }
+        if n > 0 {
+            tracing::info!(messages = n, "recovered durable messages");
+        }
+        let weak = Arc::downgrade(&broker.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                Broker { inner }.sweep().await;
+            }
+        });
+        Ok(broker)
+    }
+
+    fn queues(&self) -> MutexGuard<'_, BTreeMap<String, Arc<QueueState>>> {
+        self.inner.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<QueueState>> {
+        self.queues().get(name).cloned()
+    }
+
+    fn declare(&self, d: &QueueDecl) -> Arc<QueueState> {
+        self.queues()
+            .entry(d.name.clone())
+            .or_insert_with(|| {
+                Arc::new(QueueState {
+                    name: d.name.clone(),
+                    q: Mutex::new(Queue::new(d.limits)),
+                    ttl: d.ttl,
+                    arrived: Notify::new(),
+                    drained: Notify::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// The queue at `address`, created if allowed.
+    fn resolve(&self, address: Option<&str>) -> Result<Arc<QueueState>, definitions::Error> {
+        let Some(name) = address.filter(|a| !a.is_empty()) else {
+            return Err(amqp_error(
+                AmqpError::InvalidField,
+                "the link has no address (source for receivers, target for senders)",
+            ));
+        };
+        if let Some(q) = self.find(name) {
+            return Ok(q);
+        }
+        if !self.inner.cfg.auto_create {
+            return Err(amqp_error(
+                AmqpError::NotFound,
+                format!("no queue '{name}'"),
+            ));
+        }
+        if self.queues().len() >= self.inner.cfg.max_queues {
+            return Err(amqp_error(
+                AmqpError::ResourceLimitExceeded,
+                format!("queue limit ({}) reached", self.inner.cfg.max_queues),
+            ));
+        }
+        Ok(self.declare(&QueueDecl {
+            name: name.to_string(),
+            limits: self.inner.cfg.default_limits,
+            ttl: self.inner.cfg.default_ttl,
+        }))
+    }
+
+    /// Drop expired messages everywhere (the store forgets them too).
+    async fn sweep(&self) {
+        let queues: Vec<_> = self.queues().values().cloned().collect();
+        let now = Instant::now();
+        for q in queues {
+            let mut expired = Vec::new();
+            q.lock().expire(now, &mut expired);
+            if !expired.is_empty() {
+                q.drained.notify_waiters();
+            }
+            if let Some(s) = &self.inner.store {
+                for seq in expired {
+                    s.delete(&q.name, seq).await;
+                }
+            }
+        }
+    }
+
+    /// Serve one AMQP connection on `io` until it closes. Bad framing, failed SASL or a
+    /// protocol error end this connection only.
+    pub async fn serve<S: Stream>(&self, io: S) {
+        let c = &self.inner.counters;
+        c.connections_total.fetch_add(1, Ordering::Relaxed);
+        let io = linkname::shim(io, self.inner.cfg.max_frame_size, 256 * 1024);
+        let acceptor = ConnectionAcceptor::builder()
+            .container_id(self.inner.cfg.container_id.clone())
+            .max_frame_size(self.inner.cfg.max_frame_size)
+            .sasl_acceptor(self.inner.cfg.credentials.clone())
+            .build();
+        let mut conn = match acceptor.accept(io).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                c.connections_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(error = %e, "AMQP connection refused");
+                return;
+            }
+        };
+        c.connections_open.fetch_add(1, Ordering::Relaxed);
+        let sessions = SessionAcceptor::builder()
+            .incoming_window(65_536)
+            .outgoing_window(65_536)
+            .build();
+        while let Ok(session) = sessions.accept(&mut conn).await {
+            let broker = self.clone();
+            tokio::spawn(async move { broker.serve_session(session).await });
+        }
+        let _ = conn.close().await;
+        c.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    async fn serve_session(&self, mut session: ListenerSessionHandle) {
+        let links = LinkAcceptor::new();
+        loop {
+            match links.accept(&mut session).await {
+                Ok(LinkEndpoint::Sender(s)) => {
+                    let b = self.clone();
+                    tokio::spawn(async move { b.consumer(s).await });
+                }
+                Ok(LinkEndpoint::Receiver(r)) => {
+                    let b = self.clone();
+                    tokio::spawn(async move { b.producer(r).await });
+                }
+                Err(e) => {
+                    // The session ended, or one attach was bad (fe2o3 answered it).
+                    tracing::debug!(error = ?e, "link accept ended");
+                    if session.is_ended() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = session.end().await;
+    }
+
+    /// A link on which a peer sends to a queue.
+    async fn producer(&self, mut r: Receiver) {
+        let address = r
+            .target()
+            .as_ref()
+            .and_then(|t| t.address.clone())
+            .map(|a| a.to_string());
+        let q = match self.resolve(address.as_deref()) {
+            Ok(q) => q,
+            Err(e) => {
+                self.inner
+                    .counters
+                    .links_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = r.close_with_error(e).await;
+                return;
+            }
+        };
+        r.set_credit_mode(CreditMode::Auto(self.inner.cfg.producer_credit));
+        if r.set_credit(self.inner.cfg.producer_credit).await.is_err() {
+            return;
+        }
+        let limits = q.lock().limits();
+        let high_msgs = (limits.max_messages as f64 * self.inner.cfg.high_water) as usize;
+        let high_bytes = (limits.max_bytes as f64 * self.inner.cfg.high_water) as usize;
+        loop {
+            let d = match r.recv::<Body<Value>>().await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::debug!(queue = %q.name, error = ?e, "producer link ended");
+                    break;
+                }
+            };
+            let info = fe2o3_amqp::link::delivery::DeliveryInfo::from(&d);
+            let msg = d.into_message();
+            let bytes = encode(&msg);
+            let size = bytes.len();
+            let now = Instant::now();
+            let header_ttl = msg
+                .header
+                .as_ref()
+                .and_then(|h| h.ttl)
+                .map(|ms| Duration::from_millis(ms as u64));
+            let ttl = match (header_ttl, q.ttl) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let reserved = q.lock().reserve(size);
+            let seq = match reserved {
+                Ok(seq) => seq,
+                Err(refused) => {
+                    let e = amqp_error(
+                        AmqpError::ResourceLimitExceeded,
+                        format!("{}: {refused}", q.name),
+                    );
+                    if r.reject(info, e).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if let Some(store) = &self.inner.store {
+                if let Err(e) = store.put(&q.name, seq, bytes).await {
+                    tracing::error!(queue = %q.name, error = %e, "could not store a message");
+                    let e = amqp_error(AmqpError::InternalError, format!("message store: {e}"));
+                    if r.reject(info, e).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            let inserted =
+                q.lock()
+                    .insert(seq, Arc::new(sendable(msg)), size, ttl.map(|t| now + t));
+            if !inserted {
+                if let Some(store) = &self.inner.store {
+                    store.delete(&q.name, seq).await;
+                }
+                let e = amqp_error(
+                    AmqpError::ResourceLimitExceeded,
+                    format!("{}: queue is full", q.name),
+                );
+                if r.reject(info, e).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            q.arrived.notify_one();
+            // Back-pressure: hold this delivery's settlement (and with it the link credit it
+            // refills) while the queue is above its high-water mark.
+            loop {
+                let drained = q.drained.notified();
+                tokio::pin!(drained);
+                drained.as_mut().enable();
+                let (depth, bytes) = {
+                    let g = q.lock();
+                    (g.depth(), g.bytes())
+                };
+                if depth <= high_msgs && bytes <= high_bytes {
+                    break;
+                }
+                drained.await;
+            }
+            if r.accept(info).await.is_err() {
+                break;
+            }
+        }
+        let _ = r.close().await;
+    }
+
+    /// A link on which a peer receives from a queue: competing with the queue's other consumers,
+    /// up to `consumer_window` deliveries outstanding; whatever is outstanding when the link or
+    /// its connection goes goes back to the queue.
+    async fn consumer(&self, mut s: Sender) {
+        let address = s
+            .source()
+            .as_ref()
+            .and_then(|t| t.address.clone())
+            .map(|a| a.to_string());
+        let q = match self.resolve(address.as_deref()) {
+            Ok(q) => q,
+            Err(e) => {
+                self.inner
+                    .counters
+                    .links_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = s.close_with_error(e).await;
+                return;
+            }
+        };
+        let id: ConsumerId = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
+        let window = self.inner.cfg.consumer_window.max(1);
+        let mut inflight = FuturesUnordered::new();
+        'link: loop {
+            while let Some(Some((seq, outcome))) = inflight.next().now_or_never() {
+                if !self.settle(&q, id, seq, outcome).await {
+                    break 'link;
+                }
+            }
+            if inflight.len() >= window {
+                if let Some((seq, outcome)) = inflight.next().await {
+                    if !self.settle(&q, id, seq, outcome).await {
+                        break 'link;
+                    }
+                }
+                continue;
+            }
+            let arrived = q.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let mut expired = Vec::new();
+            let (taken, more) = {
+                let mut g = q.lock();
+                let t = g.take(id, false, Instant::now(), &mut expired);
+                (t, g.ready() > 0)
+            };
+            self.forget(&q, expired).await;
+            match taken {
+                Some(t) => {
+                    if more {
+                        q.arrived.notify_one();
+                    }
+                    let item = if t.redeliveries > 0 {
+                        Arc::new(redelivered(&t.msg, t.redeliveries))
+                    } else {
+                        t.msg
+                    };
+                    match s.send_batchable_ref(&item).await {
+                        Ok(fut) => {
+                            let seq = t.seq;
+                            inflight.push(async move { (seq, fut.await.ok()) });
+                        }
+                        Err(e) => {
+                            tracing::debug!(queue = %q.name, error = ?e, "consumer link ended");
+                            q.lock().release(id, t.seq, false);
+                            q.arrived.notify_one();
+                            break 'link;
+                        }
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        _ = &mut arrived => {}
+                        Some((seq, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                            if !self.settle(&q, id, seq, outcome).await {
+                                break 'link;
+                            }
+                        }
+                        _ = s.on_detach() => break 'link,
+                    }
+                }
+            }
+        }
+        drop(inflight);
+        let back = q.lock().consumer_gone(id);
+        if back > 0 {
+            tracing::debug!(queue = %q.name, messages = back, "redelivering a gone consumer's messages");
+            q.arrived.notify_one();
+        }
+        let _ = s.close().await;
+    }
+
+    /// Apply a consumer's outcome for `seq`; false when the delivery failed (the link or its
+    /// session is gone).
+    async fn settle(
+        &self,
+        q: &QueueState,
+        id: ConsumerId,
+        seq: u64,
+        outcome: Option<Outcome>,
+    ) -> bool {
+        let alive = outcome.is_some();
+        let gone = match outcome {
+            // Accepted, or rejected (a message the consumer cannot process is not retried).
+            Some(Outcome::Accepted(_)) | Some(Outcome::Rejected(_)) => q.lock().ack(id, seq),
+            Some(Outcome::Released(_)) => {
+                q.lock().release(id, seq, false);
+                q.arrived.notify_one();
+                false
+            }
+            // Modified, or the link failed before an outcome arrived.
+            _ => {
+                q.lock().release(id, seq, true);
+                q.arrived.notify_one();
+                false
+            }
+        };
+        if gone {
+            q.drained.notify_waiters();
+            if let Some(store) = &self.inner.store {
+                store.delete(&q.name, seq).await;
+            }
+        }
+        alive
+    }
+
+    async fn forget(&self, q: &QueueState, expired: Vec<u64>) {
+        if expired.is_empty() {
+            return;
+        }
+        q.drained.notify_waiters();
+        if let Some(store) = &self.inner.store {
+            for seq in expired {
+                store.delete(&q.name, seq).await;
+            }
+        }
+    }
+
+    /// Depth and counters of every queue.
+    pub fn queue_stats(&self) -> Vec<QueueReport> {
+        self.queues()
+            .values()
+            .map(|q| {
+                let g = q.lock();
+                QueueReport {
+                    name: q.name.clone(),
+                    depth: g.depth(),
+                    ready: g.ready(),
+                    unacked: g.unacked(),
+                    bytes: g.bytes(),
+                    stats: g.stats(),
+                }
+            })
+            .collect()
+    }
+
+    /// Prometheus text: queues (depth, bytes, counters) and connections.
+    pub fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let qs = self.queue_stats();
+        let gauge = |o: &mut String, name: &str, help: &str, f: &dyn Fn(&QueueReport) -> u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for q in &qs {
+                let _ = writeln!(o, "{name}{{queue=\"{}\"}} {}", escape(&q.name), f(q));
+            }
+        };
+        gauge(
+            &mut o,
+            "qgate_amqp_queue_depth",
+            "messages held (ready + unsettled)",
+            &|q| q.depth as u64,
+        );
+        gauge(
+            &mut o,
+            "qgate_amqp_queue_ready",
+            "messages waiting for a consumer",
+            &|q| q.ready as u64,
+        );
+        gauge(
+            &mut o,
+            "qgate_amqp_queue_unacked",
+            "messages delivered, not yet settled",
+            &|q| q.unacked as u64,
+        );
+        gauge(
+            &mut o,
+            "qgate_amqp_queue_bytes",
+            "message bytes held",
+            &|q| q.bytes as u64,
+        );
+        let counter = |o: &mut String, name: &str, help: &str, f: &dyn Fn(&QueueStats) -> u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            for q in &qs {
+                let _ = writeln!(o, "{name}{{queue=\"{}\"}} {}", escape(&q.name), f(&q.stats));
+            }
+        };
+        counter(
+            &mut o,
+            "qgate_amqp_enqueued_total",
+            "messages accepted into the queue",
+            &|s| s.enqueued,
+        );
+        counter(
+            &mut o,
+            "qgate_amqp_acked_total",
+            "messages settled by consumers",
+            &|s| s.acked,
+        );
+        counter(
+            &mut o,
+            "qgate_amqp_redelivered_total",
+            "messages put back for redelivery",
+            &|s| s.released,
+        );
+        counter(
+            &mut o,
+            "qgate_amqp_expired_total",
+            "messages dropped by TTL",
+            &|s| s.expired,
+        );
+        counter(
+            &mut o,
+            "qgate_amqp_refused_total",
+            "messages refused by the queue's limits",
+            &|s| s.refused,
+        );
+        let c = &self.inner.counters;
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_open AMQP connections open\n# TYPE qgate_amqp_connections_open gauge\nqgate_amqp_connections_open {}", c.connections_open.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_total AMQP connections accepted or refused\n# TYPE qgate_amqp_connections_total counter\nqgate_amqp_connections_total {}", c.connections_total.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_failed_total connections that failed before open (framing, SASL)\n# TYPE qgate_amqp_connections_failed_total counter\nqgate_amqp_connections_failed_total {}", c.connections_failed.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_links_refused_total links refused (unknown address, limits)\n# TYPE qgate_amqp_links_refused_total counter\nqgate_amqp_links_refused_total {}", c.links_refused.load(Ordering::Relaxed));
+        o
+    }
+}
+
+/// One queue's state for reports.
+#[derive(Debug, Clone)]
+pub struct QueueReport {
+    /// Address.
+    pub name: String,
+    /// Ready + unsettled.
+    pub depth: usize,
+    /// Waiting for a consumer.
+    pub ready: usize,
+    /// Delivered, not settled.
+    pub unacked: usize,
+    /// Bytes held.
+    pub bytes: usize,
+    /// Counters.
+    pub stats: QueueStats,
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn sendable(msg: AmqpMessage) -> Sendable<Body<Value>> {
+    Sendable::builder().message(msg).build()
+}
+
+/// A copy for redelivery with the header's delivery-count and first-acquirer updated (AMQP 1.0
+/// §3.2.1).
+fn redelivered(item: &Sendable<Body<Value>>, count: u32) -> Sendable<Body<Value>> {
+    let mut s = item.clone();
+    let h = s.message.header.get_or_insert_with(Default::default);
+    h.delivery_count = h.delivery_count.max(count);
+    h.first_acquirer = false;
+    s
+}
+
+/// Serve AMQP on every bidirectional stream of every connection `endpoint` accepts.
+pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
+    while let Some(incoming) = endpoint.accept().await {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let conn = match incoming.accept() {
+                Ok(c) => c,
+                Err(_) => return,
+            };
+            // 0-RTT: streams opened in early data are served before the handshake completes
+            // (decision M2 says what may ride in them).
+            let conn = match conn.into_0rtt() {
+                Ok((c, _)) => c,
+                Err(connecting) => match connecting.await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "QUIC handshake failed");
+                        return;
+                    }
+                },
+            };
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                let broker = broker.clone();
+                tokio::spawn(async move { broker.serve(tokio::io::join(recv, send)).await });
+            }
+        });
+    }
+}
+
+/// Serve AMQP on every TCP connection `listener` accepts, with TLS when `tls` is given.
+pub async fn serve_tcp(
+    broker: Broker,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let broker = broker.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            match acceptor {
+                None => broker.serve(tcp).await,
+                Some(a) => match a.accept(tcp).await {
+                    Ok(tls) => broker.serve(tls).await,
+                    Err(e) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                },
+            }
+        });
+    }
+}
+
+impl Broker {
+    /// Connections open now.
+    pub fn connections_open(&self) -> u64 {
+        self.inner.counters.connections_open.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,442 @@
+//! Senders and receivers: connect over any [`Scheme`], send or receive counted messages, and
+//! report startup latency, total time and throughput (the quantities paper 003 compares).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::sasl_profile::SaslProfile;
+use fe2o3_amqp::types::definitions::{ReceiverSettleMode, SenderSettleMode};
+use fe2o3_amqp::types::messaging::{Body, Data, Message, MessageId, Outcome, Properties};
+use fe2o3_amqp::types::primitives::{Binary, Value};
+use fe2o3_amqp::{Receiver, Sender, Session};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions, TrustRoots};
+
+use crate::transport::{self, BoxStream, Scheme, TransportError, ALPN_AMQP};
+
+/// A client-side failure; the message names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Setting up the byte stream.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// Configuration.
+    #[error("{0}")]
+    Config(String),
+    /// AMQP open (including SASL).
+    #[error("AMQP open: {0}")]
+    Open(String),
+    /// AMQP begin.
+    #[error("AMQP begin: {0}")]
+    Begin(String),
+    /// Link attach (e.g. unknown address).
+    #[error("attaching to '{address}': {msg}")]
+    Attach {
+        /// The address.
+        address: String,
+        /// Cause.
+        msg: String,
+    },
+    /// Sending or receiving after attach.
+    #[error("{0}")]
+    Link(String),
+}
+
+/// Where and how to connect.
+#[derive(Clone)]
+pub struct Connector {
+    scheme: Scheme,
+    addr: SocketAddr,
+    server_name: String,
+    sasl: Option<(String, String)>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    zero_rtt: bool,
+}
+
+/// How a stream came up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// The QUIC connection was resumed with 0-RTT (AMQP bytes went in the first flight).
+    pub zero_rtt: bool,
+}
+
+impl Connector {
+    /// A connector to `addr` (certificate checked against `server_name` and `trust`).
+    /// `sasl` = Some((user, password)) uses PLAIN, None ANONYMOUS. For QUIC, `socket` is the
+    /// local socket (real UDP or simulated); 0-RTT is used when `zero_rtt` and a ticket is held.
+    pub fn new(
+        scheme: Scheme,
+        addr: SocketAddr,
+        server_name: &str,
+        trust: &TrustRoots,
+        sasl: Option<(String, String)>,
+        quic_socket: Option<Socket>,
+        opts: &TransportOptions,
+    ) -> Result<Connector, ClientError> {
+        let mut c = Connector {
+            scheme,
+            addr,
+            server_name: server_name.to_string(),
+            sasl,
+            tls: None,
+            quic: None,
+            zero_rtt: true,
+        };
+        match scheme {
+            Scheme::Quic => {
+                let socket = match quic_socket {
+                    Some(s) => s,
+                    None => {
+                        let any: SocketAddr = if addr.is_ipv4() {
+                            "0.0.0.0:0".parse().expect("addr")
+                        } else {
+                            "[::]:0".parse().expect("addr")
+                        };
+                        Socket::bind_udp(any).map_err(|e| ClientError::Config(e.to_string()))?
+                    }
+                };
+                let ep =
+                    endpoint(socket, None, None).map_err(|e| ClientError::Config(e.to_string()))?;
+                let cfg = client_config(trust, &[ALPN_AMQP], opts)
+                    .map_err(|e| ClientError::Config(e.to_string()))?;
+                c.quic = Some((ep, cfg));
+            }
+            Scheme::TcpTls(v) => {
+                c.tls = Some(transport::tls_client_config(trust, v).map_err(ClientError::Config)?);
+            }
+            Scheme::Tcp => {}
+        }
+        Ok(c)
+    }
+
+    /// Use 0-RTT when a session ticket is cached (default true).
+    pub fn with_zero_rtt(mut self, on: bool) -> Self {
+        self.zero_rtt = on;
+        self
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// A fresh byte stream to the broker: a new QUIC connection (0-RTT when possible) with one
+    /// bidirectional stream, or a new TCP (+TLS) connection.
+    pub async fn stream(&self) -> Result<(BoxStream, StreamInfo), ClientError> {
+        match self.scheme {
+            Scheme::Quic => {
+                let (ep, cfg) = self.quic.as_ref().expect("built for QUIC");
+                let c = connect(ep, cfg, self.addr, &self.server_name, self.zero_rtt)
+                    .await
+                    .map_err(|e| TransportError::Quic {
+                        addr: self.addr,
+                        msg: e.to_string(),
+                    })?;
+                let info = StreamInfo {
+                    zero_rtt: c.is_0rtt(),
+                };
+                let s = transport::quic_stream(c.connection()).await?;
+                Ok((s, info))
+            }
+            Scheme::TcpTls(_) => {
+                let tls = self.tls.clone().expect("built for TLS");
+                let s = transport::tcp_tls(self.addr, &self.server_name, tls).await?;
+                Ok((s, StreamInfo { zero_rtt: false }))
+            }
+            Scheme::Tcp => {
+                let s = transport::tcp(self.addr).await?;
+                Ok((Box::new(s), StreamInfo { zero_rtt: false }))
+            }
+        }
+    }
+
+    /// Open an AMQP connection and one session.
+    pub async fn open(&self) -> Result<(Client, StreamInfo), ClientError> {
+        let (io, info) = self.stream().await?;
+        let profile = match &self.sasl {
+            Some((u, p)) => SaslProfile::Plain {
+                username: u.clone(),
+                password: p.clone(),
+            },
+            None => SaslProfile::Anonymous,
+        };
+        let mut conn = fe2o3_amqp::Connection::builder()
+            .container_id(format!("qgate-{}", std::process::id()))
+            .hostname(self.server_name.as_str())
+            .max_frame_size(65_536)
+            .sasl_profile(profile)
+            .open_with_stream(io)
+            .await
+            .map_err(|e| ClientError::Open(e.to_string()))?;
+        let session = Session::builder()
+            .incoming_window(65_536)
+            .outgoing_window(65_536)
+            .begin(&mut conn)
+            .await
+            .map_err(|e| ClientError::Begin(e.to_string()))?;
+        Ok((Client { conn, session }, info))
+    }
+}
+
+/// An open AMQP connection with one session.
+pub struct Client {
+    conn: ConnectionHandle<()>,
+    session: fe2o3_amqp::session::SessionHandle<()>,
+}
+
+impl Client {
+    /// A sender on `address`; `settled` sends pre-settled (at-most-once).
+    pub async fn sender(
+        &mut self,
+        name: &str,
+        address: &str,
+        settled: bool,
+    ) -> Result<Sender, ClientError> {
+        Sender::builder()
+            .name(name)
+            .target(address)
+            .sender_settle_mode(if settled {
+                SenderSettleMode::Settled
+            } else {
+                SenderSettleMode::Unsettled
+            })
+            .attach(&mut self.session)
+            .await
+            .map_err(|e| ClientError::Attach {
+                address: address.to_string(),
+                msg: e.to_string(),
+            })
+    }
+
+    /// A receiver on `address` with `credit` (refilled as messages are accepted); `settled`
+    /// asks the broker to send pre-settled.
+    pub async fn receiver(
+        &mut self,
+        name: &str,
+        address: &str,
+        settled: bool,
+        credit: u32,
+    ) -> Result<Receiver, ClientError> {
+        Receiver::builder()
+            .name(name)
+            .source(address)
+            .sender_settle_mode(if settled {
+                SenderSettleMode::Settled
+            } else {
+                SenderSettleMode::Unsettled
+            })
+            .receiver_settle_mode(ReceiverSettleMode::First)
+            .credit_mode(CreditMode::Auto(credit.max(1)))
+            .attach(&mut self.session)
+            .await
+            .map_err(|e| ClientError::Attach {
+                address: address.to_string(),
+                msg: e.to_string(),
+            })
+    }
+
+    /// End the session and close the connection.
+    pub async fn close(mut self) {
+        let _ = self.session.end().await;
+        let _ = self.conn.close().await;
+    }
+}
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct SendSpec {
+    /// Queue address.
+    pub address: String,
+    /// Pre-settled (at-most-once) instead of waiting for the broker's accept.
+    pub settled: bool,
+    /// Most unsettled messages in flight.
+    pub window: usize,
+    /// Messages per second (None: as fast as credit allows).
+    pub rate: Option<f64>,
+    /// Link name.
+    pub link_name: String,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Messages sent and accepted (or received).
+    pub messages: u64,
+    /// Body bytes.
+    pub bytes: u64,
+    /// Messages the broker rejected.
+    pub rejected: u64,
+    /// Connection start → first message written (paper 003's startup latency).
+    pub startup: Duration,
+    /// Connection start → last outcome (or message) in.
+    pub total: Duration,
+    /// The stream came up with 0-RTT.
+    pub zero_rtt: bool,
+    /// The first rejection's reason.
+    pub first_error: Option<String>,
+}
+
+impl Report {
+    /// Messages per second over the whole run.
+    pub fn rate(&self) -> f64 {
+        self.messages as f64 / self.total.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A message with a data body and a message-id (receivers and the broker's 0-RTT de-duplication
+/// key on it).
+pub fn message(id: u64, body: Vec<u8>) -> Message<Body<Value>> {
+    Message::builder()
+        .properties(Properties {
+            message_id: Some(MessageId::Ulong(id)),
+            ..Default::default()
+        })
+        .body(Body::Data(vec![Data(Binary::from(body))].into()))
+        .build()
+}
+
+/// Open a connection and send every body `bodies` yields on one link; the report's clock starts
+/// before the connection is opened.
+pub async fn send(
+    connector: &Connector,
+    spec: &SendSpec,
+    bodies: impl IntoIterator<Item = Vec<u8>>,
+) -> Result<Report, ClientError> {
+    let start = Instant::now();
+    let (mut client, info) = connector.open().await?;
+    let mut sender = client
+        .sender(&spec.link_name, &spec.address, spec.settled)
+        .await?;
+    let mut report = Report {
+        zero_rtt: info.zero_rtt,
+        ..Default::default()
+    };
+    let mut pace = spec.rate.filter(|r| *r > 0.0).map(|r| {
+        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        t
+    });
+    let mut inflight = FuturesUnordered::new();
+    let mut first = true;
+    for (i, body) in bodies.into_iter().enumerate() {
+        if let Some(p) = pace.as_mut() {
+            p.tick().await;
+        }
+        while inflight.len() >= spec.window.max(1) {
+            if let Some(r) = inflight.next().await {
+                tally(&mut report, r);
+            }
+        }
+        let len = body.len() as u64;
+        let fut = sender
+            .send_batchable(message(i as u64, body))
+            .await
+            .map_err(|e| ClientError::Link(format!("sending: {e}")))?;
+        if first {
+            report.startup = start.elapsed();
+            first = false;
+        }
+        inflight.push(async move { (len, fut.await) });
+    }
+    while let Some(r) = inflight.next().await {
+        tally(&mut report, r);
+    }
+    report.total = start.elapsed();
+    let _ = sender.close().await;
+    client.close().await;
+    Ok(report)
+}
+
+fn tally(report: &mut Report, (len, r): (u64, Result<Outcome, fe2o3_amqp::link::SendError>)) {
+    match r {
+        Ok(Outcome::Accepted(_)) => {
+            report.messages += 1;
+            report.bytes += len;
+        }
+        Ok(Outcome::Rejected(rej)) => {
+            report.rejected += 1;
+            if report.first_error.is_none() {
+                report.first_error = Some(
+                    rej.error
+                        .map(|e| {
+                            format!("{:?}: {}", e.condition, e.description.unwrap_or_default())
+                        })
+                        .unwrap_or_else(|| "rejected".into()),
+                );
+            }
+        }
+        Ok(other) => {
+            report.rejected += 1;
+            report
+                .first_error
+                .get_or_insert_with(|| format!("{other:?}"));
+        }
+        Err(e) => {
+            report.rejected += 1;
+            report.first_error.get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+/// What to receive.
+#[derive(Debug, Clone)]
+pub struct RecvSpec {
+    /// Queue address.
+    pub address: String,
+    /// Ask for pre-settled delivery.
+    pub settled: bool,
+    /// Stop after this many (None: until `idle` passes without a message).
+    pub count: Option<u64>,
+    /// Give up waiting after this long without a message.
+    pub idle: Duration,
+    /// Link credit.
+    pub credit: u32,
+    /// Link name.
+    pub link_name: String,
+}
+
+/// Open a connection and receive from `spec.address`, calling `each` with every body.
+pub async fn receive(
+    connector: &Connector,
+    spec: &RecvSpec,
+    mut each: impl FnMut(&[u8]),
+) -> Result<Report, ClientError> {
+    let start = Instant::now();
+    let (mut client, info) = connector.open().await?;
+    let mut receiver = client
+        .receiver(&spec.link_name, &spec.address, spec.settled, spec.credit)
+        .await?;
+    let mut report = Report {
+        zero_rtt: info.zero_rtt,
+        startup: start.elapsed(),
+        ..Default::default()
+    };
+    while spec.count.is_none_or(|n| report.messages < n) {
+        let d = match tokio::time::timeout(spec.idle, receiver.recv::<Body<Value>>()).await {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => return Err(ClientError::Link(format!("receiving: {e}"))),
+            Err(_) => break,
+        };
+        let mut len = 0;
+        if let Body::Data(batch) = d.body() {
+            for data in batch.iter() {
+                len += data.0.len();
+                each(&data.0);
+            }
+        }
+        receiver
+            .accept(&d)
+            .await
+            .map_err(|e| ClientError::Link(format!("accepting: {e}")))?;
+        report.messages += 1;
+        report.bytes += len as u64;
+        report.total = start.elapsed();
+    }
+    let _ = receiver.close().await;
+    client.close().await;
+    Ok(report)
+}

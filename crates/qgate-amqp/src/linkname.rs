@@ -1,0 +1,507 @@
+//! A frame-level shim between a peer's byte stream and fe2o3-amqp's broker side.
+//!
+//! fe2o3-amqp's session keys links by name alone, so a peer that gives its sender and its
+//! receiver on one session the same name — python-qpid-proton does by default — gets
+//! `DuplicatedLinkName` and hangs, although AMQP 1.0 §2.6.1 only asks names to be unique per
+//! direction (decision M3). The shim renames, on the way in, every attach whose sender is the
+//! broker (the peer's role is receiver) by appending [`SUFFIX`], and strips the suffix from the
+//! broker's answering attach on the way out, so the peer never sees it. Everything else passes
+//! through byte for byte.
+//!
+//! It is also the first code that touches untrusted bytes, so it checks the framing (AMQP 1.0
+//! §2.3.1): a size below 8 or above the broker's maximum frame size, a data offset below 2 or
+//! past the frame, or bytes that are not an AMQP protocol header where one is due end the
+//! connection with `amqp:connection:framing-error`.
+
+use bytes::{BufMut, BytesMut};
+use fe2o3_amqp::types::definitions::{self, ConnectionError, Role};
+use fe2o3_amqp::types::performatives::{Close, Performative};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Appended to the names of links on which the broker sends.
+pub const SUFFIX: &str = "\u{1f}qgate-out";
+
+const FRAME_AMQP: u8 = 0;
+const FRAME_SASL: u8 = 1;
+
+/// Which way bytes flow through a [`Rewriter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Peer → broker.
+    Inbound,
+    /// Broker → peer.
+    Outbound,
+}
+
+/// Bytes that are not valid AMQP framing; the message says what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Not an AMQP protocol header where one was due.
+    #[error("expected an AMQP protocol header, got {0:02x?}")]
+    BadHeader(Vec<u8>),
+    /// The frame size field is impossible.
+    #[error("frame size {size} outside 8..={max}")]
+    Size {
+        /// The size field.
+        size: u32,
+        /// The largest accepted.
+        max: u32,
+    },
+    /// The data offset is impossible.
+    #[error("data offset {doff} (×4 bytes) does not fit a {size}-byte frame")]
+    Offset {
+        /// The DOFF field.
+        doff: u8,
+        /// The frame size.
+        size: u32,
+    },
+    /// A frame type that is neither AMQP (0) nor SASL (1).
+    #[error("unknown frame type {0}")]
+    Type(u8),
+    /// An attach performative that does not decode.
+    #[error("malformed attach: {0}")]
+    Attach(String),
+}
+
+/// Parses one direction's byte stream into protocol headers and frames, renaming attaches.
+#[derive(Debug)]
+pub struct Rewriter {
+    dir: Direction,
+    max_frame: u32,
+    /// A protocol header is due (at the start, and after SASL succeeds).
+    header_due: bool,
+    /// Last protocol id seen (0 AMQP, 3 SASL); a SASL outcome makes a new header due.
+    sasl: bool,
+    /// An AMQP open frame has passed.
+    opened: bool,
+    /// Attaches renamed so far (for tests and metrics).
+    pub renamed: u64,
+}
+
+impl Rewriter {
+    /// A rewriter for `dir` that accepts frames up to `max_frame` bytes.
+    pub fn new(dir: Direction, max_frame: u32) -> Self {
+        Rewriter {
+            dir,
+            max_frame,
+            header_due: true,
+            sasl: false,
+            opened: false,
+            renamed: 0,
+        }
+    }
+
+    /// Whether the connection is past SASL (AMQP frames may flow).
+    pub fn in_amqp(&self) -> bool {
+        !self.sasl && !self.header_due
+    }
+
+    /// Whether a protocol header has passed.
+    pub fn sent_header(&self) -> bool {
+        !self.header_due || self.sasl || self.opened
+    }
+
+    /// Whether an open frame has passed.
+    pub fn opened(&self) -> bool {
+        self.opened
+    }
+
+    /// Move every complete header and frame from `input` to `out`, renaming attaches. Bytes of
+    /// an incomplete item stay in `input`.
+    pub fn process(&mut self, input: &mut BytesMut, out: &mut BytesMut) -> Result<(), FrameError> {
+        loop {
+            if input.len() >= 4 && &input[..4] == b"AMQP" {
+                if input.len() < 8 {
+                    return Ok(());
+                }
+                let id = input[4];
+                if input[5..8] != [1, 0, 0] || (id != 0 && id != 3) {
+                    return Err(FrameError::BadHeader(input[..8].to_vec()));
+                }
+                self.sasl = id == 3;
+                self.header_due = false;
+                out.extend_from_slice(&input.split_to(8));
+                continue;
+            }
+            if self.header_due {
+                if input.len() >= 4 || (!input.is_empty() && !b"AMQP".starts_with(input)) {
+                    let n = input.len().min(8);
+                    return Err(FrameError::BadHeader(input[..n].to_vec()));
+                }
+                return Ok(());
+            }
+            if input.len() < 8 {
+                return Ok(());
+            }
+            let size = u32::from_be_bytes([input[0], input[1], input[2], input[3]]);
+            let (doff, kind) = (input[4], input[5]);
+            if size < 8 || size > self.max_frame {
+                return Err(FrameError::Size {
+                    size,
+                    max: self.max_frame,
+                });
+            }
+            if doff < 2 || doff as u32 * 4 > size {
+                return Err(FrameError::Offset { doff, size });
+            }
+            if kind != FRAME_AMQP && kind != FRAME_SASL {
+                return Err(FrameError::Type(kind));
+            }
+            if input.len() < size as usize {
+                input.reserve(size as usize - input.len());
+                return Ok(());
+            }
+            let frame = input.split_to(size as usize);
+            let body = &frame[doff as usize * 4..];
+            if kind == FRAME_SASL {
+                // sasl-outcome (descriptor 0x44): the peer sends a new protocol header next.
+                if is_described(body, 0x44, "amqp:sasl-outcome:list") {
+                    self.header_due = true;
+                }
+                out.extend_from_slice(&frame);
+                continue;
+            }
+            if is_described(body, 0x10, "amqp:open:list") {
+                self.opened = true;
+            }
+            if is_described(body, 0x12, "amqp:attach:list") {
+                if let Some(renamed) = self.rename(body)? {
+                    let channel = u16::from_be_bytes([frame[6], frame[7]]);
+                    out.put_u32(8 + renamed.len() as u32);
+                    out.put_slice(&[2, FRAME_AMQP]);
+                    out.put_u16(channel);
+                    out.put_slice(&renamed);
+                    self.renamed += 1;
+                    continue;
+                }
+            }
+            out.extend_from_slice(&frame);
+        }
+    }
+
+    /// The re-encoded attach if this direction renames it.
+    fn rename(&self, body: &[u8]) -> Result<Option<Vec<u8>>, FrameError> {
+        let perf: Performative =
+            serde_amqp::from_slice(body).map_err(|e| FrameError::Attach(e.to_string()))?;
+        let Performative::Attach(mut a) = perf else {
+            return Ok(None);
+        };
+        match (self.dir, &a.role) {
+            (Direction::Inbound, Role::Receiver) => a.name.push_str(SUFFIX),
+            (Direction::Outbound, Role::Sender) if a.name.ends_with(SUFFIX) => {
+                a.name.truncate(a.name.len() - SUFFIX.len())
+            }
+            _ => return Ok(None),
+        }
+        serde_amqp::to_vec(&Performative::Attach(a))
+            .map(Some)
+            .map_err(|e| FrameError::Attach(e.to_string()))
+    }
+}
+
+/// Whether `body` starts with a described type whose descriptor is `code` (as a small or full
+/// ulong) or `name` (as a symbol).
+fn is_described(body: &[u8], code: u8, name: &str) -> bool {
+    match body {
+        [0x00, 0x53, c, ..] => *c == code,
+        [0x00, 0x80, rest @ ..] if rest.len() >= 8 => rest[..8] == [0, 0, 0, 0, 0, 0, 0, code],
+        [0x00, 0xa3, n, rest @ ..] => rest.get(..*n as usize) == Some(name.as_bytes()),
+        [0x00, 0xb3, rest @ ..] if rest.len() >= 4 => {
+            let n = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            rest.get(4..4 + n) == Some(name.as_bytes())
+        }
+        _ => false,
+    }
+}
+
+/// How the inbound pump asks the outbound one to end the connection.
+#[derive(Debug)]
+enum Fail {
+    /// Before AMQP frames: our protocol header, if not sent yet (§2.2), then close.
+    Header,
+    /// After: an open if none was sent (§2.4.1 says close follows open), then the close.
+    Close(String),
+}
+
+fn frame_of(perf: &Performative) -> Vec<u8> {
+    let body = serde_amqp::to_vec(perf).expect("performative encodes");
+    let mut f = Vec::with_capacity(8 + body.len());
+    f.extend_from_slice(&(8 + body.len() as u32).to_be_bytes());
+    f.extend_from_slice(&[2, FRAME_AMQP, 0, 0]);
+    f.extend_from_slice(&body);
+    f
+}
+
+/// A minimal open frame for answering a peer that broke framing before the broker opened.
+fn open_frame() -> Vec<u8> {
+    frame_of(&Performative::Open(
+        fe2o3_amqp::types::performatives::Open {
+            container_id: "qgate-broker".into(),
+            hostname: None,
+            max_frame_size: Default::default(),
+            channel_max: Default::default(),
+            idle_time_out: None,
+            outgoing_locales: None,
+            incoming_locales: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        },
+    ))
+}
+
+/// A close frame (channel 0) with `amqp:connection:framing-error` and `why`.
+pub fn framing_error_close(why: &str) -> Vec<u8> {
+    let close = Performative::Close(Close {
+        error: Some(definitions::Error {
+            condition: ConnectionError::FramingError.into(),
+            description: Some(why.to_string()),
+            info: None,
+        }),
+    });
+    frame_of(&close)
+}
+
+/// Put the shim between `peer` and the broker: returns the broker's end. Two tasks pump bytes
+/// through a bounded in-memory pipe of `buffer` bytes each way; bad framing from the peer ends
+/// the connection with a framing-error close (or, before AMQP starts, the broker's protocol
+/// header, AMQP 1.0 §2.2).
+pub fn shim<S>(peer: S, max_frame: u32, buffer: usize) -> tokio::io::DuplexStream
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (broker_end, ours) = tokio::io::duplex(buffer);
+    let (mut peer_rd, mut peer_wr) = tokio::io::split(peer);
+    let (mut ours_rd, mut ours_wr) = tokio::io::split(ours);
+    let (fail_tx, mut fail_rx) = tokio::sync::oneshot::channel::<Fail>();
+    // Peer → broker.
+    tokio::spawn(async move {
+        let mut rw = Rewriter::new(Direction::Inbound, max_frame);
+        let mut input = BytesMut::with_capacity(16 * 1024);
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        loop {
+            match peer_rd.read_buf(&mut input).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let result = rw.process(&mut input, &mut out);
+            if !out.is_empty() && ours_wr.write_all(&out).await.is_err() {
+                break;
+            }
+            out.clear();
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "closing connection: bad framing");
+                let reply = if rw.in_amqp() {
+                    Fail::Close(e.to_string())
+                } else {
+                    Fail::Header
+                };
+                let _ = fail_tx.send(reply);
+                break;
+            }
+            if input.capacity() - input.len() < 4096 {
+                input.reserve(16 * 1024);
+            }
+        }
+        let _ = ours_wr.shutdown().await;
+    });
+    // Broker → peer.
+    tokio::spawn(async move {
+        let mut rw = Rewriter::new(Direction::Outbound, u32::MAX);
+        let mut input = BytesMut::with_capacity(16 * 1024);
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        loop {
+            tokio::select! {
+                biased;
+                reply = &mut fail_rx => {
+                    if let Ok(reply) = reply {
+                        let bytes = match reply {
+                            Fail::Header if rw.sent_header() => Vec::new(),
+                            Fail::Header => b"AMQP\x03\x01\x00\x00".to_vec(),
+                            Fail::Close(why) if rw.opened() => framing_error_close(&why),
+                            Fail::Close(why) => [open_frame(), framing_error_close(&why)].concat(),
+                        };
+                        let _ = peer_wr.write_all(&bytes).await;
+                    }
+                    break;
+                }
+                r = ours_rd.read_buf(&mut input) => match r {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                },
+            }
+            if rw.process(&mut input, &mut out).is_err() {
+                break;
+            }
+            if !out.is_empty() && peer_wr.write_all(&out).await.is_err() {
+                break;
+            }
+            out.clear();
+            if input.capacity() - input.len() < 4096 {
+                input.reserve(16 * 1024);
+            }
+        }
+        let _ = peer_wr.shutdown().await;
+    });
+    broker_end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fe2o3_amqp::types::performatives::Attach;
+
+    fn frame(perf: &Performative) -> Vec<u8> {
+        let body = serde_amqp::to_vec(perf).unwrap();
+        let mut f = (8 + body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&[2, 0, 0, 3]);
+        f.extend_from_slice(&body);
+        f
+    }
+
+    fn attach(name: &str, role: Role) -> Performative {
+        Performative::Attach(Attach {
+            name: name.into(),
+            handle: 1.into(),
+            role,
+            snd_settle_mode: Default::default(),
+            rcv_settle_mode: Default::default(),
+            source: None,
+            target: None,
+            unsettled: None,
+            incomplete_unsettled: false,
+            initial_delivery_count: None,
+            max_message_size: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        })
+    }
+
+    fn run(dir: Direction, bytes: &[u8]) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
+        let mut rw = Rewriter::new(dir, 65536);
+        let mut input = BytesMut::from(bytes);
+        let mut out = BytesMut::new();
+        rw.process(&mut input, &mut out)?;
+        Ok((out.to_vec(), input.to_vec()))
+    }
+
+    fn decode(f: &[u8]) -> Performative {
+        serde_amqp::from_slice(&f[8..]).unwrap()
+    }
+
+    #[test]
+    fn renames_the_brokers_sending_links_both_ways() {
+        let mut s = b"AMQP\x00\x01\x00\x00".to_vec();
+        s.extend(frame(&attach("link", Role::Receiver)));
+        let (out, rest) = run(Direction::Inbound, &s).unwrap();
+        assert!(rest.is_empty());
+        let Performative::Attach(a) = decode(&out[8..]) else {
+            panic!()
+        };
+        assert_eq!(a.name, format!("link{SUFFIX}"));
+        assert_eq!(&out[14..16], &[0, 3], "channel kept");
+        // The peer's sender link of the same name passes untouched.
+        let mut s = b"AMQP\x00\x01\x00\x00".to_vec();
+        let f = frame(&attach("link", Role::Sender));
+        s.extend(&f);
+        assert_eq!(run(Direction::Inbound, &s).unwrap().0[8..], f[..]);
+        // The broker's answer loses the suffix.
+        let mut s = b"AMQP\x00\x01\x00\x00".to_vec();
+        s.extend(frame(&attach(&format!("link{SUFFIX}"), Role::Sender)));
+        let (out, _) = run(Direction::Outbound, &s).unwrap();
+        let Performative::Attach(a) = decode(&out[8..]) else {
+            panic!()
+        };
+        assert_eq!(a.name, "link");
+    }
+
+    #[test]
+    fn incomplete_input_waits_and_other_frames_pass_byte_for_byte() {
+        let mut s = b"AMQP\x03\x01\x00\x00".to_vec();
+        // A SASL frame with a garbage body is not ours to judge.
+        s.extend_from_slice(&[0, 0, 0, 10, 2, 1, 0, 0, 0xde, 0xad]);
+        s.extend_from_slice(&[0, 0, 0, 8, 2, 0]);
+        let (out, rest) = run(Direction::Inbound, &s).unwrap();
+        assert_eq!(out, s[..18]);
+        assert_eq!(rest, s[18..]);
+        // Split anywhere: the same output.
+        let mut s = b"AMQP\x00\x01\x00\x00".to_vec();
+        s.extend(frame(&attach("x", Role::Receiver)));
+        s.extend_from_slice(&[0, 0, 0, 8, 2, 0, 0, 0]);
+        let whole = run(Direction::Inbound, &s).unwrap().0;
+        for cut in 0..s.len() {
+            let mut rw = Rewriter::new(Direction::Inbound, 65536);
+            let mut input = BytesMut::from(&s[..cut]);
+            let mut out = BytesMut::new();
+            rw.process(&mut input, &mut out).unwrap();
+            input.extend_from_slice(&s[cut..]);
+            rw.process(&mut input, &mut out).unwrap();
+            assert_eq!(out.to_vec(), whole, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn bad_framing_is_named() {
+        assert!(matches!(
+            run(Direction::Inbound, b"GET / HTTP/1.1\r\n"),
+            Err(FrameError::BadHeader(_))
+        ));
+        assert!(matches!(
+            run(Direction::Inbound, b"AMQP\x09\x01\x00\x00"),
+            Err(FrameError::BadHeader(_))
+        ));
+        let h = b"AMQP\x00\x01\x00\x00".to_vec();
+        let with = |f: &[u8]| [h.clone(), f.to_vec()].concat();
+        assert_eq!(
+            run(Direction::Inbound, &with(&[0, 0, 0, 4, 2, 0, 0, 0])),
+            Err(FrameError::Size {
+                size: 4,
+                max: 65536
+            })
+        );
+        assert!(matches!(
+            run(Direction::Inbound, &with(&[0, 2, 0, 0, 2, 0, 0, 0])),
+            Err(FrameError::Size { .. })
+        ));
+        assert_eq!(
+            run(Direction::Inbound, &with(&[0, 0, 0, 8, 1, 0, 0, 0])),
+            Err(FrameError::Offset { doff: 1, size: 8 })
+        );
+        assert_eq!(
+            run(Direction::Inbound, &with(&[0, 0, 0, 8, 2, 7, 0, 0])),
+            Err(FrameError::Type(7))
+        );
+        // An attach descriptor with a broken list.
+        assert!(matches!(
+            run(
+                Direction::Inbound,
+                &with(&[0, 0, 0, 12, 2, 0, 0, 0, 0, 0x53, 0x12, 0xc0])
+            ),
+            Err(FrameError::Attach(_))
+        ));
+        let close = framing_error_close("x");
+        let Performative::Close(c) = decode(&close) else {
+            panic!()
+        };
+        assert_eq!(
+            c.error.unwrap().condition,
+            ConnectionError::FramingError.into()
+        );
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes after a valid header never panic, and whatever is emitted is a
+        /// prefix-preserving sequence of whole items.
+        #[test]
+        fn arbitrary_bytes_never_panic(tail in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
+            for start in [&b"AMQP\x00\x01\x00\x00"[..], &b"AMQP\x03\x01\x00\x00"[..], &b""[..]] {
+                let mut rw = Rewriter::new(Direction::Inbound, 512);
+                let mut input = BytesMut::from([start, &tail[..]].concat().as_slice());
+                let mut out = BytesMut::new();
+                let _ = rw.process(&mut input, &mut out);
+                proptest::prop_assert!(out.len() + input.len() <= start.len() + tail.len() + 64 * 1024);
+            }
+        }
+    }
+}
