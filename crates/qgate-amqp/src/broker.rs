@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use fe2o3_amqp::acceptor::{
     ConnectionAcceptor, LinkAcceptor, LinkEndpoint, ListenerSessionHandle, SessionAcceptor,
 };
+use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::link::delivery::Sendable;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::{Receiver, Sender};
@@ -20,7 +21,7 @@ use fe2o3_amqp::types::definitions::{self, AmqpError};
 use fe2o3_amqp::types::messaging::message::__private::{Deserializable, Serializable};
 use fe2o3_amqp::types::messaging::{Body, Message, Outcome};
 use fe2o3_amqp::types::primitives::Value;
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use tokio::sync::Notify;
 
@@ -89,7 +90,7 @@ impl Default for BrokerConfig {
             store: None,
             producer_credit: 500,
             consumer_window: 1000,
-            high_water: 0.5,
+            high_water: 0.8,
             credentials: Credentials::anonymous(),
         }
     }
@@ -111,6 +112,16 @@ pub enum BrokerError {
         /// Decoder's message.
         msg: String,
     },
+}
+
+/// A delivery on its way into a queue.
+struct Staged {
+    info: DeliveryInfo,
+    seq: u64,
+    msg: AmqpMessage,
+    size: usize,
+    expires: Option<Instant>,
+    stored: Result<(), String>,
 }
 
 struct QueueState {
@@ -391,91 +402,146 @@ impl Broker {
             return;
         }
         let limits = q.lock().limits();
-        let high_msgs = (limits.max_messages as f64 * self.inner.cfg.high_water) as usize;
-        let high_bytes = (limits.max_bytes as f64 * self.inner.cfg.high_water) as usize;
-        loop {
-            let d = match r.recv::<Body<Value>>().await {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::debug!(queue = %q.name, error = ?e, "producer link ended");
-                    break;
-                }
-            };
-            let info = fe2o3_amqp::link::delivery::DeliveryInfo::from(&d);
-            let msg = d.into_message();
-            let bytes = encode(&msg);
-            let size = bytes.len();
-            let now = Instant::now();
-            let header_ttl = msg
-                .header
-                .as_ref()
-                .and_then(|h| h.ttl)
-                .map(|ms| Duration::from_millis(ms as u64));
-            let ttl = match (header_ttl, q.ttl) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let reserved = q.lock().reserve(size);
-            let seq = match reserved {
-                Ok(seq) => seq,
-                Err(refused) => {
-                    let e = amqp_error(
-                        AmqpError::ResourceLimitExceeded,
-                        format!("{}: {refused}", q.name),
-                    );
-                    if r.reject(info, e).await.is_err() {
-                        break;
+        let high = (
+            (limits.max_messages as f64 * self.inner.cfg.high_water) as usize,
+            (limits.max_bytes as f64 * self.inner.cfg.high_water) as usize,
+        );
+        // Deliveries whose durable write is under way, in arrival order: the store commits in
+        // order, so they complete in order, and several share one fsync (group commit).
+        let mut pending = FuturesOrdered::new();
+        let window = self.inner.cfg.producer_credit.max(1) as usize;
+        let mut open = true;
+        while open || !pending.is_empty() {
+            tokio::select! {
+                biased;
+                Some(done) = pending.next(), if !pending.is_empty() => {
+                    if !self.admit(&q, &mut r, done, high, open).await {
+                        open = false;
                     }
-                    continue;
                 }
-            };
-            if let Some(store) = &self.inner.store {
-                if let Err(e) = store.put(&q.name, seq, bytes).await {
-                    tracing::error!(queue = %q.name, error = %e, "could not store a message");
-                    let e = amqp_error(AmqpError::InternalError, format!("message store: {e}"));
-                    if r.reject(info, e).await.is_err() {
-                        break;
+                d = r.recv::<Body<Value>>(), if open && pending.len() < window => {
+                    let d = match d {
+                        Ok(d) => d,
+                        Err(e) => {
+                            tracing::debug!(queue = %q.name, error = ?e, "producer link ended");
+                            open = false;
+                            continue;
+                        }
+                    };
+                    match self.stage(&q, d) {
+                        Ok(fut) => pending.push_back(fut),
+                        Err((info, e)) => {
+                            if r.reject(info, e).await.is_err() {
+                                open = false;
+                            }
+                        }
                     }
-                    continue;
                 }
-            }
-            let inserted =
-                q.lock()
-                    .insert(seq, Arc::new(sendable(msg)), size, ttl.map(|t| now + t));
-            if !inserted {
-                if let Some(store) = &self.inner.store {
-                    store.delete(&q.name, seq).await;
-                }
-                let e = amqp_error(
-                    AmqpError::ResourceLimitExceeded,
-                    format!("{}: queue is full", q.name),
-                );
-                if r.reject(info, e).await.is_err() {
-                    break;
-                }
-                continue;
-            }
-            q.arrived.notify_one();
-            // Back-pressure: hold this delivery's settlement (and with it the link credit it
-            // refills) while the queue is above its high-water mark.
-            loop {
-                let drained = q.drained.notified();
-                tokio::pin!(drained);
-                drained.as_mut().enable();
-                let (depth, bytes) = {
-                    let g = q.lock();
-                    (g.depth(), g.bytes())
-                };
-                if depth <= high_msgs && bytes <= high_bytes {
-                    break;
-                }
-                drained.await;
-            }
-            if r.accept(info).await.is_err() {
-                break;
             }
         }
         let _ = r.close().await;
+    }
+
+    /// Reserve a place for a delivery and start its durable write; the returned future
+    /// resolves when it is committed (at once for memory-only brokers).
+    #[allow(clippy::type_complexity)]
+    fn stage(
+        &self,
+        q: &Arc<QueueState>,
+        d: fe2o3_amqp::link::delivery::Delivery<Body<Value>>,
+    ) -> Result<futures_util::future::BoxFuture<'static, Staged>, (DeliveryInfo, definitions::Error)>
+    {
+        let info = DeliveryInfo::from(&d);
+        let msg = d.into_message();
+        let bytes = encode(&msg);
+        let size = bytes.len();
+        let header_ttl = msg
+            .header
+            .as_ref()
+            .and_then(|h| h.ttl)
+            .map(|ms| Duration::from_millis(ms as u64));
+        let ttl = match (header_ttl, q.ttl) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let expires = ttl.map(|t| Instant::now() + t);
+        let reserved = q.lock().reserve(size);
+        let seq = reserved.map_err(|refused| {
+            (
+                info.clone(),
+                amqp_error(
+                    AmqpError::ResourceLimitExceeded,
+                    format!("{}: {refused}", q.name),
+                ),
+            )
+        })?;
+        let store = self.inner.store.clone();
+        let name = q.name.clone();
+        Ok(Box::pin(async move {
+            let stored = match store {
+                Some(s) => s.put(&name, seq, bytes).await.map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+            Staged {
+                info,
+                seq,
+                msg,
+                size,
+                expires,
+                stored,
+            }
+        }))
+    }
+
+    /// A delivery's write is done: put it in the queue and settle it with the producer, after
+    /// waiting out back-pressure. False when the link is gone.
+    async fn admit(
+        &self,
+        q: &QueueState,
+        r: &mut Receiver,
+        s: Staged,
+        (high_msgs, high_bytes): (usize, usize),
+        open: bool,
+    ) -> bool {
+        if let Err(e) = s.stored {
+            tracing::error!(queue = %q.name, error = %e, "could not store a message");
+            let e = amqp_error(AmqpError::InternalError, format!("message store: {e}"));
+            return open && r.reject(s.info, e).await.is_ok();
+        }
+        let inserted = q
+            .lock()
+            .insert(s.seq, Arc::new(sendable(s.msg)), s.size, s.expires);
+        if !inserted {
+            if let Some(store) = &self.inner.store {
+                store.delete(&q.name, s.seq).await;
+            }
+            let e = amqp_error(
+                AmqpError::ResourceLimitExceeded,
+                format!("{}: queue is full", q.name),
+            );
+            return open && r.reject(s.info, e).await.is_ok();
+        }
+        q.arrived.notify_one();
+        if !open {
+            // Stored and queued; the producer is gone and will resend (at-least-once).
+            return false;
+        }
+        // Back-pressure: hold this delivery's settlement (and with it the link credit it
+        // refills) while the queue is above its high-water mark.
+        loop {
+            let drained = q.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            let (depth, bytes) = {
+                let g = q.lock();
+                (g.depth(), g.bytes())
+            };
+            if depth <= high_msgs && bytes <= high_bytes {
+                break;
+            }
+            drained.await;
+        }
+        r.accept(s.info).await.is_ok()
     }
 
     /// A link on which a peer receives from a queue: competing with the queue's other consumers,
@@ -560,6 +626,10 @@ impl Broker {
                     }
                 }
             }
+        }
+        // Outcomes that arrived before the detach still count (the peer settled them).
+        while let Some(Some((seq, outcome))) = inflight.next().now_or_never() {
+            self.settle(&q, id, seq, outcome).await;
         }
         drop(inflight);
         let back = q.lock().consumer_gone(id);

@@ -21,7 +21,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_messages: 100_000,
+            max_messages: 1_000_000,
             max_bytes: 64 << 20,
         }
     }

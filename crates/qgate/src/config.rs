@@ -25,6 +25,8 @@ pub struct Config {
     pub history: HistorySection,
     /// `[gateway]` and `[[gateway.paths]]`.
     pub gateway: crate::gatewaycmd::GatewaySection,
+    /// `[broker]` and `[[broker.queues]]` (AMQP).
+    pub broker: crate::amqpcmd::BrokerSection,
 }
 
 /// Whether and how new connections start from the congestion window of earlier ones.

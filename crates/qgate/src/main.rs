@@ -1,5 +1,6 @@
 //! `qgate`: IoT data over QUIC — server, clients, demo and benchmarks.
 
+mod amqpcmd;
 mod client;
 mod config;
 mod gatewaycmd;
@@ -30,7 +31,7 @@ pub const EXIT_HTTP_STATUS: u8 = 3;
 #[command(
     name = "qgate",
     version,
-    about = "qgate: IoT data over QUIC and HTTP/3",
+    about = "qgate: IoT data over QUIC: HTTP/3 ingest, edge gateway, AMQP 1.0 broker",
     long_about = "qgate carries IoT data over QUIC: an HTTP/3 ingest server, HTTP/3 clients, and \
                   experiments that run the same code on a simulated network in virtual time.\n\n\
                   Exit status: 0 success, 1 runtime error, 2 usage or configuration error, \
@@ -70,6 +71,14 @@ enum Command {
     Lab(LabCmd),
     /// Inspect or clear the congestion-window history (paper 002).
     History(history::HistoryArgs),
+    /// Run the AMQP 1.0 broker over QUIC and/or TCP(+TLS): durable queues, competing
+    /// consumers, credit flow control (paper 003).
+    Broker(amqpcmd::BrokerArgs),
+    /// Send messages to an AMQP queue (count × size, or standard input lines) and report
+    /// startup latency, total time and throughput.
+    Send(amqpcmd::SendArgs),
+    /// Receive messages from an AMQP queue and report the same.
+    Recv(amqpcmd::RecvArgs),
 }
 
 #[derive(Args, Debug)]
@@ -150,6 +159,9 @@ fn main() -> ExitCode {
         Command::Bench(b) => lab::bench(b.which),
         Command::Lab(l) => labcmd::run(l.which),
         Command::History(h) => history::run(h, &config),
+        Command::Broker(a) => amqpcmd::broker(a, &config),
+        Command::Send(a) => amqpcmd::send(a, &config),
+        Command::Recv(a) => amqpcmd::recv(a, &config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,514 @@
+//! `qgate broker`, `qgate send`, `qgate recv`: AMQP 1.0 over QUIC or TCP(+TLS) (paper 003).
+
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use qgate_amqp::auth::Credentials;
+use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, QueueDecl};
+use qgate_amqp::client::{self, Connector, RecvSpec, Report, SendSpec};
+use qgate_amqp::queue::Limits;
+use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
+use qgate_transport::{endpoint, server_config, DevPki, Identity, Socket, TrustRoots};
+use serde::Deserialize;
+
+use crate::config::{parse_duration, Config};
+use crate::{default_dev_pki_dir, usage, Failure};
+
+/// `[broker]` in the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerSection {
+    /// UDP address for AMQP over QUIC ("" or absent with no flag: 0.0.0.0:5671).
+    pub quic: Option<SocketAddr>,
+    /// TCP address for AMQP over TLS.
+    pub tls: Option<SocketAddr>,
+    /// TCP address for plain AMQP.
+    pub tcp: Option<SocketAddr>,
+    /// Durable store file.
+    pub store: Option<PathBuf>,
+    /// Keep queues in memory only.
+    pub memory: Option<bool>,
+    /// SASL PLAIN credentials file.
+    pub credentials: Option<PathBuf>,
+    /// Admit SASL ANONYMOUS.
+    pub anonymous: Option<bool>,
+    /// Create unknown queues on attach.
+    pub auto_create: Option<bool>,
+    /// Limits of auto-created queues.
+    pub max_messages: Option<usize>,
+    /// Bytes per auto-created queue.
+    pub max_bytes: Option<usize>,
+    /// TTL of auto-created queues, e.g. "10m".
+    pub ttl: Option<String>,
+    /// Producer link credit.
+    pub producer_credit: Option<u32>,
+    /// Unsettled deliveries per consumer link.
+    pub consumer_window: Option<usize>,
+    /// Back-pressure threshold, fraction of a queue's limits.
+    pub high_water: Option<f64>,
+    /// Certificate chain and key (PEM); without them the development certificate.
+    pub cert: Option<PathBuf>,
+    /// Key for `cert`.
+    pub key: Option<PathBuf>,
+    /// CA whose certificates TLS clients must present.
+    pub client_ca: Option<PathBuf>,
+    /// Prometheus text on plain HTTP/1.1 at this TCP address.
+    pub metrics: Option<SocketAddr>,
+    /// Queues declared at start.
+    pub queues: Vec<QueueSection>,
+}
+
+/// `[[broker.queues]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSection {
+    /// Address.
+    pub name: String,
+    /// Most messages held.
+    #[serde(default)]
+    pub max_messages: Option<usize>,
+    /// Most bytes held.
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
+    /// Longest a message waits, e.g. "30s".
+    #[serde(default)]
+    pub ttl: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct BrokerArgs {
+    /// UDP address for AMQP over QUIC [default: 0.0.0.0:5671 unless only TCP listeners are given].
+    #[arg(long, value_name = "ADDR")]
+    quic: Option<SocketAddr>,
+    /// TCP address for AMQP over TLS (1.3 or 1.2).
+    #[arg(long, value_name = "ADDR")]
+    tls: Option<SocketAddr>,
+    /// TCP address for plain AMQP.
+    #[arg(long, value_name = "ADDR")]
+    tcp: Option<SocketAddr>,
+    /// Durable store: messages accepted into queues survive a crash [default: $QGATE_HOME/broker.redb].
+    #[arg(long, value_name = "FILE")]
+    store: Option<PathBuf>,
+    /// Keep queues in memory only (no store).
+    #[arg(long)]
+    memory: bool,
+    /// SASL PLAIN users: a TOML file with a [users] table of name = "password".
+    #[arg(long, value_name = "FILE")]
+    credentials: Option<PathBuf>,
+    /// Also admit SASL ANONYMOUS when --credentials is given (always admitted without it).
+    #[arg(long)]
+    anonymous: bool,
+    /// Refuse links to queues not declared in [[broker.queues]] (amqp:not-found).
+    #[arg(long)]
+    no_auto_create: bool,
+    /// Most messages per auto-created queue [default: 1000000].
+    #[arg(long)]
+    max_messages: Option<usize>,
+    /// Most bytes per auto-created queue [default: 67108864].
+    #[arg(long, value_name = "BYTES")]
+    max_bytes: Option<usize>,
+    /// Longest a message waits in an auto-created queue (e.g. 10m) [default: forever].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    ttl: Option<Duration>,
+    /// Prometheus metrics on plain HTTP at this TCP address (GET /metrics).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// PEM certificate chain (with --key) [default: the development certificate].
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// PEM key for --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// TLS clients must present a certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    client_ca: Option<PathBuf>,
+}
+
+fn duration(what: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
+    v.as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| usage(format!("{what}: {e}")))
+}
+
+fn broker_config(a: &BrokerArgs, b: &BrokerSection) -> Result<BrokerConfig, Failure> {
+    let d = BrokerConfig::default();
+    let anonymous = a.anonymous || b.anonymous.unwrap_or(false);
+    let credentials = match a.credentials.clone().or(b.credentials.clone()) {
+        Some(f) => Credentials::load(&f, anonymous).map_err(usage)?,
+        None => Credentials::anonymous(),
+    };
+    let default_limits = Limits {
+        max_messages: a
+            .max_messages
+            .or(b.max_messages)
+            .unwrap_or(d.default_limits.max_messages),
+        max_bytes: a
+            .max_bytes
+            .or(b.max_bytes)
+            .unwrap_or(d.default_limits.max_bytes),
+    };
+    if default_limits.max_messages == 0 || default_limits.max_bytes == 0 {
+        return Err(usage("max_messages and max_bytes must be positive"));
+    }
+    let mut queues = Vec::new();
+    for q in &b.queues {
+        if q.name.is_empty() {
+            return Err(usage("[[broker.queues]]: a queue has an empty name"));
+        }
+        queues.push(QueueDecl {
+            name: q.name.clone(),
+            limits: Limits {
+                max_messages: q.max_messages.unwrap_or(default_limits.max_messages),
+                max_bytes: q.max_bytes.unwrap_or(default_limits.max_bytes),
+            },
+            ttl: duration(&format!("[[broker.queues]] '{}' ttl", q.name), &q.ttl)?,
+        });
+    }
+    let high_water = b.high_water.unwrap_or(d.high_water);
+    if !(high_water > 0.0 && high_water <= 1.0) {
+        return Err(usage("[broker] high_water must be in (0, 1]"));
+    }
+    let memory = a.memory || b.memory.unwrap_or(false);
+    let store = if memory {
+        None
+    } else {
+        Some(a.store.clone().or(b.store.clone()).unwrap_or_else(|| {
+            default_dev_pki_dir()
+                .parent()
+                .map(|p| p.join("broker.redb"))
+                .unwrap_or_else(|| PathBuf::from("broker.redb"))
+        }))
+    };
+    Ok(BrokerConfig {
+        queues,
+        auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
+        default_limits,
+        default_ttl: a.ttl.or(duration("[broker] ttl", &b.ttl)?),
+        store,
+        producer_credit: b.producer_credit.unwrap_or(d.producer_credit).max(1),
+        consumer_window: b.consumer_window.unwrap_or(d.consumer_window).max(1),
+        high_water,
+        credentials,
+        ..d
+    })
+}
+
+pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
+    let b = &cfg.broker;
+    let bcfg = broker_config(&a, b)?;
+    let tcp = a.tcp.or(b.tcp);
+    let tls = a.tls.or(b.tls);
+    let quic = a.quic.or(b.quic).or_else(|| {
+        (tcp.is_none() && tls.is_none()).then(|| "0.0.0.0:5671".parse().expect("valid"))
+    });
+    let identity = match (
+        a.cert.clone().or(b.cert.clone()),
+        a.key.clone().or(b.key.clone()),
+    ) {
+        (Some(c), Some(k)) => Identity::from_pem_files(&c, &k).map_err(usage)?,
+        (None, None) => {
+            DevPki::load_or_create(&default_dev_pki_dir())
+                .map_err(usage)?
+                .server
+        }
+        _ => return Err(usage("give both a certificate and a key")),
+    };
+    let client_ca = match a.client_ca.clone().or(b.client_ca.clone()) {
+        Some(f) => Some(TrustRoots::from_pem_file(&f).map_err(usage)?),
+        None => None,
+    };
+    let metrics = a.metrics.or(b.metrics);
+    let store_path = bcfg.store.clone();
+    crate::runtime().block_on(async move {
+        let broker = Broker::start(bcfg).map_err(usage)?;
+        let mut listening = Vec::new();
+        if let Some(addr) = quic {
+            let scfg = server_config(&identity, &[ALPN_AMQP], &cfg.transport).map_err(usage)?;
+            let ep = endpoint(Socket::bind_udp(addr).map_err(usage)?, Some(scfg), None)?;
+            listening.push(format!("quic udp/{}", ep.local_addr()?));
+            tokio::spawn(serve_quic(broker.clone(), ep));
+        }
+        if let Some(addr) = tls {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding tcp/{addr}"))?;
+            let tcfg =
+                transport::tls_server_config(&identity, client_ca.as_ref()).map_err(usage)?;
+            listening.push(format!("tcp-tls tcp/{}", l.local_addr()?));
+            tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
+        }
+        if let Some(addr) = tcp {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding tcp/{addr}"))?;
+            listening.push(format!("tcp tcp/{}", l.local_addr()?));
+            tokio::spawn(serve_tcp(broker.clone(), l, None));
+        }
+        if let Some(addr) = metrics {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding tcp/{addr}"))?;
+            listening.push(format!("metrics http://{}/metrics", l.local_addr()?));
+            tokio::spawn(serve_metrics(broker.clone(), l));
+        }
+        println!(
+            "qgate broker listening: {}; store {}",
+            listening.join(", "),
+            store_path
+                .as_ref()
+                .map_or("none (memory only)".to_string(), |p| p
+                    .display()
+                    .to_string())
+        );
+        std::io::stdout().flush().ok();
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        eprintln!("qgate: shutting down");
+        for q in broker.queue_stats() {
+            eprintln!(
+                "qgate: queue {}: {} held, {} enqueued, {} settled",
+                q.name, q.depth, q.stats.enqueued, q.stats.acked
+            );
+        }
+        Ok(())
+    })
+}
+
+/// A minimal HTTP/1.1 responder: `GET /metrics` → Prometheus text, anything else 404.
+async fn serve_metrics(broker: Broker, l: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut s, _)) = l.accept().await else {
+            continue;
+        };
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            while n < buf.len() {
+                match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf[n..])).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+                    Ok(Ok(k)) => n += k,
+                }
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if head.starts_with("GET /metrics ") {
+                ("200 OK", broker.metrics())
+            } else {
+                ("404 Not Found", "try GET /metrics\n".to_string())
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        });
+    }
+}
+
+/// Where a client connects.
+#[derive(Args, Debug, Clone)]
+pub struct Target {
+    /// Broker address, e.g. 127.0.0.1:5671.
+    #[arg(value_name = "BROKER")]
+    broker: SocketAddr,
+    /// Queue address.
+    #[arg(value_name = "QUEUE")]
+    queue: String,
+    /// quic, tcp-tls (TLS 1.3), tcp-tls12 or tcp.
+    #[arg(long, default_value = "quic", value_name = "SCHEME")]
+    transport: Scheme,
+    /// Pre-settled (at-most-once) instead of unsettled (at-least-once).
+    #[arg(long)]
+    settle: bool,
+    /// SASL PLAIN user (password from --password or QGATE_AMQP_PASSWORD) [default: ANONYMOUS].
+    #[arg(long)]
+    user: Option<String>,
+    /// SASL PLAIN password.
+    #[arg(long, env = "QGATE_AMQP_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
+    /// CA certificate of the broker, PEM [default: the development CA].
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// The name on the broker's certificate.
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+    /// Link name [default: qgate-send / qgate-recv].
+    #[arg(long)]
+    link_name: Option<String>,
+}
+
+impl Target {
+    fn connector(&self, cfg: &Config) -> Result<Connector, Failure> {
+        let trust = match &self.ca {
+            Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
+            None => DevPki::load_or_create(&default_dev_pki_dir())
+                .map_err(usage)?
+                .trust(),
+        };
+        let sasl = match (&self.user, &self.password) {
+            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+            (Some(_), None) => {
+                return Err(usage("--user needs --password (or QGATE_AMQP_PASSWORD)"))
+            }
+            _ => None,
+        };
+        Connector::new(
+            self.transport,
+            self.broker,
+            &self.server_name,
+            &trust,
+            sasl,
+            None,
+            &cfg.transport,
+        )
+        .map_err(usage)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Messages to send (ignored with --stdin).
+    #[arg(long, default_value_t = 1000)]
+    count: u64,
+    /// Body bytes per message.
+    #[arg(long, default_value_t = 100)]
+    size: usize,
+    /// Messages per second [default: as fast as credit allows].
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Send each line of standard input as one message instead.
+    #[arg(long)]
+    stdin: bool,
+    /// Unsettled messages in flight.
+    #[arg(long, default_value_t = 500)]
+    window: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct RecvArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Stop after this many messages [default: until --idle passes without one].
+    #[arg(long)]
+    count: Option<u64>,
+    /// Stop after this long without a message.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    idle: Duration,
+    /// Link credit.
+    #[arg(long, default_value_t = 500)]
+    credit: u32,
+    /// Print each body (as text) on standard output.
+    #[arg(long)]
+    print: bool,
+}
+
+fn report(what: &str, r: &Report, scheme: Scheme) {
+    eprintln!(
+        "{what} {} messages ({} bytes) over {scheme}{}: startup {:.2} ms, total {:.3} s, {:.0} msg/s",
+        r.messages,
+        r.bytes,
+        if r.zero_rtt { " (0-RTT)" } else { "" },
+        r.startup.as_secs_f64() * 1e3,
+        r.total.as_secs_f64(),
+        r.rate()
+    );
+}
+
+pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
+    if a.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err(usage("--rate must be a positive number"));
+    }
+    let rt = crate::runtime();
+    let _in_runtime = rt.enter();
+    let connector = a.target.connector(cfg)?;
+    let spec = SendSpec {
+        address: a.target.queue.clone(),
+        settled: a.target.settle,
+        window: a.window.max(1),
+        rate: a.rate,
+        link_name: a
+            .target
+            .link_name
+            .clone()
+            .unwrap_or_else(|| "qgate-send".into()),
+    };
+    let bodies: Box<dyn Iterator<Item = Vec<u8>> + Send> = if a.stdin {
+        let lines: Vec<Vec<u8>> = std::io::stdin()
+            .lock()
+            .lines()
+            .collect::<Result<Vec<_>, _>>()
+            .context("reading standard input")?
+            .into_iter()
+            .map(String::into_bytes)
+            .collect();
+        Box::new(lines.into_iter())
+    } else {
+        let size = a.size;
+        Box::new((0..a.count).map(move |_| vec![b'x'; size]))
+    };
+    let r = rt
+        .block_on(client::send(&connector, &spec, bodies))
+        .map_err(anyhow::Error::from)?;
+    report("sent", &r, a.target.transport);
+    if r.rejected > 0 {
+        return Err(anyhow::anyhow!(
+            "the broker refused {} messages (first: {})",
+            r.rejected,
+            r.first_error.unwrap_or_default()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+pub fn recv(a: RecvArgs, cfg: &Config) -> Result<(), Failure> {
+    let rt = crate::runtime();
+    let _in_runtime = rt.enter();
+    let connector = a.target.connector(cfg)?;
+    let spec = RecvSpec {
+        address: a.target.queue.clone(),
+        settled: a.target.settle,
+        count: a.count,
+        idle: a.idle,
+        credit: a.credit.max(1),
+        link_name: a
+            .target
+            .link_name
+            .clone()
+            .unwrap_or_else(|| "qgate-recv".into()),
+    };
+    let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
+    let print = a.print;
+    let r = rt
+        .block_on(client::receive(&connector, &spec, |b| {
+            if print {
+                let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = o.write_all(b);
+                let _ = o.write_all(b"\n");
+            }
+        }))
+        .map_err(anyhow::Error::from)?;
+    report("received", &r, a.target.transport);
+    if a.count.is_some_and(|n| r.messages < n) {
+        return Err(anyhow::anyhow!(
+            "received {} of {} messages before --idle",
+            r.messages,
+            a.count.unwrap_or(0)
+        )
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! `qgate broker`, `qgate send`, `qgate recv` as processes: durability across `kill -9`, the CLI
+//! round trip, and configuration errors.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fe2o3_amqp::types::messaging::{Body, MessageId, Outcome};
+use fe2o3_amqp::types::primitives::Value;
+use qgate_amqp::client::{self, Connector};
+use qgate_amqp::transport::Scheme;
+use qgate_transport::{DevPki, TransportOptions};
+
+fn qgate(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_qgate"));
+    c.env("QGATE_HOME", home)
+        .env_remove("QGATE_CONFIG")
+        .env_remove("RUST_LOG");
+    c
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qgate-amqp-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A broker process, killed (SIGKILL) when dropped.
+struct BrokerProc {
+    child: Child,
+    quic: SocketAddr,
+    tcp: SocketAddr,
+}
+
+impl Drop for BrokerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_broker(home: &Path, quic: &str, tcp: &str, extra: &[&str]) -> BrokerProc {
+    let mut child = qgate(home)
+        .args(["broker", "--quic", quic, "--tcp", tcp])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "qgate broker listening: quic udp/A, tcp tcp/B; store …"
+    let addr = |tag: &str| -> SocketAddr {
+        let i = line.find(tag).unwrap_or_else(|| panic!("{tag} in {line}")) + tag.len();
+        line[i..]
+            .split([',', ';'])
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (quic, tcp) = (addr("quic udp/"), addr("tcp tcp/"));
+    BrokerProc { child, quic, tcp }
+}
+
+#[test]
+fn accepted_messages_survive_kill_9_and_restart() {
+    let home = tmp("durable");
+    let store = home.join("broker.redb");
+    let store_arg = store.to_str().unwrap();
+    let broker = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--store", store_arg]);
+    let pki = DevPki::load_or_create(&home.join("dev-pki")).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let broker = Arc::new(Mutex::new(Some(broker)));
+    let tcp = broker.lock().unwrap().as_ref().unwrap().tcp;
+    rt.block_on(async {
+        let c = Connector::new(
+            Scheme::Tcp,
+            tcp,
+            "localhost",
+            &pki.trust(),
+            None,
+            None,
+            &TransportOptions::default(),
+        )
+        .unwrap();
+        let (mut cl, _) = c.open().await.unwrap();
+        let mut s = cl.sender("durable", "orders", false).await.unwrap();
+        let mut inflight = futures_util::stream::FuturesUnordered::new();
+        use futures_util::StreamExt;
+        // Send until the broker dies under us: it is killed once 3000 messages are accepted.
+        for i in 0u64..1_000_000 {
+            let fut = match s.send_batchable(client::message(i, vec![7; 100])).await {
+                Ok(f) => f,
+                Err(_) => break,
+            };
+            inflight.push(async move { (i, fut.await) });
+            while inflight.len() >= 200 {
+                match inflight.next().await {
+                    Some((id, Ok(Outcome::Accepted(_)))) => {
+                        let n = {
+                            let mut a = accepted.lock().unwrap();
+                            a.insert(id);
+                            a.len()
+                        };
+                        if n == 3000 {
+                            // SIGKILL: no shutdown path runs.
+                            drop(broker.lock().unwrap().take());
+                        }
+                    }
+                    Some(_) => break,
+                    None => break,
+                }
+            }
+            if broker.lock().unwrap().is_none() && inflight.is_empty() {
+                break;
+            }
+        }
+        // Whatever else resolves as accepted counts too.
+        while let Ok(Some(r)) = tokio::time::timeout(Duration::from_secs(2), inflight.next()).await
+        {
+            if let (id, Ok(Outcome::Accepted(_))) = r {
+                accepted.lock().unwrap().insert(id);
+            }
+        }
+    });
+    let accepted = accepted.lock().unwrap().clone();
+    assert!(accepted.len() >= 3000, "{}", accepted.len());
+    // Restart on the same store and drain the queue.
+    let broker = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--store", store_arg]);
+    let received = rt.block_on(async {
+        let c = Connector::new(
+            Scheme::Quic,
+            broker.quic,
+            "localhost",
+            &pki.trust(),
+            None,
+            None,
+            &TransportOptions::default(),
+        )
+        .unwrap();
+        let (mut cl, _) = c.open().await.unwrap();
+        let mut r = cl.receiver("drain", "orders", false, 500).await.unwrap();
+        let mut got = BTreeSet::new();
+        while let Ok(Ok(d)) =
+            tokio::time::timeout(Duration::from_secs(3), r.recv::<Body<Value>>()).await
+        {
+            if let Some(MessageId::Ulong(id)) = d
+                .message()
+                .properties
+                .as_ref()
+                .and_then(|p| p.message_id.clone())
+            {
+                got.insert(id);
+            }
+            r.accept(&d).await.unwrap();
+        }
+        got
+    });
+    let lost: Vec<_> = accepted.difference(&received).take(10).collect();
+    assert!(
+        lost.is_empty(),
+        "{} accepted messages lost, e.g. {lost:?}",
+        accepted.len() - accepted.intersection(&received).count()
+    );
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn send_and_recv_round_trip_as_processes() {
+    let home = tmp("cli");
+    let b = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--memory"]);
+    let quic = b.quic.to_string();
+    let o = qgate(&home)
+        .args(["send", &quic, "greetings", "--count", "50", "--size", "10"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("sent 50 messages (500 bytes) over quic"),
+        "{err}"
+    );
+    assert!(err.contains("startup") && err.contains("msg/s"), "{err}");
+    let mut child = qgate(&home)
+        .args([
+            "send",
+            &b.tcp.to_string(),
+            "lines",
+            "--stdin",
+            "--transport",
+            "tcp",
+            "--settle",
+        ])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"temperature=21.5\nhumidity=40\n")
+        .unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let o = qgate(&home)
+        .args(["recv", &quic, "lines", "--count", "2", "--print"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "temperature=21.5\nhumidity=40\n"
+    );
+    let o = qgate(&home)
+        .args([
+            "recv",
+            &quic,
+            "greetings",
+            "--count",
+            "60",
+            "--idle",
+            "300ms",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("received 50 of 60"), "{err}");
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn broker_configuration_errors_are_named() {
+    let home = tmp("cfg");
+    let creds = home.join("users.toml");
+    std::fs::write(&creds, "[users]\nalice = \"\"\n").unwrap();
+    let o = qgate(&home)
+        .args([
+            "broker",
+            "--memory",
+            "--tcp",
+            "127.0.0.1:0",
+            "--credentials",
+        ])
+        .arg(&creds)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("users.toml") && err.contains("alice"), "{err}");
+    let cfg = home.join("qgate.toml");
+    std::fs::write(&cfg, "[broker]\nhigh_water = 3.0\n").unwrap();
+    let o = qgate(&home)
+        .args(["--config"])
+        .arg(&cfg)
+        .args(["broker", "--memory", "--tcp", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("high_water"), "{err}");
+    let o = qgate(&home)
+        .args(["send", "127.0.0.1:9", "q", "--transport", "carrier-pigeon"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("carrier-pigeon"), "{err}");
+    let _ = std::fs::remove_dir_all(&home);
+}
