@@ -296,6 +296,16 @@ pub enum Bench {
         #[arg(long, default_value_t = 2000.0)]
         paced_rate: f64,
     },
+    /// AMQP broker throughput on loopback, 100-byte messages: 1→1 and 10→10, pre-settled and
+    /// unsettled, QUIC and TCP, plus durable (interleaved repeats, one run).
+    Amqp {
+        /// Messages per run (split over the producers).
+        #[arg(long, default_value_t = 200_000)]
+        messages: u64,
+        /// Repeats of every configuration.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
         /// MiB per transfer.
@@ -384,6 +394,24 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             }
             if memory_devices > 0 {
                 memory_bench(memory_devices)?;
+            }
+        }
+        Bench::Amqp { messages, repeats } => {
+            if messages < 10 || repeats == 0 {
+                return Err(usage(
+                    "--messages must be at least 10 and --repeats positive",
+                ));
+            }
+            let cases = qgate_lab::amqpbench::default_cases();
+            eprintln!(
+                "bench amqp: {} configurations × {repeats}, {messages} messages of 100 B per run",
+                cases.len()
+            );
+            let r = qgate_lab::amqpbench::run(&cases, messages, repeats, |i, n| {
+                eprintln!("  run {i}/{n} done")
+            });
+            for c in &r {
+                println!("{:<34} {:.0} msg/s", c.case.to_string(), c.summary());
             }
         }
         Bench::Loopback { mebibytes, repeats } => {

@@ -1,0 +1,5 @@
+module qgate.invalid/interop/goamqp
+
+go 1.25
+
+require github.com/Azure/go-amqp v1.7.0
