@@ -28,13 +28,16 @@ pub struct Case {
     pub settled: bool,
     /// Durable store.
     pub durable: bool,
+    /// Against the embedded Apache Artemis instead of our broker (TCP only).
+    pub artemis: bool,
 }
 
 impl std::fmt::Display for Case {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} {}→{} {}{}",
+            "{}{} {}→{} {}{}",
+            if self.artemis { "artemis " } else { "" },
             self.scheme,
             self.pairs,
             self.pairs,
@@ -59,6 +62,7 @@ pub fn default_cases() -> Vec<Case> {
                     pairs,
                     settled,
                     durable: false,
+                    artemis: false,
                 });
             }
         }
@@ -68,8 +72,18 @@ pub fn default_cases() -> Vec<Case> {
         pairs: 1,
         settled: false,
         durable: true,
+        artemis: false,
     });
     v
+}
+
+/// The same TCP cases against Apache Artemis (no persistence), for the ratio.
+pub fn artemis_cases() -> Vec<Case> {
+    default_cases()
+        .into_iter()
+        .filter(|c| c.scheme == Scheme::Tcp && !c.durable)
+        .map(|c| Case { artemis: true, ..c })
+        .collect()
 }
 
 /// One configuration's result.
@@ -94,6 +108,7 @@ pub fn run(
     cases: &[Case],
     messages: u64,
     repeats: usize,
+    artemis: Option<SocketAddr>,
     progress: impl Fn(usize, usize),
 ) -> Vec<CaseResult> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -110,10 +125,15 @@ pub fn run(
         .collect();
     let dir = std::env::temp_dir().join(format!("qgate-bench-amqp-{}", std::process::id()));
     let total = cases.len() * repeats;
+    // The JVM compiles its hot paths during the first runs: warm Artemis up, unmeasured.
+    for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.artemis) {
+        rt.block_on(one(*c, messages, None, &format!("warmup-{i}"), artemis));
+    }
     for r in 0..repeats {
         for (i, c) in cases.iter().enumerate() {
             let store = c.durable.then(|| dir.join(format!("run-{r}-{i}.redb")));
-            let rate = rt.block_on(one(*c, messages, store));
+            let queue = format!("bench-{r}-{i}");
+            let rate = rt.block_on(one(*c, messages, store, &queue, artemis));
             out[i].rates.push(rate);
             progress(r * cases.len() + i + 1, total);
         }
@@ -122,7 +142,13 @@ pub fn run(
     out
 }
 
-async fn one(c: Case, messages: u64, store: Option<std::path::PathBuf>) -> f64 {
+async fn one(
+    c: Case,
+    messages: u64,
+    store: Option<std::path::PathBuf>,
+    queue: &str,
+    artemis: Option<SocketAddr>,
+) -> f64 {
     let pki = DevPki::generate(&[]).expect("PKI");
     let broker = Broker::start(BrokerConfig {
         store,
@@ -130,6 +156,7 @@ async fn one(c: Case, messages: u64, store: Option<std::path::PathBuf>) -> f64 {
     })
     .expect("broker");
     let addr: SocketAddr = match c.scheme {
+        _ if c.artemis => artemis.expect("an Artemis address for Artemis cases"),
         Scheme::Quic => {
             let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default())
                 .expect("config");
@@ -169,15 +196,17 @@ async fn one(c: Case, messages: u64, store: Option<std::path::PathBuf>) -> f64 {
     let got = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
+    let queue = queue.to_string();
     for p in 0..c.pairs {
         let connector = connector.clone();
         let got = got.clone();
+        let queue = queue.clone();
         tasks.push(tokio::spawn(async move {
             let Ok((mut cl, _)) = connector.open().await else {
                 return 0;
             };
             let Ok(mut rx) = cl
-                .receiver(&format!("consumer-{p}"), "bench", c.settled, 1000)
+                .receiver(&format!("consumer-{p}"), &queue, c.settled, 1000)
                 .await
             else {
                 return 0;
@@ -209,9 +238,10 @@ async fn one(c: Case, messages: u64, store: Option<std::path::PathBuf>) -> f64 {
     }
     for p in 0..c.pairs {
         let connector = connector.clone();
+        let queue = queue.clone();
         tasks.push(tokio::spawn(async move {
             let spec = SendSpec {
-                address: "bench".into(),
+                address: queue.clone(),
                 settled: c.settled,
                 window: 500,
                 rate: None,

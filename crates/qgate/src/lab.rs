@@ -190,6 +190,61 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// An embedded Artemis process, killed when dropped.
+struct ArtemisProc {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for ArtemisProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Build tools/artemis with Maven and start it on a free port.
+fn start_artemis(dir: &std::path::Path) -> Result<ArtemisProc, Failure> {
+    use std::io::BufRead;
+    eprintln!(
+        "bench amqp: building and starting Artemis from {}",
+        dir.display()
+    );
+    let built = std::process::Command::new("mvn")
+        .args(["-q", "-B", "package"])
+        .current_dir(dir)
+        .status()
+        .map_err(|e| anyhow::anyhow!("running mvn in {}: {e}", dir.display()))?;
+    if !built.success() {
+        return Err(anyhow::anyhow!("mvn package failed in {}", dir.display()).into());
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = std::process::Command::new("java")
+        .args([
+            "-cp",
+            "target/classes:target/lib/*",
+            "qgate.EmbeddedArtemis",
+        ])
+        .arg(port.to_string())
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting java: {e}"))?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    if !line.starts_with("READY") {
+        let _ = child.kill();
+        return Err(anyhow::anyhow!("Artemis did not start: {line}").into());
+    }
+    Ok(ArtemisProc {
+        child,
+        addr: ([127, 0, 0, 1], port).into(),
+    })
+}
+
 /// Spawn `qgate gateway` as its own process, register `n` idle devices with it, and report its
 /// resident memory per device.
 fn memory_bench(n: usize) -> Result<(), Failure> {
@@ -305,6 +360,10 @@ pub enum Bench {
         /// Repeats of every configuration.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
+        /// Also run the TCP cases against an embedded Apache Artemis 2.44 built from this
+        /// directory with Maven (tools/artemis in the repository) and report our/Artemis ratios.
+        #[arg(long, value_name = "DIR")]
+        artemis: Option<std::path::PathBuf>,
     },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
@@ -396,23 +455,50 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 memory_bench(memory_devices)?;
             }
         }
-        Bench::Amqp { messages, repeats } => {
+        Bench::Amqp {
+            messages,
+            repeats,
+            artemis,
+        } => {
             if messages < 10 || repeats == 0 {
                 return Err(usage(
                     "--messages must be at least 10 and --repeats positive",
                 ));
             }
-            let cases = qgate_lab::amqpbench::default_cases();
+            let mut cases = qgate_lab::amqpbench::default_cases();
+            let artemis = match artemis {
+                Some(dir) => {
+                    cases.extend(qgate_lab::amqpbench::artemis_cases());
+                    Some(start_artemis(&dir)?)
+                }
+                None => None,
+            };
             eprintln!(
                 "bench amqp: {} configurations × {repeats}, {messages} messages of 100 B per run",
                 cases.len()
             );
-            let r = qgate_lab::amqpbench::run(&cases, messages, repeats, |i, n| {
+            let addr = artemis.as_ref().map(|a| a.addr);
+            let r = qgate_lab::amqpbench::run(&cases, messages, repeats, addr, |i, n| {
                 eprintln!("  run {i}/{n} done")
             });
             for c in &r {
-                println!("{:<34} {:.0} msg/s", c.case.to_string(), c.summary());
+                let twin = qgate_lab::amqpbench::Case {
+                    artemis: true,
+                    ..c.case
+                };
+                let ratio = r
+                    .iter()
+                    .find(|o| !c.case.artemis && o.case == twin)
+                    .map(|o| {
+                        format!(
+                            "  (qgate/Artemis {:.2})",
+                            c.summary().mean / o.summary().mean
+                        )
+                    })
+                    .unwrap_or_default();
+                println!("{:<40} {:.0} msg/s{ratio}", c.case.to_string(), c.summary());
             }
+            drop(artemis);
         }
         Bench::Loopback { mebibytes, repeats } => {
             if mebibytes == 0 || repeats == 0 {
