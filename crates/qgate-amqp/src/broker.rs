@@ -122,6 +122,8 @@ struct Staged {
     size: usize,
     expires: Option<Instant>,
     stored: Result<(), String>,
+    /// The 0-RTT replay key to forget if the message does not make it in.
+    replay_key: Option<u64>,
 }
 
 struct QueueState {
@@ -146,7 +148,9 @@ struct Counters {
     connections_open: AtomicU64,
     connections_total: AtomicU64,
     connections_failed: AtomicU64,
+    connections_early: AtomicU64,
     links_refused: AtomicU64,
+    replays_dropped: AtomicU64,
 }
 
 struct Inner {
@@ -155,6 +159,7 @@ struct Inner {
     store: Option<Store>,
     next_consumer: AtomicU64,
     counters: Counters,
+    replays: Mutex<ReplayGuard>,
 }
 
 /// The broker; cheap to clone (all clones are the same broker).
@@ -199,6 +204,7 @@ impl Broker {
             store,
             next_consumer: AtomicU64::new(1),
             counters: Counters::default(),
+            replays: Mutex::new(ReplayGuard::default()),
             cfg,
         });
         let broker = Broker { inner };
@@ -254,6 +260,10 @@ impl Broker {
 
     fn queues(&self) -> MutexGuard<'_, BTreeMap<String, Arc<QueueState>>> {
         self.inner.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn replays(&self) -> MutexGuard<'_, ReplayGuard> {
+        self.inner.replays.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn find(&self, name: &str) -> Option<Arc<QueueState>> {
@@ -326,6 +336,25 @@ impl Broker {
     /// Serve one AMQP connection on `io` until it closes. Bad framing, failed SASL or a
     /// protocol error end this connection only.
     pub async fn serve<S: Stream>(&self, io: S) {
+        self.serve_guarded(io, false).await
+    }
+
+    /// [`Broker::serve`] for a QUIC stream, whose first bytes may be 0-RTT data and so may be
+    /// replayed: its transfers must carry a message-id, and a repeat of one is settled without
+    /// queueing it again (decision M9). `early_hint`: the stream was accepted while the
+    /// handshake was still running (counted; quinn cannot tell a server for certain, so every
+    /// QUIC connection is guarded).
+    pub async fn serve_quic_stream<S: Stream>(&self, io: S, early_hint: bool) {
+        if early_hint {
+            self.inner
+                .counters
+                .connections_early
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.serve_guarded(io, true).await
+    }
+
+    async fn serve_guarded<S: Stream>(&self, io: S, early: bool) {
         let c = &self.inner.counters;
         c.connections_total.fetch_add(1, Ordering::Relaxed);
         let io = linkname::shim(io, self.inner.cfg.max_frame_size, 256 * 1024);
@@ -349,13 +378,13 @@ impl Broker {
             .build();
         while let Ok(session) = sessions.accept(&mut conn).await {
             let broker = self.clone();
-            tokio::spawn(async move { broker.serve_session(session).await });
+            tokio::spawn(async move { broker.serve_session(session, early).await });
         }
         let _ = conn.close().await;
         c.connections_open.fetch_sub(1, Ordering::Relaxed);
     }
 
-    async fn serve_session(&self, mut session: ListenerSessionHandle) {
+    async fn serve_session(&self, mut session: ListenerSessionHandle, early: bool) {
         let links = LinkAcceptor::new();
         loop {
             match links.accept(&mut session).await {
@@ -365,7 +394,7 @@ impl Broker {
                 }
                 Ok(LinkEndpoint::Receiver(r)) => {
                     let b = self.clone();
-                    tokio::spawn(async move { b.producer(r).await });
+                    tokio::spawn(async move { b.producer(r, early).await });
                 }
                 Err(e) => {
                     // The session ended, or one attach was bad (fe2o3 answered it).
@@ -380,7 +409,7 @@ impl Broker {
     }
 
     /// A link on which a peer sends to a queue.
-    async fn producer(&self, mut r: Receiver) {
+    async fn producer(&self, mut r: Receiver, early: bool) {
         let address = r
             .target()
             .as_ref()
@@ -428,10 +457,16 @@ impl Broker {
                             continue;
                         }
                     };
-                    match self.stage(&q, d) {
+                    match self.stage(&q, d, early) {
                         Ok(fut) => pending.push_back(fut),
-                        Err((info, e)) => {
+                        Err((info, Some(e))) => {
                             if r.reject(info, e).await.is_err() {
+                                open = false;
+                            }
+                        }
+                        Err((info, None)) => {
+                            // A replayed 0-RTT transfer: it is already queued once.
+                            if r.accept(info).await.is_err() {
                                 open = false;
                             }
                         }
@@ -443,18 +478,44 @@ impl Broker {
     }
 
     /// Reserve a place for a delivery and start its durable write; the returned future
-    /// resolves when it is committed (at once for memory-only brokers).
+    /// resolves when it is committed (at once for memory-only brokers). Err(None): a replay of
+    /// a 0-RTT transfer already taken (settle it, queue nothing).
     #[allow(clippy::type_complexity)]
     fn stage(
         &self,
         q: &Arc<QueueState>,
         d: fe2o3_amqp::link::delivery::Delivery<Body<Value>>,
-    ) -> Result<futures_util::future::BoxFuture<'static, Staged>, (DeliveryInfo, definitions::Error)>
-    {
+        early: bool,
+    ) -> Result<
+        futures_util::future::BoxFuture<'static, Staged>,
+        (DeliveryInfo, Option<definitions::Error>),
+    > {
         let info = DeliveryInfo::from(&d);
         let msg = d.into_message();
         let bytes = encode(&msg);
         let size = bytes.len();
+        let replay_key = if early {
+            let Some(id) = msg.properties.as_ref().and_then(|p| p.message_id.as_ref()) else {
+                return Err((
+                    info,
+                    Some(amqp_error(
+                        AmqpError::PreconditionFailed,
+                        "a transfer over QUIC needs a message-id (0-RTT replay protection)",
+                    )),
+                ));
+            };
+            let key = replay_key(&q.name, id, &bytes);
+            if !self.replays().first_time(key, Instant::now()) {
+                self.inner
+                    .counters
+                    .replays_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err((info, None));
+            }
+            Some(key)
+        } else {
+            None
+        };
         let header_ttl = msg
             .header
             .as_ref()
@@ -467,12 +528,15 @@ impl Broker {
         let expires = ttl.map(|t| Instant::now() + t);
         let reserved = q.lock().reserve(size);
         let seq = reserved.map_err(|refused| {
+            if let Some(k) = replay_key {
+                self.replays().forget(k);
+            }
             (
                 info.clone(),
-                amqp_error(
+                Some(amqp_error(
                     AmqpError::ResourceLimitExceeded,
                     format!("{}: {refused}", q.name),
-                ),
+                )),
             )
         })?;
         let store = self.inner.store.clone();
@@ -489,6 +553,7 @@ impl Broker {
                 size,
                 expires,
                 stored,
+                replay_key,
             }
         }))
     }
@@ -504,6 +569,9 @@ impl Broker {
         open: bool,
     ) -> bool {
         if let Err(e) = s.stored {
+            if let Some(k) = s.replay_key {
+                self.replays().forget(k);
+            }
             tracing::error!(queue = %q.name, error = %e, "could not store a message");
             let e = amqp_error(AmqpError::InternalError, format!("message store: {e}"));
             return open && r.reject(s.info, e).await.is_ok();
@@ -512,6 +580,9 @@ impl Broker {
             .lock()
             .insert(s.seq, Arc::new(sendable(s.msg)), s.size, s.expires);
         if !inserted {
+            if let Some(k) = s.replay_key {
+                self.replays().forget(k);
+            }
             if let Some(store) = &self.inner.store {
                 store.delete(&q.name, s.seq).await;
             }
@@ -779,6 +850,8 @@ impl Broker {
         let _ = writeln!(o, "# HELP qgate_amqp_connections_open AMQP connections open\n# TYPE qgate_amqp_connections_open gauge\nqgate_amqp_connections_open {}", c.connections_open.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_connections_total AMQP connections accepted or refused\n# TYPE qgate_amqp_connections_total counter\nqgate_amqp_connections_total {}", c.connections_total.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_connections_failed_total connections that failed before open (framing, SASL)\n# TYPE qgate_amqp_connections_failed_total counter\nqgate_amqp_connections_failed_total {}", c.connections_failed.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_early_total AMQP connections whose QUIC stream arrived during the handshake (0-RTT)\n# TYPE qgate_amqp_connections_early_total counter\nqgate_amqp_connections_early_total {}", c.connections_early.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_replays_dropped_total replayed 0-RTT transfers accepted without queueing them again\n# TYPE qgate_amqp_replays_dropped_total counter\nqgate_amqp_replays_dropped_total {}", c.replays_dropped.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_links_refused_total links refused (unknown address, limits)\n# TYPE qgate_amqp_links_refused_total counter\nqgate_amqp_links_refused_total {}", c.links_refused.load(Ordering::Relaxed));
         o
     }
@@ -807,6 +880,54 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Transfers from 0-RTT connections seen recently: a replayed flight repeats queue, message-id
+/// and bytes exactly, so a repeat within [`REPLAY_WINDOW`] is settled without queueing it
+/// again. Bounded: beyond [`REPLAY_KEYS`] the oldest keys go first.
+#[derive(Debug, Default)]
+struct ReplayGuard {
+    seen: std::collections::HashMap<u64, Instant>,
+    order: std::collections::VecDeque<(u64, Instant)>,
+}
+
+/// How long a 0-RTT transfer is remembered (longer than a session ticket is accepted).
+const REPLAY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// Most remembered transfers (~50 bytes each).
+const REPLAY_KEYS: usize = 1 << 18;
+
+impl ReplayGuard {
+    /// Record `key`; false if it was seen within the window.
+    fn first_time(&mut self, key: u64, now: Instant) -> bool {
+        while let Some(&(k, t)) = self.order.front() {
+            if self.order.len() < REPLAY_KEYS && now.duration_since(t) < REPLAY_WINDOW {
+                break;
+            }
+            self.order.pop_front();
+            if self.seen.get(&k) == Some(&t) {
+                self.seen.remove(&k);
+            }
+        }
+        if self.seen.contains_key(&key) {
+            return false;
+        }
+        self.seen.insert(key, now);
+        self.order.push_back((key, now));
+        true
+    }
+
+    fn forget(&mut self, key: u64) {
+        self.seen.remove(&key);
+    }
+}
+
+fn replay_key(queue: &str, id: &fe2o3_amqp::types::messaging::MessageId, bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    queue.hash(&mut h);
+    format!("{id:?}").hash(&mut h);
+    bytes.hash(&mut h);
+    h.finish()
+}
+
 fn sendable(msg: AmqpMessage) -> Sendable<Body<Value>> {
     Sendable::builder().message(msg).build()
 }
@@ -832,10 +953,22 @@ pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
             };
             // 0-RTT: streams opened in early data are served before the handshake completes
             // (decision M2 says what may ride in them).
+            // A stream accepted before the handshake completes was opened in 0-RTT data.
+            let handshaken = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let conn = match conn.into_0rtt() {
-                Ok((c, _)) => c,
+                Ok((c, done)) => {
+                    let h = handshaken.clone();
+                    tokio::spawn(async move {
+                        done.await;
+                        h.store(true, Ordering::Release);
+                    });
+                    c
+                }
                 Err(connecting) => match connecting.await {
-                    Ok(c) => c,
+                    Ok(c) => {
+                        handshaken.store(true, Ordering::Release);
+                        c
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "QUIC handshake failed");
                         return;
@@ -844,7 +977,12 @@ pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
             };
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let broker = broker.clone();
-                tokio::spawn(async move { broker.serve(tokio::io::join(recv, send)).await });
+                let early = !handshaken.load(Ordering::Acquire);
+                tokio::spawn(async move {
+                    broker
+                        .serve_quic_stream(tokio::io::join(recv, send), early)
+                        .await
+                });
             }
         });
     }

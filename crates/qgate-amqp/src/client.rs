@@ -119,6 +119,11 @@ impl Connector {
         self
     }
 
+    /// SASL PLAIN credentials, if any (None: ANONYMOUS).
+    pub fn sasl(&self) -> Option<(String, String)> {
+        self.sasl.clone()
+    }
+
     /// The scheme.
     pub fn scheme(&self) -> Scheme {
         self.scheme
@@ -287,16 +292,34 @@ impl Report {
     }
 }
 
-/// A message with a data body and a message-id (receivers and the broker's 0-RTT de-duplication
-/// key on it).
+/// A message with a data body and a numeric message-id.
 pub fn message(id: u64, body: Vec<u8>) -> Message<Body<Value>> {
+    message_with_id(MessageId::Ulong(id), body)
+}
+
+/// A message with a data body and `id`.
+pub fn message_with_id(id: MessageId, body: Vec<u8>) -> Message<Body<Value>> {
     Message::builder()
         .properties(Properties {
-            message_id: Some(MessageId::Ulong(id)),
+            message_id: Some(id),
             ..Default::default()
         })
         .body(Body::Data(vec![Data(Binary::from(body))].into()))
         .build()
+}
+
+/// A random 64-bit run id: message-ids `RUN-N` are unique across runs, so the broker's 0-RTT
+/// replay guard (which keys on message-id and bytes) never mistakes a new run for a replay.
+pub fn run_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// Open a connection and send every body `bodies` yields on one link; the report's clock starts
@@ -322,6 +345,7 @@ pub async fn send(
     });
     let mut inflight = FuturesUnordered::new();
     let mut first = true;
+    let run = run_id();
     for (i, body) in bodies.into_iter().enumerate() {
         if let Some(p) = pace.as_mut() {
             p.tick().await;
@@ -333,7 +357,10 @@ pub async fn send(
         }
         let len = body.len() as u64;
         let fut = sender
-            .send_batchable(message(i as u64, body))
+            .send_batchable(message_with_id(
+                MessageId::String(format!("{run:016x}-{i}")),
+                body,
+            ))
             .await
             .map_err(|e| ClientError::Link(format!("sending: {e}")))?;
         if first {

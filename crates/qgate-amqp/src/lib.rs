@@ -13,6 +13,7 @@ pub mod auth;
 pub mod broker;
 pub mod client;
 pub mod linkname;
+pub mod oneshot;
 pub mod queue;
 pub mod store;
 pub mod transport;

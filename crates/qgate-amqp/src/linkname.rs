@@ -13,6 +13,9 @@
 //! past the frame, or bytes that are not an AMQP protocol header where one is due end the
 //! connection with `amqp:connection:framing-error`.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use bytes::{BufMut, BytesMut};
 use fe2o3_amqp::types::definitions::{self, ConnectionError, Role};
 use fe2o3_amqp::types::performatives::{Close, Performative};
@@ -61,6 +64,9 @@ pub enum FrameError {
     /// An attach performative that does not decode.
     #[error("malformed attach: {0}")]
     Attach(String),
+    /// More pipelined data than the broker holds before granting credit.
+    #[error("more than {0} bytes pipelined before the broker granted credit")]
+    Pipelined(usize),
 }
 
 /// Parses one direction's byte stream into protocol headers and frames, renaming attaches.
@@ -74,6 +80,10 @@ pub struct Rewriter {
     sasl: bool,
     /// An AMQP open frame has passed.
     opened: bool,
+    /// Early transfers (inbound) and credit grants (outbound), shared by both directions.
+    pipeline: Option<Arc<Mutex<Pipeline>>>,
+    /// Inbound frames held, unprocessed, until the broker grants credit (decision M9).
+    held: BytesMut,
     /// Attaches renamed so far (for tests and metrics).
     pub renamed: u64,
 }
@@ -87,8 +97,34 @@ impl Rewriter {
             header_due: true,
             sasl: false,
             opened: false,
+            pipeline: None,
+            held: BytesMut::new(),
             renamed: 0,
         }
+    }
+
+    /// Share `pipeline` with the other direction's rewriter.
+    pub fn with_pipeline(mut self, pipeline: Arc<Mutex<Pipeline>>) -> Self {
+        self.pipeline = Some(pipeline);
+        self
+    }
+
+    fn pipe(&self) -> Option<MutexGuard<'_, Pipeline>> {
+        self.pipeline
+            .as_ref()
+            .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Inbound: frames held for early transfers go back in front of `input` once nothing is
+    /// blocked any more; returns whether it did.
+    pub fn release_held(&mut self, input: &mut BytesMut) -> bool {
+        if self.held.is_empty() || self.pipe().is_some_and(|p| p.blocked()) {
+            return false;
+        }
+        let mut again = std::mem::take(&mut self.held);
+        again.extend_from_slice(input);
+        *input = again;
+        true
     }
 
     /// Whether the connection is past SASL (AMQP frames may flow).
@@ -164,6 +200,24 @@ impl Rewriter {
             if is_described(body, 0x10, "amqp:open:list") {
                 self.opened = true;
             }
+            if self.pipeline.is_some() {
+                let channel = u16::from_be_bytes([frame[6], frame[7]]);
+                if self.dir == Direction::Inbound {
+                    if self.pipe().is_some_and(|p| p.blocked()) || !self.held.is_empty() {
+                        if self.held.len() + frame.len() > MAX_HELD {
+                            return Err(FrameError::Pipelined(MAX_HELD));
+                        }
+                        self.held.extend_from_slice(&frame);
+                        continue;
+                    }
+                    if self.track_inbound(channel, body) {
+                        self.held.extend_from_slice(&frame);
+                        continue;
+                    }
+                } else {
+                    self.track_outbound(channel, body);
+                }
+            }
             if is_described(body, 0x12, "amqp:attach:list") {
                 if let Some(renamed) = self.rename(body)? {
                     let channel = u16::from_be_bytes([frame[6], frame[7]]);
@@ -176,6 +230,57 @@ impl Rewriter {
                 }
             }
             out.extend_from_slice(&frame);
+        }
+    }
+
+    /// Inbound: note the peer's sending links; true when this frame is a transfer on one the
+    /// broker has not granted credit on yet (it must wait).
+    fn track_inbound(&mut self, channel: u16, body: &[u8]) -> bool {
+        let attach = is_described(body, 0x12, "amqp:attach:list");
+        let transfer = is_described(body, 0x14, "amqp:transfer:list");
+        if !(attach || (transfer && self.pipe().is_some_and(|p| p.waiting()))) {
+            return false;
+        }
+        let mut p = self.pipe().expect("pipeline");
+        match serde_amqp::from_slice::<Performative>(body) {
+            Ok(Performative::Attach(a)) if a.role == Role::Sender => {
+                p.inbound_attach(channel, a.name, a.handle.0);
+                false
+            }
+            Ok(Performative::Transfer(t)) => p.inbound_transfer(channel, t.handle.0),
+            _ => false,
+        }
+    }
+
+    /// Outbound: the broker's begin, attach, flow and detach tell which peer links may send.
+    fn track_outbound(&mut self, channel: u16, body: &[u8]) {
+        let begin = is_described(body, 0x11, "amqp:begin:list");
+        let attach = is_described(body, 0x12, "amqp:attach:list");
+        let later = is_described(body, 0x13, "amqp:flow:list")
+            || is_described(body, 0x16, "amqp:detach:list");
+        if !(begin || attach || (later && self.pipe().is_some_and(|p| p.waiting()))) {
+            return;
+        }
+        let mut p = self.pipe().expect("pipeline");
+        match serde_amqp::from_slice::<Performative>(body) {
+            Ok(Performative::Begin(b)) => {
+                if let Some(peer) = b.remote_channel {
+                    p.outbound_begin(channel, peer);
+                }
+            }
+            Ok(Performative::Attach(a)) if a.role == Role::Receiver => {
+                p.outbound_attach(channel, a.handle.0, a.name)
+            }
+            Ok(Performative::Flow(f)) => {
+                if let (Some(h), Some(c)) = (f.handle, f.link_credit) {
+                    if c > 0 {
+                        p.outbound_ready(channel, h.0);
+                    }
+                }
+            }
+            // A refused link: its held transfers go on, for the broker to refuse too.
+            Ok(Performative::Detach(d)) => p.outbound_ready(channel, d.handle.0),
+            _ => {}
         }
     }
 
@@ -196,6 +301,78 @@ impl Rewriter {
         serde_amqp::to_vec(&Performative::Attach(a))
             .map(Some)
             .map_err(|e| FrameError::Attach(e.to_string()))
+    }
+}
+
+/// Most bytes held for early transfers per connection.
+pub const MAX_HELD: usize = 256 * 1024;
+
+/// Which of the peer's links may send yet. A peer that pipelines (AMQP 1.0 §2.4.1) — as a
+/// 0-RTT sender does, with its open, begin, attach and first transfer in one flight — sends
+/// transfers before the broker's attach and flow; fe2o3-amqp would refuse a transfer on a link
+/// it has not finished attaching. The shim holds such a transfer, and every frame after it,
+/// until the broker's flow grants that link credit (decision M9).
+#[derive(Debug, Default)]
+pub struct Pipeline {
+    /// The peer's sending links still without credit: (peer channel, name) → peer handle.
+    waiting: HashMap<(u16, String), u32>,
+    /// Broker channel → peer channel.
+    channels: HashMap<u16, u16>,
+    /// (broker channel, broker handle) → (peer channel, link name).
+    links: HashMap<(u16, u32), (u16, String)>,
+    /// Peer links (channel, handle) with held transfers.
+    blocked: HashSet<(u16, u32)>,
+}
+
+impl Pipeline {
+    /// Some peer sending link has no credit yet.
+    pub fn waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Transfers are held.
+    pub fn blocked(&self) -> bool {
+        !self.blocked.is_empty()
+    }
+
+    /// The peer attached a sending link.
+    pub fn inbound_attach(&mut self, channel: u16, name: String, handle: u32) {
+        if self.waiting.len() < 4096 {
+            self.waiting.insert((channel, name), handle);
+        }
+    }
+
+    /// A peer transfer on `handle`: true if it must wait for credit.
+    pub fn inbound_transfer(&mut self, channel: u16, handle: u32) -> bool {
+        let early = self
+            .waiting
+            .iter()
+            .any(|((c, _), h)| *c == channel && *h == handle);
+        if early {
+            self.blocked.insert((channel, handle));
+        }
+        early
+    }
+
+    /// The broker began a session answering the peer's `peer_channel`.
+    pub fn outbound_begin(&mut self, channel: u16, peer_channel: u16) {
+        self.channels.insert(channel, peer_channel);
+    }
+
+    /// The broker attached its receiving end of the peer's link `name`.
+    pub fn outbound_attach(&mut self, channel: u16, handle: u32, name: String) {
+        if let Some(pc) = self.channels.get(&channel) {
+            self.links.insert((channel, handle), (*pc, name));
+        }
+    }
+
+    /// The broker granted credit on (or detached) its link `handle`: the peer's link may send.
+    pub fn outbound_ready(&mut self, channel: u16, handle: u32) {
+        if let Some((pc, name)) = self.links.remove(&(channel, handle)) {
+            if let Some(ph) = self.waiting.remove(&(pc, name)) {
+                self.blocked.remove(&(pc, ph));
+            }
+        }
     }
 }
 
@@ -274,15 +451,34 @@ where
     let (mut peer_rd, mut peer_wr) = tokio::io::split(peer);
     let (mut ours_rd, mut ours_wr) = tokio::io::split(ours);
     let (fail_tx, mut fail_rx) = tokio::sync::oneshot::channel::<Fail>();
+    let pipeline = Arc::new(Mutex::new(Pipeline::default()));
+    let granted = Arc::new(tokio::sync::Notify::new());
+    let granted_in = granted.clone();
+    let pipeline_out = pipeline.clone();
+    let broker_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let broker_gone_in = broker_gone.clone();
     // Peer → broker.
     tokio::spawn(async move {
-        let mut rw = Rewriter::new(Direction::Inbound, max_frame);
+        let mut rw = Rewriter::new(Direction::Inbound, max_frame).with_pipeline(pipeline);
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
+        let mut eof = false;
         loop {
-            match peer_rd.read_buf(&mut input).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+            if !rw.release_held(&mut input) {
+                let gone = broker_gone_in.load(std::sync::atomic::Ordering::Acquire);
+                if (eof && rw.held.is_empty()) || gone {
+                    break;
+                }
+                tokio::select! {
+                    r = peer_rd.read_buf(&mut input), if !eof => match r {
+                        Ok(0) | Err(_) => eof = true,
+                        Ok(_) => {}
+                    },
+                    _ = granted_in.notified() => {}
+                }
+                if eof && rw.held.is_empty() && input.is_empty() {
+                    break;
+                }
             }
             let result = rw.process(&mut input, &mut out);
             if !out.is_empty() && ours_wr.write_all(&out).await.is_err() {
@@ -307,7 +503,7 @@ where
     });
     // Broker → peer.
     tokio::spawn(async move {
-        let mut rw = Rewriter::new(Direction::Outbound, u32::MAX);
+        let mut rw = Rewriter::new(Direction::Outbound, u32::MAX).with_pipeline(pipeline_out);
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
         loop {
@@ -333,6 +529,8 @@ where
             if rw.process(&mut input, &mut out).is_err() {
                 break;
             }
+            // Whatever the broker said may have let held transfers go.
+            granted.notify_one();
             if !out.is_empty() && peer_wr.write_all(&out).await.is_err() {
                 break;
             }
@@ -342,6 +540,8 @@ where
             }
         }
         let _ = peer_wr.shutdown().await;
+        broker_gone.store(true, std::sync::atomic::Ordering::Release);
+        granted.notify_one();
     });
     broker_end
 }

@@ -291,14 +291,14 @@ async fn competing_consumers_share_the_queue_without_duplicates() {
     c2.close().await;
 }
 
-fn id(d: &fe2o3_amqp::link::delivery::Delivery<Body<Value>>) -> u64 {
+fn id(d: &fe2o3_amqp::link::delivery::Delivery<Body<Value>>) -> String {
     match d
         .message()
         .properties
         .as_ref()
         .and_then(|p| p.message_id.clone())
     {
-        Some(fe2o3_amqp::types::messaging::MessageId::Ulong(n)) => n,
+        Some(fe2o3_amqp::types::messaging::MessageId::String(s)) => s,
         other => panic!("message id {other:?}"),
     }
 }
