@@ -10,6 +10,10 @@ use libfuzzer_sys::fuzz_target;
 use qgate_amqp::linkname::{Direction, Pipeline, Rewriter, MAX_HELD};
 
 fuzz_target!(|data: &[u8]| {
+    // libfuzzer-sys aborts on any panic, even one the shim catches from serde_amqp on purpose;
+    // the default hook keeps uncaught panics fatal (the harness still sees them).
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| drop(std::panic::take_hook()));
     let Some((&split, rest)) = data.split_first() else {
         return;
     };

@@ -106,11 +106,32 @@ impl Connector {
                 c.quic = Some((ep, cfg));
             }
             Scheme::TcpTls(v) => {
-                c.tls = Some(transport::tls_client_config(trust, v).map_err(ClientError::Config)?);
+                c.tls = Some(
+                    transport::tls_client_config(trust, v, None).map_err(ClientError::Config)?,
+                );
             }
             Scheme::Tcp => {}
         }
         Ok(c)
+    }
+
+    /// Present `identity` as a TLS client certificate (TCP+TLS; brokers may require one).
+    pub fn with_client_identity(
+        mut self,
+        trust: &TrustRoots,
+        identity: &qgate_transport::Identity,
+    ) -> Result<Self, ClientError> {
+        if let Scheme::TcpTls(v) = self.scheme {
+            self.tls = Some(
+                transport::tls_client_config(trust, v, Some(identity))
+                    .map_err(ClientError::Config)?,
+            );
+            Ok(self)
+        } else {
+            Err(ClientError::Config(
+                "client certificates are supported over tcp-tls only".into(),
+            ))
+        }
     }
 
     /// Use 0-RTT when a session ticket is cached (default true).

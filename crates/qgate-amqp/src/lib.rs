@@ -17,3 +17,4 @@ pub mod oneshot;
 pub mod queue;
 pub mod store;
 pub mod transport;
+pub mod wire;

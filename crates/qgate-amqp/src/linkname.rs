@@ -64,6 +64,9 @@ pub enum FrameError {
     /// An attach performative that does not decode.
     #[error("malformed attach: {0}")]
     Attach(String),
+    /// A performative or message whose encoded lengths do not fit.
+    #[error("{0}")]
+    Encoding(String),
     /// More pipelined data than the broker holds before granting credit.
     #[error("more than {0} bytes pipelined before the broker granted credit")]
     Pipelined(usize),
@@ -80,6 +83,8 @@ pub struct Rewriter {
     sasl: bool,
     /// An AMQP open frame has passed.
     opened: bool,
+    /// The last inbound transfer had `more` set (a multi-frame delivery is under way).
+    continuing: bool,
     /// Early transfers (inbound) and credit grants (outbound), shared by both directions.
     pipeline: Option<Arc<Mutex<Pipeline>>>,
     /// Inbound frames held, unprocessed, until the broker grants credit (decision M9).
@@ -97,6 +102,7 @@ impl Rewriter {
             header_due: true,
             sasl: false,
             opened: false,
+            continuing: false,
             pipeline: None,
             held: BytesMut::new(),
             renamed: 0,
@@ -184,11 +190,19 @@ impl Rewriter {
                 return Err(FrameError::Type(kind));
             }
             if input.len() < size as usize {
-                input.reserve(size as usize - input.len());
+                // Grow toward the frame as its bytes arrive; never reserve a declared size up
+                // front (found by the fuzz target: a 4 GiB size field meant a 4 GiB allocation).
+                input.reserve((size as usize - input.len()).min(64 * 1024));
                 return Ok(());
             }
             let frame = input.split_to(size as usize);
             let body = &frame[doff as usize * 4..];
+            // Inbound bytes are untrusted: every length inside the performative (and, for a
+            // transfer, inside the message sections that fill the frame) must fit before
+            // anything decodes them (decision M11).
+            if self.dir == Direction::Inbound && !body.is_empty() {
+                self.check_frame(kind, body)?;
+            }
             if kind == FRAME_SASL {
                 // sasl-outcome (descriptor 0x44): the peer sends a new protocol header next.
                 if is_described(body, 0x44, "amqp:sasl-outcome:list") {
@@ -233,6 +247,27 @@ impl Rewriter {
         }
     }
 
+    /// Check an inbound frame's encoding. A transfer's payload is checked when the frame holds
+    /// a whole delivery; the pieces of a multi-frame delivery are not values on their own.
+    fn check_frame(&mut self, kind: u8, body: &[u8]) -> Result<(), FrameError> {
+        let n = crate::wire::check_first(body).map_err(|e| FrameError::Encoding(e.to_string()))?;
+        if kind != FRAME_AMQP || !is_described(body, 0x14, "amqp:transfer:list") {
+            return if n == body.len() {
+                Ok(())
+            } else {
+                Err(FrameError::Encoding("bytes after the performative".into()))
+            };
+        }
+        // transfer: more is field 5 (AMQP 1.0 §2.7.5); walk the list to find it.
+        let more = transfer_more(&body[..n]);
+        let whole = !more && !self.continuing;
+        self.continuing = more;
+        if whole {
+            crate::wire::check(&body[n..]).map_err(|e| FrameError::Encoding(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Inbound: note the peer's sending links; true when this frame is a transfer on one the
     /// broker has not granted credit on yet (it must wait).
     fn track_inbound(&mut self, channel: u16, body: &[u8]) -> bool {
@@ -242,7 +277,7 @@ impl Rewriter {
             return false;
         }
         let mut p = self.pipe().expect("pipeline");
-        match serde_amqp::from_slice::<Performative>(body) {
+        match decode_performative(body) {
             Ok(Performative::Attach(a)) if a.role == Role::Sender => {
                 p.inbound_attach(channel, a.name, a.handle.0);
                 false
@@ -262,7 +297,7 @@ impl Rewriter {
             return;
         }
         let mut p = self.pipe().expect("pipeline");
-        match serde_amqp::from_slice::<Performative>(body) {
+        match decode_performative(body) {
             Ok(Performative::Begin(b)) => {
                 if let Some(peer) = b.remote_channel {
                     p.outbound_begin(channel, peer);
@@ -286,8 +321,7 @@ impl Rewriter {
 
     /// The re-encoded attach if this direction renames it.
     fn rename(&self, body: &[u8]) -> Result<Option<Vec<u8>>, FrameError> {
-        let perf: Performative =
-            serde_amqp::from_slice(body).map_err(|e| FrameError::Attach(e.to_string()))?;
+        let perf: Performative = decode_performative(body).map_err(FrameError::Attach)?;
         let Performative::Attach(mut a) = perf else {
             return Ok(None);
         };
@@ -302,6 +336,23 @@ impl Rewriter {
             .map(Some)
             .map_err(|e| FrameError::Attach(e.to_string()))
     }
+}
+
+/// The `more` field of an encoded transfer performative (already checked by [`crate::wire`]):
+/// descriptor, list constructor, then fields handle, delivery-id, delivery-tag,
+/// message-format, settled, more.
+fn transfer_more(perf: &[u8]) -> bool {
+    crate::wire::list_field(perf, 5).is_some_and(|v| v == [0x41] || v == [0x56, 0x01])
+}
+
+/// Decode a performative from untrusted bytes. serde_amqp 0.18 can panic on some malformed
+/// lists ("attempt to add with overflow" in its list-header accounting, found by our fuzz
+/// target, with overflow checks on); a panic here is a malformed frame, not a dead task.
+fn decode_performative(body: &[u8]) -> Result<Performative, String> {
+    crate::wire::check_first(body).map_err(|e| e.to_string())?;
+    std::panic::catch_unwind(|| serde_amqp::from_slice::<Performative>(body))
+        .map_err(|_| "undecodable performative".to_string())?
+        .map_err(|e| e.to_string())
 }
 
 /// Most bytes held for early transfers per connection.
@@ -619,12 +670,19 @@ mod tests {
     #[test]
     fn incomplete_input_waits_and_other_frames_pass_byte_for_byte() {
         let mut s = b"AMQP\x03\x01\x00\x00".to_vec();
-        // A SASL frame with a garbage body is not ours to judge.
-        s.extend_from_slice(&[0, 0, 0, 10, 2, 1, 0, 0, 0xde, 0xad]);
+        // A SASL frame whose body is a well-formed value passes untouched.
+        s.extend_from_slice(&[0, 0, 0, 10, 2, 1, 0, 0, 0x52, 0x07]);
         s.extend_from_slice(&[0, 0, 0, 8, 2, 0]);
         let (out, rest) = run(Direction::Inbound, &s).unwrap();
         assert_eq!(out, s[..18]);
         assert_eq!(rest, s[18..]);
+        // One whose body lies about its lengths does not.
+        let mut bad = b"AMQP\x03\x01\x00\x00".to_vec();
+        bad.extend_from_slice(&[0, 0, 0, 13, 2, 1, 0, 0, 0xb1, 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(
+            run(Direction::Inbound, &bad),
+            Err(FrameError::Encoding(_))
+        ));
         // Split anywhere: the same output.
         let mut s = b"AMQP\x00\x01\x00\x00".to_vec();
         s.extend(frame(&attach("x", Role::Receiver)));
@@ -678,7 +736,7 @@ mod tests {
                 Direction::Inbound,
                 &with(&[0, 0, 0, 12, 2, 0, 0, 0, 0, 0x53, 0x12, 0xc0])
             ),
-            Err(FrameError::Attach(_))
+            Err(FrameError::Encoding(_))
         ));
         let close = framing_error_close("x");
         let Performative::Close(c) = decode(&close) else {
@@ -688,6 +746,49 @@ mod tests {
             c.error.unwrap().condition,
             ConnectionError::FramingError.into()
         );
+    }
+
+    #[test]
+    fn an_attach_that_panics_the_decoder_is_a_malformed_frame() {
+        // Found by the fuzz target (fuzz/artifacts, first byte = split point): a list header
+        // that makes serde_amqp overflow while counting fields.
+        let data: &[u8] = b"\x04\x00\x00\x00\x14\x02\x00\x00\x01\x00\x53\x12\xd0\x11\x43\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x42\x43\x00\x02\x00\x00";
+        let rest = &data[1..];
+        let mut rw = Rewriter::new(Direction::Inbound, 4096);
+        let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
+        input.extend_from_slice(rest);
+        let mut out = BytesMut::new();
+        let r = rw.process(&mut input, &mut out);
+        assert!(
+            matches!(r, Err(FrameError::Encoding(_)) | Err(FrameError::Attach(_))),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_string_longer_than_its_frame_never_reaches_the_decoder() {
+        // Found by the fuzz target: serde_amqp allocated the declared ~3 GB before checking.
+        let data: &[u8] = b"\x04\x00\x00\x00\x14\x02\x00\x00\x01\x00\x53\x12\xc0\xa3\xa3\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xb1\xf0\x51\x40\x5d\x51\x50\x02\x41";
+        let mut rw = Rewriter::new(Direction::Inbound, 4096);
+        let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
+        input.extend_from_slice(&data[1..]);
+        let mut out = BytesMut::new();
+        assert!(matches!(
+            rw.process(&mut input, &mut out),
+            Err(FrameError::Encoding(_))
+        ));
+    }
+
+    #[test]
+    fn a_huge_size_field_does_not_allocate_it() {
+        // Found by the fuzz target: the outbound side trusts sizes up to u32::MAX.
+        let mut rw = Rewriter::new(Direction::Outbound, u32::MAX);
+        let mut input =
+            BytesMut::from(&b"AMQP\x00\x01\x00\x00\xff\xff\xff\xf0\x02\x00\x00\x00"[..]);
+        let mut out = BytesMut::new();
+        rw.process(&mut input, &mut out).unwrap();
+        assert_eq!(out.len(), 8);
+        assert!(input.capacity() < 1 << 20, "{}", input.capacity());
     }
 
     proptest::proptest! {

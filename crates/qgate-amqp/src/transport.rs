@@ -103,20 +103,26 @@ pub enum TransportError {
     },
 }
 
-/// A TLS client configuration for the TCP scheme.
+/// A TLS client configuration for the TCP scheme, presenting `client` if given.
 pub fn tls_client_config(
     trust: &TrustRoots,
     version: TlsVersion,
+    client: Option<&Identity>,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
     let versions: &[&rustls::SupportedProtocolVersion] = match version {
         TlsVersion::V13 => &[&rustls::version::TLS13],
         TlsVersion::V12 => &[&rustls::version::TLS12],
     };
-    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+    let b = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
         .map_err(|e| e.to_string())?
-        .with_root_certificates(trust.store().map_err(|e| e.to_string())?)
-        .with_no_client_auth();
+        .with_root_certificates(trust.store().map_err(|e| e.to_string())?);
+    let cfg = match client {
+        None => b.with_no_client_auth(),
+        Some(id) => b
+            .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+            .map_err(|e| format!("client certificate: {e}"))?,
+    };
     Ok(Arc::new(cfg))
 }
 

@@ -525,3 +525,82 @@ fn fe2o3_sasl_anonymous_init() -> Vec<u8> {
     f.extend_from_slice(&body);
     f
 }
+
+/// A CA and a client certificate it signed, made for the test.
+fn client_pki(name: &str) -> (qgate_transport::TrustRoots, qgate_transport::Identity) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    let leaf = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (
+        qgate_transport::TrustRoots {
+            roots: vec![CertificateDer::from(ca_cert.der().to_vec())],
+        },
+        qgate_transport::Identity {
+            chain: vec![CertificateDer::from(leaf.der().to_vec())],
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_can_require_tls_client_certificates() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let (client_ca, device) = client_pki("device-1");
+    let (_, stranger) = client_pki("stranger");
+    let broker = Broker::start(BrokerConfig::default()).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let tcfg = transport::tls_server_config(&pki.server, Some(&client_ca)).unwrap();
+    tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
+    let base = || {
+        Connector::new(
+            Scheme::TcpTls(TlsVersion::V13),
+            addr,
+            "localhost",
+            &pki.trust(),
+            None,
+            None,
+            &TransportOptions::default(),
+        )
+        .unwrap()
+    };
+    let spec = send_spec("certs", false);
+    // No certificate, or one from another CA: refused during the handshake.
+    assert!(client::send(&base(), &spec, bodies(1, 1)).await.is_err());
+    let other = base()
+        .with_client_identity(&pki.trust(), &stranger)
+        .unwrap();
+    assert!(client::send(&other, &spec, bodies(1, 1)).await.is_err());
+    let ok = base().with_client_identity(&pki.trust(), &device).unwrap();
+    let r = client::send(&ok, &spec, bodies(3, 1)).await.unwrap();
+    assert_eq!(r.messages, 3);
+    // Over TLS 1.2 as well.
+    let v12 = Connector::new(
+        Scheme::TcpTls(TlsVersion::V12),
+        addr,
+        "localhost",
+        &pki.trust(),
+        None,
+        None,
+        &TransportOptions::default(),
+    )
+    .unwrap()
+    .with_client_identity(&pki.trust(), &device)
+    .unwrap();
+    assert_eq!(
+        client::send(&v12, &spec, bodies(2, 1))
+            .await
+            .unwrap()
+            .messages,
+        2
+    );
+}

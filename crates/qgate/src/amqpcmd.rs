@@ -346,6 +346,12 @@ pub struct Target {
     /// Link name [default: qgate-send / qgate-recv].
     #[arg(long)]
     link_name: Option<String>,
+    /// TLS client certificate chain, PEM (with --key; tcp-tls only).
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Key for --cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
 }
 
 impl Target {
@@ -363,7 +369,7 @@ impl Target {
             }
             _ => None,
         };
-        Connector::new(
+        let c = Connector::new(
             self.transport,
             self.broker,
             &self.server_name,
@@ -372,7 +378,14 @@ impl Target {
             None,
             &cfg.transport,
         )
-        .map_err(usage)
+        .map_err(usage)?;
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let id = Identity::from_pem_files(cert, key).map_err(usage)?;
+                c.with_client_identity(&trust, &id).map_err(usage)
+            }
+            _ => Ok(c),
+        }
     }
 }
 
