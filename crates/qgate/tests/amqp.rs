@@ -102,31 +102,35 @@ fn accepted_messages_survive_kill_9_and_restart() {
         let mut inflight = futures_util::stream::FuturesUnordered::new();
         use futures_util::StreamExt;
         // Send until the broker dies under us: it is killed once 3000 messages are accepted.
-        for i in 0u64..1_000_000 {
-            let fut = match s.send_batchable(client::message(i, vec![7; 100])).await {
-                Ok(f) => f,
-                Err(_) => break,
+        // Every wait is bounded: once the broker is gone, a send or an outcome may never come.
+        let wait = Duration::from_secs(3);
+        'send: for i in 0u64..1_000_000 {
+            let fut = match tokio::time::timeout(
+                wait,
+                s.send_batchable(client::message(i, vec![7; 100])),
+            )
+            .await
+            {
+                Ok(Ok(f)) => f,
+                _ => break 'send,
             };
             inflight.push(async move { (i, fut.await) });
             while inflight.len() >= 200 {
-                match inflight.next().await {
-                    Some((id, Ok(Outcome::Accepted(_)))) => {
+                match tokio::time::timeout(wait, inflight.next()).await {
+                    Ok(Some((id, Ok(Outcome::Accepted(_))))) => {
                         let n = {
                             let mut a = accepted.lock().unwrap();
                             a.insert(id);
                             a.len()
                         };
                         if n == 3000 {
-                            // SIGKILL: no shutdown path runs.
+                            // SIGKILL: no shutdown path runs. Stop sending; count what resolves.
                             drop(broker.lock().unwrap().take());
+                            break 'send;
                         }
                     }
-                    Some(_) => break,
-                    None => break,
+                    _ => break 'send,
                 }
-            }
-            if broker.lock().unwrap().is_none() && inflight.is_empty() {
-                break;
             }
         }
         // Whatever else resolves as accepted counts too.
