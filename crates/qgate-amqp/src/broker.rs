@@ -285,8 +285,19 @@ impl Broker {
             .clone()
     }
 
-    /// The queue at `address`, created if allowed.
+    /// The queue at `address`, created if allowed; a refusal is counted.
     fn resolve(&self, address: Option<&str>) -> Result<Arc<QueueState>, definitions::Error> {
+        let r = self.lookup(address);
+        if r.is_err() {
+            self.inner
+                .counters
+                .links_refused
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn lookup(&self, address: Option<&str>) -> Result<Arc<QueueState>, definitions::Error> {
         let Some(name) = address.filter(|a| !a.is_empty()) else {
             return Err(amqp_error(
                 AmqpError::InvalidField,
@@ -418,10 +429,6 @@ impl Broker {
         let q = match self.resolve(address.as_deref()) {
             Ok(q) => q,
             Err(e) => {
-                self.inner
-                    .counters
-                    .links_refused
-                    .fetch_add(1, Ordering::Relaxed);
                 let _ = r.close_with_error(e).await;
                 return;
             }
@@ -627,10 +634,6 @@ impl Broker {
         let q = match self.resolve(address.as_deref()) {
             Ok(q) => q,
             Err(e) => {
-                self.inner
-                    .counters
-                    .links_refused
-                    .fetch_add(1, Ordering::Relaxed);
                 let _ = s.close_with_error(e).await;
                 return;
             }

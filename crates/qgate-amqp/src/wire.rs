@@ -47,6 +47,26 @@ impl Cursor<'_> {
         Ok(u32::from_be_bytes([s[0], s[1], s[2], s[3]]) as usize)
     }
 
+    /// A compound or array header (size, then count, 1 or 4 bytes each): the count, where the
+    /// value ends, and a cursor over its contents bounded by the size.
+    fn sized(&mut self, wide: bool) -> Result<(usize, usize, Cursor<'_>), Malformed> {
+        let size = if wide { self.u32()? } else { self.u8()? };
+        let start = self.at;
+        if self.b.len() - self.at < size {
+            return self.fail("size runs past the end");
+        }
+        let count = if wide { self.u32()? } else { self.u8()? };
+        let end = start + size;
+        if self.at > end {
+            return self.fail("size smaller than its count field");
+        }
+        let inner = Cursor {
+            b: &self.b[..end],
+            at: self.at,
+        };
+        Ok((count, end, inner))
+    }
+
     /// One value: constructor, then its body.
     fn value(&mut self, depth: usize) -> Result<(), Malformed> {
         let ctor = self.constructor(depth)?;
@@ -90,21 +110,7 @@ impl Cursor<'_> {
                 self.take(n).map(|_| ())
             }
             0xc0 | 0xc1 | 0xd0 | 0xd1 => {
-                let wide = code >= 0xd0;
-                let size = if wide { self.u32()? } else { self.u8()? };
-                let start = self.at;
-                if self.b.len() - self.at < size {
-                    return self.fail("compound size runs past the end");
-                }
-                let count = if wide { self.u32()? } else { self.u8()? };
-                let end = start + size;
-                if self.at > end {
-                    return self.fail("size smaller than its count field");
-                }
-                let mut inner = Cursor {
-                    b: &self.b[..end],
-                    at: self.at,
-                };
+                let (count, end, mut inner) = self.sized(code >= 0xd0)?;
                 for _ in 0..count {
                     inner.value(depth + 1)?;
                 }
@@ -115,21 +121,7 @@ impl Cursor<'_> {
                 Ok(())
             }
             0xe0 | 0xf0 => {
-                let wide = code == 0xf0;
-                let size = if wide { self.u32()? } else { self.u8()? };
-                let start = self.at;
-                if self.b.len() - self.at < size {
-                    return self.fail("array size runs past the end");
-                }
-                let count = if wide { self.u32()? } else { self.u8()? };
-                let end = start + size;
-                if self.at > end {
-                    return self.fail("size smaller than its count field");
-                }
-                let mut inner = Cursor {
-                    b: &self.b[..end],
-                    at: self.at,
-                };
+                let (count, end, mut inner) = self.sized(code == 0xf0)?;
                 let element = inner.constructor(depth + 1)?;
                 // No more elements than bytes, even of zero-width types: a decoder would loop
                 // over every one of them.

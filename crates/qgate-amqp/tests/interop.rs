@@ -8,19 +8,28 @@ use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig};
 use qgate_amqp::transport;
 use qgate_transport::DevPki;
 
-fn have_python_proton() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import proton"])
+/// Whether `cmd ARGS` runs; without it the test is skipped, unless QGATE_INTEROP demands it.
+fn available(cmd: &str, args: &[&str], what: &str) -> bool {
+    let ok = Command::new(cmd)
+        .args(args)
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
         assert!(
             std::env::var_os("QGATE_INTEROP").is_none(),
-            "QGATE_INTEROP is set but python3 cannot import proton (pip install python-qpid-proton)"
+            "QGATE_INTEROP is set but {what} is missing"
         );
-        eprintln!("skipped: python-qpid-proton is not installed");
+        eprintln!("skipped: {what} is missing");
     }
     ok
+}
+
+fn have_python_proton() -> bool {
+    available(
+        "python3",
+        &["-c", "import proton"],
+        "python-qpid-proton (pip install python-qpid-proton)",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,18 +88,7 @@ async fn python_qpid_proton_sends_and_receives_over_tcp_and_tls_with_default_lin
 }
 
 fn have_go() -> bool {
-    let ok = Command::new("go")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("QGATE_INTEROP").is_none(),
-            "QGATE_INTEROP is set but there is no Go toolchain for the go-amqp client"
-        );
-        eprintln!("skipped: no Go toolchain");
-    }
-    ok
+    available("go", &["version"], "a Go toolchain for the go-amqp client")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,113 +129,4 @@ async fn go_amqp_sends_and_receives_over_tcp_and_tls() {
     let s = broker.queue_stats();
     assert!(s.iter().all(|q| q.stats.enqueued == 200), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// An embedded Artemis 2.44 (tools/artemis, built with Maven), killed when dropped.
-struct Artemis {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl Drop for Artemis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_artemis() -> Option<Artemis> {
-    use std::io::BufRead;
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/artemis");
-    let mvn = Command::new("mvn")
-        .args(["-q", "-B", "package"])
-        .current_dir(dir)
-        .output();
-    match mvn {
-        Ok(o) if o.status.success() => {}
-        other => {
-            assert!(
-                std::env::var_os("QGATE_INTEROP").is_none(),
-                "QGATE_INTEROP is set but tools/artemis does not build: {other:?}"
-            );
-            eprintln!("skipped: Maven or Artemis unavailable");
-            return None;
-        }
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new("java")
-        .args([
-            "-cp",
-            "target/classes:target/lib/*",
-            "qgate.EmbeddedArtemis",
-        ])
-        .arg(port.to_string())
-        .current_dir(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("READY"), "Artemis said: {line}");
-    Some(Artemis {
-        child,
-        addr: ([127, 0, 0, 1], port).into(),
-    })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_sender_and_receiver_against_apache_artemis() {
-    use qgate_amqp::client::{self, Connector, RecvSpec, SendSpec};
-    use qgate_amqp::transport::Scheme;
-    let Some(artemis) = tokio::task::spawn_blocking(start_artemis).await.unwrap() else {
-        return;
-    };
-    let c = Connector::new(
-        Scheme::Tcp,
-        artemis.addr,
-        "localhost",
-        &Default::default(),
-        None,
-        None,
-        &Default::default(),
-    )
-    .unwrap();
-    for settled in [false, true] {
-        let q = format!("qgate-interop-{settled}");
-        let spec = SendSpec {
-            address: q.clone(),
-            settled,
-            window: 100,
-            rate: None,
-            link_name: "qgate-sender".into(),
-        };
-        let bodies = (0..500u32).map(|i| i.to_be_bytes().to_vec());
-        let sent = client::send(&c, &spec, bodies.clone()).await.unwrap();
-        assert_eq!((sent.messages, sent.rejected), (500, 0));
-        let mut got = Vec::new();
-        let spec = RecvSpec {
-            address: q,
-            settled,
-            count: Some(500),
-            idle: std::time::Duration::from_secs(10),
-            credit: 100,
-            link_name: "qgate-receiver".into(),
-        };
-        let r = client::receive(&c, &spec, |b| got.push(b.to_vec()))
-            .await
-            .unwrap();
-        assert_eq!(r.messages, 500);
-        assert_eq!(
-            got,
-            bodies.collect::<Vec<_>>(),
-            "in order, settled = {settled}"
-        );
-    }
 }

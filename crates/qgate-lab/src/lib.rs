@@ -4,6 +4,7 @@
 pub mod amqpbench;
 pub mod aqm;
 pub mod aqm_report;
+pub mod artemis;
 pub mod bench;
 pub mod demo;
 pub mod gwbench;

@@ -190,61 +190,6 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// An embedded Artemis process, killed when dropped.
-struct ArtemisProc {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl Drop for ArtemisProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Build tools/artemis with Maven and start it on a free port.
-fn start_artemis(dir: &std::path::Path) -> Result<ArtemisProc, Failure> {
-    use std::io::BufRead;
-    eprintln!(
-        "bench amqp: building and starting Artemis from {}",
-        dir.display()
-    );
-    let built = std::process::Command::new("mvn")
-        .args(["-q", "-B", "package"])
-        .current_dir(dir)
-        .status()
-        .map_err(|e| anyhow::anyhow!("running mvn in {}: {e}", dir.display()))?;
-    if !built.success() {
-        return Err(anyhow::anyhow!("mvn package failed in {}", dir.display()).into());
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let mut child = std::process::Command::new("java")
-        .args([
-            "-cp",
-            "target/classes:target/lib/*",
-            "qgate.EmbeddedArtemis",
-        ])
-        .arg(port.to_string())
-        .current_dir(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("starting java: {e}"))?;
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
-    if !line.starts_with("READY") {
-        let _ = child.kill();
-        return Err(anyhow::anyhow!("Artemis did not start: {line}").into());
-    }
-    Ok(ArtemisProc {
-        child,
-        addr: ([127, 0, 0, 1], port).into(),
-    })
-}
-
 /// Spawn `qgate gateway` as its own process, register `n` idle devices with it, and report its
 /// resident memory per device.
 fn memory_bench(n: usize) -> Result<(), Failure> {
@@ -469,7 +414,13 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             let artemis = match artemis {
                 Some(dir) => {
                     cases.extend(qgate_lab::amqpbench::artemis_cases());
-                    Some(start_artemis(&dir)?)
+                    {
+                        eprintln!(
+                            "bench amqp: building and starting Artemis from {}",
+                            dir.display()
+                        );
+                        Some(qgate_lab::artemis::start(&dir).map_err(anyhow::Error::msg)?)
+                    }
                 }
                 None => None,
             };

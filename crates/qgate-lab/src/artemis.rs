@@ -1,0 +1,71 @@
+//! An embedded Apache ActiveMQ Artemis 2.44 (`tools/artemis`, built with Maven) as a process:
+//! the third-party broker our AMQP client is tested against and the broker benchmark compares
+//! with.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// A running Artemis, killed when dropped.
+pub struct Artemis {
+    child: Child,
+    /// Its AMQP acceptor (plain TCP).
+    pub addr: SocketAddr,
+}
+
+impl Drop for Artemis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tools/artemis` in this repository.
+pub fn default_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/artemis")
+}
+
+/// Build `dir` with `mvn -q -B package` and start Artemis on a free loopback port; the error
+/// names the step that failed.
+pub fn start(dir: &Path) -> Result<Artemis, String> {
+    let built = Command::new("mvn")
+        .args(["-q", "-B", "package"])
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("running mvn in {}: {e}", dir.display()))?;
+    if !built.status.success() {
+        return Err(format!(
+            "mvn package failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&built.stdout)
+        ));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port();
+    let mut child = Command::new("java")
+        .args([
+            "-cp",
+            "target/classes:target/lib/*",
+            "qgate.EmbeddedArtemis",
+        ])
+        .arg(port.to_string())
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting java: {e}"))?;
+    let mut line = String::new();
+    let read = std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    if read.is_err() || !line.starts_with("READY") {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("Artemis did not start: {line}"));
+    }
+    Ok(Artemis {
+        child,
+        addr: ([127, 0, 0, 1], port).into(),
+    })
+}
