@@ -108,11 +108,19 @@ impl H3Client {
     ) -> Result<H3Response, H3Error> {
         let mut send = self.send.clone();
         let mut stream = send.send_request(req).await.map_err(stream_err)?;
+        let mut upload = Ok(());
         if !body.is_empty() {
-            stream.send_data(body).await.map_err(stream_err)?;
+            upload = stream.send_data(body).await;
         }
-        stream.finish().await.map_err(stream_err)?;
-        let resp = stream.recv_response().await.map_err(stream_err)?;
+        if upload.is_ok() {
+            upload = stream.finish().await;
+        }
+        // A server may stop the upload and still answer (e.g. 413 with STOP_SENDING,
+        // RFC 9114 §4.1.1): read the response; if there is none, report the upload's error.
+        let resp = match stream.recv_response().await {
+            Ok(r) => r,
+            Err(e) => return Err(stream_err(upload.err().unwrap_or(e))),
+        };
         let body = read_body(|cx| stream.poll_recv_data(cx), max_response, "response").await?;
         let (parts, ()) = resp.into_parts();
         Ok(H3Response {
