@@ -701,11 +701,18 @@ impl Broker {
                 }
             }
         }
-        // Outcomes that arrived before the detach still count (the peer settled them).
-        while let Some(Some((seq, outcome))) = inflight.next().now_or_never() {
+        // Outcomes that arrived before the detach still count (the peer settled them). Each
+        // delivery is polled directly: `FuturesUnordered::next` may answer Pending while another
+        // thread is mid-way through waking one of them, which lost outcomes under load (the
+        // messages came back as released and were delivered twice).
+        let settled: Vec<(u64, Option<Outcome>)> = std::pin::Pin::new(&mut inflight)
+            .iter_pin_mut()
+            .filter_map(|f| f.now_or_never())
+            .collect();
+        drop(inflight);
+        for (seq, outcome) in settled {
             self.settle(&q, id, seq, outcome).await;
         }
-        drop(inflight);
         let back = q.lock().consumer_gone(id);
         if back > 0 {
             tracing::debug!(queue = %q.name, messages = back, "redelivering a gone consumer's messages");

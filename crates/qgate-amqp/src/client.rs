@@ -373,7 +373,7 @@ pub async fn send(
         }
         while inflight.len() >= spec.window.max(1) {
             if let Some(r) = inflight.next().await {
-                tally(&mut report, r);
+                tally(&mut report, r).map_err(|e| link_gone(&spec.address, e))?;
             }
         }
         let len = body.len() as u64;
@@ -391,7 +391,7 @@ pub async fn send(
         inflight.push(async move { (len, fut.await) });
     }
     while let Some(r) = inflight.next().await {
-        tally(&mut report, r);
+        tally(&mut report, r).map_err(|e| link_gone(&spec.address, e))?;
     }
     report.total = start.elapsed();
     let _ = sender.close().await;
@@ -399,7 +399,13 @@ pub async fn send(
     Ok(report)
 }
 
-fn tally(report: &mut Report, (len, r): (u64, Result<Outcome, fe2o3_amqp::link::SendError>)) {
+/// Count one outcome. Err when the link itself is gone (the broker closed it, e.g. an unknown
+/// address refused just after the attach): that is the run's failure, not one rejection.
+fn tally(
+    report: &mut Report,
+    (len, r): (u64, Result<Outcome, fe2o3_amqp::link::SendError>),
+) -> Result<(), String> {
+    use fe2o3_amqp::link::SendError;
     match r {
         Ok(Outcome::Accepted(_)) => {
             report.messages += 1;
@@ -423,11 +429,19 @@ fn tally(report: &mut Report, (len, r): (u64, Result<Outcome, fe2o3_amqp::link::
                 .first_error
                 .get_or_insert_with(|| format!("{other:?}"));
         }
+        Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => {
+            return Err(e.to_string())
+        }
         Err(e) => {
             report.rejected += 1;
             report.first_error.get_or_insert_with(|| e.to_string());
         }
     }
+    Ok(())
+}
+
+fn link_gone(address: &str, e: String) -> ClientError {
+    ClientError::Link(format!("sending to '{address}': the link ended: {e}"))
 }
 
 /// What to receive.
