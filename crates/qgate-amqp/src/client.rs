@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the same code measures real time on sockets and virtual time on netsim.
+use tokio::time::Instant;
 
 use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::link::receiver::CreditMode;
@@ -58,10 +60,19 @@ pub struct Connector {
 }
 
 /// How a stream came up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct StreamInfo {
     /// The QUIC connection was resumed with 0-RTT (AMQP bytes went in the first flight).
     pub zero_rtt: bool,
+    /// The QUIC connection under the stream (None for TCP), for its statistics.
+    pub quic: Option<quinn::Connection>,
+}
+
+impl StreamInfo {
+    /// The transport's smoothed RTT now (QUIC only: TCP's is the kernel's).
+    pub fn rtt(&self) -> Option<Duration> {
+        self.quic.as_ref().map(|c| c.rtt())
+    }
 }
 
 impl Connector {
@@ -101,9 +112,7 @@ impl Connector {
                 };
                 let ep =
                     endpoint(socket, None, None).map_err(|e| ClientError::Config(e.to_string()))?;
-                let cfg = client_config(trust, &[ALPN_AMQP], opts)
-                    .map_err(|e| ClientError::Config(e.to_string()))?;
-                c.quic = Some((ep, cfg));
+                return Connector::on_endpoint(ep, addr, server_name, trust, c.sasl, opts);
             }
             Scheme::TcpTls(v) => {
                 c.tls = Some(
@@ -113,6 +122,29 @@ impl Connector {
             Scheme::Tcp => {}
         }
         Ok(c)
+    }
+
+    /// A QUIC connector on an endpoint the caller made (a seeded one on a simulated socket,
+    /// for deterministic experiments).
+    pub fn on_endpoint(
+        ep: quinn::Endpoint,
+        addr: SocketAddr,
+        server_name: &str,
+        trust: &TrustRoots,
+        sasl: Option<(String, String)>,
+        opts: &TransportOptions,
+    ) -> Result<Connector, ClientError> {
+        let cfg = client_config(trust, &[ALPN_AMQP], opts)
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        Ok(Connector {
+            scheme: Scheme::Quic,
+            addr,
+            server_name: server_name.to_string(),
+            sasl,
+            tls: None,
+            quic: Some((ep, cfg)),
+            zero_rtt: true,
+        })
     }
 
     /// Present `identity` as a TLS client certificate (TCP+TLS; brokers may require one).
@@ -164,6 +196,7 @@ impl Connector {
                     })?;
                 let info = StreamInfo {
                     zero_rtt: c.is_0rtt(),
+                    quic: Some(c.connection().clone()),
                 };
                 let s = transport::quic_stream(c.connection()).await?;
                 Ok((s, info))
@@ -171,11 +204,23 @@ impl Connector {
             Scheme::TcpTls(_) => {
                 let tls = self.tls.clone().expect("built for TLS");
                 let s = transport::tcp_tls(self.addr, &self.server_name, tls).await?;
-                Ok((s, StreamInfo { zero_rtt: false }))
+                Ok((
+                    s,
+                    StreamInfo {
+                        zero_rtt: false,
+                        quic: None,
+                    },
+                ))
             }
             Scheme::Tcp => {
                 let s = transport::tcp(self.addr).await?;
-                Ok((Box::new(s), StreamInfo { zero_rtt: false }))
+                Ok((
+                    Box::new(s),
+                    StreamInfo {
+                        zero_rtt: false,
+                        quic: None,
+                    },
+                ))
             }
         }
     }
@@ -302,6 +347,8 @@ pub struct Report {
     pub total: Duration,
     /// The stream came up with 0-RTT.
     pub zero_rtt: bool,
+    /// The transport's smoothed RTT at the end (QUIC only).
+    pub rtt: Option<Duration>,
     /// The first rejection's reason.
     pub first_error: Option<String>,
 }
@@ -394,6 +441,7 @@ pub async fn send(
         tally(&mut report, r).map_err(|e| link_gone(&spec.address, e))?;
     }
     report.total = start.elapsed();
+    report.rtt = info.rtt();
     let _ = sender.close().await;
     client.close().await;
     Ok(report)
@@ -498,6 +546,7 @@ pub async fn receive(
         report.bytes += len as u64;
         report.total = start.elapsed();
     }
+    report.rtt = info.rtt();
     let _ = receiver.close().await;
     client.close().await;
     Ok(report)

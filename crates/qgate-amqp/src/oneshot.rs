@@ -1,16 +1,18 @@
-//! A one-message sender that pipelines the whole conversation (AMQP 1.0 §2.4.1, §5.3.2): SASL
-//! header and init, AMQP header, open, begin, attach and the transfer go out in one write, so on
-//! a resumed QUIC connection they all ride in 0-RTT; then it waits for the broker's outcome and
-//! closes. This is paper 003's "one message per connection" sender, and the frame handling here
-//! is ours (fe2o3-amqp's client waits for each answer before the next step).
-
-use std::time::{Duration, Instant};
+//! Pipelined clients (AMQP 1.0 §2.4.1, §5.3.2): SASL header and init, AMQP header, open,
+//! begin, attach and the first transfer (or, for a receiver, one credit) go out in one write, so
+//! on a resumed QUIC connection they all ride in 0-RTT. These are paper 003's "one message per
+//! connection" clients, and the frame handling here is ours: fe2o3-amqp's client waits for each
+//! answer before the next step, and its engines busy-loop while waiting for the peer's end and
+//! close, which also stops virtual time on the simulated network.
+use std::time::Duration;
+// tokio's clock: the same code measures real time on sockets and virtual time on netsim.
+use tokio::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use fe2o3_amqp::types::definitions::{Role, SenderSettleMode};
-use fe2o3_amqp::types::messaging::{DeliveryState, Source, Target};
+use fe2o3_amqp::types::messaging::{Accepted, DeliveryState, Source, Target};
 use fe2o3_amqp::types::performatives::{
-    Attach, Begin, Close, Detach, End, Open, Performative, Transfer,
+    Attach, Begin, Close, Detach, Disposition, End, Flow, Open, Performative, Transfer,
 };
 use fe2o3_amqp::types::primitives::{Binary, Symbol};
 use fe2o3_amqp::types::sasl::{SaslCode, SaslInit, SaslOutcome};
@@ -34,14 +36,8 @@ fn amqp(perf: &Performative, payload: &[u8]) -> Vec<u8> {
     frame(0, 0, &serde_amqp::to_vec(perf).expect("encodes"), payload)
 }
 
-/// Every byte a one-message sender writes before it hears anything.
-pub fn opening(
-    address: &str,
-    sasl: Option<(&str, &str)>,
-    msg: &AmqpMessage,
-    settled: bool,
-    container: &str,
-) -> Vec<u8> {
+/// SASL header and init, AMQP header, open and begin: what every pipelined client writes first.
+fn preamble(sasl: Option<(&str, &str)>, container: &str) -> Vec<u8> {
     let mut out = b"AMQP\x03\x01\x00\x00".to_vec();
     let init = match sasl {
         Some((u, p)) => SaslInit {
@@ -90,34 +86,53 @@ pub fn opening(
         }),
         &[],
     ));
-    out.extend(amqp(
+    out
+}
+
+fn attach(container: &str, role: Role, address: &str, settled: bool) -> Vec<u8> {
+    let sender = role == Role::Sender;
+    let (source, target) = if sender {
+        (
+            Source::builder().build(),
+            Target::builder().address(address).build(),
+        )
+    } else {
+        (
+            Source::builder().address(address).build(),
+            Target::builder().build(),
+        )
+    };
+    amqp(
         &Performative::Attach(Attach {
-            name: format!("{container}-oneshot"),
+            name: format!("{container}-{}", if sender { "out" } else { "in" }),
             handle: 0.into(),
-            role: Role::Sender,
+            role,
             snd_settle_mode: if settled {
                 SenderSettleMode::Settled
             } else {
                 SenderSettleMode::Unsettled
             },
             rcv_settle_mode: Default::default(),
-            source: Some(Box::new(Source::builder().build())),
-            target: Some(Box::new(Target::builder().address(address).build().into())),
+            source: Some(Box::new(source)),
+            target: Some(Box::new(target.into())),
             unsettled: None,
             incomplete_unsettled: false,
-            initial_delivery_count: Some(0),
+            initial_delivery_count: sender.then_some(0),
             max_message_size: None,
             offered_capabilities: None,
             desired_capabilities: None,
             properties: None,
         }),
         &[],
-    ));
-    out.extend(amqp(
+    )
+}
+
+fn transfer(id: u32, msg: &AmqpMessage, settled: bool) -> Vec<u8> {
+    amqp(
         &Performative::Transfer(Transfer {
             handle: 0.into(),
-            delivery_id: Some(0),
-            delivery_tag: Some(Binary::from(vec![0u8])),
+            delivery_id: Some(id),
+            delivery_tag: Some(Binary::from(id.to_be_bytes().to_vec())),
             message_format: Some(0),
             settled: Some(settled),
             more: false,
@@ -128,7 +143,20 @@ pub fn opening(
             batchable: false,
         }),
         &encode(msg),
-    ));
+    )
+}
+
+/// Every byte a one-message sender writes before it hears anything.
+pub fn opening(
+    address: &str,
+    sasl: Option<(&str, &str)>,
+    msg: &AmqpMessage,
+    settled: bool,
+    container: &str,
+) -> Vec<u8> {
+    let mut out = preamble(sasl, container);
+    out.extend(attach(container, Role::Sender, address, settled));
+    out.extend(transfer(0, msg, settled));
     out
 }
 
@@ -139,7 +167,8 @@ enum Heard {
     Amqp(Performative),
 }
 
-/// Parse complete items (protocol headers skipped) off the front of `buf`.
+/// Parse complete items (protocol headers skipped) off the front of `buf`. A transfer's
+/// payload is skipped: these clients count messages, they do not read them.
 fn next(buf: &mut BytesMut) -> Result<Option<Heard>, ClientError> {
     loop {
         if buf.len() >= 8 && &buf[..4] == b"AMQP" {
@@ -164,15 +193,126 @@ fn next(buf: &mut BytesMut) -> Result<Option<Heard>, ClientError> {
         if body.is_empty() {
             continue; // heartbeat
         }
+        let bad = |e: String| ClientError::Link(format!("undecodable frame: {e}"));
+        let n = crate::wire::check_first(body).map_err(|e| bad(e.to_string()))?;
         return match f[5] {
-            1 => match serde_amqp::from_slice::<SaslOutcome>(body) {
+            1 => match serde_amqp::from_slice::<SaslOutcome>(&body[..n]) {
                 Ok(o) => Ok(Some(Heard::Sasl(o))),
                 Err(_) => continue, // sasl-mechanisms
             },
-            _ => serde_amqp::from_slice::<Performative>(body)
+            _ => serde_amqp::from_slice::<Performative>(&body[..n])
                 .map(|p| Some(Heard::Amqp(p)))
-                .map_err(|e| ClientError::Link(format!("undecodable frame: {e}"))),
+                .map_err(|e| bad(e.to_string())),
         };
+    }
+}
+
+/// One pipelined conversation: the stream, what came back so far, and the run's clocks.
+struct Conversation {
+    io: crate::transport::BoxStream,
+    buf: BytesMut,
+    info: crate::client::StreamInfo,
+    start: Instant,
+    timeout: Duration,
+}
+
+impl Conversation {
+    async fn open(connector: &Connector, timeout: Duration) -> Result<Self, ClientError> {
+        let start = Instant::now();
+        let (io, info) = connector.stream().await?;
+        Ok(Conversation {
+            io,
+            buf: BytesMut::with_capacity(4096),
+            info,
+            start,
+            timeout,
+        })
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        let io_err = |e: std::io::Error| ClientError::Link(format!("writing: {e}"));
+        self.io.write_all(bytes).await.map_err(io_err)?;
+        self.io.flush().await.map_err(io_err)
+    }
+
+    /// Read until `pick` returns Some (or an error, or the timeout).
+    async fn until<T>(
+        &mut self,
+        address: &str,
+        mut pick: impl FnMut(&Performative) -> Option<T>,
+    ) -> Result<T, ClientError> {
+        let (io, buf) = (&mut self.io, &mut self.buf);
+        tokio::time::timeout(self.timeout, async {
+            loop {
+                while let Some(h) = next(buf)? {
+                    let p = match h {
+                        Heard::Sasl(o) if o.code != SaslCode::Ok => {
+                            return Err(ClientError::Open(format!("SASL {:?}", o.code)))
+                        }
+                        Heard::Sasl(_) => continue,
+                        Heard::Amqp(p) => p,
+                    };
+                    if let Some(t) = pick(&p) {
+                        return Ok(t);
+                    }
+                    match p {
+                        Performative::Detach(d) if d.error.is_some() => {
+                            return Err(ClientError::Attach {
+                                address: address.to_string(),
+                                msg: format!("{:?}", d.error),
+                            })
+                        }
+                        Performative::Close(c) => {
+                            return Err(ClientError::Open(format!("closed: {:?}", c.error)))
+                        }
+                        Performative::End(e) if e.error.is_some() => {
+                            return Err(ClientError::Begin(format!("{:?}", e.error)))
+                        }
+                        _ => {}
+                    }
+                }
+                let n = io
+                    .read_buf(buf)
+                    .await
+                    .map_err(|e| ClientError::Link(format!("reading: {e}")))?;
+                if n == 0 {
+                    return Err(ClientError::Link("the broker closed the connection".into()));
+                }
+            }
+        })
+        .await
+        .map_err(|_| ClientError::Link(format!("no answer within {:?}", self.timeout)))?
+    }
+
+    /// Orderly goodbye: detach, end, close; wait (bounded) for the broker's close.
+    async fn finish(mut self, mut report: Report) -> Report {
+        let mut bye = amqp(
+            &Performative::Detach(Detach {
+                handle: 0.into(),
+                closed: true,
+                error: None,
+            }),
+            &[],
+        );
+        bye.extend(amqp(&Performative::End(End { error: None }), &[]));
+        bye.extend(amqp(&Performative::Close(Close { error: None }), &[]));
+        if self.write(&bye).await.is_ok() {
+            let _ = self
+                .until("", |p| matches!(p, Performative::Close(_)).then_some(()))
+                .await;
+        }
+        let _ = self.io.shutdown().await;
+        report.total = self.start.elapsed();
+        report.rtt = self.info.rtt();
+        report.zero_rtt = self.info.zero_rtt;
+        report
+    }
+}
+
+fn body_len(msg: &AmqpMessage) -> u64 {
+    match &msg.body {
+        fe2o3_amqp::types::messaging::Body::Data(b) => b.iter().map(|d| d.0.len() as u64).sum(),
+        _ => 0,
     }
 }
 
@@ -185,110 +325,142 @@ pub async fn send_one(
     settled: bool,
     timeout: Duration,
 ) -> Result<Report, ClientError> {
-    let start = Instant::now();
-    let (mut io, info) = connector.stream().await?;
+    send_in_turn(
+        connector,
+        address,
+        std::slice::from_ref(msg),
+        settled,
+        timeout,
+    )
+    .await
+}
+
+/// Send `msgs` on one fresh connection, one at a time: the first pipelined with the opening
+/// (0-RTT when a ticket is held), each next one once the broker has settled the one before
+/// (for pre-settled messages: once the link has credit). Stops at the first refusal.
+pub async fn send_in_turn(
+    connector: &Connector,
+    address: &str,
+    msgs: &[AmqpMessage],
+    settled: bool,
+    timeout: Duration,
+) -> Result<Report, ClientError> {
+    let mut c = Conversation::open(connector, timeout).await?;
     let container = format!("qgate-{}", std::process::id());
     let creds = connector.sasl();
-    let bytes = opening(
-        address,
+    let mut report = Report::default();
+    for (i, msg) in msgs.iter().enumerate() {
+        let id = i as u32;
+        let bytes = if i == 0 {
+            let mut b = preamble(
+                creds.as_ref().map(|(u, p)| (u.as_str(), p.as_str())),
+                &container,
+            );
+            b.extend(attach(&container, Role::Sender, address, settled));
+            b.extend(transfer(id, msg, settled));
+            b
+        } else {
+            transfer(id, msg, settled)
+        };
+        c.write(&bytes).await?;
+        if i == 0 {
+            report.startup = c.start.elapsed();
+        }
+        let outcome = if settled {
+            // At most once: the broker's flow (credit for the next) is the signal to go on.
+            c.until(address, |p| match p {
+                Performative::Flow(f) if f.link_credit.unwrap_or(0) > 0 => Some(None),
+                _ => None,
+            })
+            .await?
+        } else {
+            c.until(address, |p| match p {
+                Performative::Disposition(d)
+                    if d.first <= id && d.last.unwrap_or(d.first) >= id =>
+                {
+                    Some(d.state.clone())
+                }
+                _ => None,
+            })
+            .await?
+        };
+        match outcome {
+            None | Some(DeliveryState::Accepted(_)) => {
+                report.messages += 1;
+                report.bytes += body_len(msg);
+            }
+            Some(other) => {
+                report.rejected += 1;
+                report.first_error = Some(format!("{other:?}"));
+                break;
+            }
+        }
+    }
+    Ok(c.finish(report).await)
+}
+
+/// Receive one message on a fresh connection, pipelined: the opening, a receiver attach and
+/// one credit go out in one flight (0-RTT when a ticket is held; a replayed copy can only take
+/// a message that is redelivered when that copy's connection fails). The message is accepted
+/// and settled at once.
+pub async fn receive_one(
+    connector: &Connector,
+    address: &str,
+    timeout: Duration,
+) -> Result<Report, ClientError> {
+    let mut c = Conversation::open(connector, timeout).await?;
+    let container = format!("qgate-{}", std::process::id());
+    let creds = connector.sasl();
+    let mut bytes = preamble(
         creds.as_ref().map(|(u, p)| (u.as_str(), p.as_str())),
-        msg,
-        settled,
         &container,
     );
-    let io_err = |e: std::io::Error| ClientError::Link(format!("writing: {e}"));
-    io.write_all(&bytes).await.map_err(io_err)?;
-    io.flush().await.map_err(io_err)?;
-    let startup = start.elapsed();
-    let mut buf = BytesMut::with_capacity(4096);
-    let mut attached = false;
-    let outcome = tokio::time::timeout(timeout, async {
-        loop {
-            while let Some(h) = next(&mut buf)? {
-                match h {
-                    Heard::Sasl(o) if o.code != SaslCode::Ok => {
-                        return Err(ClientError::Open(format!("SASL {:?}", o.code)))
-                    }
-                    Heard::Sasl(_) => {}
-                    Heard::Amqp(Performative::Attach(_)) => attached = true,
-                    Heard::Amqp(Performative::Flow(_)) if settled && attached => return Ok(None),
-                    Heard::Amqp(Performative::Disposition(d)) => return Ok(d.state),
-                    Heard::Amqp(Performative::Detach(d)) => {
-                        return Err(ClientError::Attach {
-                            address: address.to_string(),
-                            msg: format!("{:?}", d.error),
-                        })
-                    }
-                    Heard::Amqp(Performative::Close(c)) => {
-                        return Err(ClientError::Open(format!("closed: {:?}", c.error)))
-                    }
-                    Heard::Amqp(Performative::End(e)) if e.error.is_some() => {
-                        return Err(ClientError::Begin(format!("{:?}", e.error)))
-                    }
-                    Heard::Amqp(_) => {}
-                }
-            }
-            let n = io
-                .read_buf(&mut buf)
-                .await
-                .map_err(|e| ClientError::Link(format!("reading: {e}")))?;
-            if n == 0 {
-                return Err(ClientError::Link("the broker closed the connection".into()));
-            }
-        }
-    })
-    .await
-    .map_err(|_| ClientError::Link(format!("no outcome within {timeout:?}")))??;
-    let mut report = Report {
-        zero_rtt: info.zero_rtt,
-        startup,
-        ..Default::default()
-    };
-    match outcome {
-        None | Some(DeliveryState::Accepted(_)) => {
-            report.messages = 1;
-            report.bytes = match &msg.body {
-                fe2o3_amqp::types::messaging::Body::Data(b) => {
-                    b.iter().map(|d| d.0.len() as u64).sum()
-                }
-                _ => 0,
-            };
-        }
-        Some(other) => {
-            report.rejected = 1;
-            report.first_error = Some(format!("{other:?}"));
-        }
-    }
-    // Orderly goodbye: detach, end, close; wait for the broker's close.
-    let mut bye = amqp(
-        &Performative::Detach(Detach {
-            handle: 0.into(),
-            closed: true,
-            error: None,
+    bytes.extend(attach(&container, Role::Receiver, address, false));
+    bytes.extend(amqp(
+        &Performative::Flow(Flow {
+            next_incoming_id: None,
+            incoming_window: 64,
+            next_outgoing_id: 0,
+            outgoing_window: 64,
+            handle: Some(0.into()),
+            delivery_count: Some(0),
+            link_credit: Some(1),
+            available: None,
+            drain: false,
+            echo: false,
+            properties: None,
         }),
         &[],
-    );
-    bye.extend(amqp(&Performative::End(End { error: None }), &[]));
-    bye.extend(amqp(&Performative::Close(Close { error: None }), &[]));
-    if io.write_all(&bye).await.is_ok() {
-        let _ = tokio::time::timeout(timeout, async {
-            loop {
-                while let Ok(Some(h)) = next(&mut buf) {
-                    if let Heard::Amqp(Performative::Close(_)) = h {
-                        return;
-                    }
-                }
-                match io.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
+    ));
+    c.write(&bytes).await?;
+    let mut report = Report {
+        startup: c.start.elapsed(),
+        ..Default::default()
+    };
+    let (id, was_settled) = c
+        .until(address, |p| match p {
+            Performative::Transfer(t) if !t.more => {
+                Some((t.delivery_id.unwrap_or(0), t.settled.unwrap_or(false)))
             }
+            _ => None,
         })
-        .await;
+        .await?;
+    report.messages = 1;
+    if !was_settled {
+        c.write(&amqp(
+            &Performative::Disposition(Disposition {
+                role: Role::Receiver,
+                first: id,
+                last: None,
+                settled: true,
+                state: Some(DeliveryState::Accepted(Accepted {})),
+                batchable: false,
+            }),
+            &[],
+        ))
+        .await?;
     }
-    let _ = io.shutdown().await;
-    report.total = start.elapsed();
-    Ok(report)
+    Ok(c.finish(report).await)
 }
 
 #[cfg(test)]

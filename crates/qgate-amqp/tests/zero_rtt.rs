@@ -7,7 +7,7 @@ use fe2o3_amqp::types::messaging::{Body, Data, Message, MessageId};
 use fe2o3_amqp::types::primitives::Binary;
 use qgate_amqp::broker::{serve_quic, Broker, BrokerConfig};
 use qgate_amqp::client::{self, Connector};
-use qgate_amqp::oneshot::send_one;
+use qgate_amqp::oneshot::{receive_one, send_in_turn, send_one};
 use qgate_amqp::transport::{Scheme, ALPN_AMQP};
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 
@@ -99,4 +99,59 @@ async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped
         "identical bodies in a new run are not replays"
     );
     let _ = MessageId::Ulong(0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_clients_send_in_turn_and_receive_one_per_connection() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let broker = Broker::start(BrokerConfig::default()).unwrap();
+    let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
+    let ep = endpoint(
+        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+        Some(scfg),
+        None,
+    )
+    .unwrap();
+    let addr = ep.local_addr().unwrap();
+    tokio::spawn(serve_quic(broker.clone(), ep));
+    let c = Connector::new(
+        Scheme::Quic,
+        addr,
+        "localhost",
+        &pki.trust(),
+        None,
+        None,
+        &TransportOptions::default(),
+    )
+    .unwrap();
+    let t = Duration::from_secs(5);
+    let run = client::run_id();
+    let msgs: Vec<_> = (0..5u8)
+        .map(|i| client::message_with_id(MessageId::String(format!("{run}-{i}")), vec![i; 10]))
+        .collect();
+    let sent = send_in_turn(&c, "turns", &msgs, false, t).await.unwrap();
+    assert_eq!((sent.messages, sent.rejected, sent.bytes), (5, 0, 50));
+    assert!(sent.rtt.is_some() && sent.startup <= sent.total);
+    let mut zero = 0;
+    for _ in 0..5 {
+        let r = receive_one(&c, "turns", t).await.unwrap();
+        assert_eq!(r.messages, 1);
+        zero += usize::from(r.zero_rtt);
+    }
+    assert!(
+        zero >= 4,
+        "the returning receiver resumes in 0-RTT ({zero} of 5)"
+    );
+    // Every message was accepted and settled: nothing left, nothing waiting for redelivery.
+    let q = broker
+        .queue_stats()
+        .into_iter()
+        .find(|q| q.name == "turns")
+        .unwrap();
+    assert_eq!((q.depth, q.stats.acked), (0, 5));
+    // An empty queue: the receiver waits, bounded, and says so.
+    let e = receive_one(&c, "turns", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no answer"), "{e}");
 }

@@ -1,6 +1,8 @@
 //! qgate experiments: scenarios that run the real qgate code on the simulated network in
 //! virtual time, and system benchmarks.
 
+pub mod amqp;
+pub mod amqp_report;
 pub mod amqpbench;
 pub mod aqm;
 pub mod aqm_report;

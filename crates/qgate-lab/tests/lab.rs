@@ -162,3 +162,58 @@ fn proxy_point_runs_for_every_scheme() {
     let ad = means.iter().find(|m| m.0 == "adaptive").unwrap().1;
     assert!(ad < rr, "adaptive {ad} ms vs round-robin {rr} ms");
 }
+
+#[test]
+fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
+    use qgate_lab::amqp::{plan, run_all, run_point, Case, PlanSize, Testbed};
+    let size = PlanSize::quick();
+    let points = plan(&size);
+    let results = run_all(&points, |_| {});
+    for (p, reps) in points.iter().zip(&results) {
+        assert_eq!(reps.len(), p.reps, "{}", p.label());
+        for r in reps {
+            assert_eq!(r.send.failed, 0, "{}", p.label());
+            assert_eq!(r.send.messages, p.messages, "{}", p.label());
+            if p.case == Case::Multi {
+                let recv = r.recv.as_ref().expect("the multi case receives");
+                assert_eq!(
+                    recv.messages,
+                    p.messages,
+                    "{}: every message received",
+                    p.label()
+                );
+            }
+            // Per-connection cases resume with 0-RTT after the first connection.
+            if p.case != Case::Single && p.transport.name() == "quic" {
+                assert_eq!(r.send.zero_rtt, p.messages - 1, "{}", p.label());
+            }
+        }
+    }
+    let netsim = |case: Case, sweep: &str, x: &dyn Fn(&qgate_lab::amqp::Point) -> bool| {
+        points
+            .iter()
+            .position(|p| {
+                p.case == case && p.sweep == sweep && p.testbed == Testbed::Netsim && x(p)
+            })
+            .expect("point in the plan")
+    };
+    // The channel matters in the direction it must: slower, longer and lossier cost time.
+    let t = |i: usize| results[i][0].send.total_s;
+    let slow = netsim(Case::Sweep, "bandwidth", &|p| p.channel.rate_bps == 32_000);
+    let fast = netsim(Case::Sweep, "bandwidth", &|p| {
+        p.channel.rate_bps == 1_024_000
+    });
+    assert!(t(slow) > 5.0 * t(fast), "{} vs {}", t(slow), t(fast));
+    let near = netsim(Case::Sweep, "delay", &|p| p.channel.delay.as_millis() == 2);
+    let far = netsim(Case::Sweep, "delay", &|p| {
+        p.channel.delay.as_millis() == 202
+    });
+    assert!(t(far) > 10.0 * t(near), "{} vs {}", t(far), t(near));
+    let energy = &results[netsim(Case::Energy, "default", &|_| true)][0].send;
+    assert!(energy.energy_j > 0.0 && energy.wire_bytes > 10.0 * 138.0);
+    // Same seed, same numbers.
+    let i = netsim(Case::Sweep, "loss", &|p| p.channel.loss > 0.1);
+    let again = run_point(&points[i]);
+    assert_eq!(again[0].send.total_s, results[i][0].send.total_s);
+    assert_eq!(again[0].send.wire_bytes, results[i][0].send.wire_bytes);
+}

@@ -13,6 +13,8 @@ use crate::{usage, Failure};
 
 #[derive(Subcommand, Debug)]
 pub enum Lab {
+    /// Paper 003: AMQP 1.0 over QUIC vs over TCP+TLS (results/amqp/).
+    Amqp(AmqpArgs),
     /// Paper 004: six queue disciplines under QUIC bulk flows (results/aqm/).
     Aqm(AqmArgs),
     /// Gain and phase margins of PID-Delay's gains on the linearised model (paper 004 §III).
@@ -21,6 +23,25 @@ pub enum Lab {
     History(HistoryArgs),
     /// Paper 000: the gateway's schedulers over three backhaul paths (results/proxy/).
     Proxy(ProxyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AmqpArgs {
+    /// Smoke run: a few messages, one or two repetitions, two points per sweep.
+    #[arg(long)]
+    quick: bool,
+    /// Repetitions of the multi-connection case [default: 30, the paper's].
+    #[arg(long)]
+    multi_reps: Option<usize>,
+    /// Repetitions of the energy case [default: 15] and of each sweep point [default: 5].
+    #[arg(long, value_names = ["ENERGY", "SWEEP"], num_args = 2)]
+    reps: Option<Vec<usize>>,
+    /// Skip the real-time loopback baseline (QUIC and TCP+TLS on 127.0.0.1).
+    #[arg(long)]
+    no_loopback: bool,
+    /// Where to write results [default: results/amqp].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -116,6 +137,7 @@ fn run_point(cfg: &AqmConfig, name: &str) -> Vec<aqm::RunResult> {
 pub fn run(which: Lab) -> Result<(), Failure> {
     match which {
         Lab::Aqm(a) => aqm_cmd(a),
+        Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
         Lab::Margins(m) => {
@@ -141,6 +163,54 @@ pub fn run(which: Lab) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
+    use qgate_lab::{amqp, amqp_report};
+    let mut size = if a.quick {
+        amqp::PlanSize::quick()
+    } else {
+        amqp::PlanSize::paper()
+    };
+    if let Some(n) = a.multi_reps {
+        size.multi_reps = n;
+    }
+    if let Some(r) = &a.reps {
+        (size.energy_reps, size.sweep_reps) = (r[0], r[1]);
+    }
+    if size.multi_reps == 0 || size.energy_reps == 0 || size.sweep_reps == 0 {
+        return Err(usage("--multi-reps and --reps must be at least 1"));
+    }
+    size.loopback = !a.no_loopback;
+    let plan = amqp::plan(&size);
+    let out = a.out.unwrap_or_else(|| PathBuf::from("results/amqp"));
+    let command = std::iter::once("qgate lab amqp".to_string())
+        .chain(std::env::args().skip(3))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let wall = std::time::Instant::now();
+    let pb = progress(plan.len() as u64, "points");
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let results = amqp::run_all(&plan, |label| {
+        pb.set_message(label.to_string());
+        pb.inc(1);
+        if !tty {
+            eprintln!("amqp: [{}/{}] {label}", pb.position(), plan.len());
+        }
+    });
+    pb.finish_with_message("done");
+    amqp_report::write_all(&out, &plan, &results, &command)
+        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
+    println!(
+        "{}",
+        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
+    );
+    eprintln!(
+        "qgate lab amqp: done in {:.1} s; results in {}",
+        wall.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
