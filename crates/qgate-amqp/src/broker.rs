@@ -1030,6 +1030,15 @@ pub async fn serve_tcp(
 }
 
 impl Broker {
+    /// The TLS server handshake on `io` (any byte stream: a user-space TCP on the simulated
+    /// network, say), then serve the AMQP connection over it.
+    pub async fn serve_tls<S: Stream>(&self, io: S, tls: Arc<rustls::ServerConfig>) {
+        match tokio_rustls::TlsAcceptor::from(tls).accept(io).await {
+            Ok(s) => self.serve(s).await,
+            Err(e) => tracing::info!(error = %e, "TLS handshake failed"),
+        }
+    }
+
     /// Connections open now.
     pub fn connections_open(&self) -> u64 {
         self.inner.counters.connections_open.load(Ordering::Relaxed)

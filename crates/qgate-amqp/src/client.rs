@@ -56,6 +56,7 @@ pub struct Connector {
     sasl: Option<(String, String)>,
     tls: Option<Arc<rustls::ClientConfig>>,
     quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    dial: Option<transport::Dialer>,
     zero_rtt: bool,
 }
 
@@ -95,6 +96,7 @@ impl Connector {
             sasl,
             tls: None,
             quic: None,
+            dial: None,
             zero_rtt: true,
         };
         match scheme {
@@ -143,6 +145,7 @@ impl Connector {
             sasl,
             tls: None,
             quic: Some((ep, cfg)),
+            dial: None,
             zero_rtt: true,
         })
     }
@@ -163,6 +166,22 @@ impl Connector {
             Err(ClientError::Config(
                 "client certificates are supported over tcp-tls only".into(),
             ))
+        }
+    }
+
+    /// Make TCP connections with `dial` instead of the kernel's TCP (TCP schemes only).
+    pub fn with_dialer(mut self, dial: transport::Dialer) -> Self {
+        self.dial = Some(dial);
+        self
+    }
+
+    async fn tcp(&self) -> Result<BoxStream, TransportError> {
+        match &self.dial {
+            Some(d) => d(self.addr).await.map_err(|source| TransportError::Tcp {
+                addr: self.addr,
+                source,
+            }),
+            None => Ok(Box::new(transport::tcp(self.addr).await?)),
         }
     }
 
@@ -203,7 +222,8 @@ impl Connector {
             }
             Scheme::TcpTls(_) => {
                 let tls = self.tls.clone().expect("built for TLS");
-                let s = transport::tcp_tls(self.addr, &self.server_name, tls).await?;
+                let tcp = self.tcp().await?;
+                let s = transport::tls_over(tcp, self.addr, &self.server_name, tls).await?;
                 Ok((
                     s,
                     StreamInfo {
@@ -213,9 +233,9 @@ impl Connector {
                 ))
             }
             Scheme::Tcp => {
-                let s = transport::tcp(self.addr).await?;
+                let s = self.tcp().await?;
                 Ok((
-                    Box::new(s),
+                    s,
                     StreamInfo {
                         zero_rtt: false,
                         quic: None,

@@ -219,7 +219,9 @@ struct Conversation {
 impl Conversation {
     async fn open(connector: &Connector, timeout: Duration) -> Result<Self, ClientError> {
         let start = Instant::now();
-        let (io, info) = connector.stream().await?;
+        let (io, info) = tokio::time::timeout(timeout, connector.stream())
+            .await
+            .map_err(|_| ClientError::Link(format!("not connected within {timeout:?}")))??;
         Ok(Conversation {
             io,
             buf: BytesMut::with_capacity(4096),

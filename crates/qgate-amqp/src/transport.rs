@@ -170,7 +170,24 @@ pub async fn tcp_tls(
     server_name: &str,
     cfg: Arc<rustls::ClientConfig>,
 ) -> Result<BoxStream, TransportError> {
-    let tcp = tcp(addr).await?;
+    tls_over(tcp(addr).await?, addr, server_name, cfg).await
+}
+
+/// A TCP connection made some other way than the kernel's (a user-space stack on the
+/// simulated network): `dial(addr)` returns the connected byte stream.
+pub type Dialer = Arc<
+    dyn Fn(SocketAddr) -> futures_util::future::BoxFuture<'static, std::io::Result<BoxStream>>
+        + Send
+        + Sync,
+>;
+
+/// The TLS client handshake over an established byte stream to `addr`.
+pub async fn tls_over<S: Stream>(
+    tcp: S,
+    addr: SocketAddr,
+    server_name: &str,
+    cfg: Arc<rustls::ClientConfig>,
+) -> Result<BoxStream, TransportError> {
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|e| {
         TransportError::Tls {
             addr,

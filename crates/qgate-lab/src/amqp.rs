@@ -12,16 +12,19 @@
 //! written once against [`Bed`] and do not change.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fe2o3_amqp::types::messaging::MessageId;
 use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig};
 use qgate_amqp::client::{self, Connector, Report};
 use qgate_amqp::oneshot::{receive_one, send_in_turn, send_one};
-use qgate_amqp::transport::{self, Scheme, TlsVersion, ALPN_AMQP};
+use qgate_amqp::transport::{self, BoxStream, Dialer, Scheme, TlsVersion, ALPN_AMQP};
 use qgate_netsim::{Direction, LinkId, LinkParams, LossModel, Network, TraceEvent};
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 use tokio::time::Instant;
+
+use crate::usertcp::TcpHost;
 
 /// Paper 003 §4.3's sample message: 138 bytes (used as the body in every case, *decided*).
 pub const MESSAGE_BYTES: usize = 138;
@@ -280,9 +283,10 @@ fn broker() -> Broker {
 }
 
 impl Bed {
-    /// The simulated network (QUIC only): sender and receiver each on a `channel` link to an
-    /// access point, the broker wired to it (1 Gbit/s, 0.1 ms).
-    pub fn netsim(channel: Channel, seed: u64) -> Bed {
+    /// The simulated network: sender and receiver each on a `channel` link to an access point,
+    /// the broker wired to it (1 Gbit/s, 0.1 ms). QUIC runs on the simulator's UDP; TCP+TLS on
+    /// a user-space TCP ([`crate::usertcp`]) over the same links.
+    pub fn netsim(channel: Channel, transport: Transport, seed: u64) -> Bed {
         let net = Network::new(seed);
         let ap = net.add_host("ap");
         net.set_forwarding(ap, true);
@@ -304,15 +308,60 @@ impl Bed {
         net.enable_trace(TRACE_LIMIT);
         let pki = DevPki::generate(&[]).expect("PKI");
         let opts = TransportOptions::default();
-        let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).expect("server config");
         let baddr = SocketAddr::new(ip(10, 0, 0, 1), 5671);
+        let probe = |link| Probe {
+            net: net.clone(),
+            link,
+            rate_bps: channel.rate_bps,
+        };
+        let b = broker();
+        if transport != Transport::Quic {
+            let stack =
+                |h, n: u8| TcpHost::new(&net, h, Ipv4Addr::new(10, 0, n, 1)).expect("stack");
+            let listener = stack(bh, 0).listen(baddr.port()).expect("listen");
+            let tls = transport::tls_server_config(&pki.server, None).expect("TLS config");
+            let served = b.clone();
+            tokio::spawn(async move {
+                loop {
+                    let s = listener.accept().await;
+                    let (b, tls) = (served.clone(), tls.clone());
+                    tokio::spawn(async move { b.serve_tls(s, tls).await });
+                }
+            });
+            let client = |h, n: u8| {
+                let host = stack(h, n);
+                let dial: Dialer = Arc::new(move |addr| {
+                    let host = host.clone();
+                    Box::pin(
+                        async move { host.connect(addr).await.map(|s| Box::new(s) as BoxStream) },
+                    )
+                });
+                Connector::new(
+                    transport.scheme(),
+                    baddr,
+                    "localhost",
+                    &pki.trust(),
+                    None,
+                    None,
+                    &opts,
+                )
+                .expect("connector")
+                .with_dialer(dial)
+            };
+            return Bed {
+                sender: client(sh, 1),
+                receiver: client(rh, 2),
+                probes: Some((probe(slink), probe(rlink))),
+                _broker: b,
+            };
+        }
+        let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).expect("server config");
         let ep = endpoint(
             Socket::from(net.bind(bh, baddr).expect("port")),
             Some(scfg),
             Some(seed),
         )
         .expect("endpoint");
-        let b = broker();
         tokio::spawn(serve_quic(b.clone(), ep));
         let client = |h, n: u8, s: u64| {
             let sock = net
@@ -321,11 +370,6 @@ impl Bed {
             let ep = endpoint(Socket::from(sock), None, Some(s)).expect("endpoint");
             Connector::on_endpoint(ep, baddr, "localhost", &pki.trust(), None, &opts)
                 .expect("connector")
-        };
-        let probe = |link| Probe {
-            net: net.clone(),
-            link,
-            rate_bps: channel.rate_bps,
         };
         Bed {
             sender: client(sh, 1, seed.wrapping_mul(31).wrapping_add(1)),
@@ -530,7 +574,7 @@ pub fn run_point(p: &Point) -> Vec<Rep> {
             .map(|rep| {
                 let seed = rep_seed(p, rep);
                 crate::virtual_time(async {
-                    let bed = Bed::netsim(p.channel, seed);
+                    let bed = Bed::netsim(p.channel, p.transport, seed);
                     run_rep(p, &bed, rep, seed).await
                 })
             })
@@ -628,8 +672,11 @@ pub fn plan(size: &PlanSize) -> Vec<Point> {
         (Case::Single, size.single_messages, size.single_reps),
         (Case::Energy, 10, size.energy_reps),
     ];
+    const ALL: [Transport; 3] = [Transport::Quic, Transport::TcpTls13, Transport::TcpTls12];
     for (case, m, r) in cases {
-        v.push(base(case, m, r, Transport::Quic, Testbed::Netsim));
+        for t in ALL {
+            v.push(base(case, m, r, t, Testbed::Netsim));
+        }
     }
     let pick = |all: &[u64], quick: &[u64]| -> Vec<u64> {
         if size.quick {
@@ -639,18 +686,14 @@ pub fn plan(size: &PlanSize) -> Vec<Point> {
         }
     };
     let mut sweep = |name: &'static str, channel: Channel| {
-        v.push(Point {
-            case: Case::Sweep,
-            sweep: name,
-            channel,
-            ..base(
-                Case::Sweep,
-                10,
-                size.sweep_reps,
-                Transport::Quic,
-                Testbed::Netsim,
-            )
-        });
+        for t in ALL {
+            v.push(Point {
+                case: Case::Sweep,
+                sweep: name,
+                channel,
+                ..base(Case::Sweep, 10, size.sweep_reps, t, Testbed::Netsim)
+            });
+        }
     };
     for k in pick(&BANDWIDTHS_KBPS, &[32, 1024]) {
         sweep(
@@ -680,7 +723,7 @@ pub fn plan(size: &PlanSize) -> Vec<Point> {
         );
     }
     if size.loopback {
-        for t in [Transport::Quic, Transport::TcpTls13, Transport::TcpTls12] {
+        for t in ALL {
             for (case, m, r) in cases.iter().take(2) {
                 v.push(base(*case, *m, *r, t, Testbed::Loopback));
             }

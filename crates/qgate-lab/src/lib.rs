@@ -18,6 +18,7 @@ pub mod proxy;
 pub mod proxy_report;
 pub mod stats;
 pub mod svg;
+pub mod usertcp;
 
 /// Run `f` on a single-threaded tokio runtime whose clock is paused: time advances only when
 /// every task waits, straight to the next timer, so simulated minutes take wall-clock

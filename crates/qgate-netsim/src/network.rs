@@ -739,6 +739,8 @@ impl SimState {
     }
 
     /// Send a datagram from a socket at `now`.
+    /// `raw`: `data` is a whole IP packet (a user-space stack's), costed at its own size.
+    #[allow(clippy::too_many_arguments)] // one internal entry for both socket kinds
     pub(crate) fn send(
         &mut self,
         socket: usize,
@@ -747,6 +749,7 @@ impl SimState {
         ecn: Option<Ecn>,
         data: &[u8],
         now: Instant,
+        raw: bool,
     ) -> std::io::Result<()> {
         let slot = self.sockets[socket]
             .as_ref()
@@ -780,7 +783,9 @@ impl SimState {
             },
         };
         let src = SocketAddr::new(self.interfaces[iface.0].addr, port);
-        let overhead = if dst.is_ipv4() {
+        let overhead = if raw {
+            0
+        } else if dst.is_ipv4() {
             IPV4_UDP_OVERHEAD
         } else {
             IPV6_UDP_OVERHEAD

@@ -75,7 +75,18 @@ impl SimSocket {
     pub fn send_to(&self, data: &[u8], dst: SocketAddr) -> io::Result<()> {
         let shared = &self.net.shared;
         let mut st = shared.lock();
-        let r = st.send(self.id, None, dst, None, data, Instant::now());
+        let r = st.send(self.id, None, dst, None, data, Instant::now(), false);
+        shared.after_change(st);
+        r
+    }
+
+    /// Send `packet`, a whole IP packet built by a user-space stack, carried to `dst` as this
+    /// socket's datagram but costed on the links at its own size (no UDP/IP header added): how
+    /// a TCP stack runs over the simulator.
+    pub fn send_ip_packet(&self, packet: &[u8], dst: SocketAddr) -> io::Result<()> {
+        let shared = &self.net.shared;
+        let mut st = shared.lock();
+        let r = st.send(self.id, None, dst, None, packet, Instant::now(), true);
         shared.after_change(st);
         r
     }
@@ -146,6 +157,7 @@ impl AsyncUdpSocket for SimSocket {
                 to_ecn(transmit.ecn),
                 chunk,
                 now,
+                false,
             );
             if r.is_err() {
                 result = r;
