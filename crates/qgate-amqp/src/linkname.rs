@@ -83,8 +83,11 @@ pub struct Rewriter {
     sasl: bool,
     /// An AMQP open frame has passed.
     opened: bool,
-    /// The last inbound transfer had `more` set (a multi-frame delivery is under way).
-    continuing: bool,
+    /// Multi-frame deliveries under way, per (channel, handle): a copy of the payload so far,
+    /// checked whole before its last frame is passed on (decision M11).
+    partial: HashMap<(u16, u32), BytesMut>,
+    /// Bytes in `partial` (at most [`MAX_PARTIAL`]).
+    partial_bytes: usize,
     /// Early transfers (inbound) and credit grants (outbound), shared by both directions.
     pipeline: Option<Arc<Mutex<Pipeline>>>,
     /// Inbound frames held, unprocessed, until the broker grants credit (decision M9).
@@ -102,7 +105,8 @@ impl Rewriter {
             header_due: true,
             sasl: false,
             opened: false,
-            continuing: false,
+            partial: HashMap::new(),
+            partial_bytes: 0,
             pipeline: None,
             held: BytesMut::new(),
             renamed: 0,
@@ -201,7 +205,8 @@ impl Rewriter {
             // transfer, inside the message sections that fill the frame) must fit before
             // anything decodes them (decision M11).
             if self.dir == Direction::Inbound && !body.is_empty() {
-                self.check_frame(kind, body)?;
+                let channel = u16::from_be_bytes([frame[6], frame[7]]);
+                self.check_frame(kind, channel, body)?;
             }
             if kind == FRAME_SASL {
                 // sasl-outcome (descriptor 0x44): the peer sends a new protocol header next.
@@ -248,8 +253,10 @@ impl Rewriter {
     }
 
     /// Check an inbound frame's encoding. A transfer's payload is checked when the frame holds
-    /// a whole delivery; the pieces of a multi-frame delivery are not values on their own.
-    fn check_frame(&mut self, kind: u8, body: &[u8]) -> Result<(), FrameError> {
+    /// a whole delivery; the pieces of a multi-frame delivery are not values on their own, so
+    /// they are copied (bounded) and the whole is checked when its last frame arrives, before
+    /// that frame goes on: the broker's decoder never sees a delivery we have not checked.
+    fn check_frame(&mut self, kind: u8, channel: u16, body: &[u8]) -> Result<(), FrameError> {
         let n = crate::wire::check_first(body).map_err(|e| FrameError::Encoding(e.to_string()))?;
         if kind != FRAME_AMQP || !is_described(body, 0x14, "amqp:transfer:list") {
             return if n == body.len() {
@@ -258,14 +265,40 @@ impl Rewriter {
                 Err(FrameError::Encoding("bytes after the performative".into()))
             };
         }
-        // transfer: more is field 5 (AMQP 1.0 §2.7.5); walk the list to find it.
-        let more = transfer_more(&body[..n]);
-        let whole = !more && !self.continuing;
-        self.continuing = more;
-        if whole {
-            crate::wire::check(&body[n..]).map_err(|e| FrameError::Encoding(e.to_string()))?;
+        // transfer: handle is field 0, more field 5, aborted field 9 (AMQP 1.0 §2.7.5).
+        let perf = &body[..n];
+        let key = (channel, transfer_handle(perf));
+        let more = transfer_more(perf);
+        if crate::wire::list_field(perf, 9).is_some_and(|v| v == [0x41] || v == [0x56, 0x01]) {
+            // Aborted: the delivery is void (§2.6.14), nothing of it is decoded.
+            if let Some(p) = self.partial.remove(&key) {
+                self.partial_bytes -= p.len();
+            }
+            return Ok(());
         }
-        Ok(())
+        let payload = &body[n..];
+        match (self.partial.remove(&key), more) {
+            (None, false) => {
+                crate::wire::check(payload).map_err(|e| FrameError::Encoding(e.to_string()))
+            }
+            (prior, true) => {
+                let mut p = prior.unwrap_or_default();
+                if self.partial_bytes + payload.len() > MAX_PARTIAL {
+                    return Err(FrameError::Encoding(format!(
+                        "multi-frame deliveries in progress exceed {MAX_PARTIAL} bytes"
+                    )));
+                }
+                self.partial_bytes += payload.len();
+                p.extend_from_slice(payload);
+                self.partial.insert(key, p);
+                Ok(())
+            }
+            (Some(mut p), false) => {
+                self.partial_bytes -= p.len();
+                p.extend_from_slice(payload);
+                crate::wire::check(&p).map_err(|e| FrameError::Encoding(e.to_string()))
+            }
+        }
     }
 
     /// Inbound: note the peer's sending links; true when this frame is a transfer on one the
@@ -338,6 +371,17 @@ impl Rewriter {
     }
 }
 
+/// The `handle` field (0) of an encoded transfer performative; u32::MAX when unreadable (the
+/// decoder then refuses the frame itself).
+fn transfer_handle(perf: &[u8]) -> u32 {
+    match crate::wire::list_field(perf, 0) {
+        Some([0x43]) => 0,
+        Some([0x52, b]) => *b as u32,
+        Some([0x70, a, b, c, d]) => u32::from_be_bytes([*a, *b, *c, *d]),
+        _ => u32::MAX,
+    }
+}
+
 /// The `more` field of an encoded transfer performative (already checked by [`crate::wire`]):
 /// descriptor, list constructor, then fields handle, delivery-id, delivery-tag,
 /// message-format, settled, more.
@@ -354,6 +398,9 @@ fn decode_performative(body: &[u8]) -> Result<Performative, String> {
         .map_err(|_| "undecodable performative".to_string())?
         .map_err(|e| e.to_string())
 }
+
+/// Most bytes of unfinished multi-frame deliveries copied per connection (4 MiB).
+pub const MAX_PARTIAL: usize = 4 << 20;
 
 /// Most bytes held for early transfers per connection.
 pub const MAX_HELD: usize = 256 * 1024;
@@ -777,6 +824,72 @@ mod tests {
             rw.process(&mut input, &mut out),
             Err(FrameError::Encoding(_))
         ));
+    }
+
+    fn transfer_frame(more: bool, payload: &[u8]) -> Vec<u8> {
+        use fe2o3_amqp::types::performatives::Transfer;
+        let t = Performative::Transfer(Transfer {
+            handle: 0.into(),
+            delivery_id: Some(0),
+            delivery_tag: Some(vec![0u8].into()),
+            message_format: Some(0),
+            settled: Some(false),
+            more,
+            rcv_settle_mode: None,
+            state: None,
+            resume: false,
+            aborted: false,
+            batchable: false,
+        });
+        let mut f = frame(&t);
+        f.extend_from_slice(payload);
+        let size = f.len() as u32;
+        f[..4].copy_from_slice(&size.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn a_multi_frame_delivery_is_checked_whole_before_its_last_frame_passes() {
+        let run2 = |payload: &[u8]| {
+            let (a, b) = payload.split_at(payload.len() / 2);
+            let first = transfer_frame(true, a);
+            let last = transfer_frame(false, b);
+            let mut rw = Rewriter::new(Direction::Inbound, 65536);
+            let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
+            input.extend_from_slice(&first);
+            input.extend_from_slice(&last);
+            let mut out = BytesMut::new();
+            let r = rw.process(&mut input, &mut out);
+            (r, out.len(), first.len(), last.len())
+        };
+        // A data section of 40 bytes, whole: both frames pass.
+        let mut good = vec![0x00, 0x53, 0x75, 0xa0, 40];
+        good.extend_from_slice(&[7u8; 40]);
+        let (r, out, first, last) = run2(&good);
+        assert!(r.is_ok());
+        assert_eq!(out, 8 + first + last);
+        // The same section declaring 4 GiB: each piece alone says nothing, the whole lies.
+        let mut liar = vec![0x00, 0x53, 0x75, 0xb0, 0xff, 0xff, 0xff, 0xf0];
+        liar.extend_from_slice(&[7u8; 40]);
+        let (r, out, first, _) = run2(&liar);
+        assert!(matches!(r, Err(FrameError::Encoding(_))), "{r:?}");
+        assert_eq!(out, 8 + first, "the last frame never reached the broker");
+    }
+
+    #[test]
+    fn unfinished_deliveries_are_bounded() {
+        let mut rw = Rewriter::new(Direction::Inbound, 65536);
+        let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
+        let piece = transfer_frame(true, &[0u8; 60_000]);
+        for _ in 0..(MAX_PARTIAL / 60_000 + 2) {
+            input.extend_from_slice(&piece);
+        }
+        let mut out = BytesMut::new();
+        let r = rw.process(&mut input, &mut out);
+        assert!(
+            matches!(r, Err(FrameError::Encoding(ref m)) if m.contains("exceed")),
+            "{r:?}"
+        );
     }
 
     #[test]

@@ -604,3 +604,24 @@ async fn a_broker_can_require_tls_client_certificates() {
         2
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_larger_than_a_frame_pass_the_shim_whole() {
+    // 200 kB bodies span several 64 KiB frames: the shim checks each delivery whole (M11).
+    let r = start(BrokerConfig::default()).await;
+    for scheme in [Scheme::Quic, Scheme::Tcp] {
+        let c = r.connector(scheme, None);
+        let q = format!("big-{scheme}");
+        let big: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 200_000]).collect();
+        let sent = client::send(&c, &send_spec(&q, false), big.clone())
+            .await
+            .unwrap();
+        assert_eq!((sent.messages, sent.rejected), (3, 0), "{scheme}");
+        let mut got = Vec::new();
+        let rep = client::receive(&c, &recv_spec(&q, 3), |b| got.push(b.to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(rep.messages, 3, "{scheme}");
+        assert_eq!(got, big, "{scheme}");
+    }
+}
