@@ -57,6 +57,7 @@ pub struct Connector {
     tls: Option<Arc<rustls::ClientConfig>>,
     quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
     dial: Option<transport::Dialer>,
+    opts: TransportOptions,
     zero_rtt: bool,
 }
 
@@ -97,6 +98,7 @@ impl Connector {
             tls: None,
             quic: None,
             dial: None,
+            opts: opts.clone(),
             zero_rtt: true,
         };
         match scheme {
@@ -146,27 +148,44 @@ impl Connector {
             tls: None,
             quic: Some((ep, cfg)),
             dial: None,
+            opts: opts.clone(),
             zero_rtt: true,
         })
     }
 
-    /// Present `identity` as a TLS client certificate (TCP+TLS; brokers may require one).
+    /// Present `identity` as a TLS client certificate (QUIC or TCP+TLS; brokers may require
+    /// one).
     pub fn with_client_identity(
         mut self,
         trust: &TrustRoots,
         identity: &qgate_transport::Identity,
     ) -> Result<Self, ClientError> {
-        if let Scheme::TcpTls(v) = self.scheme {
-            self.tls = Some(
-                transport::tls_client_config(trust, v, Some(identity))
-                    .map_err(ClientError::Config)?,
-            );
-            Ok(self)
-        } else {
-            Err(ClientError::Config(
-                "client certificates are supported over tcp-tls only".into(),
-            ))
+        match self.scheme {
+            Scheme::TcpTls(v) => {
+                self.tls = Some(
+                    transport::tls_client_config(trust, v, Some(identity))
+                        .map_err(ClientError::Config)?,
+                );
+            }
+            Scheme::Quic => {
+                let cfg = qgate_transport::client_config_with_identity(
+                    trust,
+                    &[ALPN_AMQP],
+                    &self.opts,
+                    Some(identity),
+                )
+                .map_err(|e| ClientError::Config(e.to_string()))?;
+                if let Some((_, c)) = self.quic.as_mut() {
+                    *c = cfg;
+                }
+            }
+            Scheme::Tcp => {
+                return Err(ClientError::Config(
+                    "a client certificate needs TLS: use quic or tcp-tls".into(),
+                ))
+            }
         }
+        Ok(self)
     }
 
     /// Make TCP connections with `dial` instead of the kernel's TCP (TCP schemes only).

@@ -625,3 +625,80 @@ async fn messages_larger_than_a_frame_pass_the_shim_whole() {
         assert_eq!(got, big, "{scheme}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_broker_can_require_client_certificates() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let (client_ca, device) = client_pki("device-1");
+    let (_, stranger) = client_pki("stranger");
+    let broker = Broker::start(BrokerConfig::default()).unwrap();
+    let scfg = qgate_transport::server_config_with_client_auth(
+        &pki.server,
+        &[ALPN_AMQP],
+        &TransportOptions::default(),
+        Some(&client_ca),
+    )
+    .unwrap();
+    let ep = endpoint(
+        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+        Some(scfg),
+        None,
+    )
+    .unwrap();
+    let addr = ep.local_addr().unwrap();
+    tokio::spawn(serve_quic(broker.clone(), ep));
+    let base = || {
+        Connector::new(
+            Scheme::Quic,
+            addr,
+            "localhost",
+            &pki.trust(),
+            None,
+            None,
+            &TransportOptions::default(),
+        )
+        .unwrap()
+    };
+    let spec = send_spec("quic-certs", false);
+    let within = |f| tokio::time::timeout(Duration::from_secs(10), f);
+    let anonymous = base();
+    assert!(within(client::send(&anonymous, &spec, bodies(1, 1)))
+        .await
+        .unwrap()
+        .is_err());
+    let other = base()
+        .with_client_identity(&pki.trust(), &stranger)
+        .unwrap();
+    assert!(within(client::send(&other, &spec, bodies(1, 1)))
+        .await
+        .unwrap()
+        .is_err());
+    let ok = base().with_client_identity(&pki.trust(), &device).unwrap();
+    let r = within(client::send(&ok, &spec, bodies(3, 1)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.messages, 3);
+    // The same client comes back (with a ticket) and is let in again.
+    let again = within(client::send(&ok, &spec, bodies(2, 1)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.messages, 2);
+    // Plain TCP cannot carry a certificate: a clear error, not a silent downgrade.
+    let tcp = Connector::new(
+        Scheme::Tcp,
+        addr,
+        "localhost",
+        &pki.trust(),
+        None,
+        None,
+        &TransportOptions::default(),
+    )
+    .unwrap();
+    let e = tcp
+        .with_client_identity(&pki.trust(), &device)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("needs TLS"), "{e}");
+}

@@ -57,10 +57,32 @@ pub fn server_config(
     alpn: &[&[u8]],
     opts: &TransportOptions,
 ) -> Result<ServerConfig, TransportError> {
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_no_client_auth()
-        .with_single_cert(identity.chain.clone(), identity.key.clone_key())?;
+    server_config_with_client_auth(identity, alpn, opts, None)
+}
+
+/// [`server_config`] that, with `client_ca`, requires every client to present a certificate
+/// signed by it (WebPKI rules; the handshake fails otherwise).
+pub fn server_config_with_client_auth(
+    identity: &Identity,
+    alpn: &[&[u8]],
+    opts: &TransportOptions,
+    client_ca: Option<&TrustRoots>,
+) -> Result<ServerConfig, TransportError> {
+    let b = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let b = match client_ca {
+        None => b.with_no_client_auth(),
+        Some(ca) => {
+            let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(ca.store()?),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+            b.with_client_cert_verifier(v)
+        }
+    };
+    let mut tls = b.with_single_cert(identity.chain.clone(), identity.key.clone_key())?;
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     // QUIC requires max_early_data_size to be 0 or u32::MAX (RFC 9001 §4.6.1); MAX enables 0-RTT.
     tls.max_early_data_size = u32::MAX;
@@ -79,10 +101,23 @@ pub fn client_config(
     alpn: &[&[u8]],
     opts: &TransportOptions,
 ) -> Result<ClientConfig, TransportError> {
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+    client_config_with_identity(trust, alpn, opts, None)
+}
+
+/// [`client_config`] presenting `identity` as a TLS client certificate, if given.
+pub fn client_config_with_identity(
+    trust: &TrustRoots,
+    alpn: &[&[u8]],
+    opts: &TransportOptions,
+    identity: Option<&Identity>,
+) -> Result<ClientConfig, TransportError> {
+    let b = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(trust.store()?)
-        .with_no_client_auth();
+        .with_root_certificates(trust.store()?);
+    let mut tls = match identity {
+        None => b.with_no_client_auth(),
+        Some(id) => b.with_client_auth_cert(id.chain.clone(), id.key.clone_key())?,
+    };
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     tls.enable_early_data = true;
     let crypto = QuicClientConfig::try_from(tls)

@@ -9,7 +9,8 @@ mod options;
 pub mod tls;
 
 pub use endpoint::{
-    client_config, connect, endpoint, server_config, Connected, Socket, TransportError,
+    client_config, client_config_with_identity, connect, endpoint, server_config,
+    server_config_with_client_auth, Connected, Socket, TransportError,
 };
 pub use options::{Congestion, OptionError, TransportOptions};
 pub use tls::{DevPki, Identity, TlsError, TrustRoots};

@@ -13,7 +13,9 @@ use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, QueueDecl}
 use qgate_amqp::client::{self, Connector, RecvSpec, Report, SendSpec};
 use qgate_amqp::queue::Limits;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
-use qgate_transport::{endpoint, server_config, DevPki, Identity, Socket, TrustRoots};
+use qgate_transport::{
+    endpoint, server_config_with_client_auth, DevPki, Identity, Socket, TrustRoots,
+};
 use serde::Deserialize;
 
 use crate::config::{parse_duration, Config};
@@ -55,7 +57,7 @@ pub struct BrokerSection {
     pub cert: Option<PathBuf>,
     /// Key for `cert`.
     pub key: Option<PathBuf>,
-    /// CA whose certificates TLS clients must present.
+    /// CA whose certificates clients (QUIC and TLS) must present.
     pub client_ca: Option<PathBuf>,
     /// Prometheus text on plain HTTP/1.1 at this TCP address.
     pub metrics: Option<SocketAddr>,
@@ -124,7 +126,7 @@ pub struct BrokerArgs {
     /// PEM key for --cert.
     #[arg(long, value_name = "FILE", requires = "cert")]
     key: Option<PathBuf>,
-    /// TLS clients must present a certificate signed by this CA (PEM).
+    /// Clients (QUIC and TLS) must present a certificate signed by this CA (PEM).
     #[arg(long, value_name = "FILE")]
     client_ca: Option<PathBuf>,
 }
@@ -229,7 +231,13 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
         let broker = Broker::start(bcfg).map_err(usage)?;
         let mut listening = Vec::new();
         if let Some(addr) = quic {
-            let scfg = server_config(&identity, &[ALPN_AMQP], &cfg.transport).map_err(usage)?;
+            let scfg = server_config_with_client_auth(
+                &identity,
+                &[ALPN_AMQP],
+                &cfg.transport,
+                client_ca.as_ref(),
+            )
+            .map_err(usage)?;
             let ep = endpoint(Socket::bind_udp(addr).map_err(usage)?, Some(scfg), None)?;
             listening.push(format!("quic udp/{}", ep.local_addr()?));
             tokio::spawn(serve_quic(broker.clone(), ep));
@@ -346,7 +354,7 @@ pub struct Target {
     /// Link name [default: qgate-send / qgate-recv].
     #[arg(long)]
     link_name: Option<String>,
-    /// TLS client certificate chain, PEM (with --key; tcp-tls only).
+    /// TLS client certificate chain, PEM (with --key; quic or tcp-tls).
     #[arg(long, value_name = "FILE", requires = "key")]
     cert: Option<PathBuf>,
     /// Key for --cert, PEM.
