@@ -102,6 +102,9 @@ impl Case {
 pub enum Transport {
     /// One QUIC bidirectional stream per AMQP connection; 0-RTT once a ticket is held.
     Quic,
+    /// The same with path-MTU discovery off at both ends (netsim only): a one-message
+    /// connection never profits from a larger MTU, and the probes cost it bytes and airtime.
+    QuicPmtudOff,
     /// TCP + TLS 1.3 (the fair modern baseline).
     TcpTls13,
     /// TCP + TLS 1.2 (the paper's).
@@ -113,6 +116,7 @@ impl Transport {
     pub fn name(self) -> &'static str {
         match self {
             Transport::Quic => "quic",
+            Transport::QuicPmtudOff => "quic-pmtud-off",
             Transport::TcpTls13 => "tcp-tls13",
             Transport::TcpTls12 => "tcp-tls12",
         }
@@ -120,12 +124,20 @@ impl Transport {
 
     fn scheme(self) -> Scheme {
         match self {
-            Transport::Quic => Scheme::Quic,
+            Transport::Quic | Transport::QuicPmtudOff => Scheme::Quic,
             Transport::TcpTls13 => Scheme::TcpTls(TlsVersion::V13),
             Transport::TcpTls12 => Scheme::TcpTls(TlsVersion::V12),
         }
     }
 }
+
+/// Every transport, in table order.
+pub const TRANSPORTS: [Transport; 4] = [
+    Transport::Quic,
+    Transport::QuicPmtudOff,
+    Transport::TcpTls13,
+    Transport::TcpTls12,
+];
 
 /// Where a run executes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,7 +319,10 @@ impl Bed {
         let (rh, rlink) = host("receiver", 2, channel.params());
         net.enable_trace(TRACE_LIMIT);
         let pki = DevPki::generate(&[]).expect("PKI");
-        let opts = TransportOptions::default();
+        let opts = TransportOptions {
+            mtu_discovery: transport != Transport::QuicPmtudOff,
+            ..Default::default()
+        };
         let baddr = SocketAddr::new(ip(10, 0, 0, 1), 5671);
         let probe = |link| Probe {
             net: net.clone(),
@@ -315,7 +330,7 @@ impl Bed {
             rate_bps: channel.rate_bps,
         };
         let b = broker();
-        if transport != Transport::Quic {
+        if matches!(transport, Transport::TcpTls13 | Transport::TcpTls12) {
             let stack =
                 |h, n: u8| TcpHost::new(&net, h, Ipv4Addr::new(10, 0, n, 1)).expect("stack");
             let listener = stack(bh, 0).listen(baddr.port()).expect("listen");
@@ -383,10 +398,13 @@ impl Bed {
     /// like-for-like comparison.
     pub async fn loopback(transport: Transport) -> Bed {
         let pki = DevPki::generate(&[]).expect("PKI");
-        let opts = TransportOptions::default();
+        let opts = TransportOptions {
+            mtu_discovery: transport != Transport::QuicPmtudOff,
+            ..Default::default()
+        };
         let b = broker();
         let addr = match transport {
-            Transport::Quic => {
+            Transport::Quic | Transport::QuicPmtudOff => {
                 let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).expect("server config");
                 let ep = endpoint(
                     Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("UDP socket"),
@@ -409,7 +427,7 @@ impl Bed {
             }
         };
         let client = || {
-            let sock = (transport == Transport::Quic).then(|| {
+            let sock = (transport.scheme() == Scheme::Quic).then(|| {
                 Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("UDP socket")
             });
             Connector::new(
@@ -672,9 +690,8 @@ pub fn plan(size: &PlanSize) -> Vec<Point> {
         (Case::Single, size.single_messages, size.single_reps),
         (Case::Energy, 10, size.energy_reps),
     ];
-    const ALL: [Transport; 3] = [Transport::Quic, Transport::TcpTls13, Transport::TcpTls12];
     for (case, m, r) in cases {
-        for t in ALL {
+        for t in TRANSPORTS {
             v.push(base(case, m, r, t, Testbed::Netsim));
         }
     }
@@ -686,7 +703,7 @@ pub fn plan(size: &PlanSize) -> Vec<Point> {
         }
     };
     let mut sweep = |name: &'static str, channel: Channel| {
-        for t in ALL {
+        for t in TRANSPORTS {
             v.push(Point {
                 case: Case::Sweep,
                 sweep: name,
@@ -723,7 +740,10 @@ pub fn plan(size: &PlanSize) -> Vec<Point> {
         );
     }
     if size.loopback {
-        for t in ALL {
+        for t in TRANSPORTS
+            .into_iter()
+            .filter(|&t| t != Transport::QuicPmtudOff)
+        {
             for (case, m, r) in cases.iter().take(2) {
                 v.push(base(*case, *m, *r, t, Testbed::Loopback));
             }
