@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use qgate_amqp::linkname::{Direction, Pipeline, Rewriter, MAX_HELD};
+use qgate_amqp::shim::{Direction, Pipeline, Rewriter, MAX_HELD};
 
 fuzz_target!(|data: &[u8]| {
     // libfuzzer-sys aborts on any panic, even one the shim catches from serde_amqp on purpose;

@@ -26,8 +26,8 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 
 use crate::auth::Credentials;
-use crate::linkname;
 use crate::queue::{ConsumerId, Limits, Queue, QueueStats};
+use crate::shim;
 use crate::store::{Store, StoreError};
 use crate::transport::Stream;
 
@@ -368,7 +368,7 @@ impl Broker {
     async fn serve_guarded<S: Stream>(&self, io: S, early: bool) {
         let c = &self.inner.counters;
         c.connections_total.fetch_add(1, Ordering::Relaxed);
-        let io = linkname::shim(io, self.inner.cfg.max_frame_size, 256 * 1024);
+        let io = shim::shim(io, self.inner.cfg.max_frame_size, 256 * 1024);
         let acceptor = ConnectionAcceptor::builder()
             .container_id(self.inner.cfg.container_id.clone())
             .max_frame_size(self.inner.cfg.max_frame_size)

@@ -3,8 +3,11 @@
 //!
 //! - [`queue`]: the sans-IO queue core (ordering, competing consumers, redelivery, TTL, limits);
 //! - [`store`]: durable queues in redb with group commit;
-//! - [`linkname`]: the frame-level shim that lets a peer give its sender and receiver the same
-//!   link name (AMQP 1.0 §2.6.1), which fe2o3-amqp's session refuses;
+//! - [`shim`]: the frame-level shim in front of the broker: framing and encoding checks of
+//!   untrusted bytes, the link-name rename (AMQP 1.0 §2.6.1) fe2o3-amqp's session needs, and the
+//!   hold that lets 0-RTT transfers wait for credit;
+//! - [`wire`]: our view of AMQP encodings, checking every length before anything decodes;
+//! - [`oneshot`]: pipelined clients whose whole opening rides in 0-RTT;
 //! - [`auth`]: SASL PLAIN (credentials file) and ANONYMOUS;
 //! - [`transport`]: QUIC / TCP / TCP+TLS streams, listeners and connectors;
 //! - [`broker`]: the broker; [`client`]: senders and receivers.
@@ -12,9 +15,9 @@
 pub mod auth;
 pub mod broker;
 pub mod client;
-pub mod linkname;
 pub mod oneshot;
 pub mod queue;
+pub mod shim;
 pub mod store;
 pub mod transport;
 pub mod wire;

@@ -468,7 +468,7 @@ pub async fn receive_one(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linkname::{Direction, Rewriter};
+    use crate::shim::{Direction, Rewriter};
 
     #[test]
     fn the_opening_is_valid_framing_and_holds_every_step() {
