@@ -155,6 +155,24 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_gateway_toml_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/gateway.toml");
+        let cfg = Config::load(&path).unwrap();
+        let g = &cfg.gateway;
+        assert_eq!(g.scheduler.as_deref(), Some("adaptive"));
+        assert_eq!(g.paths.len(), 3);
+        assert_eq!(g.paths[2].server, Some("10.0.3.2:4433".parse().unwrap()));
+        assert_eq!(cfg.history.mode, Some(HistoryMode::Ewma));
+        assert_eq!(cfg.transport.idle_timeout_ms, 30_000);
+        // A misspelt key is named, with its place in the file.
+        let bad = std::env::temp_dir().join(format!("qgate-gw-{}.toml", std::process::id()));
+        std::fs::write(&bad, "[gateway]\nschedular = \"single\"\n").unwrap();
+        let e = Config::load(&bad).unwrap_err().to_string();
+        std::fs::remove_file(&bad).ok();
+        assert!(e.contains("schedular") && e.contains("line 2"), "{e}");
+    }
+
+    #[test]
     fn full_config_parses() {
         let cfg: Config = toml::from_str(
             r#"

@@ -41,7 +41,8 @@ struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
-    /// TOML configuration file (tables [server], [client], [transport], [demo]); flags override it.
+    /// TOML configuration file (tables [server], [client], [transport], [demo], [history],
+    /// [gateway], [broker]; e.g. docs/examples/gateway.toml); flags override it.
     #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(subcommand)]
