@@ -19,8 +19,9 @@ fn metric(m: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in {m}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped() {
+/// A memory broker on a loopback QUIC listener and a connector to it (one ticket cache, so
+/// the connector's later connections may resume with 0-RTT).
+async fn quic_broker() -> (Broker, Connector) {
     let pki = DevPki::generate(&[]).unwrap();
     let broker = Broker::start(BrokerConfig::default()).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
@@ -42,6 +43,12 @@ async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped
         &TransportOptions::default(),
     )
     .unwrap();
+    (broker, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped() {
+    let (broker, c) = quic_broker().await;
     let t = Duration::from_secs(5);
     // First contact: a full handshake, and a session ticket for next time.
     let first = send_one(&c, "sensors", &client::message(1, b"a".to_vec()), false, t)
@@ -103,27 +110,7 @@ async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_clients_send_in_turn_and_receive_one_per_connection() {
-    let pki = DevPki::generate(&[]).unwrap();
-    let broker = Broker::start(BrokerConfig::default()).unwrap();
-    let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        Some(scfg),
-        None,
-    )
-    .unwrap();
-    let addr = ep.local_addr().unwrap();
-    tokio::spawn(serve_quic(broker.clone(), ep));
-    let c = Connector::new(
-        Scheme::Quic,
-        addr,
-        "localhost",
-        &pki.trust(),
-        None,
-        None,
-        &TransportOptions::default(),
-    )
-    .unwrap();
+    let (broker, c) = quic_broker().await;
     let t = Duration::from_secs(5);
     let run = client::run_id();
     let msgs: Vec<_> = (0..5u8)

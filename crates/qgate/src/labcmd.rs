@@ -183,34 +183,14 @@ fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
     }
     size.loopback = !a.no_loopback;
     let plan = amqp::plan(&size);
-    let out = a.out.unwrap_or_else(|| PathBuf::from("results/amqp"));
-    let command = std::iter::once("qgate lab amqp".to_string())
-        .chain(std::env::args().skip(3))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let wall = std::time::Instant::now();
-    let pb = progress(plan.len() as u64, "points");
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let results = amqp::run_all(&plan, |label| {
-        pb.set_message(label.to_string());
-        pb.inc(1);
-        if !tty {
-            eprintln!("amqp: [{}/{}] {label}", pb.position(), plan.len());
-        }
-    });
-    pb.finish_with_message("done");
-    amqp_report::write_all(&out, &plan, &results, &command)
-        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
-    println!(
-        "{}",
-        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
-    );
-    eprintln!(
-        "qgate lab amqp: done in {:.1} s; results in {}",
-        wall.elapsed().as_secs_f64(),
-        out.display()
-    );
-    Ok(())
+    scenario(
+        "amqp",
+        "points",
+        plan.len(),
+        a.out,
+        |tick| amqp::run_all(&plan, tick),
+        |out, results, command| amqp_report::write_all(out, &plan, results, command),
+    )
 }
 
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
@@ -220,34 +200,14 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
         return Err(usage("--seeds must be at least 1"));
     }
     let plan = proxy::plan(seeds, a.quick);
-    let out = a.out.unwrap_or_else(|| PathBuf::from("results/proxy"));
-    let command = std::iter::once("qgate lab proxy".to_string())
-        .chain(std::env::args().skip(3))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let wall = std::time::Instant::now();
-    let pb = progress(plan.len() as u64, "runs");
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let results = proxy::run_all(&plan, |label| {
-        pb.set_message(label.to_string());
-        pb.inc(1);
-        if !tty {
-            eprintln!("proxy: [{}/{}] {label}", pb.position(), plan.len());
-        }
-    });
-    pb.finish_with_message("done");
-    proxy_report::write_all(&out, &results, &command)
-        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
-    println!(
-        "{}",
-        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
-    );
-    eprintln!(
-        "qgate lab proxy: done in {:.1} s; results in {}",
-        wall.elapsed().as_secs_f64(),
-        out.display()
-    );
-    Ok(())
+    scenario(
+        "proxy",
+        "runs",
+        plan.len(),
+        a.out,
+        |tick| proxy::run_all(&plan, tick),
+        |out, results, command| proxy_report::write_all(out, results, command),
+    )
 }
 
 fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
@@ -259,30 +219,51 @@ fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
         ));
     }
     let plan = history::plan(runs, a.quick);
-    let out = a.out.unwrap_or_else(|| PathBuf::from("results/history"));
-    let command = std::iter::once("qgate lab history".to_string())
+    scenario(
+        "history",
+        "series",
+        plan.len(),
+        a.out,
+        |tick| history::run_all(&plan, tick),
+        |out, results, command| history_report::write_all(out, &plan, results, command),
+    )
+}
+
+/// Run scenario `name` (`total` items of `unit`) with a progress bar (one line per item when
+/// stderr is not a terminal), write its results into `out` [default: results/NAME], print
+/// summary.md and the wall time.
+fn scenario<R>(
+    name: &str,
+    unit: &str,
+    total: usize,
+    out: Option<PathBuf>,
+    run: impl FnOnce(&(dyn Fn(&str) + Sync)) -> R,
+    write: impl FnOnce(&std::path::Path, &R, &str) -> std::io::Result<()>,
+) -> Result<(), Failure> {
+    let out = out.unwrap_or_else(|| PathBuf::from(format!("results/{name}")));
+    let command = std::iter::once(format!("qgate lab {name}"))
         .chain(std::env::args().skip(3))
         .collect::<Vec<_>>()
         .join(" ");
     let wall = std::time::Instant::now();
-    let pb = progress(plan.len() as u64, "series");
+    let pb = progress(total as u64, unit);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let results = history::run_all(&plan, |label| {
+    let results = run(&|label: &str| {
         pb.set_message(label.to_string());
         pb.inc(1);
         if !tty {
-            eprintln!("history: [{}/{}] {label}", pb.position(), plan.len());
+            eprintln!("{name}: [{}/{total}] {label}", pb.position());
         }
     });
     pb.finish_with_message("done");
-    history_report::write_all(&out, &plan, &results, &command)
+    write(&out, &results, &command)
         .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
     println!(
         "{}",
         std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
     );
     eprintln!(
-        "qgate lab history: done in {:.1} s; results in {}",
+        "qgate lab {name}: done in {:.1} s; results in {}",
         wall.elapsed().as_secs_f64(),
         out.display()
     );
