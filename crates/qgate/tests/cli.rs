@@ -654,3 +654,25 @@ fn gateway_demo_in_virtual_time() {
     let o = run(&home, &["demo", "--scheduler", "fastest"]);
     assert_fails(o, 2, "unknown scheduler 'fastest'");
 }
+
+#[test]
+fn lab_amqp_quick_writes_results_and_rejects_zero_repetitions() {
+    let (home, out) = run_lab_quick(
+        "amqp",
+        &[
+            "results.csv",
+            "summary.md",
+            "fig6-7_multi_total.svg",
+            "fig14_bandwidth.svg",
+            "loopback_total.svg",
+        ],
+    );
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    for t in ["quic", "quic-pmtud-off", "tcp-tls13", "tcp-tls12"] {
+        assert!(csv.contains(&format!(",{t},netsim,")), "{t} on netsim");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Against the paper's claims"), "{summary}");
+    let o = run(&home, &["lab", "amqp", "--reps", "0", "1"]);
+    assert_fails(o, 2, "--multi-reps and --reps must be at least 1");
+}
