@@ -2,7 +2,10 @@
 //! report startup latency, total time and throughput (the quantities paper 003 compares).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 // tokio's clock: the same code measures real time on sockets and virtual time on netsim.
 use tokio::time::Instant;
@@ -16,6 +19,7 @@ use fe2o3_amqp::types::primitives::{Binary, Value};
 use fe2o3_amqp::{Receiver, Sender, Session};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions, TrustRoots};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::transport::{self, BoxStream, Scheme, TransportError, ALPN_AMQP};
 
@@ -267,6 +271,11 @@ impl Connector {
     /// Open an AMQP connection and one session.
     pub async fn open(&self) -> Result<(Client, StreamInfo), ClientError> {
         let (io, info) = self.stream().await?;
+        let closing = Arc::new(CloseState::default());
+        let io = Closing {
+            inner: io,
+            state: closing.clone(),
+        };
         let profile = match &self.sasl {
             Some((u, p)) => SaslProfile::Plain {
                 username: u.clone(),
@@ -288,7 +297,14 @@ impl Connector {
             .begin(&mut conn)
             .await
             .map_err(|e| ClientError::Begin(e.to_string()))?;
-        Ok((Client { conn, session }, info))
+        Ok((
+            Client {
+                conn,
+                session,
+                closing,
+            },
+            info,
+        ))
     }
 }
 
@@ -296,6 +312,78 @@ impl Connector {
 pub struct Client {
     conn: ConnectionHandle<()>,
     session: fe2o3_amqp::session::SessionHandle<()>,
+    closing: Arc<CloseState>,
+}
+
+/// When a client closes, its read side ends as soon as its AMQP close has been flushed.
+/// fe2o3-amqp 0.18's engines busy-loop from sending their end or close until the peer's
+/// arrives (their internal channel reports closed on every poll): a core for a round trip per
+/// close on real links, and a frozen clock in virtual time. Ending the read side stops the
+/// engine at once; the peer still gets our close, and the links were detached before (every
+/// transfer and outcome already exchanged), so nothing is lost.
+#[derive(Debug, Default)]
+struct CloseState {
+    armed: AtomicBool,
+    ended: AtomicBool,
+    reader: Mutex<Option<Waker>>,
+}
+
+#[derive(Debug)]
+struct Closing {
+    inner: BoxStream,
+    state: Arc<CloseState>,
+}
+
+impl AsyncRead for Closing {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.state.ended.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if r.is_pending() {
+            *self.state.reader.lock().expect("no panics under this lock") =
+                Some(cx.waker().clone());
+            if self.state.ended.load(Ordering::Acquire) {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Closing {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) && self.state.armed.load(Ordering::Acquire) {
+            self.state.ended.store(true, Ordering::Release);
+            if let Some(w) = self
+                .state
+                .reader
+                .lock()
+                .expect("no panics under this lock")
+                .take()
+            {
+                w.wake();
+            }
+        }
+        r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 impl Client {
@@ -349,10 +437,12 @@ impl Client {
             })
     }
 
-    /// End the session and close the connection.
+    /// Close the connection (which ends its session, AMQP 1.0 §2.4.3) without waiting for the
+    /// broker's close (see [`CloseState`]). Detach the links first.
     pub async fn close(mut self) {
-        let _ = self.session.end().await;
+        self.closing.armed.store(true, Ordering::Release);
         let _ = self.conn.close().await;
+        drop(self.session);
     }
 }
 

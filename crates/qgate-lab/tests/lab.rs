@@ -294,3 +294,88 @@ fn user_space_tcp_carries_bytes_in_order_over_a_lossy_simulated_link() {
     // 400 kB over 2 Mbit/s needs at least 1.6 s; loss makes it longer, not shorter.
     assert!(took > Duration::from_millis(1600), "{took:?}");
 }
+
+#[test]
+fn the_fe2o3_client_closes_in_virtual_time() {
+    // fe2o3-amqp's engines busy-loop while waiting for the peer's end/close; with the client's
+    // read side ended after its close, a paused clock still advances and the run finishes.
+    use qgate_amqp::broker::{serve_quic, Broker, BrokerConfig};
+    use qgate_amqp::client::{self, Connector, RecvSpec, SendSpec};
+    use qgate_amqp::transport::ALPN_AMQP;
+    use qgate_netsim::{LinkParams, Network};
+    use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
+    use std::time::Duration;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = qgate_lab::virtual_time(async {
+            let net = Network::new(5);
+            let (a, b) = (net.add_host("client"), net.add_host("broker"));
+            let ia = net.add_interface(a, "10.0.0.1".parse().unwrap()).unwrap();
+            let ib = net.add_interface(b, "10.0.0.2".parse().unwrap()).unwrap();
+            net.connect_symmetric(
+                ia,
+                ib,
+                LinkParams::new(10_000_000, Duration::from_millis(50)),
+            )
+            .unwrap();
+            let pki = DevPki::generate(&[]).unwrap();
+            let opts = TransportOptions::default();
+            let baddr = "10.0.0.2:5671".parse().unwrap();
+            let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).unwrap();
+            let ep = endpoint(
+                Socket::from(net.bind(b, baddr).unwrap()),
+                Some(scfg),
+                Some(1),
+            )
+            .unwrap();
+            let broker = Broker::start(BrokerConfig::default()).unwrap();
+            tokio::spawn(serve_quic(broker, ep));
+            let cep = endpoint(
+                Socket::from(net.bind(a, "10.0.0.1:0".parse().unwrap()).unwrap()),
+                None,
+                Some(2),
+            )
+            .unwrap();
+            let c =
+                Connector::on_endpoint(cep, baddr, "localhost", &pki.trust(), None, &opts).unwrap();
+            let sent = client::send(
+                &c,
+                &SendSpec {
+                    address: "q".into(),
+                    settled: false,
+                    window: 10,
+                    rate: None,
+                    link_name: "s".into(),
+                },
+                (0..20u8).map(|i| vec![i; 50]),
+            )
+            .await
+            .unwrap();
+            let got = client::receive(
+                &c,
+                &RecvSpec {
+                    address: "q".into(),
+                    settled: false,
+                    count: Some(20),
+                    idle: Duration::from_secs(30),
+                    credit: 10,
+                    link_name: "r".into(),
+                },
+                |_| {},
+            )
+            .await
+            .unwrap();
+            (sent.messages, got.messages, net.elapsed())
+        });
+        let _ = tx.send(r);
+    });
+    let (sent, got, took) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("finished within a minute of wall time (no frozen clock)");
+    assert_eq!((sent, got), (20, 20));
+    // Two connections at 100 ms RTT: a few RTTs each, virtual time.
+    assert!(
+        took > Duration::from_millis(400) && took < Duration::from_secs(30),
+        "{took:?}"
+    );
+}

@@ -672,7 +672,10 @@ fn lab_amqp_quick_writes_results_and_rejects_zero_repetitions() {
         assert!(csv.contains(&format!(",{t},netsim,")), "{t} on netsim");
     }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    assert!(summary.contains("## Against the paper's claims"), "{summary}");
+    assert!(
+        summary.contains("## Against the paper's claims"),
+        "{summary}"
+    );
     let o = run(&home, &["lab", "amqp", "--reps", "0", "1"]);
     assert_fails(o, 2, "--multi-reps and --reps must be at least 1");
 }
