@@ -438,7 +438,8 @@ impl Client {
     }
 
     /// Close the connection (which ends its session, AMQP 1.0 §2.4.3) without waiting for the
-    /// broker's close (see [`CloseState`]). Detach the links first.
+    /// broker's close: fe2o3-amqp's engines would busy-loop for that round trip (decision
+    /// M15). Detach the links first.
     pub async fn close(mut self) {
         self.closing.armed.store(true, Ordering::Release);
         let _ = self.conn.close().await;
