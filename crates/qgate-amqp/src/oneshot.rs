@@ -20,21 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::broker::{encode, AmqpMessage};
 use crate::client::{ClientError, Connector, Report};
-
-fn frame(kind: u8, channel: u16, body: &[u8], payload: &[u8]) -> Vec<u8> {
-    let size = 8 + body.len() + payload.len();
-    let mut f = Vec::with_capacity(size);
-    f.extend_from_slice(&(size as u32).to_be_bytes());
-    f.extend_from_slice(&[2, kind]);
-    f.extend_from_slice(&channel.to_be_bytes());
-    f.extend_from_slice(body);
-    f.extend_from_slice(payload);
-    f
-}
-
-fn amqp(perf: &Performative, payload: &[u8]) -> Vec<u8> {
-    frame(0, 0, &serde_amqp::to_vec(perf).expect("encodes"), payload)
-}
+use crate::wire::{amqp_frame as amqp, frame};
 
 /// SASL header and init, AMQP header, open and begin: what every pipelined client writes first.
 fn preamble(sasl: Option<(&str, &str)>, container: &str) -> Vec<u8> {

@@ -498,19 +498,10 @@ enum Fail {
     Close(String),
 }
 
-fn frame_of(perf: &Performative) -> Vec<u8> {
-    let body = serde_amqp::to_vec(perf).expect("performative encodes");
-    let mut f = Vec::with_capacity(8 + body.len());
-    f.extend_from_slice(&(8 + body.len() as u32).to_be_bytes());
-    f.extend_from_slice(&[2, FRAME_AMQP, 0, 0]);
-    f.extend_from_slice(&body);
-    f
-}
-
 /// A minimal open frame for answering a peer that broke framing before the broker opened.
 fn open_frame() -> Vec<u8> {
-    frame_of(&Performative::Open(
-        fe2o3_amqp::types::performatives::Open {
+    crate::wire::amqp_frame(
+        &Performative::Open(fe2o3_amqp::types::performatives::Open {
             container_id: "qgate-broker".into(),
             hostname: None,
             max_frame_size: Default::default(),
@@ -521,8 +512,9 @@ fn open_frame() -> Vec<u8> {
             offered_capabilities: None,
             desired_capabilities: None,
             properties: None,
-        },
-    ))
+        }),
+        &[],
+    )
 }
 
 /// A close frame (channel 0) with `amqp:connection:framing-error` and `why`.
@@ -534,7 +526,7 @@ pub fn framing_error_close(why: &str) -> Vec<u8> {
             info: None,
         }),
     });
-    frame_of(&close)
+    crate::wire::amqp_frame(&close, &[])
 }
 
 /// Put the shim between `peer` and the broker: returns the broker's end. Two tasks pump bytes
@@ -650,11 +642,7 @@ mod tests {
     use fe2o3_amqp::types::performatives::Attach;
 
     fn frame(perf: &Performative) -> Vec<u8> {
-        let body = serde_amqp::to_vec(perf).unwrap();
-        let mut f = (8 + body.len() as u32).to_be_bytes().to_vec();
-        f.extend_from_slice(&[2, 0, 0, 3]);
-        f.extend_from_slice(&body);
-        f
+        crate::wire::frame(0, 3, &serde_amqp::to_vec(perf).unwrap(), &[])
     }
 
     fn attach(name: &str, role: Role) -> Performative {
@@ -841,11 +829,7 @@ mod tests {
             aborted: false,
             batchable: false,
         });
-        let mut f = frame(&t);
-        f.extend_from_slice(payload);
-        let size = f.len() as u32;
-        f[..4].copy_from_slice(&size.to_be_bytes());
-        f
+        crate::wire::frame(0, 3, &serde_amqp::to_vec(&t).unwrap(), payload)
     }
 
     #[test]

@@ -142,6 +142,32 @@ impl Cursor<'_> {
     }
 }
 
+/// One frame (AMQP 1.0 §2.3.1): size, data offset 2, `kind` (0 AMQP, 1 SASL), `channel`, the
+/// encoded `body`, then `payload` (a transfer's message bytes).
+pub fn frame(kind: u8, channel: u16, body: &[u8], payload: &[u8]) -> Vec<u8> {
+    let size = 8 + body.len() + payload.len();
+    let mut f = Vec::with_capacity(size);
+    f.extend_from_slice(&(size as u32).to_be_bytes());
+    f.extend_from_slice(&[2, kind]);
+    f.extend_from_slice(&channel.to_be_bytes());
+    f.extend_from_slice(body);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An AMQP frame on channel 0 carrying `perf`, then `payload`.
+pub fn amqp_frame(
+    perf: &fe2o3_amqp::types::performatives::Performative,
+    payload: &[u8],
+) -> Vec<u8> {
+    frame(
+        0,
+        0,
+        &serde_amqp::to_vec(perf).expect("performatives encode"),
+        payload,
+    )
+}
+
 /// Check a sequence of encoded values filling `bytes` exactly.
 pub fn check(bytes: &[u8]) -> Result<(), Malformed> {
     let mut c = Cursor { b: bytes, at: 0 };

@@ -8,12 +8,15 @@ use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
 use qgate_amqp::auth::Credentials;
-use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, QueueDecl};
+use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig, QueueDecl};
 use qgate_amqp::client::{self, Connector, RecvSpec, SendSpec};
 use qgate_amqp::queue::Limits;
 use qgate_amqp::transport::{self, Scheme, TlsVersion, ALPN_AMQP};
-use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
+use qgate_transport::{server_config, DevPki, TransportOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod common;
+use common::{connector_to, quic_listener};
 
 struct Running {
     broker: Broker,
@@ -27,14 +30,7 @@ async fn start(cfg: BrokerConfig) -> Running {
     let pki = DevPki::generate(&[]).unwrap();
     let broker = Broker::start(cfg).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        Some(scfg),
-        None,
-    )
-    .unwrap();
-    let quic = ep.local_addr().unwrap();
-    tokio::spawn(serve_quic(broker.clone(), ep));
+    let quic = quic_listener(&broker, scfg);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tls = l.local_addr().unwrap();
     let tcfg = transport::tls_server_config(&pki.server, None).unwrap();
@@ -58,16 +54,7 @@ impl Running {
             Scheme::TcpTls(_) => self.tls,
             Scheme::Tcp => self.tcp,
         };
-        Connector::new(
-            scheme,
-            addr,
-            "localhost",
-            &self.pki.trust(),
-            sasl.map(|(u, p)| (u.to_string(), p.to_string())),
-            None,
-            &TransportOptions::default(),
-        )
-        .unwrap()
+        connector_to(scheme, addr, &self.pki, sasl)
     }
 }
 
@@ -236,11 +223,7 @@ async fn a_sender_and_a_receiver_may_share_a_link_name() {
 }
 
 fn frame(perf: &fe2o3_amqp::types::performatives::Performative) -> Vec<u8> {
-    let body = serde_amqp::to_vec(perf).unwrap();
-    let mut f = (8 + body.len() as u32).to_be_bytes().to_vec();
-    f.extend_from_slice(&[2, 0, 0, 0]);
-    f.extend_from_slice(&body);
-    f
+    qgate_amqp::wire::amqp_frame(perf, &[])
 }
 
 /// Every AMQP performative in a byte stream from the broker (headers and SASL frames skipped).
@@ -519,11 +502,7 @@ fn fe2o3_sasl_anonymous_init() -> Vec<u8> {
         initial_response: None,
         hostname: None,
     };
-    let body = serde_amqp::to_vec(&init).unwrap();
-    let mut f = (8 + body.len() as u32).to_be_bytes().to_vec();
-    f.extend_from_slice(&[2, 1, 0, 0]);
-    f.extend_from_slice(&body);
-    f
+    qgate_amqp::wire::frame(1, 0, &serde_amqp::to_vec(&init).unwrap(), &[])
 }
 
 /// A CA and a client certificate it signed, made for the test.
@@ -561,18 +540,7 @@ async fn a_broker_can_require_tls_client_certificates() {
     let addr = l.local_addr().unwrap();
     let tcfg = transport::tls_server_config(&pki.server, Some(&client_ca)).unwrap();
     tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
-    let base = || {
-        Connector::new(
-            Scheme::TcpTls(TlsVersion::V13),
-            addr,
-            "localhost",
-            &pki.trust(),
-            None,
-            None,
-            &TransportOptions::default(),
-        )
-        .unwrap()
-    };
+    let base = || connector_to(Scheme::TcpTls(TlsVersion::V13), addr, &pki, None);
     let spec = send_spec("certs", false);
     // No certificate, or one from another CA: refused during the handshake.
     assert!(client::send(&base(), &spec, bodies(1, 1)).await.is_err());
@@ -584,18 +552,9 @@ async fn a_broker_can_require_tls_client_certificates() {
     let r = client::send(&ok, &spec, bodies(3, 1)).await.unwrap();
     assert_eq!(r.messages, 3);
     // Over TLS 1.2 as well.
-    let v12 = Connector::new(
-        Scheme::TcpTls(TlsVersion::V12),
-        addr,
-        "localhost",
-        &pki.trust(),
-        None,
-        None,
-        &TransportOptions::default(),
-    )
-    .unwrap()
-    .with_client_identity(&pki.trust(), &device)
-    .unwrap();
+    let v12 = connector_to(Scheme::TcpTls(TlsVersion::V12), addr, &pki, None)
+        .with_client_identity(&pki.trust(), &device)
+        .unwrap();
     assert_eq!(
         client::send(&v12, &spec, bodies(2, 1))
             .await
@@ -639,26 +598,8 @@ async fn a_quic_broker_can_require_client_certificates() {
         Some(&client_ca),
     )
     .unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        Some(scfg),
-        None,
-    )
-    .unwrap();
-    let addr = ep.local_addr().unwrap();
-    tokio::spawn(serve_quic(broker.clone(), ep));
-    let base = || {
-        Connector::new(
-            Scheme::Quic,
-            addr,
-            "localhost",
-            &pki.trust(),
-            None,
-            None,
-            &TransportOptions::default(),
-        )
-        .unwrap()
-    };
+    let addr = quic_listener(&broker, scfg);
+    let base = || connector_to(Scheme::Quic, addr, &pki, None);
     let spec = send_spec("quic-certs", false);
     let within = |f| tokio::time::timeout(Duration::from_secs(10), f);
     let anonymous = base();
@@ -686,16 +627,7 @@ async fn a_quic_broker_can_require_client_certificates() {
         .unwrap();
     assert_eq!(again.messages, 2);
     // Plain TCP cannot carry a certificate: a clear error, not a silent downgrade.
-    let tcp = Connector::new(
-        Scheme::Tcp,
-        addr,
-        "localhost",
-        &pki.trust(),
-        None,
-        None,
-        &TransportOptions::default(),
-    )
-    .unwrap();
+    let tcp = connector_to(Scheme::Tcp, addr, &pki, None);
     let e = tcp
         .with_client_identity(&pki.trust(), &device)
         .err()

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use fe2o3_amqp::types::messaging::{Body, Data, Message, MessageId};
 use fe2o3_amqp::types::primitives::Binary;
-use qgate_amqp::broker::{serve_quic, Broker, BrokerConfig};
+use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::client::{self, Connector};
 use qgate_amqp::oneshot::{receive_one, send_in_turn, send_one};
 use qgate_amqp::transport::{Scheme, ALPN_AMQP};
-use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
+use qgate_transport::{server_config, DevPki, TransportOptions};
+
+mod common;
+use common::{connector_to, quic_listener};
 
 fn metric(m: &str, name: &str) -> u64 {
     m.lines()
@@ -25,24 +28,8 @@ async fn quic_broker() -> (Broker, Connector) {
     let pki = DevPki::generate(&[]).unwrap();
     let broker = Broker::start(BrokerConfig::default()).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        Some(scfg),
-        None,
-    )
-    .unwrap();
-    let addr = ep.local_addr().unwrap();
-    tokio::spawn(serve_quic(broker.clone(), ep));
-    let c = Connector::new(
-        Scheme::Quic,
-        addr,
-        "localhost",
-        &pki.trust(),
-        None,
-        None,
-        &TransportOptions::default(),
-    )
-    .unwrap();
+    let addr = quic_listener(&broker, scfg);
+    let c = connector_to(Scheme::Quic, addr, &pki, None);
     (broker, c)
 }
 
