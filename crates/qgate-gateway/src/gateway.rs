@@ -14,7 +14,7 @@ use qgate_core::path::PathId;
 use qgate_core::scheduler::{Priority, Scheduler};
 use qgate_core::session::{HashId, SessionError, SessionTable};
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits};
-use qgate_transport::TransportOptions;
+use qgate_transport::{compact, server_config, Identity, Socket, TransportError, TransportOptions};
 use tokio::time::Instant;
 
 use crate::paths::PathManager;
@@ -45,7 +45,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             max_devices: 10_000,
-            max_inflight_per_device: 32,
+            max_inflight_per_device: 8,
             request_timeout: Duration::from_secs(5),
             attempts: 3,
             max_body: 1 << 20,
@@ -55,6 +55,23 @@ impl Default for GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// The device-facing endpoint on `socket`: HTTP/3 with `identity` and the
+    /// [`device_transport`](Self::device_transport) limits, on a [`compact::Endpoint`] (one
+    /// driver task for all device connections, decision G9). It holds at most `max_devices`
+    /// plus an eighth (and 16) connections, room for devices reconnecting while their old
+    /// connection times out; more are refused during the handshake.
+    pub fn device_endpoint(
+        &self,
+        socket: Socket,
+        identity: &Identity,
+        base: &TransportOptions,
+        seed: Option<u64>,
+    ) -> Result<compact::Endpoint, TransportError> {
+        let scfg = server_config(identity, &[http3::ALPN_H3], &self.device_transport(base))?;
+        let max = self.max_devices + self.max_devices / 8 + 16;
+        compact::Endpoint::server(socket, scfg, seed, max)
+    }
+
     /// Transport options for the device-facing endpoint: `base` with the QUIC stream limits cut
     /// to what one device may use, so flow control enforces the in-flight limit and an idle
     /// device's connection does not pre-allocate 100 + 100 stream slots (~8 KiB, decision G7).
@@ -180,16 +197,15 @@ impl Gateway {
     }
 
     /// Serve devices on `endpoint` until it closes; a device's sessions end with its connection.
-    pub async fn serve_devices(self: Arc<Self>, endpoint: quinn::Endpoint) {
+    pub async fn serve_devices(self: Arc<Self>, endpoint: compact::Endpoint) {
         let limits = ServeLimits {
             max_body: self.cfg.max_body,
         };
-        while let Some(incoming) = endpoint.accept().await {
+        while let Some(conn) = endpoint.accept().await {
             let gw = self.clone();
             tokio::spawn(async move {
-                let Ok(conn) = incoming.await else { return };
                 let device = conn.remote_address();
-                let _ = http3::serve_connection(conn, gw.clone(), limits).await;
+                let _ = http3::serve_quic(conn, device, gw.clone(), limits).await;
                 let gone = lock(&gw.sessions).remove_device(device);
                 gw.paths.with_table(|t| {
                     for s in gone.iter().filter_map(|s| s.path) {
@@ -537,7 +553,7 @@ mod tests {
         let base = TransportOptions::default();
         let cfg = GatewayConfig::default();
         let t = cfg.device_transport(&base);
-        assert_eq!(t.max_concurrent_bidi_streams, 32);
+        assert_eq!(t.max_concurrent_bidi_streams, 8);
         assert_eq!(t.max_concurrent_uni_streams, 4);
         assert_eq!(t.receive_window, base.receive_window);
         // Never below what HTTP/3 needs, never above what the operator configured.

@@ -12,9 +12,7 @@ use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkId, LinkParams, Network};
 use qgate_server::ServerStats;
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
-};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
 struct World {
     net: Network,
@@ -80,18 +78,20 @@ async fn world(n: usize, sched: &str) -> World {
         request_timeout: Duration::from_millis(500),
         ..Default::default()
     };
+    let dev_ep = cfg
+        .device_endpoint(
+            Socket::from(net.bind(g, "0.0.0.0:443".parse().unwrap()).unwrap()),
+            &pki.server,
+            &opts,
+            Some(3),
+        )
+        .unwrap();
     let gateway = Arc::new(Gateway::new(
         pm,
         scheduler::by_name(sched).unwrap(),
         cfg,
         [9; 32],
     ));
-    let dev_ep = endpoint(
-        Socket::from(net.bind(g, "0.0.0.0:443".parse().unwrap()).unwrap()),
-        Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
-        Some(3),
-    )
-    .unwrap();
     tokio::spawn(gateway.clone().serve_devices(dev_ep));
     tokio::time::sleep(Duration::from_secs(1)).await; // paths measured
 

@@ -11,9 +11,7 @@ use qgate_core::scheduler;
 use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
-};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -23,7 +21,7 @@ fn sa(s: &str) -> SocketAddr {
 async fn forwards_over_two_loopback_paths() {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
-    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
+
     let server = qgate_server::CountingServer::start(
         Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
         &pki.server,
@@ -54,13 +52,15 @@ async fn forwards_over_two_loopback_paths() {
         GatewayConfig::default(),
         [4; 32],
     ));
-    let listener = endpoint(
-        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        Some(scfg),
-        None,
-    )
-    .unwrap();
-    let gw_addr = listener.local_addr().unwrap();
+    let listener = GatewayConfig::default()
+        .device_endpoint(
+            Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+            &pki.server,
+            &opts,
+            None,
+        )
+        .unwrap();
+    let gw_addr = listener.local_addr();
     tokio::spawn(gw.clone().serve_devices(listener));
 
     let run = async {

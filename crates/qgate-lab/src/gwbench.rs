@@ -13,9 +13,7 @@ use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
-};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
 use crate::stats::Summary;
 
@@ -169,8 +167,6 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         let pki = DevPki::generate(&[]).expect("PKI");
         let opts = TransportOptions::default();
         let gcfg = GatewayConfig::default();
-        let scfg =
-            server_config(&pki.server, &[ALPN_H3], &gcfg.device_transport(&opts)).expect("config");
         let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
         let server = qgate_server::CountingServer::start(
             Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
@@ -193,19 +189,21 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             })
             .collect();
         let pm = PathManager::start(paths, ccfg.clone(), PathConfig::default());
+        let gep = gcfg
+            .device_endpoint(
+                Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
+                &pki.server,
+                &opts,
+                None,
+            )
+            .expect("endpoint");
         let gw = Arc::new(Gateway::new(
             pm,
             scheduler::by_name("adaptive").expect("known"),
             gcfg,
             [3; 32],
         ));
-        let gep = endpoint(
-            Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
-            Some(scfg),
-            None,
-        )
-        .expect("endpoint");
-        let gw_addr = gep.local_addr().expect("bound");
+        let gw_addr = gep.local_addr();
         tokio::spawn(gw.clone().serve_devices(gep));
         while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -14,9 +14,7 @@ use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkId, LinkParams, LossModel, Network};
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
-};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 use tokio::time::Instant;
 
 use crate::stats::Summary;
@@ -101,7 +99,6 @@ pub(crate) async fn build(p: &Point) -> World {
             LinkParams::new(*rate, p.delays[i]).with_loss(LossModel::Bernoulli { p: p.loss });
         links.push(net.connect_symmetric(gi, si, params).expect("link"));
     }
-    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).expect("config");
     let _server = qgate_server::CountingServer::start(
         Socket::from(
             net.bind(s, "0.0.0.0:443".parse().expect("addr"))
@@ -132,6 +129,17 @@ pub(crate) async fn build(p: &Point) -> World {
         max_body: 1 << 20,
         ..Default::default()
     };
+    let gep = gcfg
+        .device_endpoint(
+            Socket::from(
+                net.bind(g, "0.0.0.0:443".parse().expect("addr"))
+                    .expect("port"),
+            ),
+            &pki.server,
+            &opts,
+            Some(p.seed + 1),
+        )
+        .expect("endpoint");
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&p.seed.to_le_bytes());
     let gw = Arc::new(Gateway::new(
@@ -140,15 +148,6 @@ pub(crate) async fn build(p: &Point) -> World {
         gcfg,
         seed,
     ));
-    let gep = endpoint(
-        Socket::from(
-            net.bind(g, "0.0.0.0:443".parse().expect("addr"))
-                .expect("port"),
-        ),
-        Some(scfg),
-        Some(p.seed + 1),
-    )
-    .expect("endpoint");
     tokio::spawn(gw.clone().serve_devices(gep));
     tokio::time::sleep(Duration::from_secs(1)).await; // connect and measure the paths
 

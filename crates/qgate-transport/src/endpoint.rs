@@ -154,7 +154,7 @@ impl<S: AsyncUdpSocket> From<Arc<S>> for Socket {
 }
 
 /// Expand a 64-bit seed into quinn's 32-byte RNG seed (splitmix64).
-fn seed_bytes(seed: u64) -> [u8; 32] {
+pub(crate) fn seed_bytes(seed: u64) -> [u8; 32] {
     let mut out = [0u8; 32];
     let mut x = seed;
     for chunk in out.chunks_mut(8) {

@@ -176,13 +176,31 @@ pub async fn serve_connection<H: Handler>(
     limits: ServeLimits,
 ) -> Result<(), H3Error> {
     let peer = conn.remote_address();
+    serve_quic(h3_quinn::Connection::new(conn), peer, handler, limits).await
+}
+
+/// [`serve_connection`] on any QUIC connection h3 can use (e.g. a
+/// [`compact`](crate::compact) one).
+pub async fn serve_quic<C, H>(
+    quic: C,
+    peer: SocketAddr,
+    handler: Arc<H>,
+    limits: ServeLimits,
+) -> Result<(), H3Error>
+where
+    C: h3::quic::Connection<Bytes> + Send + 'static,
+    C::BidiStream: Send + 'static,
+    C::SendStream: Send + 'static,
+    C::RecvStream: Send + 'static,
+    C::OpenStreams: Send + 'static,
+    H: Handler,
+{
     // The handshake future is ~4 KB and only lives until the settings are exchanged; boxing it
     // keeps it out of this future, which stays alive (one per idle device) for the connection's
     // whole life (measured: 8.1 → ~2.6 KB per connection task).
-    let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> =
-        Box::pin(h3::server::builder().build(h3_quinn::Connection::new(conn)))
-            .await
-            .map_err(|e| H3Error::Connection(e.to_string()))?;
+    let mut h3c: h3::server::Connection<C, Bytes> = Box::pin(h3::server::builder().build(quic))
+        .await
+        .map_err(|e| H3Error::Connection(e.to_string()))?;
     loop {
         match h3c.accept().await {
             Ok(Some(resolver)) => {
@@ -206,12 +224,16 @@ pub async fn serve_connection<H: Handler>(
     }
 }
 
-async fn serve_request<H: Handler>(
-    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+async fn serve_request<C, H>(
+    resolver: h3::server::RequestResolver<C, Bytes>,
     handler: Arc<H>,
     limits: ServeLimits,
     peer: SocketAddr,
-) -> Result<(), H3Error> {
+) -> Result<(), H3Error>
+where
+    C: h3::quic::Connection<Bytes>,
+    H: Handler,
+{
     let (req, mut stream) = resolver.resolve_request().await.map_err(stream_err)?;
     let resp = match read_body(|cx| stream.poll_recv_data(cx), limits.max_body, "request").await {
         Ok(body) => handler.handle(req, body, peer).await,

@@ -14,9 +14,7 @@ use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, server_config, DevPki, Socket, TrustRoots,
-};
+use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TrustRoots};
 use serde::Deserialize;
 
 use crate::config::{parse_duration, Config};
@@ -213,12 +211,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     let server_name = gcfg.server_authority.clone();
     let (roots, pki) = trust(a.ca.or(g.ca.clone()))?;
     let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
-    let scfg = server_config(
-        &pki.server,
-        &[ALPN_H3],
-        &gcfg.device_transport(&cfg.transport),
-    )
-    .map_err(usage)?;
+
     crate::runtime().block_on(async move {
         let mut backhaul = Vec::new();
         for (local, server) in &paths {
@@ -234,9 +227,14 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             s
         };
         let pm = PathManager::start_with_history(backhaul, ccfg, pcfg, history);
+        let ep = gcfg.device_endpoint(
+            Socket::bind_udp(listen).map_err(usage)?,
+            &pki.server,
+            &cfg.transport,
+            None,
+        )?;
         let gw = Arc::new(Gateway::new(pm, sched, gcfg, seed));
-        let ep = endpoint(Socket::bind_udp(listen).map_err(usage)?, Some(scfg), None)?;
-        let local = ep.local_addr().context("reading the bound address")?;
+        let local = ep.local_addr();
         println!(
             "qgate gateway listening on udp/{local} (HTTP/3), {} paths, scheduler {sched_name}",
             paths.len()
@@ -247,7 +245,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         tokio::signal::ctrl_c()
             .await
             .context("waiting for Ctrl-C")?;
-        ep.close(0u32.into(), b"gateway shutting down");
+        ep.close(0, b"gateway shutting down");
         serving.abort();
         Ok(())
     })

@@ -1,0 +1,479 @@
+//! Stream handles of a compact connection, and h3's QUIC traits on them (RFC 9114 runs on any
+//! QUIC that offers these: accept/open streams, ordered reads, writes with backpressure).
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use h3::quic::{self, ConnectionErrorIncoming};
+use h3::quic::{StreamErrorIncoming, WriteBuf};
+use quinn_proto::{self as proto, Dir, StreamId, VarInt};
+
+use super::{Connection, Waiter};
+
+fn conn_error(e: proto::ConnectionError) -> ConnectionErrorIncoming {
+    match e {
+        proto::ConnectionError::ApplicationClosed(c) => ConnectionErrorIncoming::ApplicationClose {
+            error_code: c.error_code.into_inner(),
+        },
+        proto::ConnectionError::TimedOut => ConnectionErrorIncoming::Timeout,
+        e => ConnectionErrorIncoming::Undefined(Arc::new(e)),
+    }
+}
+
+fn stream_conn_error(e: proto::ConnectionError) -> StreamErrorIncoming {
+    StreamErrorIncoming::ConnectionErrorIncoming {
+        connection_error: conn_error(e),
+    }
+}
+
+fn h3_id(id: StreamId) -> quic::StreamId {
+    quic::StreamId::try_from(u64::from(id)).expect("QUIC stream ids fit in 62 bits")
+}
+
+fn varint(code: u64) -> VarInt {
+    VarInt::from_u64(code).unwrap_or(VarInt::MAX)
+}
+
+impl Connection {
+    /// Close with a 62-bit application code (h3's codes do not fit a u32).
+    fn close_with(&self, code: VarInt, reason: &[u8]) {
+        self.with(|c, s| {
+            if let Some(p) = c.proto.as_mut() {
+                p.close(super::now(), code, Bytes::copy_from_slice(reason));
+            }
+            s.touch(self.id, c);
+        })
+    }
+
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+        dir: Dir,
+    ) -> Poll<Result<StreamId, ConnectionErrorIncoming>> {
+        self.with(|c, s| {
+            if let Some(e) = &c.error {
+                return Poll::Ready(Err(conn_error(e.clone())));
+            }
+            let Some(p) = c.proto.as_mut() else {
+                return Poll::Ready(Err(conn_error(c.gone())));
+            };
+            let accepted = p.streams().accept(dir);
+            match accepted {
+                Some(id) => {
+                    s.touch(self.id, c);
+                    Poll::Ready(Ok(id))
+                }
+                None => {
+                    c.wait(Waiter::Accept(dir), cx.waker());
+                    Poll::Pending
+                }
+            }
+        })
+    }
+
+    fn poll_open(
+        &self,
+        cx: &mut Context<'_>,
+        dir: Dir,
+    ) -> Poll<Result<StreamId, StreamErrorIncoming>> {
+        self.with(|c, s| {
+            if let Some(e) = &c.error {
+                return Poll::Ready(Err(stream_conn_error(e.clone())));
+            }
+            let Some(p) = c.proto.as_mut() else {
+                return Poll::Ready(Err(stream_conn_error(c.gone())));
+            };
+            let opened = p.streams().open(dir);
+            match opened {
+                Some(id) => {
+                    s.touch(self.id, c);
+                    Poll::Ready(Ok(id))
+                }
+                None => {
+                    c.wait(Waiter::Open(dir), cx.waker());
+                    Poll::Pending
+                }
+            }
+        })
+    }
+}
+
+impl quic::Connection<Bytes> for Connection {
+    type RecvStream = RecvStream;
+    type OpenStreams = Opener;
+
+    fn poll_accept_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<RecvStream, ConnectionErrorIncoming>> {
+        self.poll_accept(cx, Dir::Uni)
+            .map_ok(|id| RecvStream::new(self.clone(), id))
+    }
+
+    fn poll_accept_bidi(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<BidiStream, ConnectionErrorIncoming>> {
+        self.poll_accept(cx, Dir::Bi)
+            .map_ok(|id| BidiStream::new(self, id))
+    }
+
+    fn opener(&self) -> Opener {
+        Opener { conn: self.clone() }
+    }
+}
+
+impl quic::OpenStreams<Bytes> for Connection {
+    type BidiStream = BidiStream;
+    type SendStream = SendStream;
+
+    fn poll_open_bidi(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<BidiStream, StreamErrorIncoming>> {
+        self.poll_open(cx, Dir::Bi)
+            .map_ok(|id| BidiStream::new(self, id))
+    }
+
+    fn poll_open_send(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<SendStream, StreamErrorIncoming>> {
+        self.poll_open(cx, Dir::Uni)
+            .map_ok(|id| SendStream::new(self.clone(), id))
+    }
+
+    fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
+        self.close_with(varint(code.value()), reason);
+    }
+}
+
+/// Opens streams on a compact connection (h3 keeps one apart from the connection).
+pub struct Opener {
+    conn: Connection,
+}
+
+impl quic::OpenStreams<Bytes> for Opener {
+    type BidiStream = BidiStream;
+    type SendStream = SendStream;
+
+    fn poll_open_bidi(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<BidiStream, StreamErrorIncoming>> {
+        quic::OpenStreams::poll_open_bidi(&mut self.conn, cx)
+    }
+
+    fn poll_open_send(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<SendStream, StreamErrorIncoming>> {
+        quic::OpenStreams::poll_open_send(&mut self.conn, cx)
+    }
+
+    fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
+        self.conn.close_with(varint(code.value()), reason);
+    }
+}
+
+/// The sending half of a stream. Dropped before it is finished or reset, it finishes (as
+/// quinn's streams do).
+pub struct SendStream {
+    conn: Connection,
+    id: StreamId,
+    writing: Option<WriteBuf<Bytes>>,
+    ended: bool,
+}
+
+impl SendStream {
+    fn new(conn: Connection, id: StreamId) -> Self {
+        SendStream {
+            conn,
+            id,
+            writing: None,
+            ended: false,
+        }
+    }
+}
+
+impl quic::SendStream<Bytes> for SendStream {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        let Some(data) = self.writing.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let (id, cid) = (self.id, self.conn.id);
+        let r = self.conn.with(|c, s| {
+            if let Some(e) = &c.error {
+                return Poll::Ready(Err(stream_conn_error(e.clone())));
+            }
+            if c.proto.is_none() {
+                return Poll::Ready(Err(stream_conn_error(c.gone())));
+            }
+            let mut wrote = false;
+            let r = loop {
+                if !data.has_remaining() {
+                    break Poll::Ready(Ok(()));
+                }
+                let p = c.proto.as_mut().expect("checked");
+                let res = p.send_stream(id).write(data.chunk());
+                match res {
+                    Ok(n) => {
+                        data.advance(n);
+                        wrote = true;
+                    }
+                    Err(proto::WriteError::Blocked) => {
+                        c.wait(Waiter::Write(id), cx.waker());
+                        break Poll::Pending;
+                    }
+                    Err(proto::WriteError::Stopped(code)) => {
+                        break Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
+                            error_code: code.into_inner(),
+                        }))
+                    }
+                    Err(e @ proto::WriteError::ClosedStream) => {
+                        break Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(e))))
+                    }
+                }
+            };
+            if wrote {
+                s.touch(cid, c);
+            }
+            r
+        });
+        if r.is_ready() {
+            self.writing = None;
+        }
+        r
+    }
+
+    fn send_data<T: Into<WriteBuf<Bytes>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
+        if self.writing.is_some() {
+            // h3 waits for poll_ready before sending more; anything else is a bug in the stack.
+            return Err(StreamErrorIncoming::ConnectionErrorIncoming {
+                connection_error: ConnectionErrorIncoming::InternalError(
+                    "send_data before the previous write finished".into(),
+                ),
+            });
+        }
+        self.writing = Some(data.into());
+        Ok(())
+    }
+
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        match quic::SendStream::poll_ready(self, cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        let (id, cid) = (self.id, self.conn.id);
+        self.ended = true;
+        self.conn.with(|c, s| {
+            let Some(p) = c.proto.as_mut() else {
+                return Poll::Ready(Err(stream_conn_error(c.gone())));
+            };
+            let res = p.send_stream(id).finish();
+            s.touch(cid, c);
+            Poll::Ready(match res {
+                Ok(()) => Ok(()),
+                Err(proto::FinishError::Stopped(code)) => {
+                    Err(StreamErrorIncoming::StreamTerminated {
+                        error_code: code.into_inner(),
+                    })
+                }
+                Err(e) => Err(StreamErrorIncoming::Unknown(Box::new(e))),
+            })
+        })
+    }
+
+    fn reset(&mut self, reset_code: u64) {
+        let (id, cid) = (self.id, self.conn.id);
+        self.ended = true;
+        self.writing = None;
+        self.conn.with(|c, s| {
+            if let Some(p) = c.proto.as_mut() {
+                let _ = p.send_stream(id).reset(varint(reset_code));
+            }
+            s.touch(cid, c);
+        });
+    }
+
+    fn send_id(&self) -> quic::StreamId {
+        h3_id(self.id)
+    }
+}
+
+impl Drop for SendStream {
+    fn drop(&mut self) {
+        let (id, cid, ended) = (self.id, self.conn.id, self.ended);
+        self.conn.with(|c, s| {
+            c.waiters.retain(|(w, _)| *w != Waiter::Write(id));
+            if !ended {
+                if let Some(p) = c.proto.as_mut() {
+                    let _ = p.send_stream(id).finish();
+                }
+                s.touch(cid, c);
+            }
+        });
+    }
+}
+
+/// The receiving half of a stream. Dropped before its end, it asks the peer to stop sending.
+pub struct RecvStream {
+    conn: Connection,
+    id: StreamId,
+    ended: bool,
+}
+
+impl RecvStream {
+    fn new(conn: Connection, id: StreamId) -> Self {
+        RecvStream {
+            conn,
+            id,
+            ended: false,
+        }
+    }
+}
+
+impl quic::RecvStream for RecvStream {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let (id, cid) = (self.id, self.conn.id);
+        let (r, ended) = self.conn.with(|c, s| {
+            if let Some(e) = &c.error {
+                return (Poll::Ready(Err(stream_conn_error(e.clone()))), true);
+            }
+            let Some(p) = c.proto.as_mut() else {
+                return (Poll::Ready(Err(stream_conn_error(c.gone()))), true);
+            };
+            let mut stream = p.recv_stream(id);
+            let mut chunks = match stream.read(true) {
+                Ok(ch) => ch,
+                Err(e) => {
+                    return (
+                        Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(e)))),
+                        true,
+                    )
+                }
+            };
+            let res = chunks.next(usize::MAX);
+            if chunks.finalize().should_transmit() {
+                s.touch(cid, c);
+            }
+            match res {
+                Ok(Some(chunk)) => (Poll::Ready(Ok(Some(chunk.bytes))), false),
+                Ok(None) => (Poll::Ready(Ok(None)), true),
+                Err(proto::ReadError::Blocked) => {
+                    c.wait(Waiter::Read(id), cx.waker());
+                    (Poll::Pending, false)
+                }
+                Err(proto::ReadError::Reset(code)) => (
+                    Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
+                        error_code: code.into_inner(),
+                    })),
+                    true,
+                ),
+            }
+        });
+        self.ended |= ended;
+        r
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        let (id, cid) = (self.id, self.conn.id);
+        self.ended = true;
+        self.conn.with(|c, s| {
+            if let Some(p) = c.proto.as_mut() {
+                let _ = p.recv_stream(id).stop(varint(error_code));
+            }
+            s.touch(cid, c);
+        });
+    }
+
+    fn recv_id(&self) -> quic::StreamId {
+        h3_id(self.id)
+    }
+}
+
+impl Drop for RecvStream {
+    fn drop(&mut self) {
+        let (id, cid, ended) = (self.id, self.conn.id, self.ended);
+        self.conn.with(|c, s| {
+            c.waiters.retain(|(w, _)| *w != Waiter::Read(id));
+            if !ended {
+                if let Some(p) = c.proto.as_mut() {
+                    let _ = p.recv_stream(id).stop(0u32.into());
+                }
+                s.touch(cid, c);
+            }
+        });
+    }
+}
+
+/// Both halves of a bidirectional stream.
+pub struct BidiStream {
+    send: SendStream,
+    recv: RecvStream,
+}
+
+impl BidiStream {
+    fn new(conn: &Connection, id: StreamId) -> Self {
+        BidiStream {
+            send: SendStream::new(conn.clone(), id),
+            recv: RecvStream::new(conn.clone(), id),
+        }
+    }
+}
+
+impl quic::BidiStream<Bytes> for BidiStream {
+    type SendStream = SendStream;
+    type RecvStream = RecvStream;
+
+    fn split(self) -> (SendStream, RecvStream) {
+        (self.send, self.recv)
+    }
+}
+
+impl quic::SendStream<Bytes> for BidiStream {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn send_data<T: Into<WriteBuf<Bytes>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
+        self.send.send_data(data)
+    }
+
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        self.send.poll_finish(cx)
+    }
+
+    fn reset(&mut self, reset_code: u64) {
+        self.send.reset(reset_code)
+    }
+
+    fn send_id(&self) -> quic::StreamId {
+        self.send.send_id()
+    }
+}
+
+impl quic::RecvStream for BidiStream {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        self.recv.poll_data(cx)
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        self.recv.stop_sending(error_code)
+    }
+
+    fn recv_id(&self) -> quic::StreamId {
+        self.recv.recv_id()
+    }
+}

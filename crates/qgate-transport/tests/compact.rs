@@ -1,0 +1,308 @@
+//! The compact server endpoint (one driver task for all connections) carrying HTTP/3 for quinn
+//! clients: on real loopback UDP, and on the simulated network in virtual time.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use qgate_netsim::{LinkParams, LossModel, Network};
+use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
+use qgate_transport::{
+    client_config, compact, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// Answers every request with its own body.
+struct Echo;
+
+impl Handler for Echo {
+    async fn handle(&self, _req: Request<()>, body: Bytes, _peer: SocketAddr) -> Response<Bytes> {
+        Response::new(body)
+    }
+}
+
+fn serve(ep: compact::Endpoint) {
+    tokio::spawn(async move {
+        while let Some(c) = ep.accept().await {
+            let peer = c.remote_address();
+            tokio::spawn(http3::serve_quic(
+                c,
+                peer,
+                Arc::new(Echo),
+                ServeLimits { max_body: 4 << 20 },
+            ));
+        }
+    });
+}
+
+fn post(i: usize) -> Request<()> {
+    Request::post(format!("https://localhost/echo/{i}"))
+        .body(())
+        .unwrap()
+}
+
+/// Small flow-control windows, so that both sides' writes block and resume.
+fn tight() -> TransportOptions {
+    TransportOptions {
+        stream_receive_window: 16 * 1024,
+        receive_window: 64 * 1024,
+        ..Default::default()
+    }
+}
+
+async fn h3_client(
+    ep: &quinn::Endpoint,
+    cfg: &quinn::ClientConfig,
+    server: SocketAddr,
+) -> H3Client {
+    let c = connect(ep, cfg, server, "localhost", false).await.unwrap();
+    H3Client::new(c.connection().clone()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoes_bodies_through_blocked_windows_on_loopback() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let scfg = server_config(&pki.server, &[ALPN_H3], &tight()).unwrap();
+    let ep =
+        compact::Endpoint::server(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), scfg, None, 16)
+            .unwrap();
+    let addr = ep.local_addr();
+    serve(ep.clone());
+    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &tight()).unwrap();
+    let run = async {
+        let client = Arc::new(h3_client(&cep, &ccfg, addr).await);
+        let sizes = [
+            0usize,
+            1,
+            1024,
+            300 * 1024,
+            50 * 1024,
+            50 * 1024,
+            50 * 1024,
+            7,
+        ];
+        let tasks: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let body: Bytes = (0..n).map(|k| (k * 7 + i) as u8).collect();
+                    let r = client
+                        .request(post(i), body.clone(), 1 << 20)
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status, 200);
+                    assert!(
+                        r.body == body,
+                        "request {i}: {} of {n} bytes back",
+                        r.body.len()
+                    );
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(ep.open_connections(), 1);
+        client.close();
+    };
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the echoes finish");
+    // The server notices the close and frees the connection.
+    let freed = async {
+        while ep.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), freed)
+        .await
+        .expect("the connection is freed after the client closes");
+}
+
+/// A compact server and `clients` client hosts on the simulated network, each client on its
+/// own 10 Mbit/s, 10 ms link with `loss`; the clients' HTTP/3 connections are open.
+struct Sim {
+    ep: compact::Endpoint,
+    clients: Vec<H3Client>,
+    _keep: Vec<quinn::Endpoint>,
+}
+
+async fn sim(clients: usize, loss: f64, server_opts: &TransportOptions, max: usize) -> Sim {
+    let net = Network::new(7);
+    let s = net.add_host("server");
+    let pki = DevPki::generate(&[]).unwrap();
+    let scfg = server_config(&pki.server, &[ALPN_H3], server_opts).unwrap();
+    let ep = compact::Endpoint::server(
+        Socket::from(net.bind(s, sa("0.0.0.0:443")).unwrap()),
+        scfg,
+        Some(1),
+        max,
+    )
+    .unwrap();
+    serve(ep.clone());
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let (mut out, mut keep) = (Vec::new(), Vec::new());
+    for k in 0..clients {
+        let h = net.add_host(&format!("device{k}"));
+        let ci = net
+            .add_interface(h, format!("10.0.{k}.2").parse().unwrap())
+            .unwrap();
+        let si = net
+            .add_interface(s, format!("10.0.{k}.1").parse().unwrap())
+            .unwrap();
+        let link = LinkParams::new(10_000_000, Duration::from_millis(10))
+            .with_loss(LossModel::Bernoulli { p: loss });
+        net.connect_symmetric(ci, si, link).unwrap();
+        let cep = endpoint(
+            Socket::from(
+                net.bind(h, format!("10.0.{k}.2:0").parse().unwrap())
+                    .unwrap(),
+            ),
+            None,
+            Some(10 + k as u64),
+        )
+        .unwrap();
+        if k < max {
+            out.push(h3_client(&cep, &ccfg, format!("10.0.{k}.1:443").parse().unwrap()).await);
+        } else {
+            let refused = connect(
+                &cep,
+                &ccfg,
+                format!("10.0.{k}.1:443").parse().unwrap(),
+                "localhost",
+                false,
+            )
+            .await;
+            assert!(
+                refused.is_err(),
+                "connection {k} is beyond the limit of {max}"
+            );
+        }
+        keep.push(cep);
+    }
+    Sim {
+        ep,
+        clients: out,
+        _keep: keep,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_connections_share_one_driver_over_lossy_links_in_virtual_time() {
+    let s = sim(8, 0.05, &tight(), 8).await;
+    assert_eq!(s.ep.open_connections(), 8);
+    let runs = s.clients.iter().enumerate().map(|(k, c)| async move {
+        for i in 0..5 {
+            let body = Bytes::from(vec![(k * 10 + i) as u8; 10_000 * (i + 1)]);
+            let r = c.request(post(i), body.clone(), 1 << 20).await.unwrap();
+            assert!(r.body == body, "client {k} request {i}");
+        }
+        c.close();
+    });
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        futures_util::future::join_all(runs),
+    )
+    .await
+    .expect("every request is answered");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while s.ep.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("closed connections are freed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn refuses_connections_beyond_its_limit() {
+    let s = sim(3, 0.0, &TransportOptions::default(), 2).await;
+    assert_eq!(s.ep.open_connections(), 2);
+    // The admitted ones still work.
+    for c in &s.clients {
+        let r = c
+            .request(post(0), Bytes::from_static(b"hi"), 1024)
+            .await
+            .unwrap();
+        assert_eq!(&r.body[..], b"hi");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_connections_time_out_and_are_freed() {
+    let opts = TransportOptions {
+        idle_timeout_ms: 2_000,
+        ..Default::default()
+    };
+    let s = sim(2, 0.0, &opts, 4).await;
+    assert_eq!(s.ep.open_connections(), 2);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.ep.open_connections(), 0, "idle connections end after 2 s");
+    let e = s.clients[0]
+        .request(post(0), Bytes::new(), 1024)
+        .await
+        .expect_err("the connection is gone");
+    assert!(!e.to_string().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_close_reaches_the_client_with_its_code() {
+    let net = Network::new(3);
+    let (s, c) = (net.add_host("server"), net.add_host("client"));
+    let si = net.add_interface(s, "10.0.0.1".parse().unwrap()).unwrap();
+    let ci = net.add_interface(c, "10.0.0.2".parse().unwrap()).unwrap();
+    net.connect_symmetric(
+        ci,
+        si,
+        LinkParams::new(10_000_000, Duration::from_millis(5)),
+    )
+    .unwrap();
+    let pki = DevPki::generate(&[]).unwrap();
+    let scfg = server_config(&pki.server, &[b"test"], &TransportOptions::default()).unwrap();
+    let ep = compact::Endpoint::server(
+        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
+        scfg,
+        Some(1),
+        4,
+    )
+    .unwrap();
+    let cep = endpoint(
+        Socket::from(net.bind(c, sa("10.0.0.2:0")).unwrap()),
+        None,
+        Some(2),
+    )
+    .unwrap();
+    let ccfg = client_config(&pki.trust(), &[b"test"], &TransportOptions::default()).unwrap();
+    let client = connect(&cep, &ccfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let server = ep.accept().await.expect("accepted");
+    assert_eq!(server.remote_address().ip(), sa("10.0.0.2:0").ip());
+    server.close(7, b"bye");
+    let reason = client.connection().closed().await;
+    match reason {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, 7u32.into());
+            assert_eq!(&c.reason[..], b"bye");
+        }
+        other => panic!("expected an application close, got {other}"),
+    }
+    drop(server);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while ep.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the closed connection drains and is freed");
+}
+
+const SERVER: &str = "10.0.0.1:443";
