@@ -1,12 +1,17 @@
-//! A compact QUIC server endpoint: every connection's quinn-proto state machine in one table,
-//! driven by one task.
+//! A compact QUIC server endpoint: quinn-proto connections without a task or channel each.
 //!
 //! quinn gives each connection its own driver task and an event channel whose first block alone
 //! is ~7 KB; a gateway holding 10 000 mostly idle device connections pays that, a send buffer and
-//! a task 10 000 times (decision G9). Here one driver task moves datagrams, timers and transmits
-//! for all connections, and the handles ([`Connection`] and its streams) implement h3's QUIC
-//! traits, so HTTP/3 runs on top unchanged. The protocol itself is quinn-proto's: this module is
-//! only the I/O shell, on the same sockets (real UDP or simulated) as [`crate::endpoint`].
+//! a task 10 000 times (decision G9). Here one driver task receives datagrams, fires timers and
+//! sends for all connections. Application tasks work on a connection under its own lock and
+//! queue it for the driver when they gave it something to send; the turn comes after they
+//! yield, so a response's headers, body and end leave in one packet, as with quinn's deferred
+//! wake-ups. The handles ([`Connection`] and its streams) implement h3's QUIC traits, so HTTP/3
+//! runs on top unchanged. The protocol is quinn-proto's: this module is only the I/O shell, on
+//! the same sockets (real UDP or simulated) as [`crate::endpoint`].
+//!
+//! Locks: the endpoint's table and each connection have their own; a connection's lock may be
+//! held while taking the endpoint's, never the other way round.
 
 mod streams;
 
@@ -15,6 +20,7 @@ use std::future::Future;
 use std::io::IoSliceMut;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -32,14 +38,18 @@ use crate::{Socket, TransportError};
 /// Connections whose handshake finished but that [`Endpoint::accept`] has not taken yet; more
 /// are closed at once (the application is not keeping up).
 const MAX_PENDING_ACCEPT: usize = 1024;
-/// Datagrams one connection may send per turn before the others get theirs.
+/// Datagrams one connection may send per turn before others get theirs.
 const MAX_TRANSMITS_PER_TURN: usize = 32;
-/// Rounds of receive/timers/transmit per driver poll before it yields to other tasks.
+/// Rounds of receive/timers/queued connections per driver poll before it yields.
 const ROUNDS_PER_POLL: usize = 16;
 
 /// The clock quinn uses: tokio's, so simulations in virtual time work.
 fn now() -> Instant {
     TokioRuntime.now()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A QUIC server endpoint whose connections share one driver task. Once every handle to it is
@@ -48,49 +58,10 @@ pub struct Endpoint {
     shared: Arc<Shared>,
 }
 
-impl Clone for Endpoint {
-    fn clone(&self) -> Self {
-        lock(&self.shared).endpoints += 1;
-        Endpoint {
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        let mut st = lock(&self.shared);
-        st.endpoints -= 1;
-        if st.endpoints == 0 {
-            st.closed = true;
-            // Nobody can accept the queued connections any more.
-            let st = &mut *st;
-            let t = now();
-            for id in st.accept_queue.drain(..) {
-                if let Some(c) = st.conns.get_mut(&id) {
-                    c.refs -= 1;
-                    if c.refs == 0 {
-                        if let Some(p) = c.proto.as_mut() {
-                            p.close(t, 0u32.into(), bytes::Bytes::new());
-                        }
-                    }
-                    st.sched.touch(id, c);
-                }
-            }
-            if let Some(w) = &st.sched.driver {
-                w.wake_by_ref();
-            }
-        }
-    }
-}
-
 struct Shared {
-    state: Mutex<State>,
+    ep: Mutex<EpState>,
+    socket: Arc<dyn AsyncUdpSocket>,
     local: SocketAddr,
-}
-
-fn lock(s: &Shared) -> MutexGuard<'_, State> {
-    s.state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What a task waits for on a connection.
@@ -102,7 +73,14 @@ enum Waiter {
     Open(Dir),
 }
 
-/// One connection: its state machine and who waits on it.
+/// One connection: its lock, and whether the driver has it queued.
+struct ConnCell {
+    id: u64,
+    queued: AtomicBool,
+    conn: Mutex<Conn>,
+}
+
+/// One connection's state machine and who waits on it.
 struct Conn {
     /// None once drained: the state machine is freed while handles may still be alive.
     proto: Option<proto::Connection>,
@@ -112,9 +90,11 @@ struct Conn {
     error: Option<proto::ConnectionError>,
     /// Live handles (connection, opener, streams; a queued accept counts as one).
     refs: usize,
+    /// The wake-up registered in the endpoint's timer set.
     timer: Option<Instant>,
-    dirty: bool,
     waiters: Vec<(Waiter, Waker)>,
+    /// A datagram the socket refused (would block), sent first on the next turn.
+    blocked: Option<(proto::Transmit, Box<[u8]>)>,
 }
 
 impl Conn {
@@ -132,10 +112,9 @@ impl Conn {
     }
 
     fn wake_all(&mut self) {
-        for (_, k) in self.waiters.drain(..) {
+        for (_, k) in std::mem::take(&mut self.waiters) {
             k.wake();
         }
-        self.waiters = Vec::new();
     }
 
     /// The error handles see once the connection is gone.
@@ -146,21 +125,43 @@ impl Conn {
     }
 }
 
-/// The driver's to-do list, apart from the connection table so both can be borrowed at once.
-#[derive(Default)]
-struct Sched {
-    dirty: VecDeque<u64>,
-    driver: Option<Waker>,
-    /// The driver is running and looks at `dirty` before it sleeps: no need to wake it.
-    driving: bool,
+/// Set by an operation on a connection that may have given it something to send (the handle
+/// then queues the connection for the driver).
+struct Touch(bool);
+
+impl Touch {
+    fn touch(&mut self) {
+        self.0 = true;
+    }
 }
 
-impl Sched {
-    /// Queue `id` for the driver (transmit, endpoint and application events, timer).
-    fn touch(&mut self, id: u64, conn: &mut Conn) {
-        if !conn.dirty {
-            conn.dirty = true;
-            self.dirty.push_back(id);
+struct EpState {
+    proto: proto::Endpoint,
+    conns: HashMap<u64, Arc<ConnCell>>,
+    by_handle: HashMap<ConnectionHandle, u64>,
+    next_id: u64,
+    max_connections: usize,
+    timers: BTreeSet<(Instant, u64)>,
+    /// Connections the driver should give a turn (datagrams arrived, timer due, socket full).
+    queue: VecDeque<u64>,
+    driver: Option<Waker>,
+    /// The driver is running and looks at `queue` before it sleeps: no need to wake it.
+    driving: bool,
+    /// A send would block: the driver waits for the socket to drain.
+    send_blocked: bool,
+    accept_queue: VecDeque<u64>,
+    acceptor: Option<Waker>,
+    /// No more connections are accepted.
+    closed: bool,
+    /// Live [`Endpoint`] handles.
+    endpoints: usize,
+}
+
+impl EpState {
+    /// Queue `cell` for a turn of the driver.
+    fn enqueue(&mut self, cell: &ConnCell) {
+        if !cell.queued.swap(true, Ordering::AcqRel) {
+            self.queue.push_back(cell.id);
             if !self.driving {
                 if let Some(w) = &self.driver {
                     w.wake_by_ref();
@@ -168,27 +169,6 @@ impl Sched {
             }
         }
     }
-}
-
-struct State {
-    proto: proto::Endpoint,
-    socket: Arc<dyn AsyncUdpSocket>,
-    poller: Pin<Box<dyn UdpPoller>>,
-    conns: HashMap<u64, Box<Conn>>,
-    by_handle: HashMap<ConnectionHandle, u64>,
-    next_id: u64,
-    max_connections: usize,
-    timers: BTreeSet<(Instant, u64)>,
-    sched: Sched,
-    accept_queue: VecDeque<u64>,
-    acceptor: Option<Waker>,
-    /// A transmit the socket refused (would block), kept with its bytes in `send_buf`.
-    blocked: Option<proto::Transmit>,
-    send_buf: Vec<u8>,
-    /// No more connections are accepted.
-    closed: bool,
-    /// Live [`Endpoint`] handles.
-    endpoints: usize,
 }
 
 impl Endpoint {
@@ -220,36 +200,37 @@ impl Endpoint {
         let mut cfg = EndpointConfig::default();
         cfg.rng_seed(seed.map(crate::endpoint::seed_bytes));
         let recv_len = recv_buffer_len(&cfg, socket.as_ref());
-        let state = State {
+        let ep = EpState {
             proto: proto::Endpoint::new(
                 Arc::new(cfg),
                 Some(Arc::new(server)),
                 !socket.may_fragment(),
                 None,
             ),
-            poller: socket.clone().create_io_poller(),
-            socket,
             conns: HashMap::new(),
             by_handle: HashMap::new(),
             next_id: 0,
             max_connections,
             timers: BTreeSet::new(),
-            sched: Sched::default(),
+            queue: VecDeque::new(),
+            driver: None,
+            driving: false,
+            send_blocked: false,
             accept_queue: VecDeque::new(),
             acceptor: None,
-            blocked: None,
-            send_buf: Vec::new(),
             closed: false,
             endpoints: 1,
         };
         let shared = Arc::new(Shared {
-            state: Mutex::new(state),
+            ep: Mutex::new(ep),
+            socket: socket.clone(),
             local,
         });
         tokio::spawn(Driver {
-            socket: lock(&shared).socket.clone(),
             shared: shared.clone(),
+            poller: socket.create_io_poller(),
             recv_buf: vec![0; recv_len].into_boxed_slice(),
+            send_buf: Vec::new(),
             sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
             sleep_at: None,
         });
@@ -264,47 +245,87 @@ impl Endpoint {
     /// The next connection whose handshake has finished; `None` once the endpoint is closed.
     pub fn accept(&self) -> impl Future<Output = Option<Connection>> + '_ {
         std::future::poll_fn(move |cx| {
-            let mut st = lock(&self.shared);
-            if let Some(id) = st.accept_queue.pop_front() {
+            let mut ep = lock(&self.shared.ep);
+            while let Some(id) = ep.accept_queue.pop_front() {
                 // The queue's reference passes to the handle.
-                return Poll::Ready(Some(Connection {
-                    shared: self.shared.clone(),
-                    id,
-                }));
+                if let Some(cell) = ep.conns.get(&id) {
+                    return Poll::Ready(Some(Connection {
+                        shared: self.shared.clone(),
+                        cell: cell.clone(),
+                    }));
+                }
             }
-            if st.closed {
+            if ep.closed {
                 return Poll::Ready(None);
             }
-            st.acceptor = Some(cx.waker().clone());
+            ep.acceptor = Some(cx.waker().clone());
             Poll::Pending
         })
     }
 
     /// Close every connection with `code` and `reason`, and stop accepting.
     pub fn close(&self, code: u32, reason: &[u8]) {
-        let mut st = lock(&self.shared);
-        st.closed = true;
-        let t = now();
-        let st = &mut *st;
-        for (id, c) in st.conns.iter_mut() {
-            if let Some(p) = c.proto.as_mut() {
-                p.close(t, code.into(), bytes::Bytes::copy_from_slice(reason));
-                st.sched.touch(*id, c);
+        let (cells, queued) = {
+            let mut ep = lock(&self.shared.ep);
+            ep.closed = true;
+            if let Some(w) = ep.acceptor.take() {
+                w.wake();
             }
-        }
-        for id in st.accept_queue.drain(..) {
-            if let Some(c) = st.conns.get_mut(&id) {
+            let queued: Vec<u64> = ep.accept_queue.drain(..).collect();
+            let cells: Vec<Arc<ConnCell>> = ep.conns.values().cloned().collect();
+            (cells, queued)
+        };
+        let t = now();
+        for cell in cells {
+            let mut c = lock(&cell.conn);
+            if queued.contains(&cell.id) {
                 c.refs -= 1;
             }
-        }
-        if let Some(w) = st.acceptor.take() {
-            w.wake();
+            if let Some(p) = c.proto.as_mut() {
+                p.close(t, code.into(), bytes::Bytes::copy_from_slice(reason));
+                lock(&self.shared.ep).enqueue(&cell);
+            } else if c.refs == 0 {
+                lock(&self.shared.ep).conns.remove(&cell.id);
+            }
         }
     }
 
     /// Connections open now (handshaking, established or closing).
     pub fn open_connections(&self) -> usize {
-        lock(&self.shared).by_handle.len()
+        lock(&self.shared.ep).by_handle.len()
+    }
+}
+
+impl Clone for Endpoint {
+    fn clone(&self) -> Self {
+        lock(&self.shared.ep).endpoints += 1;
+        Endpoint {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let queued: Vec<Arc<ConnCell>> = {
+            let mut ep = lock(&self.shared.ep);
+            ep.endpoints -= 1;
+            if ep.endpoints > 0 {
+                return;
+            }
+            ep.closed = true;
+            if let Some(w) = &ep.driver {
+                w.wake_by_ref();
+            }
+            let ids: Vec<u64> = ep.accept_queue.drain(..).collect();
+            ids.iter()
+                .filter_map(|id| ep.conns.get(id).cloned())
+                .collect()
+        };
+        // Nobody can accept the queued connections any more.
+        for cell in queued {
+            release(&self.shared, &cell, &mut lock(&cell.conn));
+        }
     }
 }
 
@@ -315,11 +336,190 @@ fn recv_buffer_len(cfg: &EndpointConfig, socket: &dyn AsyncUdpSocket) -> usize {
         * udp::BATCH_SIZE
 }
 
-/// The one task that drives the endpoint and all its connections.
+/// Drop one reference to a connection: the last one closes it (code 0), or frees it if it has
+/// already drained.
+fn release(shared: &Shared, cell: &ConnCell, c: &mut Conn) {
+    c.refs -= 1;
+    if c.refs > 0 {
+        return;
+    }
+    match c.proto.as_mut() {
+        Some(p) => {
+            if c.error.is_none() {
+                p.close(now(), 0u32.into(), bytes::Bytes::new());
+            }
+            lock(&shared.ep).enqueue(cell);
+        }
+        None => {
+            lock(&shared.ep).conns.remove(&cell.id);
+        }
+    }
+}
+
+/// One turn of a connection (the driver's, under the connection's lock): due timer, transmits
+/// (built in `buf`), endpoint and application events, drain, next timer. If the socket would
+/// block, the rest waits for the next turn.
+fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut Vec<u8>) {
+    if c.proto.is_none() {
+        return;
+    }
+    // A due timer (its entry may already be gone from the endpoint's set): handle it, and
+    // register whatever comes next even if it looks unchanged.
+    let timed_out = c.timer.is_some_and(|at| at <= t);
+    if timed_out {
+        c.proto.as_mut().expect("alive").handle_timeout(t);
+    }
+    loop {
+        if !transmit(shared, cell, c, t, buf) {
+            return;
+        }
+        let mut more = false;
+        while let Some(ev) = c.proto.as_mut().expect("alive").poll_endpoint_events() {
+            let back = lock(&shared.ep).proto.handle_event(c.handle, ev);
+            if let Some(back) = back {
+                c.proto.as_mut().expect("alive").handle_event(back);
+                more = true;
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    while let Some(ev) = c.proto.as_mut().expect("alive").poll() {
+        match ev {
+            proto::Event::Connected => {
+                let mut ep = lock(&shared.ep);
+                if ep.closed || ep.accept_queue.len() >= MAX_PENDING_ACCEPT {
+                    drop(ep);
+                    c.proto.as_mut().expect("alive").close(
+                        t,
+                        0u32.into(),
+                        bytes::Bytes::from_static(b"server busy"),
+                    );
+                    // Send the close on the next turn.
+                    lock(&shared.ep).enqueue(cell);
+                } else {
+                    c.refs += 1;
+                    ep.accept_queue.push_back(cell.id);
+                    if let Some(w) = ep.acceptor.take() {
+                        w.wake();
+                    }
+                }
+            }
+            proto::Event::ConnectionLost { reason } => {
+                c.error = Some(reason);
+                c.wake_all();
+            }
+            proto::Event::Stream(s) => match s {
+                StreamEvent::Opened { dir } => c.wake(Waiter::Accept(dir)),
+                StreamEvent::Readable { id } => c.wake(Waiter::Read(id)),
+                StreamEvent::Writable { id }
+                | StreamEvent::Finished { id }
+                | StreamEvent::Stopped { id, .. } => c.wake(Waiter::Write(id)),
+                StreamEvent::Available { dir } => c.wake(Waiter::Open(dir)),
+            },
+            proto::Event::HandshakeDataReady
+            | proto::Event::DatagramReceived
+            | proto::Event::DatagramsUnblocked => {}
+        }
+    }
+    let p = c.proto.as_mut().expect("alive");
+    let next = if p.is_drained() {
+        None
+    } else {
+        p.poll_timeout()
+    };
+    let drained = p.is_drained();
+    if next != c.timer || drained || timed_out {
+        let mut ep = lock(&shared.ep);
+        if let Some(at) = c.timer {
+            ep.timers.remove(&(at, cell.id));
+        }
+        if let Some(at) = next {
+            ep.timers.insert((at, cell.id));
+        }
+        c.timer = next;
+        if drained {
+            // The endpoint freed the handle with the drained event above.
+            ep.by_handle.remove(&c.handle);
+            if c.refs == 0 {
+                ep.conns.remove(&cell.id);
+            }
+        }
+    }
+    if drained {
+        c.proto = None;
+        c.blocked = None;
+        c.wake_all();
+    }
+}
+
+/// Send what the connection has (at most a turn's worth); false if the socket would block,
+/// in which case the connection is queued again and the driver waits for the socket.
+fn transmit(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut Vec<u8>) -> bool {
+    if let Some((tx, data)) = c.blocked.take() {
+        if !send(shared, cell, &tx, &data) {
+            c.blocked = Some((tx, data));
+            return false;
+        }
+    }
+    let segments = shared.socket.max_transmit_segments();
+    for _ in 0..MAX_TRANSMITS_PER_TURN {
+        buf.clear();
+        let Some(tx) = c
+            .proto
+            .as_mut()
+            .expect("alive")
+            .poll_transmit(t, segments, buf)
+        else {
+            return true;
+        };
+        if !send(shared, cell, &tx, &buf[..tx.size]) {
+            let data = buf[..tx.size].into();
+            c.blocked = Some((tx, data));
+            return false;
+        }
+    }
+    // More to send: come back after the others.
+    lock(&shared.ep).enqueue(cell);
+    true
+}
+
+/// Send one datagram; false (and the driver told) if the socket would block. Other errors
+/// lose the datagram; QUIC's recovery resends what matters.
+fn send(shared: &Shared, cell: &ConnCell, tx: &proto::Transmit, data: &[u8]) -> bool {
+    match shared.socket.try_send(&udp_transmit(tx, data)) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            let mut ep = lock(&shared.ep);
+            ep.send_blocked = true;
+            ep.enqueue(cell);
+            if let Some(w) = &ep.driver {
+                w.wake_by_ref();
+            }
+            false
+        }
+        _ => true,
+    }
+}
+
+fn udp_transmit<'a>(t: &proto::Transmit, contents: &'a [u8]) -> udp::Transmit<'a> {
+    udp::Transmit {
+        destination: t.destination,
+        ecn: t.ecn.and_then(|e| udp::EcnCodepoint::from_bits(e as u8)),
+        contents,
+        segment_size: t.segment_size,
+        src_ip: t.src_ip,
+    }
+}
+
+/// The one task that receives for the endpoint, fires timers, and gives queued connections
+/// their turn.
 struct Driver {
     shared: Arc<Shared>,
-    socket: Arc<dyn AsyncUdpSocket>,
+    poller: Pin<Box<dyn UdpPoller>>,
     recv_buf: Box<[u8]>,
+    /// Datagrams are built here, for every connection in turn.
+    send_buf: Vec<u8>,
     sleep: Pin<Box<tokio::time::Sleep>>,
     /// Where `sleep` is set (resetting a tokio timer is not free).
     sleep_at: Option<Instant>,
@@ -331,32 +531,25 @@ impl Future for Driver {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         {
-            let mut st = lock(&this.shared);
-            st.sched.driving = true;
-            if !st
-                .sched
-                .driver
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                st.sched.driver = Some(cx.waker().clone());
+            let mut ep = lock(&this.shared.ep);
+            ep.driving = true;
+            if !ep.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                ep.driver = Some(cx.waker().clone());
             }
         }
-        // The lock is taken per step (a datagram, the due timers, one connection's turn),
-        // never for a whole round: application tasks on other threads use the same lock.
         for _ in 0..ROUNDS_PER_POLL {
             let received = this.receive(cx);
             let t = now();
-            lock(&this.shared).fire_timers(t);
-            let sent = this.drive_dirty(cx, t);
-            let mut st = lock(&this.shared);
-            if st.closed && st.conns.is_empty() {
+            this.fire_timers(t);
+            let worked = this.run_queue(cx, t);
+            let mut ep = lock(&this.shared.ep);
+            if ep.closed && ep.conns.is_empty() {
                 return Poll::Ready(());
             }
-            if received || sent || !st.sched.dirty.is_empty() {
+            if received || worked || (!ep.queue.is_empty() && !ep.send_blocked) {
                 continue;
             }
-            if let Some(&(at, _)) = st.timers.first() {
+            if let Some(&(at, _)) = ep.timers.first() {
                 if this.sleep_at != Some(at) {
                     this.sleep.as_mut().reset(at.into());
                     this.sleep_at = Some(at);
@@ -366,21 +559,21 @@ impl Future for Driver {
                     continue;
                 }
             }
-            // Checked `dirty` under this same lock: a handle touching a connection from now
+            // `queue` was checked under this same lock: whoever queues a connection from now
             // on sees `driving == false` and wakes us.
-            st.sched.driving = false;
+            ep.driving = false;
             return Poll::Pending;
         }
         // Still busy: let other tasks run, then come back.
-        lock(&this.shared).sched.driving = false;
+        lock(&this.shared.ep).driving = false;
         cx.waker().wake_by_ref();
         Poll::Pending
     }
 }
 
 impl Driver {
-    /// Read one batch from the socket and hand each datagram to the endpoint; true if any
-    /// arrived. The socket is read without the lock.
+    /// Read one batch from the socket and hand each datagram to its connection (queued for a
+    /// turn, so several datagrams are answered together); true if any arrived.
     fn receive(&mut self, cx: &mut Context<'_>) -> bool {
         let mut metas = [RecvMeta::default(); udp::BATCH_SIZE];
         let chunk = self.recv_buf.len() / udp::BATCH_SIZE;
@@ -390,7 +583,7 @@ impl Driver {
                 .chunks_mut(chunk)
                 .map(IoSliceMut::new)
                 .collect();
-            match self.socket.poll_recv(cx, &mut iovs, &mut metas) {
+            match self.shared.socket.poll_recv(cx, &mut iovs, &mut metas) {
                 Poll::Ready(Ok(n)) => n,
                 Poll::Ready(Err(e)) => {
                     // quinn treats these as transient too (e.g. ICMP errors surfacing).
@@ -408,271 +601,143 @@ impl Driver {
                 let ecn = meta
                     .ecn
                     .and_then(|e| proto::EcnCodepoint::from_bits(e as u8));
-                lock(&self.shared).datagram(t, meta.addr, meta.dst_ip, ecn, d);
+                datagram(&self.shared, t, meta.addr, meta.dst_ip, ecn, d);
             }
         }
         true
     }
 
-    /// Give each connection queued now its turn; true if any work was done. Connections
-    /// queued meanwhile (by another's endpoint events) wait for the next round, so one busy
-    /// connection cannot starve the socket.
-    fn drive_dirty(&mut self, cx: &mut Context<'_>, t: Instant) -> bool {
-        let queued = lock(&self.shared).sched.dirty.len();
+    fn fire_timers(&mut self, t: Instant) {
+        let mut ep = lock(&self.shared.ep);
+        while let Some(&(at, id)) = ep.timers.first() {
+            if at > t {
+                break;
+            }
+            ep.timers.pop_first();
+            // Its turn handles the timeout (`drive` sees `timer <= now`).
+            if let Some(cell) = ep.conns.get(&id).cloned() {
+                ep.enqueue(&cell);
+            }
+        }
+    }
+
+    /// Give each connection queued now its turn; true if any work was done.
+    fn run_queue(&mut self, cx: &mut Context<'_>, t: Instant) -> bool {
+        {
+            let mut ep = lock(&self.shared.ep);
+            if ep.send_blocked {
+                match self.poller.as_mut().poll_writable(cx) {
+                    Poll::Ready(_) => ep.send_blocked = false,
+                    Poll::Pending => return false,
+                }
+            }
+        }
+        let queued = lock(&self.shared.ep).queue.len();
         let mut worked = false;
         for _ in 0..queued {
-            let mut st = lock(&self.shared);
-            if !st.flush_blocked(cx) {
-                return worked;
-            }
-            let Some(id) = st.sched.dirty.pop_front() else {
-                break;
-            };
-            worked = true;
-            if !st.drive(cx, id, t) {
-                // The socket is full: resume this connection first once it drains.
-                st.sched.dirty.push_front(id);
-                if let Some(c) = st.conns.get_mut(&id) {
-                    c.dirty = true;
+            let cell = {
+                let mut ep = lock(&self.shared.ep);
+                if ep.send_blocked {
+                    break;
                 }
-                return true;
-            }
+                let Some(id) = ep.queue.pop_front() else {
+                    break;
+                };
+                match ep.conns.get(&id) {
+                    Some(cell) => cell.clone(),
+                    None => continue,
+                }
+            };
+            cell.queued.store(false, Ordering::Release);
+            worked = true;
+            drive(
+                &self.shared,
+                &cell,
+                &mut lock(&cell.conn),
+                t,
+                &mut self.send_buf,
+            );
         }
         worked
     }
 }
 
-impl State {
-    fn datagram(
-        &mut self,
-        t: Instant,
-        remote: SocketAddr,
-        local_ip: Option<std::net::IpAddr>,
-        ecn: Option<proto::EcnCodepoint>,
-        data: &[u8],
-    ) {
-        let mut resp = Vec::new();
-        match self
-            .proto
-            .handle(t, remote, local_ip, ecn, BytesMut::from(data), &mut resp)
-        {
-            Some(proto::DatagramEvent::ConnectionEvent(h, ev)) => {
-                if let Some(id) = self.by_handle.get(&h).copied() {
-                    if let Some(c) = self.conns.get_mut(&id) {
-                        if let Some(p) = c.proto.as_mut() {
-                            p.handle_event(ev);
-                        }
-                        self.sched.touch(id, c);
-                    }
-                }
+/// One received datagram: to its connection, or a new connection, or an endpoint response.
+fn datagram(
+    shared: &Shared,
+    t: Instant,
+    remote: SocketAddr,
+    local_ip: Option<std::net::IpAddr>,
+    ecn: Option<proto::EcnCodepoint>,
+    data: &[u8],
+) {
+    let mut resp = Vec::new();
+    let mut ep = lock(&shared.ep);
+    let event = ep
+        .proto
+        .handle(t, remote, local_ip, ecn, BytesMut::from(data), &mut resp);
+    match event {
+        Some(proto::DatagramEvent::ConnectionEvent(h, ev)) => {
+            let Some(cell) = ep
+                .by_handle
+                .get(&h)
+                .and_then(|id| ep.conns.get(id))
+                .cloned()
+            else {
+                return;
+            };
+            drop(ep);
+            let mut c = lock(&cell.conn);
+            if let Some(p) = c.proto.as_mut() {
+                p.handle_event(ev);
             }
-            Some(proto::DatagramEvent::NewConnection(incoming)) => {
-                if self.closed || self.by_handle.len() >= self.max_connections {
-                    let tx = self.proto.refuse(incoming, &mut resp);
-                    self.send_response(&tx, &resp);
-                    return;
-                }
-                match self.proto.accept(incoming, t, &mut resp, None) {
-                    Ok((h, conn)) => {
-                        let id = self.next_id;
-                        self.next_id += 1;
-                        let mut c = Box::new(Conn {
+            drop(c);
+            lock(&shared.ep).enqueue(&cell);
+        }
+        Some(proto::DatagramEvent::NewConnection(incoming)) => {
+            if ep.closed || ep.by_handle.len() >= ep.max_connections {
+                let tx = ep.proto.refuse(incoming, &mut resp);
+                drop(ep);
+                let _ = shared.socket.try_send(&udp_transmit(&tx, &resp[..tx.size]));
+                return;
+            }
+            match ep.proto.accept(incoming, t, &mut resp, None) {
+                Ok((h, conn)) => {
+                    let id = ep.next_id;
+                    ep.next_id += 1;
+                    let cell = Arc::new(ConnCell {
+                        id,
+                        queued: AtomicBool::new(false),
+                        conn: Mutex::new(Conn {
                             remote: conn.remote_address(),
                             proto: Some(conn),
                             handle: h,
                             error: None,
                             refs: 0,
                             timer: None,
-                            dirty: false,
                             waiters: Vec::new(),
-                        });
-                        self.sched.touch(id, &mut c);
-                        self.conns.insert(id, c);
-                        self.by_handle.insert(h, id);
-                    }
-                    Err(e) => {
-                        if let Some(tx) = e.response {
-                            self.send_response(&tx, &resp);
-                        }
-                    }
+                            blocked: None,
+                        }),
+                    });
+                    ep.conns.insert(id, cell.clone());
+                    ep.by_handle.insert(h, id);
+                    ep.enqueue(&cell);
                 }
-            }
-            Some(proto::DatagramEvent::Response(tx)) => self.send_response(&tx, &resp),
-            None => {}
-        }
-    }
-
-    /// Send an endpoint-level datagram (version negotiation, stateless reset, refusal); if the
-    /// socket is full it is dropped, as a full network queue would.
-    fn send_response(&self, tx: &proto::Transmit, buf: &[u8]) {
-        let _ = self.socket.try_send(&udp_transmit(tx, &buf[..tx.size]));
-    }
-
-    fn fire_timers(&mut self, t: Instant) {
-        while let Some(&(at, id)) = self.timers.first() {
-            if at > t {
-                break;
-            }
-            self.timers.pop_first();
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.timer = None;
-                if let Some(p) = c.proto.as_mut() {
-                    p.handle_timeout(t);
-                }
-                self.sched.touch(id, c);
-            }
-        }
-    }
-
-    /// Retry a transmit the socket refused; false while it still would block.
-    fn flush_blocked(&mut self, cx: &mut Context<'_>) -> bool {
-        flush(
-            self.socket.as_ref(),
-            &mut self.poller,
-            &mut self.blocked,
-            &self.send_buf,
-            cx,
-        )
-    }
-
-    /// One connection's turn: transmits, endpoint events, application events, timer. False if
-    /// the socket would block.
-    fn drive(&mut self, cx: &mut Context<'_>, id: u64, t: Instant) -> bool {
-        let Some(c) = self.conns.get_mut(&id) else {
-            return true;
-        };
-        c.dirty = false;
-        let Some(p) = c.proto.as_mut() else {
-            return true;
-        };
-        let segments = self.socket.max_transmit_segments();
-        let mut sent = 0;
-        loop {
-            self.send_buf.clear();
-            let Some(tx) = p.poll_transmit(t, segments, &mut self.send_buf) else {
-                break;
-            };
-            self.blocked = Some(tx);
-            sent += 1;
-            if !flush(
-                self.socket.as_ref(),
-                &mut self.poller,
-                &mut self.blocked,
-                &self.send_buf,
-                cx,
-            ) {
-                return false;
-            }
-            if sent >= MAX_TRANSMITS_PER_TURN {
-                // Come back after the others.
-                self.sched.touch(id, c);
-                break;
-            }
-        }
-        while let Some(ev) = c.proto.as_mut().expect("alive").poll_endpoint_events() {
-            if let Some(back) = self.proto.handle_event(c.handle, ev) {
-                c.proto.as_mut().expect("alive").handle_event(back);
-                self.sched.touch(id, c);
-            }
-        }
-        while let Some(ev) = c.proto.as_mut().expect("alive").poll() {
-            match ev {
-                proto::Event::Connected => {
-                    if self.closed || self.accept_queue.len() >= MAX_PENDING_ACCEPT {
-                        c.proto.as_mut().expect("alive").close(
-                            t,
-                            0u32.into(),
-                            bytes::Bytes::from_static(b"server busy"),
-                        );
-                        self.sched.touch(id, c);
-                    } else {
-                        c.refs += 1;
-                        self.accept_queue.push_back(id);
-                        if let Some(w) = self.acceptor.take() {
-                            w.wake();
-                        }
-                    }
-                }
-                proto::Event::ConnectionLost { reason } => {
-                    c.error = Some(reason);
-                    c.wake_all();
-                }
-                proto::Event::Stream(s) => match s {
-                    StreamEvent::Opened { dir } => c.wake(Waiter::Accept(dir)),
-                    StreamEvent::Readable { id } => c.wake(Waiter::Read(id)),
-                    StreamEvent::Writable { id }
-                    | StreamEvent::Finished { id }
-                    | StreamEvent::Stopped { id, .. } => c.wake(Waiter::Write(id)),
-                    StreamEvent::Available { dir } => c.wake(Waiter::Open(dir)),
-                },
-                proto::Event::HandshakeDataReady
-                | proto::Event::DatagramReceived
-                | proto::Event::DatagramsUnblocked => {}
-            }
-        }
-        let p = c.proto.as_ref().expect("alive");
-        if p.is_drained() {
-            // The endpoint freed the handle with the drained event above.
-            c.proto = None;
-            self.by_handle.remove(&c.handle);
-            if let Some(at) = c.timer.take() {
-                self.timers.remove(&(at, id));
-            }
-            c.wake_all();
-            if c.refs == 0 {
-                self.conns.remove(&id);
-            }
-            return true;
-        }
-        let next = c.proto.as_mut().expect("alive").poll_timeout();
-        if next != c.timer {
-            if let Some(at) = c.timer {
-                self.timers.remove(&(at, id));
-            }
-            if let Some(at) = next {
-                self.timers.insert((at, id));
-            }
-            c.timer = next;
-        }
-        true
-    }
-}
-
-/// Send `blocked` (its bytes in `buf`) if there is one; false while the socket would block.
-fn flush(
-    socket: &dyn AsyncUdpSocket,
-    poller: &mut Pin<Box<dyn UdpPoller>>,
-    blocked: &mut Option<proto::Transmit>,
-    buf: &[u8],
-    cx: &mut Context<'_>,
-) -> bool {
-    let Some(tx) = blocked.take() else {
-        return true;
-    };
-    loop {
-        match socket.try_send(&udp_transmit(&tx, &buf[..tx.size])) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                match poller.as_mut().poll_writable(cx) {
-                    Poll::Ready(_) => continue,
-                    Poll::Pending => {
-                        *blocked = Some(tx);
-                        return false;
+                Err(e) => {
+                    drop(ep);
+                    if let Some(tx) = e.response {
+                        let _ = shared.socket.try_send(&udp_transmit(&tx, &resp[..tx.size]));
                     }
                 }
             }
-            // Other send errors lose the datagram; QUIC's recovery resends what matters.
-            _ => return true,
         }
-    }
-}
-
-fn udp_transmit<'a>(t: &proto::Transmit, contents: &'a [u8]) -> udp::Transmit<'a> {
-    udp::Transmit {
-        destination: t.destination,
-        ecn: t.ecn.and_then(|e| udp::EcnCodepoint::from_bits(e as u8)),
-        contents,
-        segment_size: t.segment_size,
-        src_ip: t.src_ip,
+        // Version negotiation, stateless reset: if the socket is full it is dropped, as a
+        // full network queue would.
+        Some(proto::DatagramEvent::Response(tx)) => {
+            drop(ep);
+            let _ = shared.socket.try_send(&udp_transmit(&tx, &resp[..tx.size]));
+        }
+        None => {}
     }
 }
 
@@ -680,13 +745,13 @@ fn udp_transmit<'a>(t: &proto::Transmit, contents: &'a [u8]) -> udp::Transmit<'a
 /// the last handle to it, streams included, is dropped.
 pub struct Connection {
     shared: Arc<Shared>,
-    id: u64,
+    cell: Arc<ConnCell>,
 }
 
 impl Connection {
     /// The peer's address.
     pub fn remote_address(&self) -> SocketAddr {
-        self.with(|c, _| c.remote)
+        lock(&self.cell.conn).remote
     }
 
     /// Close the connection with an application error code and reason.
@@ -695,58 +760,39 @@ impl Connection {
             if let Some(p) = c.proto.as_mut() {
                 p.close(now(), code.into(), bytes::Bytes::copy_from_slice(reason));
             }
-            s.touch(self.id, c);
+            s.touch();
         })
     }
 
     /// Why the connection ended, if it has.
     pub fn close_reason(&self) -> Option<proto::ConnectionError> {
-        self.with(|c, _| c.error.clone())
+        lock(&self.cell.conn).error.clone()
     }
 
-    /// Run `f` on this connection's state under the endpoint's lock.
-    fn with<R>(&self, f: impl FnOnce(&mut Conn, &mut Sched) -> R) -> R {
-        let mut st = lock(&self.shared);
-        let st = &mut *st;
-        let c = st
-            .conns
-            .get_mut(&self.id)
-            .expect("a connection outlives its handles");
-        f(c, &mut st.sched)
+    /// Run `f` on this connection under its lock; if `f` touched it, queue it for the driver.
+    fn with<R>(&self, f: impl FnOnce(&mut Conn, &mut Touch) -> R) -> R {
+        let mut c = lock(&self.cell.conn);
+        let mut touch = Touch(false);
+        let r = f(&mut c, &mut touch);
+        if touch.0 {
+            lock(&self.shared.ep).enqueue(&self.cell);
+        }
+        r
     }
 }
 
 impl Clone for Connection {
     fn clone(&self) -> Self {
-        self.with(|c, _| c.refs += 1);
+        lock(&self.cell.conn).refs += 1;
         Connection {
             shared: self.shared.clone(),
-            id: self.id,
+            cell: self.cell.clone(),
         }
     }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let mut st = lock(&self.shared);
-        let st = &mut *st;
-        let Some(c) = st.conns.get_mut(&self.id) else {
-            return;
-        };
-        c.refs -= 1;
-        if c.refs > 0 {
-            return;
-        }
-        match c.proto.as_mut() {
-            Some(p) => {
-                if c.error.is_none() {
-                    p.close(now(), 0u32.into(), bytes::Bytes::new());
-                }
-                st.sched.touch(self.id, c);
-            }
-            None => {
-                st.conns.remove(&self.id);
-            }
-        }
+        release(&self.shared, &self.cell, &mut lock(&self.cell.conn));
     }
 }

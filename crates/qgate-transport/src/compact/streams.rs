@@ -42,7 +42,7 @@ impl Connection {
             if let Some(p) = c.proto.as_mut() {
                 p.close(super::now(), code, Bytes::copy_from_slice(reason));
             }
-            s.touch(self.id, c);
+            s.touch();
         })
     }
 
@@ -61,7 +61,7 @@ impl Connection {
             let accepted = p.streams().accept(dir);
             match accepted {
                 Some(id) => {
-                    s.touch(self.id, c);
+                    s.touch();
                     Poll::Ready(Ok(id))
                 }
                 None => {
@@ -87,7 +87,7 @@ impl Connection {
             let opened = p.streams().open(dir);
             match opened {
                 Some(id) => {
-                    s.touch(self.id, c);
+                    s.touch();
                     Poll::Ready(Ok(id))
                 }
                 None => {
@@ -202,7 +202,7 @@ impl quic::SendStream<Bytes> for SendStream {
         let Some(data) = self.writing.as_mut() else {
             return Poll::Ready(Ok(()));
         };
-        let (id, cid) = (self.id, self.conn.id);
+        let id = self.id;
         let r = self.conn.with(|c, s| {
             if let Some(e) = &c.error {
                 return Poll::Ready(Err(stream_conn_error(e.clone())));
@@ -237,7 +237,7 @@ impl quic::SendStream<Bytes> for SendStream {
                 }
             };
             if wrote {
-                s.touch(cid, c);
+                s.touch();
             }
             r
         });
@@ -265,14 +265,14 @@ impl quic::SendStream<Bytes> for SendStream {
             Poll::Ready(Ok(())) => {}
             other => return other,
         }
-        let (id, cid) = (self.id, self.conn.id);
+        let id = self.id;
         self.ended = true;
         self.conn.with(|c, s| {
             let Some(p) = c.proto.as_mut() else {
                 return Poll::Ready(Err(stream_conn_error(c.gone())));
             };
             let res = p.send_stream(id).finish();
-            s.touch(cid, c);
+            s.touch();
             Poll::Ready(match res {
                 Ok(()) => Ok(()),
                 Err(proto::FinishError::Stopped(code)) => {
@@ -286,14 +286,14 @@ impl quic::SendStream<Bytes> for SendStream {
     }
 
     fn reset(&mut self, reset_code: u64) {
-        let (id, cid) = (self.id, self.conn.id);
+        let id = self.id;
         self.ended = true;
         self.writing = None;
         self.conn.with(|c, s| {
             if let Some(p) = c.proto.as_mut() {
                 let _ = p.send_stream(id).reset(varint(reset_code));
             }
-            s.touch(cid, c);
+            s.touch();
         });
     }
 
@@ -304,14 +304,14 @@ impl quic::SendStream<Bytes> for SendStream {
 
 impl Drop for SendStream {
     fn drop(&mut self) {
-        let (id, cid, ended) = (self.id, self.conn.id, self.ended);
+        let (id, ended) = (self.id, self.ended);
         self.conn.with(|c, s| {
             c.waiters.retain(|(w, _)| *w != Waiter::Write(id));
             if !ended {
                 if let Some(p) = c.proto.as_mut() {
                     let _ = p.send_stream(id).finish();
                 }
-                s.touch(cid, c);
+                s.touch();
             }
         });
     }
@@ -341,7 +341,7 @@ impl quic::RecvStream for RecvStream {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        let (id, cid) = (self.id, self.conn.id);
+        let id = self.id;
         let (r, ended) = self.conn.with(|c, s| {
             if let Some(e) = &c.error {
                 return (Poll::Ready(Err(stream_conn_error(e.clone()))), true);
@@ -361,7 +361,7 @@ impl quic::RecvStream for RecvStream {
             };
             let res = chunks.next(usize::MAX);
             if chunks.finalize().should_transmit() {
-                s.touch(cid, c);
+                s.touch();
             }
             match res {
                 Ok(Some(chunk)) => (Poll::Ready(Ok(Some(chunk.bytes))), false),
@@ -383,13 +383,13 @@ impl quic::RecvStream for RecvStream {
     }
 
     fn stop_sending(&mut self, error_code: u64) {
-        let (id, cid) = (self.id, self.conn.id);
+        let id = self.id;
         self.ended = true;
         self.conn.with(|c, s| {
             if let Some(p) = c.proto.as_mut() {
                 let _ = p.recv_stream(id).stop(varint(error_code));
             }
-            s.touch(cid, c);
+            s.touch();
         });
     }
 
@@ -400,14 +400,14 @@ impl quic::RecvStream for RecvStream {
 
 impl Drop for RecvStream {
     fn drop(&mut self) {
-        let (id, cid, ended) = (self.id, self.conn.id, self.ended);
+        let (id, ended) = (self.id, self.ended);
         self.conn.with(|c, s| {
             c.waiters.retain(|(w, _)| *w != Waiter::Read(id));
             if !ended {
                 if let Some(p) = c.proto.as_mut() {
                     let _ = p.recv_stream(id).stop(0u32.into());
                 }
-                s.touch(cid, c);
+                s.touch();
             }
         });
     }
