@@ -26,6 +26,8 @@ pub struct Load {
     pub p50_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// CPU time of the whole process (devices, gateway, server) per answered request, µs.
+    pub cpu_us_per_req: f64,
 }
 
 /// Benchmark results.
@@ -67,6 +69,19 @@ impl GatewayBench {
     pub fn direct_rps(&self) -> Summary {
         Summary::of(&self.direct.iter().map(|l| l.rps).collect::<Vec<_>>())
     }
+    /// The gateway's own CPU time per forwarded request, µs: the process's CPU per request
+    /// through the gateway minus per request direct (devices and server do the same work in
+    /// both), closed loop, per pair.
+    pub fn gateway_cpu_us_per_req(&self) -> Summary {
+        Summary::of(
+            &self
+                .via_gateway
+                .iter()
+                .zip(&self.direct)
+                .map(|(g, d)| g.cpu_us_per_req - d.cpu_us_per_req)
+                .collect::<Vec<_>>(),
+        )
+    }
     /// Added median latency at saturation, ms (mean ± std over repeats).
     pub fn added_p50_ms(&self) -> Summary {
         added(&self.via_gateway, &self.direct)
@@ -100,6 +115,7 @@ async fn drive(clients: Vec<SendFn>, body: usize, secs: f64, rps: f64) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let lat = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
+    let cpu0 = process_cpu_seconds();
     let tasks: Vec<_> = clients
         .into_iter()
         .enumerate()
@@ -134,6 +150,7 @@ async fn drive(clients: Vec<SendFn>, body: usize, secs: f64, rps: f64) -> Load {
         let _ = t.await;
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu0;
     let mut l = std::mem::take(&mut *lat.lock().expect("lock"));
     l.sort_by(|a, b| a.total_cmp(b));
     let q = |f: f64| {
@@ -145,7 +162,21 @@ async fn drive(clients: Vec<SendFn>, body: usize, secs: f64, rps: f64) -> Load {
         rps: l.len() as f64 / elapsed,
         p50_ms: q(0.5),
         p99_ms: q(0.99),
+        cpu_us_per_req: cpu * 1e6 / l.len().max(1) as f64,
     }
+}
+
+/// User + system CPU time of this process (all threads) so far, seconds.
+fn process_cpu_seconds() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given; RUSAGE_SELF is
+    // always valid, so it cannot fail.
+    let ru = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }
 
 /// Run `repeats` alternating pairs (gateway, direct), closed loop and then at the fixed offered

@@ -391,6 +391,12 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 }
             };
             pairs(&r.via_gateway, &r.direct);
+            let cpu = r.gateway_cpu_us_per_req();
+            println!(
+                "gateway CPU       {cpu:.1} µs per forwarded request (process CPU per request via \
+                 gateway minus direct): {:.0} requests/s per core of CPU",
+                1e6 / cpu.mean
+            );
             if paced_rate > 0.0 {
                 println!("offered load {paced_rate} requests/s over {devices} devices:");
                 println!("added p50         {:.3} ms", r.added_p50_paced_ms());

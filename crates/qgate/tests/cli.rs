@@ -679,3 +679,45 @@ fn lab_amqp_quick_writes_results_and_rejects_zero_repetitions() {
     let o = run(&home, &["lab", "amqp", "--reps", "0", "1"]);
     assert_fails(o, 2, "--multi-reps and --reps must be at least 1");
 }
+
+#[test]
+fn bench_gateway_reports_throughput_cpu_latency_and_memory() {
+    let home = tmp("bench-gateway");
+    let o = run(
+        &home,
+        &[
+            "bench",
+            "gateway",
+            "--devices",
+            "8",
+            "--seconds",
+            "0.3",
+            "--repeats",
+            "1",
+            "--paced-rate",
+            "200",
+            "--memory-devices",
+            "200",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    for needle in [
+        "via gateway",
+        "direct",
+        "gateway CPU",
+        "offered load 200",
+        "idle registered devices",
+    ] {
+        assert!(out.contains(needle), "'{needle}' missing from:\n{out}");
+    }
+    // The memory line ends "…, X KiB per device"; a few dozen KiB is expected.
+    let kib: f64 = out
+        .lines()
+        .find(|l| l.contains("KiB per device"))
+        .and_then(|l| l.split(", ").last())
+        .and_then(|t| t.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no per-device memory in:\n{out}"));
+    assert!(kib > 0.0 && kib < 500.0, "{kib} KiB per device:\n{out}");
+}
