@@ -12,7 +12,7 @@ use bytes::{Buf, BytesMut};
 use fe2o3_amqp::types::definitions::{Role, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{Accepted, DeliveryState, Source, Target};
 use fe2o3_amqp::types::performatives::{
-    Attach, Begin, Close, Detach, Disposition, End, Flow, Open, Performative, Transfer,
+    Attach, Begin, Close, Detach, Disposition, End, Flow, Performative, Transfer,
 };
 use fe2o3_amqp::types::primitives::{Binary, Symbol};
 use fe2o3_amqp::types::sasl::{SaslCode, SaslInit, SaslOutcome};
@@ -44,21 +44,7 @@ fn preamble(sasl: Option<(&str, &str)>, container: &str) -> Vec<u8> {
         &[],
     ));
     out.extend_from_slice(b"AMQP\x00\x01\x00\x00");
-    out.extend(amqp(
-        &Performative::Open(Open {
-            container_id: container.to_string(),
-            hostname: None,
-            max_frame_size: 65_536.into(),
-            channel_max: Default::default(),
-            idle_time_out: None,
-            outgoing_locales: None,
-            incoming_locales: None,
-            offered_capabilities: None,
-            desired_capabilities: None,
-            properties: None,
-        }),
-        &[],
-    ));
+    out.extend(amqp(&crate::wire::open(container, 65_536), &[]));
     out.extend(amqp(
         &Performative::Begin(Begin {
             remote_channel: None,

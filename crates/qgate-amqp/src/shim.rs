@@ -500,21 +500,8 @@ enum Fail {
 
 /// A minimal open frame for answering a peer that broke framing before the broker opened.
 fn open_frame() -> Vec<u8> {
-    crate::wire::amqp_frame(
-        &Performative::Open(fe2o3_amqp::types::performatives::Open {
-            container_id: "qgate-broker".into(),
-            hostname: None,
-            max_frame_size: Default::default(),
-            channel_max: Default::default(),
-            idle_time_out: None,
-            outgoing_locales: None,
-            incoming_locales: None,
-            offered_capabilities: None,
-            desired_capabilities: None,
-            properties: None,
-        }),
-        &[],
-    )
+    // The spec's default frame size (§2.7.1: no limit).
+    crate::wire::amqp_frame(&crate::wire::open("qgate-broker", u32::MAX), &[])
 }
 
 /// A close frame (channel 0) with `amqp:connection:framing-error` and `why`.

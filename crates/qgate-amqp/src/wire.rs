@@ -155,6 +155,27 @@ pub fn frame(kind: u8, channel: u16, body: &[u8], payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// An Open performative (AMQP 1.0 §2.7.1) from `container_id` offering `max_frame_size`, every
+/// other field at its default.
+pub fn open(
+    container_id: &str,
+    max_frame_size: u32,
+) -> fe2o3_amqp::types::performatives::Performative {
+    use fe2o3_amqp::types::performatives::{MaxFrameSize, Open, Performative};
+    Performative::Open(Open {
+        container_id: container_id.into(),
+        hostname: None,
+        max_frame_size: MaxFrameSize(max_frame_size),
+        channel_max: Default::default(),
+        idle_time_out: None,
+        outgoing_locales: None,
+        incoming_locales: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    })
+}
+
 /// An AMQP frame on channel 0 carrying `perf`, then `payload`.
 pub fn amqp_frame(
     perf: &fe2o3_amqp::types::performatives::Performative,

@@ -141,7 +141,7 @@ async fn a_sender_and_a_receiver_may_share_a_link_name() {
     // frame by frame here.
     use fe2o3_amqp::types::definitions::Role;
     use fe2o3_amqp::types::messaging::{Source, Target};
-    use fe2o3_amqp::types::performatives::{Attach, Begin, Open, Performative};
+    use fe2o3_amqp::types::performatives::{Attach, Begin, Performative};
     let r = start(BrokerConfig::default()).await;
     let attach = |role: Role, handle: u32| {
         let sender = role == Role::Sender;
@@ -165,18 +165,7 @@ async fn a_sender_and_a_receiver_may_share_a_link_name() {
     let mut out = b"AMQP\x03\x01\x00\x00".to_vec();
     out.extend(fe2o3_sasl_anonymous_init());
     out.extend_from_slice(b"AMQP\x00\x01\x00\x00");
-    out.extend(frame(&Performative::Open(Open {
-        container_id: "raw".into(),
-        hostname: None,
-        max_frame_size: Default::default(),
-        channel_max: Default::default(),
-        idle_time_out: None,
-        outgoing_locales: None,
-        incoming_locales: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    })));
+    out.extend(frame(&qgate_amqp::wire::open("raw", u32::MAX)));
     out.extend(frame(&Performative::Begin(Begin {
         remote_channel: None,
         next_outgoing_id: 0,

@@ -31,7 +31,7 @@ use quinn::{AsyncUdpSocket, EndpointConfig, Runtime, ServerConfig, TokioRuntime,
 use quinn_proto as proto;
 use quinn_proto::{ConnectionHandle, Dir, StreamEvent, StreamId};
 
-pub use streams::{BidiStream, Opener, RecvStream, SendStream};
+pub use streams::{BidiStream, RecvStream, SendStream};
 
 use crate::{Socket, TransportError};
 
@@ -115,13 +115,6 @@ impl Conn {
         for (_, k) in std::mem::take(&mut self.waiters) {
             k.wake();
         }
-    }
-
-    /// The error handles see once the connection is gone.
-    fn gone(&self) -> proto::ConnectionError {
-        self.error
-            .clone()
-            .unwrap_or(proto::ConnectionError::LocallyClosed)
     }
 }
 
@@ -283,7 +276,7 @@ impl Endpoint {
             }
             if let Some(p) = c.proto.as_mut() {
                 p.close(t, code.into(), bytes::Bytes::copy_from_slice(reason));
-                lock(&self.shared.ep).enqueue(&cell);
+                queue(&self.shared, &cell);
             } else if c.refs == 0 {
                 lock(&self.shared.ep).conns.remove(&cell.id);
             }
@@ -336,6 +329,14 @@ fn recv_buffer_len(cfg: &EndpointConfig, socket: &dyn AsyncUdpSocket) -> usize {
         * udp::BATCH_SIZE
 }
 
+/// Queue `cell` for the driver; a connection already queued (several datagrams or writes
+/// before its turn) costs no endpoint lock.
+fn queue(shared: &Shared, cell: &ConnCell) {
+    if !cell.queued.load(Ordering::Acquire) {
+        lock(&shared.ep).enqueue(cell);
+    }
+}
+
 /// Drop one reference to a connection: the last one closes it (code 0), or frees it if it has
 /// already drained.
 fn release(shared: &Shared, cell: &ConnCell, c: &mut Conn) {
@@ -348,7 +349,7 @@ fn release(shared: &Shared, cell: &ConnCell, c: &mut Conn) {
             if c.error.is_none() {
                 p.close(now(), 0u32.into(), bytes::Bytes::new());
             }
-            lock(&shared.ep).enqueue(cell);
+            queue(shared, cell);
         }
         None => {
             lock(&shared.ep).conns.remove(&cell.id);
@@ -397,7 +398,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                         bytes::Bytes::from_static(b"server busy"),
                     );
                     // Send the close on the next turn.
-                    lock(&shared.ep).enqueue(cell);
+                    queue(shared, cell);
                 } else {
                     c.refs += 1;
                     ep.accept_queue.push_back(cell.id);
@@ -481,7 +482,7 @@ fn transmit(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mu
         }
     }
     // More to send: come back after the others.
-    lock(&shared.ep).enqueue(cell);
+    queue(shared, cell);
     true
 }
 
@@ -692,7 +693,7 @@ fn datagram(
                 p.handle_event(ev);
             }
             drop(c);
-            lock(&shared.ep).enqueue(&cell);
+            queue(shared, &cell);
         }
         Some(proto::DatagramEvent::NewConnection(incoming)) => {
             if ep.closed || ep.by_handle.len() >= ep.max_connections {
@@ -756,9 +757,20 @@ impl Connection {
 
     /// Close the connection with an application error code and reason.
     pub fn close(&self, code: u32, reason: &[u8]) {
+        self.close_with(code.into(), reason);
+    }
+
+    /// [`close`](Self::close) with any 62-bit code (h3's codes do not fit a u32).
+    fn close_with(&self, code: quinn_proto::VarInt, reason: &[u8]) {
+        self.apply(|p| p.close(now(), code, bytes::Bytes::copy_from_slice(reason)));
+    }
+
+    /// Run `f` on the state machine if the connection has not drained, and queue the
+    /// connection for the driver (whatever `f` queued is sent on its turn).
+    fn apply(&self, f: impl FnOnce(&mut proto::Connection)) {
         self.with(|c, s| {
             if let Some(p) = c.proto.as_mut() {
-                p.close(now(), code.into(), bytes::Bytes::copy_from_slice(reason));
+                f(p);
             }
             s.touch();
         })
@@ -775,7 +787,7 @@ impl Connection {
         let mut touch = Touch(false);
         let r = f(&mut c, &mut touch);
         if touch.0 {
-            lock(&self.shared.ep).enqueue(&self.cell);
+            queue(&self.shared, &self.cell);
         }
         r
     }

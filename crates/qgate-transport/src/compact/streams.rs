@@ -9,7 +9,7 @@ use h3::quic::{self, ConnectionErrorIncoming};
 use h3::quic::{StreamErrorIncoming, WriteBuf};
 use quinn_proto::{self as proto, Dir, StreamId, VarInt};
 
-use super::{Connection, Waiter};
+use super::{Conn, Connection, Waiter};
 
 fn conn_error(e: proto::ConnectionError) -> ConnectionErrorIncoming {
     match e {
@@ -36,78 +36,77 @@ fn varint(code: u64) -> VarInt {
 }
 
 impl Connection {
-    /// Close with a 62-bit application code (h3's codes do not fit a u32).
-    fn close_with(&self, code: VarInt, reason: &[u8]) {
-        self.with(|c, s| {
-            if let Some(p) = c.proto.as_mut() {
-                p.close(super::now(), code, Bytes::copy_from_slice(reason));
-            }
-            s.touch();
-        })
-    }
-
-    fn poll_accept(
+    /// Accept (`open == false`) or open a stream of `dir`, or wait until one can be.
+    fn poll_stream(
         &self,
         cx: &mut Context<'_>,
         dir: Dir,
-    ) -> Poll<Result<StreamId, ConnectionErrorIncoming>> {
+        open: bool,
+    ) -> Poll<Result<StreamId, proto::ConnectionError>> {
         self.with(|c, s| {
-            if let Some(e) = &c.error {
-                return Poll::Ready(Err(conn_error(e.clone())));
-            }
-            let Some(p) = c.proto.as_mut() else {
-                return Poll::Ready(Err(conn_error(c.gone())));
+            let p = match alive(c) {
+                Ok(p) => p,
+                Err(e) => return Poll::Ready(Err(e)),
             };
-            let accepted = p.streams().accept(dir);
-            match accepted {
+            let id = if open {
+                p.streams().open(dir)
+            } else {
+                p.streams().accept(dir)
+            };
+            match id {
                 Some(id) => {
                     s.touch();
                     Poll::Ready(Ok(id))
                 }
                 None => {
-                    c.wait(Waiter::Accept(dir), cx.waker());
+                    let w = if open {
+                        Waiter::Open(dir)
+                    } else {
+                        Waiter::Accept(dir)
+                    };
+                    c.wait(w, cx.waker());
                     Poll::Pending
                 }
             }
         })
     }
 
-    fn poll_open(
-        &self,
-        cx: &mut Context<'_>,
-        dir: Dir,
-    ) -> Poll<Result<StreamId, StreamErrorIncoming>> {
+    /// A stream half goes away: forget its waiter and, unless it already ended, `end` it
+    /// (finish a send half, stop a receive half) as quinn's streams do when dropped.
+    fn drop_half(&self, waiter: Waiter, ended: bool, end: impl FnOnce(&mut proto::Connection)) {
         self.with(|c, s| {
-            if let Some(e) = &c.error {
-                return Poll::Ready(Err(stream_conn_error(e.clone())));
-            }
-            let Some(p) = c.proto.as_mut() else {
-                return Poll::Ready(Err(stream_conn_error(c.gone())));
-            };
-            let opened = p.streams().open(dir);
-            match opened {
-                Some(id) => {
-                    s.touch();
-                    Poll::Ready(Ok(id))
+            c.waiters.retain(|(w, _)| *w != waiter);
+            if !ended {
+                if let Some(p) = c.proto.as_mut() {
+                    end(p);
                 }
-                None => {
-                    c.wait(Waiter::Open(dir), cx.waker());
-                    Poll::Pending
-                }
+                s.touch();
             }
         })
     }
 }
 
+/// The connection's state machine, or the error every operation on it reports once it ended.
+fn alive(c: &mut Conn) -> Result<&mut proto::Connection, proto::ConnectionError> {
+    if let Some(e) = &c.error {
+        return Err(e.clone());
+    }
+    c.proto
+        .as_mut()
+        .ok_or(proto::ConnectionError::LocallyClosed)
+}
+
 impl quic::Connection<Bytes> for Connection {
     type RecvStream = RecvStream;
-    type OpenStreams = Opener;
+    // The connection opens streams itself; h3 keeps a clone of it apart.
+    type OpenStreams = Connection;
 
     fn poll_accept_recv(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<RecvStream, ConnectionErrorIncoming>> {
-        self.poll_accept(cx, Dir::Uni)
+        self.poll_stream(cx, Dir::Uni, false)
+            .map_err(conn_error)
             .map_ok(|id| RecvStream::new(self.clone(), id))
     }
 
@@ -115,12 +114,13 @@ impl quic::Connection<Bytes> for Connection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<BidiStream, ConnectionErrorIncoming>> {
-        self.poll_accept(cx, Dir::Bi)
+        self.poll_stream(cx, Dir::Bi, false)
+            .map_err(conn_error)
             .map_ok(|id| BidiStream::new(self, id))
     }
 
-    fn opener(&self) -> Opener {
-        Opener { conn: self.clone() }
+    fn opener(&self) -> Connection {
+        self.clone()
     }
 }
 
@@ -132,7 +132,8 @@ impl quic::OpenStreams<Bytes> for Connection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<BidiStream, StreamErrorIncoming>> {
-        self.poll_open(cx, Dir::Bi)
+        self.poll_stream(cx, Dir::Bi, true)
+            .map_err(stream_conn_error)
             .map_ok(|id| BidiStream::new(self, id))
     }
 
@@ -140,40 +141,13 @@ impl quic::OpenStreams<Bytes> for Connection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<SendStream, StreamErrorIncoming>> {
-        self.poll_open(cx, Dir::Uni)
+        self.poll_stream(cx, Dir::Uni, true)
+            .map_err(stream_conn_error)
             .map_ok(|id| SendStream::new(self.clone(), id))
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
         self.close_with(varint(code.value()), reason);
-    }
-}
-
-/// Opens streams on a compact connection (h3 keeps one apart from the connection).
-pub struct Opener {
-    conn: Connection,
-}
-
-impl quic::OpenStreams<Bytes> for Opener {
-    type BidiStream = BidiStream;
-    type SendStream = SendStream;
-
-    fn poll_open_bidi(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<BidiStream, StreamErrorIncoming>> {
-        quic::OpenStreams::poll_open_bidi(&mut self.conn, cx)
-    }
-
-    fn poll_open_send(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<SendStream, StreamErrorIncoming>> {
-        quic::OpenStreams::poll_open_send(&mut self.conn, cx)
-    }
-
-    fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        self.conn.close_with(varint(code.value()), reason);
     }
 }
 
@@ -204,11 +178,8 @@ impl quic::SendStream<Bytes> for SendStream {
         };
         let id = self.id;
         let r = self.conn.with(|c, s| {
-            if let Some(e) = &c.error {
-                return Poll::Ready(Err(stream_conn_error(e.clone())));
-            }
-            if c.proto.is_none() {
-                return Poll::Ready(Err(stream_conn_error(c.gone())));
+            if let Err(e) = alive(c) {
+                return Poll::Ready(Err(stream_conn_error(e)));
             }
             let mut wrote = false;
             let r = loop {
@@ -268,8 +239,9 @@ impl quic::SendStream<Bytes> for SendStream {
         let id = self.id;
         self.ended = true;
         self.conn.with(|c, s| {
-            let Some(p) = c.proto.as_mut() else {
-                return Poll::Ready(Err(stream_conn_error(c.gone())));
+            let p = match alive(c) {
+                Ok(p) => p,
+                Err(e) => return Poll::Ready(Err(stream_conn_error(e))),
             };
             let res = p.send_stream(id).finish();
             s.touch();
@@ -289,11 +261,8 @@ impl quic::SendStream<Bytes> for SendStream {
         let id = self.id;
         self.ended = true;
         self.writing = None;
-        self.conn.with(|c, s| {
-            if let Some(p) = c.proto.as_mut() {
-                let _ = p.send_stream(id).reset(varint(reset_code));
-            }
-            s.touch();
+        self.conn.apply(|p| {
+            let _ = p.send_stream(id).reset(varint(reset_code));
         });
     }
 
@@ -304,15 +273,9 @@ impl quic::SendStream<Bytes> for SendStream {
 
 impl Drop for SendStream {
     fn drop(&mut self) {
-        let (id, ended) = (self.id, self.ended);
-        self.conn.with(|c, s| {
-            c.waiters.retain(|(w, _)| *w != Waiter::Write(id));
-            if !ended {
-                if let Some(p) = c.proto.as_mut() {
-                    let _ = p.send_stream(id).finish();
-                }
-                s.touch();
-            }
+        let id = self.id;
+        self.conn.drop_half(Waiter::Write(id), self.ended, |p| {
+            let _ = p.send_stream(id).finish();
         });
     }
 }
@@ -343,11 +306,9 @@ impl quic::RecvStream for RecvStream {
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
         let id = self.id;
         let (r, ended) = self.conn.with(|c, s| {
-            if let Some(e) = &c.error {
-                return (Poll::Ready(Err(stream_conn_error(e.clone()))), true);
-            }
-            let Some(p) = c.proto.as_mut() else {
-                return (Poll::Ready(Err(stream_conn_error(c.gone()))), true);
+            let p = match alive(c) {
+                Ok(p) => p,
+                Err(e) => return (Poll::Ready(Err(stream_conn_error(e))), true),
             };
             let mut stream = p.recv_stream(id);
             let mut chunks = match stream.read(true) {
@@ -385,11 +346,8 @@ impl quic::RecvStream for RecvStream {
     fn stop_sending(&mut self, error_code: u64) {
         let id = self.id;
         self.ended = true;
-        self.conn.with(|c, s| {
-            if let Some(p) = c.proto.as_mut() {
-                let _ = p.recv_stream(id).stop(varint(error_code));
-            }
-            s.touch();
+        self.conn.apply(|p| {
+            let _ = p.recv_stream(id).stop(varint(error_code));
         });
     }
 
@@ -400,15 +358,9 @@ impl quic::RecvStream for RecvStream {
 
 impl Drop for RecvStream {
     fn drop(&mut self) {
-        let (id, ended) = (self.id, self.ended);
-        self.conn.with(|c, s| {
-            c.waiters.retain(|(w, _)| *w != Waiter::Read(id));
-            if !ended {
-                if let Some(p) = c.proto.as_mut() {
-                    let _ = p.recv_stream(id).stop(0u32.into());
-                }
-                s.touch();
-            }
+        let id = self.id;
+        self.conn.drop_half(Waiter::Read(id), self.ended, |p| {
+            let _ = p.recv_stream(id).stop(0u32.into());
         });
     }
 }
