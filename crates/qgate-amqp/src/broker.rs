@@ -5,6 +5,7 @@
 //! queues, routing, durability, redelivery — is here, on top of the sans-IO [`Queue`].
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,6 +76,17 @@ pub struct BrokerConfig {
     pub high_water: f64,
     /// SASL.
     pub credentials: Credentials,
+    /// Protocol header → SASL → open must be done within this, a frame held for credit waits
+    /// at most this, and so does the broker's close for the peer's (decision M16).
+    pub handshake_timeout: Duration,
+    /// A connection that receives nothing for this long is closed (`amqp:resource-limit-
+    /// exceeded`), and one whose peer takes no bytes for this long; half of it is announced as
+    /// the broker's idle-time-out (AMQP 1.0 §2.4.5). Zero: never (decision M16).
+    pub idle_timeout: Duration,
+    /// Most connections from one IP address at once; more are closed on accept (M16).
+    pub max_connections_per_address: usize,
+    /// Most sessions per connection (a begin beyond is a framing error).
+    pub max_sessions: usize,
 }
 
 impl Default for BrokerConfig {
@@ -92,6 +104,10 @@ impl Default for BrokerConfig {
             consumer_window: 1000,
             high_water: 0.8,
             credentials: Credentials::anonymous(),
+            handshake_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections_per_address: 256,
+            max_sessions: shim::DEFAULT_MAX_SESSIONS,
         }
     }
 }
@@ -148,6 +164,8 @@ struct Counters {
     connections_open: AtomicU64,
     connections_total: AtomicU64,
     connections_failed: AtomicU64,
+    connections_refused: AtomicU64,
+    connections_timed_out: AtomicU64,
     connections_early: AtomicU64,
     links_refused: AtomicU64,
     replays_dropped: AtomicU64,
@@ -160,6 +178,46 @@ struct Inner {
     next_consumer: AtomicU64,
     counters: Counters,
     replays: Mutex<ReplayGuard>,
+    /// Connections held per source address (entries at zero are removed).
+    per_address: Mutex<std::collections::HashMap<IpAddr, usize>>,
+}
+
+/// One connection's hold on the broker's tables, from accept until its last task ends: the
+/// open-connection gauge and its address's count (decision M16).
+struct Tenancy {
+    inner: Arc<Inner>,
+    addr: Option<IpAddr>,
+}
+
+impl shim::Watch for Tenancy {
+    fn timed_out(&self, _what: shim::Deadline) {
+        self.inner
+            .counters
+            .connections_timed_out
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Tenancy {
+    fn drop(&mut self) {
+        self.inner
+            .counters
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
+        if let Some(a) = self.addr {
+            let mut m = self
+                .inner
+                .per_address
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = m.get_mut(&a) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&a);
+                }
+            }
+        }
+    }
 }
 
 /// The broker; cheap to clone (all clones are the same broker).
@@ -205,6 +263,7 @@ impl Broker {
             next_consumer: AtomicU64::new(1),
             counters: Counters::default(),
             replays: Mutex::new(ReplayGuard::default()),
+            per_address: Mutex::new(std::collections::HashMap::new()),
             cfg,
         });
         let broker = Broker { inner };
@@ -344,10 +403,44 @@ impl Broker {
         }
     }
 
+    /// Take a place for a connection from `addr` (None: unknown, e.g. a simulated stream);
+    /// None when that address holds `max_connections_per_address` already (counted, M16).
+    fn tenancy(&self, addr: Option<IpAddr>) -> Option<Arc<Tenancy>> {
+        let c = &self.inner.counters;
+        c.connections_total.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = addr {
+            let mut m = self
+                .inner
+                .per_address
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let n = m.entry(a).or_insert(0);
+            if *n >= self.inner.cfg.max_connections_per_address {
+                drop(m);
+                c.connections_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(peer = %a, limit = self.inner.cfg.max_connections_per_address, "connection refused: per-address limit");
+                return None;
+            }
+            *n += 1;
+        }
+        c.connections_open.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::new(Tenancy {
+            inner: self.inner.clone(),
+            addr,
+        }))
+    }
+
     /// Serve one AMQP connection on `io` until it closes. Bad framing, failed SASL or a
     /// protocol error end this connection only.
     pub async fn serve<S: Stream>(&self, io: S) {
-        self.serve_guarded(io, false).await
+        self.serve_from(io, None).await
+    }
+
+    /// [`Broker::serve`] for a connection from `peer`, counted against its address's limit.
+    pub async fn serve_from<S: Stream>(&self, io: S, peer: Option<IpAddr>) {
+        if let Some(t) = self.tenancy(peer) {
+            self.serve_guarded(io, false, t).await
+        }
     }
 
     /// [`Broker::serve`] for a QUIC stream, whose first bytes may be 0-RTT data and so may be
@@ -356,19 +449,42 @@ impl Broker {
     /// handshake was still running (counted; quinn cannot tell a server for certain, so every
     /// QUIC connection is guarded).
     pub async fn serve_quic_stream<S: Stream>(&self, io: S, early_hint: bool) {
+        self.serve_quic_stream_from(io, early_hint, None).await
+    }
+
+    /// [`Broker::serve_quic_stream`] for a stream from `peer`, counted against its limit.
+    pub async fn serve_quic_stream_from<S: Stream>(
+        &self,
+        io: S,
+        early_hint: bool,
+        peer: Option<IpAddr>,
+    ) {
         if early_hint {
             self.inner
                 .counters
                 .connections_early
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.serve_guarded(io, true).await
+        if let Some(t) = self.tenancy(peer) {
+            self.serve_guarded(io, true, t).await
+        }
     }
 
-    async fn serve_guarded<S: Stream>(&self, io: S, early: bool) {
+    fn shim_config(&self) -> shim::ShimConfig {
+        let cfg = &self.inner.cfg;
+        shim::ShimConfig {
+            max_frame: cfg.max_frame_size,
+            buffer: 256 * 1024,
+            handshake_timeout: cfg.handshake_timeout,
+            idle_timeout: cfg.idle_timeout,
+            max_sessions: cfg.max_sessions.max(1),
+        }
+    }
+
+    async fn serve_guarded<S: Stream>(&self, io: S, early: bool, tenancy: Arc<Tenancy>) {
         let c = &self.inner.counters;
-        c.connections_total.fetch_add(1, Ordering::Relaxed);
-        let io = shim::shim(io, self.inner.cfg.max_frame_size, 256 * 1024);
+        // The shim holds the tenancy until both its pumps end (M16).
+        let io = shim::shim(io, self.shim_config(), tenancy.clone());
         let acceptor = ConnectionAcceptor::builder()
             .container_id(self.inner.cfg.container_id.clone())
             .max_frame_size(self.inner.cfg.max_frame_size)
@@ -382,7 +498,6 @@ impl Broker {
                 return;
             }
         };
-        c.connections_open.fetch_add(1, Ordering::Relaxed);
         let sessions = SessionAcceptor::builder()
             .incoming_window(65_536)
             .outgoing_window(65_536)
@@ -392,7 +507,7 @@ impl Broker {
             tokio::spawn(async move { broker.serve_session(session, early).await });
         }
         let _ = conn.close().await;
-        c.connections_open.fetch_sub(1, Ordering::Relaxed);
+        drop(tenancy);
     }
 
     async fn serve_session(&self, mut session: ListenerSessionHandle, early: bool) {
@@ -857,7 +972,12 @@ impl Broker {
             &|s| s.refused,
         );
         let c = &self.inner.counters;
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_open AMQP connections open\n# TYPE qgate_amqp_connections_open gauge\nqgate_amqp_connections_open {}", c.connections_open.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_open AMQP connections held, from accept (handshake included) until their state is freed\n# TYPE qgate_amqp_connections_open gauge\nqgate_amqp_connections_open {}", c.connections_open.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_refused_total connections closed on accept: their address held max_connections_per_address\n# TYPE qgate_amqp_connections_refused_total counter\nqgate_amqp_connections_refused_total {}", c.connections_refused.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_connections_timed_out_total connections closed by a deadline (handshake, idle, held frame, close, write)\n# TYPE qgate_amqp_connections_timed_out_total counter\nqgate_amqp_connections_timed_out_total {}", c.connections_timed_out.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP qgate_amqp_max_connections_per_address configured limit of connections per source address\n# TYPE qgate_amqp_max_connections_per_address gauge\nqgate_amqp_max_connections_per_address {}", self.inner.cfg.max_connections_per_address);
+        let _ = writeln!(o, "# HELP qgate_amqp_handshake_timeout_seconds configured handshake deadline\n# TYPE qgate_amqp_handshake_timeout_seconds gauge\nqgate_amqp_handshake_timeout_seconds {}", self.inner.cfg.handshake_timeout.as_secs_f64());
+        let _ = writeln!(o, "# HELP qgate_amqp_idle_timeout_seconds configured idle timeout (0: none)\n# TYPE qgate_amqp_idle_timeout_seconds gauge\nqgate_amqp_idle_timeout_seconds {}", self.inner.cfg.idle_timeout.as_secs_f64());
         let _ = writeln!(o, "# HELP qgate_amqp_connections_total AMQP connections accepted or refused\n# TYPE qgate_amqp_connections_total counter\nqgate_amqp_connections_total {}", c.connections_total.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_connections_failed_total connections that failed before open (framing, SASL)\n# TYPE qgate_amqp_connections_failed_total counter\nqgate_amqp_connections_failed_total {}", c.connections_failed.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_connections_early_total AMQP connections whose QUIC stream arrived during the handshake (0-RTT)\n# TYPE qgate_amqp_connections_early_total counter\nqgate_amqp_connections_early_total {}", c.connections_early.load(Ordering::Relaxed));
@@ -985,12 +1105,13 @@ pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
                     }
                 },
             };
+            let peer = conn.remote_address().ip();
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let broker = broker.clone();
                 let early = !handshaken.load(Ordering::Acquire);
                 tokio::spawn(async move {
                     broker
-                        .serve_quic_stream(tokio::io::join(recv, send), early)
+                        .serve_quic_stream_from(tokio::io::join(recv, send), early, Some(peer))
                         .await
                 });
             }
@@ -1018,12 +1139,24 @@ pub async fn serve_tcp(
         let broker = broker.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            let Some(tenancy) = broker.tenancy(Some(peer.ip())) else {
+                return;
+            };
             match acceptor {
-                None => broker.serve(tcp).await,
-                Some(a) => match a.accept(tcp).await {
-                    Ok(tls) => broker.serve(tls).await,
-                    Err(e) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
-                },
+                None => broker.serve_guarded(tcp, false, tenancy).await,
+                // The TLS handshake is part of the handshake deadline (M16).
+                Some(a) => {
+                    match tokio::time::timeout(broker.inner.cfg.handshake_timeout, a.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(tls)) => broker.serve_guarded(tls, false, tenancy).await,
+                        Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => {
+                            shim::Watch::timed_out(&*tenancy, shim::Deadline::Handshake);
+                            tracing::info!(%peer, "TLS handshake timed out");
+                        }
+                    }
+                }
             }
         });
     }
@@ -1033,13 +1166,19 @@ impl Broker {
     /// The TLS server handshake on `io` (any byte stream: a user-space TCP on the simulated
     /// network, say), then serve the AMQP connection over it.
     pub async fn serve_tls<S: Stream>(&self, io: S, tls: Arc<rustls::ServerConfig>) {
-        match tokio_rustls::TlsAcceptor::from(tls).accept(io).await {
-            Ok(s) => self.serve(s).await,
-            Err(e) => tracing::info!(error = %e, "TLS handshake failed"),
+        let Some(tenancy) = self.tenancy(None) else {
+            return;
+        };
+        let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);
+        match tokio::time::timeout(self.inner.cfg.handshake_timeout, accept).await {
+            Ok(Ok(s)) => self.serve_guarded(s, false, tenancy).await,
+            Ok(Err(e)) => tracing::info!(error = %e, "TLS handshake failed"),
+            Err(_) => shim::Watch::timed_out(&*tenancy, shim::Deadline::Handshake),
         }
     }
 
-    /// Connections open now.
+    /// Connections held now: from accept (handshake included) until every task serving one
+    /// has ended and its state is freed.
     pub fn connections_open(&self) -> u64 {
         self.inner.counters.connections_open.load(Ordering::Relaxed)
     }

@@ -14,12 +14,16 @@
 //! connection with `amqp:connection:framing-error`.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use fe2o3_amqp::types::definitions::{self, ConnectionError, Role};
+use fe2o3_amqp::types::definitions::{self, AmqpError, ConnectionError, ErrorCondition, Role};
 use fe2o3_amqp::types::performatives::{Close, Performative};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+// tokio's clock: the shim's deadlines run in virtual time on the simulator.
+use tokio::time::Instant;
 
 /// Appended to the names of links on which the broker sends.
 pub const SUFFIX: &str = "\u{1f}qgate-out";
@@ -70,6 +74,29 @@ pub enum FrameError {
     /// More pipelined data than the broker holds before granting credit.
     #[error("more than {0} bytes pipelined before the broker granted credit")]
     Pipelined(usize),
+    /// A session frame on a channel the peer has not begun a session on (AMQP 1.0 §2.5.1:
+    /// a channel carries a session's frames only between its begin and its end).
+    #[error("frame on channel {0}, which has no session")]
+    NoSession(u16),
+    /// A begin on a channel already in use, or beyond the sessions a connection may have.
+    #[error("begin on channel {channel}: {why}")]
+    Begin {
+        /// The channel.
+        channel: u16,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl FrameError {
+    /// The close condition that names this error to the peer.
+    pub fn condition(&self) -> ErrorCondition {
+        match self {
+            // What fe2o3-amqp itself answers for a frame on an unknown channel.
+            FrameError::NoSession(_) => AmqpError::NotFound.into(),
+            _ => ConnectionError::FramingError.into(),
+        }
+    }
 }
 
 /// Parses one direction's byte stream into protocol headers and frames, renaming attaches.
@@ -92,6 +119,14 @@ pub struct Rewriter {
     pipeline: Option<Arc<Mutex<Pipeline>>>,
     /// Inbound frames held, unprocessed, until the broker grants credit (decision M9).
     held: BytesMut,
+    /// Inbound: channels the peer has begun a session on and not ended (decision M16).
+    sessions: HashSet<u16>,
+    /// Inbound: most sessions at once.
+    max_sessions: usize,
+    /// Outbound: the idle-time-out (ms) the broker's open announces (AMQP 1.0 §2.4.5).
+    announce_idle: Option<u32>,
+    /// A close frame has passed.
+    closed: bool,
     /// Attaches renamed so far (for tests and metrics).
     pub renamed: u64,
 }
@@ -109,8 +144,34 @@ impl Rewriter {
             partial_bytes: 0,
             pipeline: None,
             held: BytesMut::new(),
+            sessions: HashSet::new(),
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            announce_idle: None,
+            closed: false,
             renamed: 0,
         }
+    }
+
+    /// Inbound: at most `n` sessions at once (a begin beyond is a framing error).
+    pub fn with_max_sessions(mut self, n: usize) -> Self {
+        self.max_sessions = n;
+        self
+    }
+
+    /// Outbound: rewrite the broker's open to announce `ms` as its idle-time-out (0: none).
+    pub fn with_announced_idle(mut self, ms: u32) -> Self {
+        self.announce_idle = (ms > 0).then_some(ms);
+        self
+    }
+
+    /// Whether a close frame has passed.
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Bytes of inbound frames held for credit.
+    pub fn held(&self) -> usize {
+        self.held.len()
     }
 
     /// Share `pipeline` with the other direction's rewriter.
@@ -207,6 +268,9 @@ impl Rewriter {
             if self.dir == Direction::Inbound && !body.is_empty() {
                 let channel = u16::from_be_bytes([frame[6], frame[7]]);
                 self.check_frame(kind, channel, body)?;
+                if kind == FRAME_AMQP {
+                    self.check_channel(channel, body)?;
+                }
             }
             if kind == FRAME_SASL {
                 // sasl-outcome (descriptor 0x44): the peer sends a new protocol header next.
@@ -218,6 +282,17 @@ impl Rewriter {
             }
             if is_described(body, 0x10, "amqp:open:list") {
                 self.opened = true;
+                if self.dir == Direction::Outbound {
+                    if let Some(ms) = self.announce_idle {
+                        let channel = u16::from_be_bytes([frame[6], frame[7]]);
+                        let open = with_idle_time_out(body, ms).map_err(FrameError::Encoding)?;
+                        out.extend_from_slice(&crate::wire::frame(FRAME_AMQP, channel, &open, &[]));
+                        continue;
+                    }
+                }
+            }
+            if is_described(body, 0x18, "amqp:close:list") {
+                self.closed = true;
             }
             if self.pipeline.is_some() {
                 let channel = u16::from_be_bytes([frame[6], frame[7]]);
@@ -250,6 +325,59 @@ impl Rewriter {
             }
             out.extend_from_slice(&frame);
         }
+    }
+
+    /// Inbound session frames must ride on a channel the peer has begun (AMQP 1.0 §2.5.1); a
+    /// begin must take a free channel, within `max_sessions` (decision M16). fe2o3-amqp would
+    /// refuse such a frame itself, but the shim may hold it first (an early transfer waiting
+    /// for credit that can never come), so the shim refuses it on arrival.
+    fn check_channel(&mut self, channel: u16, body: &[u8]) -> Result<(), FrameError> {
+        // open 0x10, begin 0x11, end 0x17, close 0x18; the rest (attach 0x12, flow 0x13,
+        // transfer 0x14, disposition 0x15, detach 0x16) belong to a session.
+        let code = match body {
+            [0x00, 0x53, c, ..] => *c,
+            [0x00, 0x80, rest @ ..] if rest.len() >= 8 => rest[7],
+            _ => {
+                let named = [
+                    (0x10, "amqp:open:list"),
+                    (0x11, "amqp:begin:list"),
+                    (0x12, "amqp:attach:list"),
+                    (0x13, "amqp:flow:list"),
+                    (0x14, "amqp:transfer:list"),
+                    (0x15, "amqp:disposition:list"),
+                    (0x16, "amqp:detach:list"),
+                    (0x17, "amqp:end:list"),
+                    (0x18, "amqp:close:list"),
+                ];
+                match named.iter().find(|(c, n)| is_described(body, *c, n)) {
+                    Some((c, _)) => *c,
+                    None => return Ok(()), // the decoder refuses it
+                }
+            }
+        };
+        match code {
+            0x11 => {
+                if self.sessions.contains(&channel) {
+                    return Err(FrameError::Begin {
+                        channel,
+                        why: "the channel already has a session".into(),
+                    });
+                }
+                if self.sessions.len() >= self.max_sessions {
+                    return Err(FrameError::Begin {
+                        channel,
+                        why: format!("more than {} sessions", self.max_sessions),
+                    });
+                }
+                self.sessions.insert(channel);
+            }
+            0x17 if !self.sessions.remove(&channel) => return Err(FrameError::NoSession(channel)),
+            0x12..=0x16 if !self.sessions.contains(&channel) => {
+                return Err(FrameError::NoSession(channel))
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Check an inbound frame's encoding. A transfer's payload is checked when the frame holds
@@ -399,6 +527,20 @@ fn decode_performative(body: &[u8]) -> Result<Performative, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Re-encode an open performative with `idle_time_out` = `ms`.
+fn with_idle_time_out(body: &[u8], ms: u32) -> Result<Vec<u8>, String> {
+    match decode_performative(body)? {
+        Performative::Open(mut o) => {
+            o.idle_time_out = Some(ms);
+            serde_amqp::to_vec(&Performative::Open(o)).map_err(|e| e.to_string())
+        }
+        _ => Err("not an open".into()),
+    }
+}
+
+/// Sessions per connection unless configured (fe2o3-amqp's own default allows 65 536).
+pub const DEFAULT_MAX_SESSIONS: usize = 64;
+
 /// Most bytes of unfinished multi-frame deliveries copied per connection (4 MiB).
 pub const MAX_PARTIAL: usize = 4 << 20;
 
@@ -494,8 +636,9 @@ fn is_described(body: &[u8], code: u8, name: &str) -> bool {
 enum Fail {
     /// Before AMQP frames: our protocol header, if not sent yet (§2.2), then close.
     Header,
-    /// After: an open if none was sent (§2.4.1 says close follows open), then the close.
-    Close(String),
+    /// After: an open if none was sent (§2.4.1 says close follows open), then a close with
+    /// this condition and description (none if the broker already sent its close).
+    Close(ErrorCondition, String),
 }
 
 /// A minimal open frame for answering a peer that broke framing before the broker opened.
@@ -506,9 +649,14 @@ fn open_frame() -> Vec<u8> {
 
 /// A close frame (channel 0) with `amqp:connection:framing-error` and `why`.
 pub fn framing_error_close(why: &str) -> Vec<u8> {
+    error_close(ConnectionError::FramingError.into(), why)
+}
+
+/// A close frame (channel 0) with `condition` and `why`.
+pub fn error_close(condition: ErrorCondition, why: &str) -> Vec<u8> {
     let close = Performative::Close(Close {
         error: Some(definitions::Error {
-            condition: ConnectionError::FramingError.into(),
+            condition,
             description: Some(why.to_string()),
             info: None,
         }),
@@ -516,73 +664,169 @@ pub fn framing_error_close(why: &str) -> Vec<u8> {
     crate::wire::amqp_frame(&close, &[])
 }
 
+/// The limits and deadlines the shim enforces on one connection (decision M16).
+#[derive(Debug, Clone, Copy)]
+pub struct ShimConfig {
+    /// Largest inbound frame.
+    pub max_frame: u32,
+    /// Bytes of the in-memory pipe to the broker, each way.
+    pub buffer: usize,
+    /// Header → SASL → open must be done within this; it also bounds a frame held for
+    /// credit and the wait for the peer's close after the broker's.
+    pub handshake_timeout: Duration,
+    /// Nothing received for this long closes the connection, and a peer that takes no bytes
+    /// for this long too; half of it is announced in the broker's open (AMQP 1.0 §2.4.5).
+    /// Zero: never.
+    pub idle_timeout: Duration,
+    /// Most sessions at once.
+    pub max_sessions: usize,
+}
+
+/// Which deadline ended a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// No open within the handshake timeout.
+    Handshake,
+    /// Nothing received within the idle timeout.
+    Idle,
+    /// A frame held for credit that did not come.
+    Held,
+    /// No close from the peer after the broker's.
+    Close,
+    /// The peer took no bytes within the idle timeout.
+    Write,
+}
+
+/// What the shim tells the connection's owner. The shim's two pumps each hold the watch and
+/// drop it when they end, so its `Drop` marks the moment the connection's state is freed.
+pub trait Watch: Send + Sync + 'static {
+    /// The connection is being closed because `what` passed.
+    fn timed_out(&self, what: Deadline) {
+        let _ = what;
+    }
+}
+
+impl Watch for () {}
+
+/// State both pumps share.
+struct Shared {
+    /// The broker's side has ended (the inbound pump stops).
+    broker_gone: AtomicBool,
+    /// Something the broker said may have let held frames go, or changed a deadline.
+    granted: tokio::sync::Notify,
+    /// When the broker's close went out.
+    closing: Mutex<Option<Instant>>,
+}
+
 /// Put the shim between `peer` and the broker: returns the broker's end. Two tasks pump bytes
-/// through a bounded in-memory pipe of `buffer` bytes each way; bad framing from the peer ends
-/// the connection with a framing-error close (or, before AMQP starts, the broker's protocol
-/// header, AMQP 1.0 §2.2).
-pub fn shim<S>(peer: S, max_frame: u32, buffer: usize) -> tokio::io::DuplexStream
+/// through a bounded in-memory pipe of `cfg.buffer` bytes each way; bad framing from the peer
+/// ends the connection with a framing-error close (or, before AMQP starts, the broker's
+/// protocol header, AMQP 1.0 §2.2), and so does every deadline of [`ShimConfig`]. When the
+/// peer's socket closes, or a deadline passes, both pumps end and the broker's end sees EOF:
+/// no state outlives its socket by more than a deadline (decision M16).
+pub fn shim<S>(peer: S, cfg: ShimConfig, watch: Arc<dyn Watch>) -> tokio::io::DuplexStream
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (broker_end, ours) = tokio::io::duplex(buffer);
+    let (broker_end, ours) = tokio::io::duplex(cfg.buffer);
     let (mut peer_rd, mut peer_wr) = tokio::io::split(peer);
     let (mut ours_rd, mut ours_wr) = tokio::io::split(ours);
     let (fail_tx, mut fail_rx) = tokio::sync::oneshot::channel::<Fail>();
     let pipeline = Arc::new(Mutex::new(Pipeline::default()));
-    let granted = Arc::new(tokio::sync::Notify::new());
-    let granted_in = granted.clone();
     let pipeline_out = pipeline.clone();
-    let broker_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let broker_gone_in = broker_gone.clone();
+    let shared = Arc::new(Shared {
+        broker_gone: AtomicBool::new(false),
+        granted: tokio::sync::Notify::new(),
+        closing: Mutex::new(None),
+    });
+    let shared_out = shared.clone();
+    let watch_out = watch.clone();
     // Peer → broker.
     tokio::spawn(async move {
-        let mut rw = Rewriter::new(Direction::Inbound, max_frame).with_pipeline(pipeline);
+        let mut rw = Rewriter::new(Direction::Inbound, cfg.max_frame)
+            .with_pipeline(pipeline)
+            .with_max_sessions(cfg.max_sessions);
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
         let mut eof = false;
-        loop {
+        let start = Instant::now();
+        let mut last_read = start;
+        let mut held_since: Option<Instant> = None;
+        let fail = loop {
             if !rw.release_held(&mut input) {
-                let gone = broker_gone_in.load(std::sync::atomic::Ordering::Acquire);
-                if (eof && rw.held.is_empty()) || gone {
-                    break;
+                if (eof && rw.held.is_empty()) || shared.broker_gone.load(Ordering::Acquire) {
+                    break None;
                 }
+                // The earliest deadline now in force (M16): every wait on the peer is bounded.
+                let closing = *shared.closing.lock().unwrap_or_else(|e| e.into_inner());
+                let due = [
+                    (!rw.opened()).then_some((start + cfg.handshake_timeout, Deadline::Handshake)),
+                    (!cfg.idle_timeout.is_zero() && !eof)
+                        .then_some((last_read + cfg.idle_timeout, Deadline::Idle)),
+                    held_since.map(|t| (t + cfg.handshake_timeout, Deadline::Held)),
+                    closing.map(|t| (t + cfg.handshake_timeout, Deadline::Close)),
+                ]
+                .into_iter()
+                .flatten()
+                .min_by_key(|(t, _)| *t);
+                let at = due.map_or(start + Duration::from_secs(365 * 86_400), |(t, _)| t);
                 tokio::select! {
                     r = peer_rd.read_buf(&mut input), if !eof => match r {
                         Ok(0) | Err(_) => eof = true,
-                        Ok(_) => {}
+                        Ok(_) => last_read = Instant::now(),
                     },
-                    _ = granted_in.notified() => {}
+                    _ = shared.granted.notified() => {}
+                    _ = tokio::time::sleep_until(at), if due.is_some() => {
+                        let what = due.map_or(Deadline::Idle, |(_, w)| w);
+                        watch.timed_out(what);
+                        tracing::info!(deadline = ?what, "closing connection: deadline passed");
+                        break deadline_fail(what, &rw, &cfg);
+                    }
                 }
                 if eof && rw.held.is_empty() && input.is_empty() {
-                    break;
+                    break None;
                 }
             }
             let result = rw.process(&mut input, &mut out);
             if !out.is_empty() && ours_wr.write_all(&out).await.is_err() {
-                break;
+                break None;
             }
             out.clear();
+            held_since = match (rw.held.is_empty(), held_since) {
+                (true, _) => None,
+                (false, None) => Some(Instant::now()),
+                (false, since) => since,
+            };
             if let Err(e) = result {
                 tracing::warn!(error = %e, "closing connection: bad framing");
-                let reply = if rw.in_amqp() {
-                    Fail::Close(e.to_string())
+                break Some(if rw.in_amqp() {
+                    Fail::Close(e.condition(), e.to_string())
                 } else {
                     Fail::Header
-                };
-                let _ = fail_tx.send(reply);
-                break;
+                });
             }
             if input.capacity() - input.len() < 4096 {
                 input.reserve(16 * 1024);
             }
+        };
+        if let Some(f) = fail {
+            let _ = fail_tx.send(f);
         }
         let _ = ours_wr.shutdown().await;
     });
     // Broker → peer.
     tokio::spawn(async move {
-        let mut rw = Rewriter::new(Direction::Outbound, u32::MAX).with_pipeline(pipeline_out);
+        let watch = watch_out;
+        let shared = shared_out;
+        let announce = u32::try_from((cfg.idle_timeout / 2).as_millis()).unwrap_or(u32::MAX);
+        let mut rw = Rewriter::new(Direction::Outbound, u32::MAX)
+            .with_pipeline(pipeline_out)
+            .with_announced_idle(announce);
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
+        // A peer that takes no bytes is as idle as one that sends none (M16).
+        let write = |n: Duration| if n.is_zero() { Duration::MAX } else { n };
+        let write_limit = write(cfg.idle_timeout);
         loop {
             tokio::select! {
                 biased;
@@ -591,10 +835,11 @@ where
                         let bytes = match reply {
                             Fail::Header if rw.sent_header() => Vec::new(),
                             Fail::Header => b"AMQP\x03\x01\x00\x00".to_vec(),
-                            Fail::Close(why) if rw.opened() => framing_error_close(&why),
-                            Fail::Close(why) => [open_frame(), framing_error_close(&why)].concat(),
+                            Fail::Close(..) if rw.closed() => Vec::new(),
+                            Fail::Close(c, why) if rw.opened() => error_close(c, &why),
+                            Fail::Close(c, why) => [open_frame(), error_close(c, &why)].concat(),
                         };
-                        let _ = peer_wr.write_all(&bytes).await;
+                        let _ = tokio::time::timeout(write_limit, peer_wr.write_all(&bytes)).await;
                     }
                     break;
                 }
@@ -606,21 +851,54 @@ where
             if rw.process(&mut input, &mut out).is_err() {
                 break;
             }
+            if rw.closed() {
+                let mut c = shared.closing.lock().unwrap_or_else(|e| e.into_inner());
+                c.get_or_insert_with(Instant::now);
+            }
             // Whatever the broker said may have let held transfers go.
-            granted.notify_one();
-            if !out.is_empty() && peer_wr.write_all(&out).await.is_err() {
-                break;
+            shared.granted.notify_one();
+            if !out.is_empty() {
+                match tokio::time::timeout(write_limit, peer_wr.write_all(&out)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        watch.timed_out(Deadline::Write);
+                        tracing::info!("closing connection: the peer takes no bytes");
+                        break;
+                    }
+                }
             }
             out.clear();
             if input.capacity() - input.len() < 4096 {
                 input.reserve(16 * 1024);
             }
         }
-        let _ = peer_wr.shutdown().await;
-        broker_gone.store(true, std::sync::atomic::Ordering::Release);
-        granted.notify_one();
+        let _ = tokio::time::timeout(cfg.handshake_timeout, peer_wr.shutdown()).await;
+        shared.broker_gone.store(true, Ordering::Release);
+        shared.granted.notify_one();
     });
     broker_end
+}
+
+/// What to tell the peer when `what` passed.
+fn deadline_fail(what: Deadline, rw: &Rewriter, cfg: &ShimConfig) -> Option<Fail> {
+    let why = match what {
+        Deadline::Handshake => format!("no open within {:?}", cfg.handshake_timeout),
+        Deadline::Idle => format!(
+            "idle timeout: nothing received for {:?} (AMQP 1.0 §2.4.5)",
+            cfg.idle_timeout
+        ),
+        Deadline::Held => format!(
+            "a transfer waited {:?} for link credit that never came",
+            cfg.handshake_timeout
+        ),
+        Deadline::Close | Deadline::Write => return None,
+    };
+    Some(if rw.in_amqp() {
+        Fail::Close(AmqpError::ResourceLimitExceeded.into(), why)
+    } else {
+        Fail::Header
+    })
 }
 
 #[cfg(test)]
@@ -651,8 +929,18 @@ mod tests {
         })
     }
 
+    /// An inbound rewriter whose peer has begun a session on channel 3 (the tests' frames).
+    fn inbound() -> Rewriter {
+        let mut rw = Rewriter::new(Direction::Inbound, 65536);
+        rw.sessions.insert(3);
+        rw
+    }
+
     fn run(dir: Direction, bytes: &[u8]) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
-        let mut rw = Rewriter::new(dir, 65536);
+        let mut rw = match dir {
+            Direction::Inbound => inbound(),
+            Direction::Outbound => Rewriter::new(dir, 65536),
+        };
         let mut input = BytesMut::from(bytes);
         let mut out = BytesMut::new();
         rw.process(&mut input, &mut out)?;
@@ -711,7 +999,7 @@ mod tests {
         s.extend_from_slice(&[0, 0, 0, 8, 2, 0, 0, 0]);
         let whole = run(Direction::Inbound, &s).unwrap().0;
         for cut in 0..s.len() {
-            let mut rw = Rewriter::new(Direction::Inbound, 65536);
+            let mut rw = inbound();
             let mut input = BytesMut::from(&s[..cut]);
             let mut out = BytesMut::new();
             rw.process(&mut input, &mut out).unwrap();
@@ -801,6 +1089,55 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn session_frames_need_a_begun_channel() {
+        use fe2o3_amqp::types::performatives::{Begin, End};
+        let begin = Performative::Begin(Begin {
+            remote_channel: None,
+            next_outgoing_id: 0,
+            incoming_window: 1,
+            outgoing_window: 1,
+            handle_max: 1.into(),
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        });
+        let on = |ch: u16, p: &Performative| {
+            crate::wire::frame(0, ch, &serde_amqp::to_vec(p).unwrap(), &[])
+        };
+        let feed = |rw: &mut Rewriter, bytes: &[u8]| {
+            let mut input = BytesMut::from(bytes);
+            rw.process(&mut input, &mut BytesMut::new())
+        };
+        let mut rw = Rewriter::new(Direction::Inbound, 65536).with_max_sessions(2);
+        feed(&mut rw, b"AMQP\x00\x01\x00\x00").unwrap();
+        feed(&mut rw, &on(5, &begin)).unwrap();
+        assert_eq!(
+            feed(&mut rw, &on(0, &attach("a", Role::Sender))),
+            Err(FrameError::NoSession(0))
+        );
+        assert!(feed(&mut rw, &on(5, &attach("a", Role::Sender))).is_ok());
+        assert!(matches!(
+            feed(&mut rw, &on(5, &begin)),
+            Err(FrameError::Begin { .. })
+        ));
+        feed(&mut rw, &on(6, &begin)).unwrap();
+        assert!(
+            matches!(feed(&mut rw, &on(7, &begin)), Err(FrameError::Begin { .. })),
+            "limit 2"
+        );
+        feed(&mut rw, &on(6, &Performative::End(End { error: None }))).unwrap();
+        feed(&mut rw, &on(7, &begin)).unwrap();
+        assert_eq!(
+            feed(&mut rw, &on(6, &Performative::End(End { error: None }))),
+            Err(FrameError::NoSession(6))
+        );
+        assert_eq!(
+            FrameError::NoSession(0).condition(),
+            AmqpError::NotFound.into()
+        );
+    }
+
     fn transfer_frame(more: bool, payload: &[u8]) -> Vec<u8> {
         use fe2o3_amqp::types::performatives::Transfer;
         let t = Performative::Transfer(Transfer {
@@ -825,7 +1162,7 @@ mod tests {
             let (a, b) = payload.split_at(payload.len() / 2);
             let first = transfer_frame(true, a);
             let last = transfer_frame(false, b);
-            let mut rw = Rewriter::new(Direction::Inbound, 65536);
+            let mut rw = inbound();
             let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
             input.extend_from_slice(&first);
             input.extend_from_slice(&last);
@@ -849,7 +1186,7 @@ mod tests {
 
     #[test]
     fn unfinished_deliveries_are_bounded() {
-        let mut rw = Rewriter::new(Direction::Inbound, 65536);
+        let mut rw = inbound();
         let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
         let piece = transfer_frame(true, &[0u8; 60_000]);
         for _ in 0..(MAX_PARTIAL / 60_000 + 2) {

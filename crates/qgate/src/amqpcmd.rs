@@ -61,6 +61,14 @@ pub struct BrokerSection {
     pub client_ca: Option<PathBuf>,
     /// Prometheus text on plain HTTP/1.1 at this TCP address.
     pub metrics: Option<SocketAddr>,
+    /// Header → SASL → open deadline, e.g. "30s".
+    pub handshake_timeout: Option<String>,
+    /// Close connections that receive nothing this long ("off": never).
+    pub idle_timeout: Option<String>,
+    /// Most connections from one IP address.
+    pub max_connections_per_address: Option<usize>,
+    /// Most sessions per connection.
+    pub max_sessions: Option<usize>,
     /// Queues declared at start.
     pub queues: Vec<QueueSection>,
 }
@@ -108,12 +116,22 @@ pub struct BrokerArgs {
     /// Refuse links to queues not declared in [[broker.queues]] (amqp:not-found).
     #[arg(long)]
     no_auto_create: bool,
-    /// Most messages per auto-created queue [default: 1000000].
-    #[arg(long)]
+    #[arg(long, help = dflt("Most messages per auto-created queue", BrokerConfig::default().default_limits.max_messages))]
     max_messages: Option<usize>,
-    /// Most bytes per auto-created queue [default: 67108864].
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", help = dflt("Most bytes per auto-created queue", BrokerConfig::default().default_limits.max_bytes))]
     max_bytes: Option<usize>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
+        "Protocol header, SASL and open must be done within this (TLS included); a frame held for credit, and the wait for a peer's close, are bounded by it too",
+        secs(BrokerConfig::default().handshake_timeout)))]
+    handshake_timeout: Option<Duration>,
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_timeout, help = dflt(
+        "Close a connection that receives nothing (or takes no bytes) this long; half is announced as AMQP idle-time-out, and empty frames are sent as often as a peer asks",
+        secs(BrokerConfig::default().idle_timeout)))]
+    idle_timeout: Option<Duration>,
+    #[arg(long, value_name = "N", help = dflt("Most connections from one IP address at once (more are closed on accept)", BrokerConfig::default().max_connections_per_address))]
+    max_connections_per_address: Option<usize>,
+    #[arg(long, value_name = "N", help = dflt("Most sessions per AMQP connection", BrokerConfig::default().max_sessions))]
+    max_sessions: Option<usize>,
     /// Longest a message waits in an auto-created queue (e.g. 10m) [default: forever].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     ttl: Option<Duration>,
@@ -129,6 +147,35 @@ pub struct BrokerArgs {
     /// Clients (QUIC and TLS) must present a certificate signed by this CA (PEM).
     #[arg(long, value_name = "FILE")]
     client_ca: Option<PathBuf>,
+}
+
+/// `help` followed by the default, read from where the default lives (one source of truth).
+fn dflt(help: &str, default: impl std::fmt::Display) -> String {
+    format!("{help} [default: {default}]")
+}
+
+/// A duration as `parse_duration` reads it back.
+fn secs(d: Duration) -> String {
+    if d.is_zero() {
+        "off".into()
+    } else {
+        format!("{}s", d.as_secs_f64())
+    }
+}
+
+/// A timeout: a duration, or "off" / "0" for none.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match s.trim() {
+        "off" | "0" => Ok(Duration::ZERO),
+        s => parse_duration(s),
+    }
+}
+
+fn timeout(what: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
+    v.as_deref()
+        .map(parse_timeout)
+        .transpose()
+        .map_err(|e| usage(format!("{what}: {e}")))
 }
 
 fn duration(what: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
@@ -187,7 +234,30 @@ fn broker_config(a: &BrokerArgs, b: &BrokerSection) -> Result<BrokerConfig, Fail
                 .unwrap_or_else(|| PathBuf::from("broker.redb"))
         }))
     };
+    let max_connections_per_address = a
+        .max_connections_per_address
+        .or(b.max_connections_per_address)
+        .unwrap_or(d.max_connections_per_address);
+    let max_sessions = a.max_sessions.or(b.max_sessions).unwrap_or(d.max_sessions);
+    if max_connections_per_address == 0 || max_sessions == 0 {
+        return Err(usage(
+            "max_connections_per_address and max_sessions must be positive",
+        ));
+    }
     Ok(BrokerConfig {
+        handshake_timeout: a
+            .handshake_timeout
+            .or(duration(
+                "[broker] handshake_timeout",
+                &b.handshake_timeout,
+            )?)
+            .unwrap_or(d.handshake_timeout),
+        idle_timeout: a
+            .idle_timeout
+            .or(timeout("[broker] idle_timeout", &b.idle_timeout)?)
+            .unwrap_or(d.idle_timeout),
+        max_connections_per_address,
+        max_sessions,
         queues,
         auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
         default_limits,

@@ -1,0 +1,312 @@
+//! Hostile and faulty peers (issue #18): raw TCP peers that stop half-way, send frames where no
+//! session is, say nothing, or never read; the broker must free every connection within its
+//! deadlines (decision M16).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fe2o3_amqp::types::definitions::Role;
+use fe2o3_amqp::types::messaging::Target;
+use fe2o3_amqp::types::performatives::{Attach, Begin, Performative, Transfer};
+use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig};
+use qgate_amqp::wire;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Running {
+    broker: Broker,
+    tcp: SocketAddr,
+    tls: SocketAddr,
+}
+
+async fn start(cfg: BrokerConfig) -> Running {
+    let pki = qgate_transport::DevPki::generate(&[]).unwrap();
+    let broker = Broker::start(cfg).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = l.local_addr().unwrap();
+    tokio::spawn(serve_tcp(broker.clone(), l, None));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls = l.local_addr().unwrap();
+    let tcfg = qgate_amqp::transport::tls_server_config(&pki.server, None).unwrap();
+    tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
+    Running { broker, tcp, tls }
+}
+
+fn frame(channel: u16, perf: &Performative, payload: &[u8]) -> Vec<u8> {
+    wire::frame(0, channel, &serde_amqp::to_vec(perf).unwrap(), payload)
+}
+
+/// SASL header and ANONYMOUS init, AMQP header, and an open asking for `idle_ms`.
+fn opening(idle_ms: Option<u32>) -> Vec<u8> {
+    use fe2o3_amqp::types::primitives::Symbol;
+    use fe2o3_amqp::types::sasl::SaslInit;
+    let mut out = b"AMQP\x03\x01\x00\x00".to_vec();
+    let init = SaslInit {
+        mechanism: Symbol::from("ANONYMOUS"),
+        initial_response: None,
+        hostname: None,
+    };
+    out.extend(wire::frame(1, 0, &serde_amqp::to_vec(&init).unwrap(), &[]));
+    out.extend_from_slice(b"AMQP\x00\x01\x00\x00");
+    let mut open = wire::open("hostile", 65_536);
+    if let Performative::Open(o) = &mut open {
+        o.idle_time_out = idle_ms;
+    }
+    out.extend(frame(0, &open, &[]));
+    out
+}
+
+fn begin() -> Performative {
+    Performative::Begin(Begin {
+        remote_channel: None,
+        next_outgoing_id: 0,
+        incoming_window: 100,
+        outgoing_window: 100,
+        handle_max: 10.into(),
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    })
+}
+
+fn sender_attach(address: &str) -> Performative {
+    Performative::Attach(Attach {
+        name: "s".into(),
+        handle: 0.into(),
+        role: Role::Sender,
+        snd_settle_mode: Default::default(),
+        rcv_settle_mode: Default::default(),
+        source: None,
+        target: Some(Box::new(Target::builder().address(address).build().into())),
+        unsettled: None,
+        incomplete_unsettled: false,
+        initial_delivery_count: Some(0),
+        max_message_size: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    })
+}
+
+fn transfer() -> Performative {
+    Performative::Transfer(Transfer {
+        handle: 0.into(),
+        delivery_id: Some(0),
+        delivery_tag: Some(vec![0u8].into()),
+        message_format: Some(0),
+        settled: Some(false),
+        more: false,
+        rcv_settle_mode: None,
+        state: None,
+        resume: false,
+        aborted: false,
+        batchable: false,
+    })
+}
+
+/// A message body: one data section.
+fn payload() -> Vec<u8> {
+    let msg = qgate_amqp::client::message(1, b"x".to_vec());
+    qgate_amqp::broker::encode(&msg)
+}
+
+/// Wait until the broker holds `n` connections; false if it does not within `within`.
+async fn held(b: &Broker, n: u64, within: Duration) -> bool {
+    let until = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < until {
+        if b.connections_open() == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    b.connections_open() == n
+}
+
+/// Everything the broker sends until it closes the socket (or `within` passes).
+async fn read_all(t: &mut TcpStream, within: Duration) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(within, t.read_to_end(&mut buf)).await;
+    buf
+}
+
+/// AMQP frames in a byte stream: (channel, performative or None for an empty frame).
+fn frames(mut b: &[u8]) -> Vec<(u16, Option<Performative>)> {
+    let mut out = Vec::new();
+    while b.len() >= 8 {
+        if &b[..4] == b"AMQP" {
+            b = &b[8..];
+            continue;
+        }
+        let size = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if b.len() < size {
+            break;
+        }
+        let doff = b[4] as usize * 4;
+        if b[5] == 0 {
+            let channel = u16::from_be_bytes([b[6], b[7]]);
+            let body = &b[doff..size];
+            out.push((
+                channel,
+                (!body.is_empty()).then(|| serde_amqp::from_slice(body).unwrap()),
+            ));
+        }
+        b = &b[size..];
+    }
+    out
+}
+
+fn close_condition(b: &[u8]) -> Option<String> {
+    frames(b).into_iter().find_map(|(_, p)| match p {
+        Some(Performative::Close(c)) => Some(format!("{:?}", c.error)),
+        _ => None,
+    })
+}
+
+fn short(cfg: BrokerConfig) -> BrokerConfig {
+    BrokerConfig {
+        handshake_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(2),
+        ..cfg
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_on_a_channel_without_a_session_frees_the_connection() {
+    // Issue #18 item 7: begin on channel 5, then attach and transfer on channel 0, where no
+    // session is. The shim used to hold the transfer for credit that never came and stop
+    // there, so a closed socket never freed the connection.
+    let r = start(short(BrokerConfig::default())).await;
+    let mut bytes = opening(None);
+    bytes.extend(frame(5, &begin(), &[]));
+    bytes.extend(frame(0, &sender_attach("q"), &[]));
+    bytes.extend(frame(0, &transfer(), &payload()));
+    // One peer stays to read the answer: a close naming the channel.
+    let mut t = TcpStream::connect(r.tcp).await.unwrap();
+    t.write_all(&bytes).await.unwrap();
+    let got = read_all(&mut t, Duration::from_secs(5)).await;
+    let why = close_condition(&got).expect("a close");
+    assert!(
+        why.contains("NotFound") && why.contains("channel 0"),
+        "{why}"
+    );
+    // Many close their socket at once.
+    let mut peers = Vec::new();
+    for _ in 0..100 {
+        let mut t = TcpStream::connect(r.tcp).await.unwrap();
+        t.write_all(&bytes).await.unwrap();
+        peers.push(t);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(peers);
+    assert!(
+        held(&r.broker, 0, Duration::from_secs(3)).await,
+        "{} connections still held",
+        r.broker.connections_open()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_peers_are_closed_by_the_handshake_deadline() {
+    // Issue #18 item 8: peers that send nothing, only the SASL header, or stop before open,
+    // on plain TCP and on TLS (whose handshake counts too).
+    let r = start(short(BrokerConfig::default())).await;
+    let mut peers = Vec::new();
+    for i in 0..60 {
+        let addr = if i % 4 == 3 { r.tls } else { r.tcp };
+        let mut t = TcpStream::connect(addr).await.unwrap();
+        match i % 4 {
+            1 => t.write_all(b"AMQP\x03\x01\x00\x00").await.unwrap(),
+            2 => {
+                let o = opening(None);
+                // Everything up to (not including) the open frame.
+                let cut = o.len() - frame(0, &wire::open("hostile", 65_536), &[]).len();
+                t.write_all(&o[..cut]).await.unwrap()
+            }
+            _ => {}
+        }
+        peers.push(t);
+    }
+    assert!(held(&r.broker, 60, Duration::from_millis(500)).await);
+    assert!(
+        held(&r.broker, 0, Duration::from_secs(3)).await,
+        "{} connections still held after the 1 s handshake deadline",
+        r.broker.connections_open()
+    );
+    // Each got EOF (after the broker's header or close, where one was due).
+    for t in &mut peers {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), t.read_to_end(&mut buf))
+            .await
+            .expect("EOF")
+            .ok();
+    }
+    let m = r.broker.metrics();
+    assert!(
+        m.contains("qgate_amqp_connections_timed_out_total 60"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_time_out_is_announced_honoured_and_enforced() {
+    // AMQP 1.0 §2.4.5: the broker announces half its idle timeout, sends empty frames as often
+    // as the peer's open asks, and closes a peer that sends nothing for its idle timeout.
+    let r = start(short(BrokerConfig::default())).await;
+    let mut t = TcpStream::connect(r.tcp).await.unwrap();
+    t.write_all(&opening(Some(200))).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let got = read_all(&mut t, Duration::from_secs(5)).await;
+    let took = started.elapsed();
+    let fs = frames(&got);
+    let announced = fs.iter().find_map(|(_, p)| match p {
+        Some(Performative::Open(o)) => Some(o.idle_time_out),
+        _ => None,
+    });
+    assert_eq!(announced, Some(Some(1000)), "half of the 2 s idle timeout");
+    let empty = fs.iter().filter(|(_, p)| p.is_none()).count();
+    assert!(empty >= 5, "{empty} empty frames in {took:?}");
+    let why = close_condition(&got).expect("a close");
+    assert!(
+        why.contains("ResourceLimitExceeded") && why.contains("idle"),
+        "{why}"
+    );
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    assert!(held(&r.broker, 0, Duration::from_secs(2)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_limit_of_connections() {
+    let r = start(BrokerConfig {
+        max_connections_per_address: 3,
+        ..short(BrokerConfig::default())
+    })
+    .await;
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        peers.push(TcpStream::connect(r.tcp).await.unwrap());
+    }
+    assert!(held(&r.broker, 3, Duration::from_millis(500)).await);
+    // The fourth is closed at once, without a byte.
+    let mut t = TcpStream::connect(r.tcp).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_millis(500), t.read_to_end(&mut buf))
+        .await
+        .expect("closed at once")
+        .ok();
+    assert!(buf.is_empty());
+    assert_eq!(r.broker.connections_open(), 3);
+    let m = r.broker.metrics();
+    assert!(m.contains("qgate_amqp_connections_refused_total 1"), "{m}");
+    assert!(
+        m.contains("qgate_amqp_max_connections_per_address 3"),
+        "{m}"
+    );
+    // A place frees when one goes.
+    drop(peers.pop());
+    assert!(held(&r.broker, 2, Duration::from_secs(1)).await);
+    peers.push(TcpStream::connect(r.tcp).await.unwrap());
+    assert!(held(&r.broker, 3, Duration::from_millis(500)).await);
+}
