@@ -125,6 +125,15 @@ impl PathTable {
         self.paths.iter().filter(|p| p.up)
     }
 
+    /// Mark `id` down in this copy, so a scheduler asked about it avoids the path (a retry
+    /// steering clear of the path where its request just timed out). The live table's state
+    /// comes only from probes and traffic.
+    pub fn set_up(&mut self, id: PathId, up: bool) {
+        if let Some(p) = self.paths.get_mut(id.0) {
+            p.up = up;
+        }
+    }
+
     /// A device was assigned to `id`.
     pub fn add_hit(&mut self, id: PathId) {
         if let Some(p) = self.paths.get_mut(id.0) {

@@ -2,7 +2,6 @@
 //! connection manager (scheduler + hits) and forwarding over the chosen backhaul path, retried
 //! on another path with the same request id when a path fails.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,10 +9,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use qgate_core::loggate::LogGate;
 use qgate_core::path::PathId;
+use qgate_core::path::PathTable;
 use qgate_core::scheduler::{Priority, Scheduler};
-use qgate_core::session::{HashId, SessionError, SessionTable};
-use qgate_transport::http3::{self, H3Client, Handler, ServeLimits};
+use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits, SessionTable};
+use qgate_transport::compact::EndpointStats;
+use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
 use qgate_transport::{compact, server_config, Identity, Socket, TransportError, TransportOptions};
 use tokio::time::Instant;
 
@@ -24,13 +26,27 @@ pub const HASH_ID_HEADER: &str = "qgate-hash-id";
 /// Header carrying the class on registration (`0` best effort, `1` priority).
 pub const PRIORITY_HEADER: &str = "qgate-priority";
 
-/// Gateway limits and timeouts.
+/// Gateway limits and timeouts. The defaults live here (and in [`SessionLimits::DEFAULT`] and
+/// [`compact::Limits::DEFAULT`]); the CLI's help reads them from there.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     /// Most devices registered at once.
     pub max_devices: usize,
     /// Most requests one device may have in flight.
     pub max_inflight_per_device: usize,
+    /// Most sessions one device connection may register (decision G10).
+    pub max_sessions_per_connection: usize,
+    /// Most sessions registered from one source IP address (decision G10).
+    pub max_sessions_per_address: usize,
+    /// A session with nothing in flight and no request for this long expires (decision G10).
+    pub session_idle_timeout: Duration,
+    /// Most device handshakes in progress, a budget apart from `max_devices` (decision G12).
+    pub max_handshakes: usize,
+    /// With this many device handshakes in progress, new devices must prove their address
+    /// with a QUIC Retry first (decision G12).
+    pub retry_above: usize,
+    /// A device handshake not finished within this long is closed (decision G12).
+    pub handshake_timeout: Duration,
     /// Give up on a forwarded request on one path after this long, and retry on another.
     pub request_timeout: Duration,
     /// Paths tried per request.
@@ -43,9 +59,17 @@ pub struct GatewayConfig {
 
 impl Default for GatewayConfig {
     fn default() -> Self {
+        let s = SessionLimits::DEFAULT;
+        let h = compact::Limits::DEFAULT;
         GatewayConfig {
-            max_devices: 10_000,
-            max_inflight_per_device: 8,
+            max_devices: s.max_devices,
+            max_inflight_per_device: s.max_inflight,
+            max_sessions_per_connection: s.per_connection,
+            max_sessions_per_address: s.per_address,
+            session_idle_timeout: s.idle,
+            max_handshakes: h.max_handshakes,
+            retry_above: h.retry_above,
+            handshake_timeout: h.handshake_timeout,
             request_timeout: Duration::from_secs(5),
             attempts: 3,
             max_body: 1 << 20,
@@ -55,11 +79,23 @@ impl Default for GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// The session table's bounds.
+    pub fn session_limits(&self) -> SessionLimits {
+        SessionLimits {
+            max_devices: self.max_devices,
+            per_connection: self.max_sessions_per_connection,
+            per_address: self.max_sessions_per_address,
+            max_inflight: self.max_inflight_per_device,
+            idle: self.session_idle_timeout,
+        }
+    }
+
     /// The device-facing endpoint on `socket`: HTTP/3 with `identity` and the
     /// [`device_transport`](Self::device_transport) limits, on a [`compact::Endpoint`] (one
     /// driver task for all device connections, decision G9). It holds at most `max_devices`
-    /// plus an eighth (and 16) connections, room for devices reconnecting while their old
-    /// connection times out; more are refused during the handshake.
+    /// plus an eighth (and 16) established connections, room for devices reconnecting while
+    /// their old connection times out; more are refused during the handshake. Handshakes have
+    /// their own budget and address validation (decision G12).
     pub fn device_endpoint(
         &self,
         socket: Socket,
@@ -68,8 +104,13 @@ impl GatewayConfig {
         seed: Option<u64>,
     ) -> Result<compact::Endpoint, TransportError> {
         let scfg = server_config(identity, &[http3::ALPN_H3], &self.device_transport(base))?;
-        let max = self.max_devices + self.max_devices / 8 + 16;
-        compact::Endpoint::server(socket, scfg, seed, max)
+        let limits = compact::Limits {
+            max_connections: self.max_devices + self.max_devices / 8 + 16,
+            max_handshakes: self.max_handshakes,
+            retry_above: self.retry_above,
+            handshake_timeout: self.handshake_timeout,
+        };
+        compact::Endpoint::server(socket, scfg, seed, limits)
     }
 
     /// Transport options for the device-facing endpoint: `base` with the QUIC stream limits cut
@@ -125,8 +166,14 @@ pub struct GatewayStats {
     pub forwarded: AtomicU64,
     /// Forwarding attempts that failed and were retried on another path.
     pub retried: AtomicU64,
-    /// Requests refused: unknown, forged or malformed Hash ID.
+    /// Requests refused: unknown, forged or malformed Hash ID, or too many in flight.
     pub refused: AtomicU64,
+    /// Registrations refused: the gateway, the connection or the address is full.
+    pub registrations_refused: AtomicU64,
+    /// Sessions ended for being idle.
+    pub sessions_expired: AtomicU64,
+    /// Forwarding attempts that timed out (their stream cancelled, the connection kept).
+    pub timeouts: AtomicU64,
     /// Requests that failed on every path.
     pub failed: AtomicU64,
     /// Response delay (device request in → response out) of priority devices.
@@ -135,13 +182,43 @@ pub struct GatewayStats {
     pub delay_best_effort: DelayHistogram,
 }
 
+/// Kinds of log line that a peer can cause at will, each rate-limited (decision G11).
+#[derive(Debug, Clone, Copy)]
+enum Noise {
+    Registration,
+    Refused,
+    Failed,
+}
+
+/// The log gates, one per [`Noise`]: each kind of line at most 10 times a minute.
+struct LogGates([LogGate; 3]);
+
+impl Default for LogGates {
+    fn default() -> Self {
+        LogGates([const { LogGate::new(10, Duration::from_secs(60)) }; 3])
+    }
+}
+
+/// A warning a peer can provoke: written if its kind's gate admits it (with the count of lines
+/// left out before it), otherwise only counted.
+macro_rules! noisy_warn {
+    ($gw:expr, $kind:expr, $($arg:tt)+) => {
+        if let Some(suppressed) = $gw.admit_log($kind) {
+            tracing::warn!(suppressed, $($arg)+);
+        }
+    };
+}
+
 /// The gateway.
 pub struct Gateway {
     paths: PathManager,
     sessions: Mutex<SessionTable>,
     scheduler: Mutex<Box<dyn Scheduler>>,
     clients: Vec<tokio::sync::Mutex<Option<CachedClient>>>,
-    inflight: Mutex<HashMap<HashId, usize>>,
+    logs: Mutex<LogGates>,
+    /// The device endpoint's handshake counters, once serving.
+    endpoint: std::sync::OnceLock<Arc<EndpointStats>>,
+    next_conn: AtomicU64,
     instance: u64,
     next_rid: AtomicU64,
     cfg: GatewayConfig,
@@ -177,10 +254,12 @@ impl Gateway {
     ) -> Gateway {
         let n = paths.table().paths().len();
         Gateway {
-            sessions: Mutex::new(SessionTable::new(cfg.max_devices, seed)),
+            sessions: Mutex::new(SessionTable::new(cfg.session_limits(), seed)),
             scheduler: Mutex::new(scheduler),
             clients: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
-            inflight: Mutex::new(HashMap::new()),
+            logs: Mutex::default(),
+            endpoint: std::sync::OnceLock::new(),
+            next_conn: AtomicU64::new(0),
             instance: u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
             next_rid: AtomicU64::new(1),
             per_path: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -196,27 +275,78 @@ impl Gateway {
         &self.paths
     }
 
-    /// Serve devices on `endpoint` until it closes; a device's sessions end with its connection.
+    /// Serve devices on `endpoint` until it closes. A device's sessions are bound to its
+    /// connection (not its address, so it may migrate) and end with it; idle ones expire.
     pub async fn serve_devices(self: Arc<Self>, endpoint: compact::Endpoint) {
+        let _ = self.endpoint.set(endpoint.stats());
         let limits = ServeLimits {
             max_body: self.cfg.max_body,
         };
-        while let Some(conn) = endpoint.accept().await {
-            let gw = self.clone();
+        // Idle sessions are looked for every quarter of the idle timeout (at most every 10 s).
+        let sweep = (self.cfg.session_idle_timeout / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(10));
+        let mut ticker = tokio::time::interval(sweep);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let conn = tokio::select! {
+                c = endpoint.accept() => match c {
+                    Some(c) => c,
+                    None => return,
+                },
+                _ = ticker.tick() => {
+                    self.expire_sessions();
+                    continue;
+                }
+            };
+            let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+            let handler = Arc::new(DeviceConnection {
+                gw: self.clone(),
+                id,
+                conn: conn.clone(),
+            });
             tokio::spawn(async move {
                 let device = conn.remote_address();
-                let _ = http3::serve_quic(conn, device, gw.clone(), limits).await;
-                let gone = lock(&gw.sessions).remove_device(device);
-                gw.paths.with_table(|t| {
-                    for s in gone.iter().filter_map(|s| s.path) {
-                        t.remove_hit(s);
-                    }
-                });
+                let _ = http3::serve_quic(conn, device, handler.clone(), limits).await;
+                handler.gw.end_sessions(id);
             });
         }
     }
 
-    fn register(&self, req: &Request<()>, device: SocketAddr) -> Response<Bytes> {
+    /// Release the path hits of sessions that ended.
+    fn release(&self, gone: Vec<qgate_core::session::Session>) {
+        if gone.iter().any(|s| s.path.is_some()) {
+            self.paths.with_table(|t| {
+                for p in gone.iter().filter_map(|s| s.path) {
+                    t.remove_hit(p);
+                }
+            });
+        }
+    }
+
+    /// Connection `conn` closed: its sessions end.
+    fn end_sessions(&self, conn: ConnId) {
+        let gone = lock(&self.sessions).remove_connection(conn);
+        self.release(gone);
+    }
+
+    /// End idle sessions (decision G10).
+    pub fn expire_sessions(&self) {
+        let gone = lock(&self.sessions).expire(Instant::now().into_std());
+        if !gone.is_empty() {
+            self.stats
+                .sessions_expired
+                .fetch_add(gone.len() as u64, Ordering::Relaxed);
+            tracing::debug!(n = gone.len(), "idle sessions expired");
+            self.release(gone);
+        }
+    }
+
+    /// Whether a log line of `kind` may be written now, with the count left out before it.
+    fn admit_log(&self, kind: Noise) -> Option<u64> {
+        lock(&self.logs).0[kind as usize].admit(Instant::now().into_std())
+    }
+
+    fn register(&self, req: &Request<()>, conn: ConnId, device: SocketAddr) -> Response<Bytes> {
         let priority = match req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes()) {
             Some(b"1") => Priority::Priority,
             Some(b"0") | None => Priority::BestEffort,
@@ -228,14 +358,21 @@ impl Gateway {
             }
         };
         let now = Instant::now().into_std();
-        match lock(&self.sessions).register(device, device, priority, now) {
+        match lock(&self.sessions).register(conn, device, device, priority, now) {
             Ok(h) => {
                 self.stats.registered.fetch_add(1, Ordering::Relaxed);
                 text(StatusCode::CREATED, format!("{{\"hash_id\":\"{h}\"}}"))
             }
             Err(e) => {
-                tracing::warn!(%device, error = %e, "registration refused");
-                text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))
+                self.stats
+                    .registrations_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                noisy_warn!(self, Noise::Registration, %device, error = %e, "registration refused");
+                let status = match e {
+                    SessionError::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::TOO_MANY_REQUESTS,
+                };
+                text(status, format!("{e}\n"))
             }
         }
     }
@@ -254,13 +391,25 @@ impl Gateway {
         Some(c)
     }
 
-    /// Choose (and record) the device's path for this request.
-    fn assign(&self, hash: &HashId, device: SocketAddr) -> Result<Option<PathId>, SessionError> {
+    /// Choose (and record) the device's path for this request, avoiding the paths in `tried`
+    /// (where this request already timed out) while another path is up.
+    fn assign(
+        &self,
+        hash: &HashId,
+        conn: ConnId,
+        tried: &[PathId],
+    ) -> Result<Option<PathId>, SessionError> {
         let now = Instant::now().into_std();
         let mut sessions = lock(&self.sessions);
-        let s = sessions.lookup(hash, device, now)?;
+        let s = sessions.lookup(hash, conn, now)?;
         let table = self.paths.table();
-        let pick = lock(&self.scheduler).pick(&table, s.priority, s.path);
+        let pick = {
+            let mut sched = lock(&self.scheduler);
+            // Steer clear of the paths tried while the scheduler has another choice.
+            avoiding(&table, tried)
+                .and_then(|t| sched.pick(&t, s.priority, s.path))
+                .or_else(|| sched.pick(&table, s.priority, s.path))
+        };
         if pick != s.path {
             let old = s.path;
             s.path = pick;
@@ -277,43 +426,53 @@ impl Gateway {
         Ok(pick)
     }
 
-    async fn forward(&self, req: Request<()>, body: Bytes, device: SocketAddr) -> Response<Bytes> {
-        let hash = match req
-            .headers()
-            .get(HASH_ID_HEADER)
-            .map(|v| v.to_str().unwrap_or("").parse::<HashId>())
-        {
-            Some(Ok(h)) => h,
-            Some(Err(e)) => {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%device, error = %e, "refused: malformed Hash ID");
-                return text(StatusCode::BAD_REQUEST, format!("{e}\n"));
-            }
-            None => {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%device, "refused: no Hash ID");
-                return text(
-                    StatusCode::UNAUTHORIZED,
-                    format!("register first: POST /register, then send {HASH_ID_HEADER}\n"),
-                );
-            }
+    /// Count a refused request and answer it.
+    fn refuse(&self, conn: ConnId, device: SocketAddr, e: SessionError) -> Response<Bytes> {
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        noisy_warn!(self, Noise::Refused, %device, conn, error = %e, "request refused");
+        let status = match e {
+            SessionError::Malformed(_) => StatusCode::BAD_REQUEST,
+            SessionError::Forged => StatusCode::FORBIDDEN,
+            SessionError::InFlight(_) => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::UNAUTHORIZED,
         };
-        // Bound what one device can have in flight.
-        {
-            let mut inflight = lock(&self.inflight);
-            let n = inflight.entry(hash).or_insert(0);
-            if *n >= self.cfg.max_inflight_per_device {
-                tracing::warn!(%device, "refused: too many requests in flight");
-                return text(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "too many requests in flight for this device\n",
-                );
-            }
-            *n += 1;
+        let mut body = format!("{e}\n");
+        if e == SessionError::Unknown {
+            body.push_str(&format!(
+                "register first: POST /register, then send {HASH_ID_HEADER}\n"
+            ));
         }
-        let resp = self.forward_inner(req, body, device, hash).await;
-        if let Some(n) = lock(&self.inflight).get_mut(&hash) {
-            *n = n.saturating_sub(1);
+        text(status, body)
+    }
+
+    /// Forward one device request: its session admits it (Hash ID bound to `conn`, room in
+    /// flight), then it goes out on a path; the session's count is released at the end.
+    async fn forward(
+        &self,
+        req: Request<()>,
+        body: Bytes,
+        conn: ConnId,
+        device: SocketAddr,
+    ) -> Response<Bytes> {
+        let start = Instant::now();
+        let hash = match req.headers().get(HASH_ID_HEADER) {
+            None => return self.refuse(conn, device, SessionError::Unknown),
+            Some(v) => match v.to_str().unwrap_or("").parse::<HashId>() {
+                Ok(h) => h,
+                Err(e) => return self.refuse(conn, device, e),
+            },
+        };
+        let class = match lock(&self.sessions).begin(&hash, conn, start.into_std()) {
+            Ok(s) => s.priority,
+            Err(e) => return self.refuse(conn, device, e),
+        };
+        let resp = self.forward_inner(req, body, conn, device, hash).await;
+        lock(&self.sessions).end(&hash, Instant::now().into_std());
+        if resp.status().is_success() {
+            match class {
+                Priority::Priority => self.stats.delay_priority.record(start.elapsed()),
+                Priority::BestEffort => self.stats.delay_best_effort.record(start.elapsed()),
+            }
         }
         resp
     }
@@ -322,6 +481,7 @@ impl Gateway {
         &self,
         req: Request<()>,
         body: Bytes,
+        conn: ConnId,
         device: SocketAddr,
         hash: HashId,
     ) -> Response<Bytes> {
@@ -338,23 +498,16 @@ impl Gateway {
         // The request's whole budget; while no path is up it waits for probing to find one.
         let deadline = Instant::now() + self.cfg.request_timeout * self.cfg.attempts.max(1) as u32;
         let mut attempts = 0;
+        let mut tried: Vec<PathId> = Vec::new();
         while attempts < self.cfg.attempts.max(1) && Instant::now() < deadline {
-            let path = match self.assign(&hash, device) {
+            let path = match self.assign(&hash, conn, &tried) {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
-                Err(e) => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%device, error = %e, "request refused");
-                    let status = if e == SessionError::Forged {
-                        StatusCode::FORBIDDEN
-                    } else {
-                        StatusCode::UNAUTHORIZED
-                    };
-                    return text(status, format!("{e}\n"));
-                }
+                // The session ended meanwhile (its connection closed, or it expired).
+                Err(e) => return self.refuse(conn, device, e),
             };
             attempts += 1;
             let Some(client) = self.client(path).await else {
@@ -375,13 +528,15 @@ impl Gateway {
                 .with_table(|t| t.on_request_sent(path, Instant::now().into_std()));
             // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future
             // (and the per-request task) grows by it and is copied around with it.
-            match tokio::time::timeout(
+            let outcome = Box::pin(client.request_within(
+                out,
+                body.clone(),
+                1 << 20,
                 self.cfg.request_timeout,
-                Box::pin(client.request(out, body.clone(), 1 << 20)),
-            )
-            .await
-            {
-                Ok(Ok(r)) => {
+            ))
+            .await;
+            match outcome {
+                Ok(r) => {
                     // Every answer refreshes the path's RTT from QUIC's estimate (§3.2), so a
                     // path that slows down is seen between the 30 s probes.
                     let rtt = client.connection().rtt();
@@ -397,23 +552,53 @@ impl Gateway {
                         .insert("qgate-path", http::HeaderValue::from(path.0));
                     return resp;
                 }
-                _ => {
-                    // The path failed this request: take it out until probing says otherwise,
-                    // and retry on another with the same request id (the server stores it once).
+                Err(e) => {
                     self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                    *self.clients[path.0].lock().await = None;
-                    self.paths
-                        .with_table(|t| t.on_connection_lost(path, Instant::now().into_std()));
+                    tried.push(path);
+                    if client.connection().close_reason().is_some() {
+                        // The path's connection is gone: take the path out until probing
+                        // brings it back (the next use reconnects).
+                        *self.clients[path.0].lock().await = None;
+                        self.paths
+                            .with_table(|t| t.on_connection_lost(path, Instant::now().into_std()));
+                    } else if matches!(e, H3Error::TimedOut(_)) {
+                        // Only this request's stream was cancelled (decision G5): the
+                        // connection and the other devices' requests on it carry on; the path
+                        // table probes the path because this request got no answer.
+                        self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Retried on another path with the same request id (the server stores it
+                    // once).
                 }
             }
         }
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%device, request = %rid, "failed on every backhaul path");
+        noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
         text(
             StatusCode::BAD_GATEWAY,
             "the server is unreachable on every backhaul path\n",
         )
     }
+}
+
+/// A copy of `table` with the `tried` paths down, if any were tried.
+fn avoiding(table: &PathTable, tried: &[PathId]) -> Option<PathTable> {
+    if tried.is_empty() {
+        return None;
+    }
+    let mut t = table.clone();
+    for id in tried {
+        t.set_up(*id, false);
+    }
+    Some(t)
+}
+
+/// One device connection's view of the gateway: its requests carry the connection's id, to
+/// which its sessions are bound.
+struct DeviceConnection {
+    gw: Arc<Gateway>,
+    id: ConnId,
+    conn: compact::Connection,
 }
 
 impl Gateway {
@@ -466,7 +651,54 @@ impl Gateway {
                 n.load(Ordering::Relaxed)
             );
         }
-        let _ = writeln!(o, "# HELP qgate_gateway_sessions registered devices\n# TYPE qgate_gateway_sessions gauge\nqgate_gateway_sessions {}", lock(&self.sessions).len());
+        let (sessions, (conns, addrs)) = {
+            let t = lock(&self.sessions);
+            (t.len(), t.owners())
+        };
+        let _ = writeln!(o, "# HELP qgate_gateway_sessions registered devices\n# TYPE qgate_gateway_sessions gauge\nqgate_gateway_sessions {sessions}");
+        let _ = writeln!(o, "# HELP qgate_gateway_session_connections device connections holding sessions\n# TYPE qgate_gateway_session_connections gauge\nqgate_gateway_session_connections {conns}");
+        let _ = writeln!(o, "# HELP qgate_gateway_session_addresses source addresses holding sessions\n# TYPE qgate_gateway_session_addresses gauge\nqgate_gateway_session_addresses {addrs}");
+        let limits = self.cfg.session_limits();
+        for (name, v) in [
+            ("max_devices", limits.max_devices),
+            ("max_sessions_per_connection", limits.per_connection),
+            ("max_sessions_per_address", limits.per_address),
+            ("max_inflight_per_device", limits.max_inflight),
+            ("max_handshakes", self.cfg.max_handshakes),
+            ("retry_above", self.cfg.retry_above),
+        ] {
+            let _ = writeln!(o, "# HELP qgate_gateway_limit_{name} configured limit\n# TYPE qgate_gateway_limit_{name} gauge\nqgate_gateway_limit_{name} {v}");
+        }
+        if let Some(ep) = self.endpoint.get() {
+            let _ = writeln!(o, "# HELP qgate_gateway_handshakes device handshakes in progress\n# TYPE qgate_gateway_handshakes gauge\nqgate_gateway_handshakes {}", ep.handshaking.load(Ordering::Relaxed));
+            let _ = writeln!(o, "# HELP qgate_gateway_device_connections established device connections\n# TYPE qgate_gateway_device_connections gauge\nqgate_gateway_device_connections {}", ep.established.load(Ordering::Relaxed));
+            for (name, help, v) in [
+                (
+                    "retries_sent",
+                    "QUIC Retry packets sent to unproved device addresses",
+                    &ep.retries,
+                ),
+                (
+                    "connections_refused",
+                    "device connections refused: every slot taken",
+                    &ep.refused_full,
+                ),
+                (
+                    "handshakes_ignored",
+                    "device Initials ignored: handshake budget spent",
+                    &ep.ignored_busy,
+                ),
+                (
+                    "handshake_timeouts",
+                    "device handshakes closed at their deadline",
+                    &ep.handshake_timeouts,
+                ),
+            ] {
+                let _ = writeln!(o, "# HELP qgate_gateway_{name}_total {help}\n# TYPE qgate_gateway_{name}_total counter\nqgate_gateway_{name}_total {}", v.load(Ordering::Relaxed));
+            }
+        }
+        let suppressed: u64 = lock(&self.logs).0.iter().map(LogGate::suppressed).sum();
+        let _ = writeln!(o, "# HELP qgate_gateway_log_lines_suppressed_total warnings left out by the log rate limit\n# TYPE qgate_gateway_log_lines_suppressed_total counter\nqgate_gateway_log_lines_suppressed_total {suppressed}");
         let st = &self.stats;
         for (name, help, v) in [
             ("registered", "devices registered", &st.registered),
@@ -480,7 +712,26 @@ impl Gateway {
                 "forwarding attempts retried on another path",
                 &st.retried,
             ),
-            ("refused", "requests refused for their Hash ID", &st.refused),
+            (
+                "refused",
+                "requests refused for their Hash ID or in-flight limit",
+                &st.refused,
+            ),
+            (
+                "registrations_refused",
+                "registrations refused: gateway, connection or address full",
+                &st.registrations_refused,
+            ),
+            (
+                "sessions_expired",
+                "sessions ended for being idle",
+                &st.sessions_expired,
+            ),
+            (
+                "timeouts",
+                "forwarding attempts timed out (stream cancelled, connection kept)",
+                &st.timeouts,
+            ),
             ("failed", "requests that failed on every path", &st.failed),
         ] {
             let _ = writeln!(o, "# HELP qgate_gateway_{name}_total {help}\n# TYPE qgate_gateway_{name}_total counter\nqgate_gateway_{name}_total {}", v.load(Ordering::Relaxed));
@@ -509,37 +760,13 @@ impl Gateway {
     }
 }
 
-impl Handler for Gateway {
+impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         match (req.method().as_str(), req.uri().path()) {
-            ("POST", "/register") => self.register(&req, peer),
-            ("GET", "/metrics") => text(StatusCode::OK, self.metrics()),
-            _ => {
-                let start = Instant::now();
-                let class = req
-                    .headers()
-                    .get(HASH_ID_HEADER)
-                    .and_then(|v| v.to_str().ok()?.parse::<HashId>().ok())
-                    .and_then(|h| {
-                        lock(&self.sessions)
-                            .lookup(&h, peer, start.into_std())
-                            .ok()
-                            .map(|s| s.priority)
-                    });
-                let resp = self.forward(req, body, peer).await;
-                if resp.status().is_success() {
-                    match class {
-                        Some(Priority::Priority) => {
-                            self.stats.delay_priority.record(start.elapsed())
-                        }
-                        Some(Priority::BestEffort) => {
-                            self.stats.delay_best_effort.record(start.elapsed())
-                        }
-                        None => {}
-                    }
-                }
-                resp
-            }
+            // The address now, not at accept: the device may have migrated.
+            ("POST", "/register") => self.gw.register(&req, self.id, self.conn.remote_address()),
+            ("GET", "/metrics") => text(StatusCode::OK, self.gw.metrics()),
+            _ => self.gw.forward(req, body, self.id, peer).await,
         }
     }
 }

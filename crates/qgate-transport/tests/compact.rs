@@ -68,9 +68,13 @@ async fn h3_client(
 async fn echoes_bodies_through_blocked_windows_on_loopback() {
     let pki = DevPki::generate(&[]).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_H3], &tight()).unwrap();
-    let ep =
-        compact::Endpoint::server(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), scfg, None, 16)
-            .unwrap();
+    let ep = compact::Endpoint::server(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        scfg,
+        None,
+        compact::Limits::with_connections(16),
+    )
+    .unwrap();
     let addr = ep.local_addr();
     serve(ep.clone());
     let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
@@ -144,7 +148,7 @@ async fn sim(clients: usize, loss: f64, server_opts: &TransportOptions, max: usi
         Socket::from(net.bind(s, sa("0.0.0.0:443")).unwrap()),
         scfg,
         Some(1),
-        max,
+        compact::Limits::with_connections(max),
     )
     .unwrap();
     serve(ep.clone());
@@ -271,7 +275,7 @@ async fn a_server_close_reaches_the_client_with_its_code() {
         Socket::from(net.bind(s, sa(SERVER)).unwrap()),
         scfg,
         Some(1),
-        4,
+        compact::Limits::with_connections(4),
     )
     .unwrap();
     let cep = endpoint(

@@ -44,6 +44,18 @@ pub struct GatewaySection {
     pub max_inflight_per_device: Option<usize>,
     /// Largest request body, bytes.
     pub max_body: Option<usize>,
+    /// Most sessions one device connection may register.
+    pub max_sessions_per_connection: Option<usize>,
+    /// Most sessions registered from one source IP address.
+    pub max_sessions_per_address: Option<usize>,
+    /// A session idle this long (nothing in flight) expires, e.g. "10m".
+    pub session_idle_timeout: Option<String>,
+    /// Most device handshakes in progress.
+    pub max_handshakes: Option<usize>,
+    /// Handshakes in progress above which new devices must pass a QUIC Retry.
+    pub retry_above: Option<usize>,
+    /// A device handshake not finished within this long is closed, e.g. "10s".
+    pub handshake_timeout: Option<String>,
     /// The backhaul paths.
     pub paths: Vec<PathSection>,
 }
@@ -79,17 +91,28 @@ pub struct GatewayArgs {
     /// CA certificate(s) of the server, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
-    /// Most devices at once [default: 10000].
-    #[arg(long)]
+    #[arg(long, help = dflt("Most devices at once", GatewayConfig::default().max_devices))]
     max_devices: Option<usize>,
-    /// Most requests in flight per device [default: 32].
-    #[arg(long)]
+    #[arg(long, help = dflt("Most requests in flight per device", GatewayConfig::default().max_inflight_per_device))]
     max_inflight_per_device: Option<usize>,
-    /// Per-attempt timeout of a forwarded request [default: 5s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, help = dflt("Most sessions one device connection may register", GatewayConfig::default().max_sessions_per_connection))]
+    max_sessions_per_connection: Option<usize>,
+    #[arg(long, help = dflt("Most sessions registered from one source IP address", GatewayConfig::default().max_sessions_per_address))]
+    max_sessions_per_address: Option<usize>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help = dflt("A session with nothing in flight expires after this long idle", secs(GatewayConfig::default().session_idle_timeout)))]
+    session_idle_timeout: Option<Duration>,
+    #[arg(long, help = dflt("Most device handshakes in progress, a budget of their own", GatewayConfig::default().max_handshakes))]
+    max_handshakes: Option<usize>,
+    #[arg(long, value_name = "N", help = dflt("With N handshakes in progress, new devices must first pass a QUIC Retry (address validation)", GatewayConfig::default().retry_above))]
+    retry_above: Option<usize>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help = dflt("A device handshake not finished within this long is closed", secs(GatewayConfig::default().handshake_timeout)))]
+    handshake_timeout: Option<Duration>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help = dflt("Per-attempt timeout of a forwarded request", secs(GatewayConfig::default().request_timeout)))]
     request_timeout: Option<Duration>,
-    /// Largest request body, bytes [default: 1048576].
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", help = dflt("Largest request body, bytes", GatewayConfig::default().max_body))]
     max_body: Option<usize>,
     /// The name on the server's certificate [default: localhost].
     #[arg(long, value_name = "NAME")]
@@ -101,6 +124,15 @@ pub struct GatewayArgs {
     /// The history database [default: $QGATE_HOME/gateway-history.redb].
     #[arg(long, value_name = "FILE")]
     history_store: Option<PathBuf>,
+}
+
+/// Help text with the default the code uses (one source of truth: `GatewayConfig::default`).
+fn dflt(what: &str, v: impl std::fmt::Display) -> String {
+    format!("{what} [default: {v}]")
+}
+
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }
 
 fn dur(name: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
@@ -201,6 +233,27 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             .or(dur("request_timeout", &g.request_timeout)?)
             .unwrap_or(d.request_timeout),
         max_body: a.max_body.or(g.max_body).unwrap_or(d.max_body),
+        max_sessions_per_connection: a
+            .max_sessions_per_connection
+            .or(g.max_sessions_per_connection)
+            .unwrap_or(d.max_sessions_per_connection),
+        max_sessions_per_address: a
+            .max_sessions_per_address
+            .or(g.max_sessions_per_address)
+            .unwrap_or(d.max_sessions_per_address),
+        session_idle_timeout: a
+            .session_idle_timeout
+            .or(dur("session_idle_timeout", &g.session_idle_timeout)?)
+            .unwrap_or(d.session_idle_timeout),
+        max_handshakes: a
+            .max_handshakes
+            .or(g.max_handshakes)
+            .unwrap_or(d.max_handshakes),
+        retry_above: a.retry_above.or(g.retry_above).unwrap_or(d.retry_above),
+        handshake_timeout: a
+            .handshake_timeout
+            .or(dur("handshake_timeout", &g.handshake_timeout)?)
+            .unwrap_or(d.handshake_timeout),
         server_authority: a
             .server_name
             .clone()

@@ -221,8 +221,11 @@ fn memory_bench(n: usize) -> Result<(), Failure> {
             "--path",
             "127.0.0.2:0",
             "--max-devices",
+            &(n + 10).to_string(),
+            // Every device comes from 127.0.0.1.
+            "--max-sessions-per-address",
+            &(n + 10).to_string(),
         ])
-        .arg((n + 10).to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

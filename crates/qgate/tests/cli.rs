@@ -616,6 +616,23 @@ fn device_through_gateway_to_server_as_processes() {
         ],
     );
     assert_fails(o, 2, "unknown scheduler 'fastest'");
+
+    // Every limit is a flag whose help shows the default the code uses (issue 18).
+    let o = run(&home, &["gateway", "--help"]);
+    let help = String::from_utf8_lossy(&o.stdout).replace('\n', " ");
+    for (flag, default) in [
+        ("--max-inflight-per-device", "[default: 8]"),
+        ("--max-sessions-per-connection", "[default: 4]"),
+        ("--max-sessions-per-address", "[default: 256]"),
+        ("--session-idle-timeout", "[default: 600s]"),
+        ("--max-handshakes", "[default: 256]"),
+        ("--retry-above", "[default: 16]"),
+        ("--handshake-timeout", "[default: 10s]"),
+    ] {
+        let at = help.find(flag).unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
+        let next = help[at + 2..].find(" --").map_or(help.len(), |i| at + 2 + i);
+        assert!(help[at..next].contains(default), "{flag}: {}", &help[at..next]);
+    }
 }
 
 #[test]

@@ -12,6 +12,12 @@
 //!
 //! Locks: the endpoint's table and each connection have their own; a connection's lock may be
 //! held while taking the endpoint's, never the other way round.
+//!
+//! Budgets ([`Limits`], decision G12): established connections and handshakes in progress are
+//! counted apart, so a flood of Initials cannot take the slots of devices; above a threshold of
+//! handshakes in progress a new client must prove its address with a Retry round trip first
+//! (RFC 9000 §8.1.2), which costs the endpoint one stateless packet and no state; a handshake
+//! that has not finished within its deadline is closed.
 
 mod streams;
 
@@ -20,7 +26,7 @@ use std::future::Future;
 use std::io::IoSliceMut;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -43,6 +49,56 @@ const MAX_TRANSMITS_PER_TURN: usize = 32;
 /// Rounds of receive/timers/queued connections per driver poll before it yields.
 const ROUNDS_PER_POLL: usize = 16;
 
+/// An endpoint's connection budgets (decision G12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most established connections; a new one beyond is refused (CONNECTION_REFUSED).
+    pub max_connections: usize,
+    /// Most handshakes in progress, a budget apart from `max_connections`; an Initial beyond
+    /// it is ignored (the client's own retransmission tries again later).
+    pub max_handshakes: usize,
+    /// With this many handshakes in progress, a client that has not proved its address is
+    /// sent a Retry (RFC 9000 §8.1.2) instead of getting state.
+    pub retry_above: usize,
+    /// A handshake not finished within this long is closed.
+    pub handshake_timeout: std::time::Duration,
+}
+
+impl Limits {
+    /// The defaults besides `max_connections`: 256 handshakes, Retry above 16, 10 s to finish.
+    pub const DEFAULT: Limits = Limits {
+        max_connections: 1024,
+        max_handshakes: 256,
+        retry_above: 16,
+        handshake_timeout: std::time::Duration::from_secs(10),
+    };
+
+    /// The defaults with `max_connections` established connections.
+    pub fn with_connections(max_connections: usize) -> Limits {
+        Limits {
+            max_connections,
+            ..Limits::DEFAULT
+        }
+    }
+}
+
+/// What an endpoint has done with new connections (read any time; exported as metrics).
+#[derive(Debug, Default)]
+pub struct EndpointStats {
+    /// Handshakes in progress now.
+    pub handshaking: AtomicUsize,
+    /// Established connections now.
+    pub established: AtomicUsize,
+    /// Retry packets sent to unproved addresses.
+    pub retries: AtomicU64,
+    /// New connections refused: every established slot taken.
+    pub refused_full: AtomicU64,
+    /// Initials ignored: the handshake budget was spent.
+    pub ignored_busy: AtomicU64,
+    /// Handshakes closed at their deadline.
+    pub handshake_timeouts: AtomicU64,
+}
+
 /// The clock quinn uses: tokio's, so simulations in virtual time work.
 fn now() -> Instant {
     TokioRuntime.now()
@@ -62,6 +118,7 @@ struct Shared {
     ep: Mutex<EpState>,
     socket: Arc<dyn AsyncUdpSocket>,
     local: SocketAddr,
+    stats: Arc<EndpointStats>,
 }
 
 /// What a task waits for on a connection.
@@ -86,6 +143,10 @@ struct Conn {
     proto: Option<proto::Connection>,
     handle: ConnectionHandle,
     remote: SocketAddr,
+    /// Until its handshake finishes: the deadline for it.
+    handshake_deadline: Option<Instant>,
+    /// Its handshake finished (it counts as established, not handshaking).
+    established: bool,
     /// Why it ended, once it has.
     error: Option<proto::ConnectionError>,
     /// Live handles (connection, opener, streams; a queued accept counts as one).
@@ -133,7 +194,11 @@ struct EpState {
     conns: HashMap<u64, Arc<ConnCell>>,
     by_handle: HashMap<ConnectionHandle, u64>,
     next_id: u64,
-    max_connections: usize,
+    limits: Limits,
+    /// Handshakes in progress (accepted, neither connected nor drained).
+    handshaking: usize,
+    /// Connected and not yet drained.
+    established: usize,
     timers: BTreeSet<(Instant, u64)>,
     /// Connections the driver should give a turn (datagrams arrived, timer due, socket full).
     queue: VecDeque<u64>,
@@ -165,14 +230,13 @@ impl EpState {
 }
 
 impl Endpoint {
-    /// A server on `socket` with `server`'s TLS and transport settings, holding at most
-    /// `max_connections` connections (more are refused during their handshake). `seed` makes
-    /// quinn-proto's random choices reproducible, as simulations need.
+    /// A server on `socket` with `server`'s TLS and transport settings, within `limits`.
+    /// `seed` makes quinn-proto's random choices reproducible, as simulations need.
     pub fn server(
         socket: Socket,
         server: ServerConfig,
         seed: Option<u64>,
-        max_connections: usize,
+        limits: Limits,
     ) -> Result<Endpoint, TransportError> {
         let socket: Arc<dyn AsyncUdpSocket> = match socket {
             Socket::Udp(s) => {
@@ -203,7 +267,9 @@ impl Endpoint {
             conns: HashMap::new(),
             by_handle: HashMap::new(),
             next_id: 0,
-            max_connections,
+            limits,
+            handshaking: 0,
+            established: 0,
             timers: BTreeSet::new(),
             queue: VecDeque::new(),
             driver: None,
@@ -218,6 +284,7 @@ impl Endpoint {
             ep: Mutex::new(ep),
             socket: socket.clone(),
             local,
+            stats: Arc::default(),
         });
         tokio::spawn(Driver {
             shared: shared.clone(),
@@ -286,6 +353,12 @@ impl Endpoint {
     /// Connections open now (handshaking, established or closing).
     pub fn open_connections(&self) -> usize {
         lock(&self.shared.ep).by_handle.len()
+    }
+
+    /// What the endpoint has done with new connections; the counters stay readable after the
+    /// endpoint is gone.
+    pub fn stats(&self) -> Arc<EndpointStats> {
+        self.shared.stats.clone()
     }
 }
 
@@ -370,6 +443,18 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
     if timed_out {
         c.proto.as_mut().expect("alive").handle_timeout(t);
     }
+    if c.handshake_deadline.is_some_and(|at| at <= t) {
+        c.handshake_deadline = None;
+        shared
+            .stats
+            .handshake_timeouts
+            .fetch_add(1, Ordering::Relaxed);
+        c.proto.as_mut().expect("alive").close(
+            t,
+            0u32.into(),
+            bytes::Bytes::from_static(b"handshake timeout"),
+        );
+    }
     loop {
         if !transmit(shared, cell, c, t, buf) {
             return;
@@ -390,7 +475,24 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
         match ev {
             proto::Event::Connected => {
                 let mut ep = lock(&shared.ep);
-                if ep.closed || ep.accept_queue.len() >= MAX_PENDING_ACCEPT {
+                if !c.established {
+                    c.established = true;
+                    c.handshake_deadline = None;
+                    ep.handshaking -= 1;
+                    ep.established += 1;
+                    shared
+                        .stats
+                        .handshaking
+                        .store(ep.handshaking, Ordering::Relaxed);
+                    shared
+                        .stats
+                        .established
+                        .store(ep.established, Ordering::Relaxed);
+                }
+                if ep.closed
+                    || ep.accept_queue.len() >= MAX_PENDING_ACCEPT
+                    || ep.established > ep.limits.max_connections
+                {
                     drop(ep);
                     c.proto.as_mut().expect("alive").close(
                         t,
@@ -428,7 +530,10 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
     let next = if p.is_drained() {
         None
     } else {
-        p.poll_timeout()
+        match (p.poll_timeout(), c.handshake_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     };
     let drained = p.is_drained();
     if next != c.timer || drained || timed_out {
@@ -443,6 +548,19 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
         if drained {
             // The endpoint freed the handle with the drained event above.
             ep.by_handle.remove(&c.handle);
+            if c.established {
+                ep.established -= 1;
+            } else {
+                ep.handshaking -= 1;
+            }
+            shared
+                .stats
+                .handshaking
+                .store(ep.handshaking, Ordering::Relaxed);
+            shared
+                .stats
+                .established
+                .store(ep.established, Ordering::Relaxed);
             if c.refs == 0 {
                 ep.conns.remove(&cell.id);
             }
@@ -696,10 +814,32 @@ fn datagram(
             queue(shared, &cell);
         }
         Some(proto::DatagramEvent::NewConnection(incoming)) => {
-            if ep.closed || ep.by_handle.len() >= ep.max_connections {
+            // Decision G12: established slots, the handshake budget, then address validation.
+            let l = ep.limits;
+            if ep.closed || ep.established >= l.max_connections {
+                shared.stats.refused_full.fetch_add(1, Ordering::Relaxed);
                 let tx = ep.proto.refuse(incoming, &mut resp);
                 drop(ep);
                 let _ = shared.socket.try_send(&udp_transmit(&tx, &resp[..tx.size]));
+                return;
+            }
+            if ep.handshaking >= l.max_handshakes {
+                shared.stats.ignored_busy.fetch_add(1, Ordering::Relaxed);
+                ep.proto.ignore(incoming);
+                return;
+            }
+            if ep.handshaking >= l.retry_above
+                && !incoming.remote_address_validated()
+                && incoming.may_retry()
+            {
+                match ep.proto.retry(incoming, &mut resp) {
+                    Ok(tx) => {
+                        shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                        drop(ep);
+                        let _ = shared.socket.try_send(&udp_transmit(&tx, &resp[..tx.size]));
+                    }
+                    Err(e) => ep.proto.ignore(e.into_incoming()),
+                }
                 return;
             }
             match ep.proto.accept(incoming, t, &mut resp, None) {
@@ -711,6 +851,8 @@ fn datagram(
                         queued: AtomicBool::new(false),
                         conn: Mutex::new(Conn {
                             remote: conn.remote_address(),
+                            handshake_deadline: Some(t + l.handshake_timeout),
+                            established: false,
                             proto: Some(conn),
                             handle: h,
                             error: None,
@@ -722,6 +864,11 @@ fn datagram(
                     });
                     ep.conns.insert(id, cell.clone());
                     ep.by_handle.insert(h, id);
+                    ep.handshaking += 1;
+                    shared
+                        .stats
+                        .handshaking
+                        .store(ep.handshaking, Ordering::Relaxed);
                     ep.enqueue(&cell);
                 }
                 Err(e) => {
@@ -750,9 +897,10 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// The peer's address.
+    /// The peer's address now (it changes when the peer migrates, RFC 9000 §9).
     pub fn remote_address(&self) -> SocketAddr {
-        lock(&self.cell.conn).remote
+        let c = lock(&self.cell.conn);
+        c.proto.as_ref().map_or(c.remote, |p| p.remote_address())
     }
 
     /// Close the connection with an application error code and reason.

@@ -1,0 +1,277 @@
+//! Test worlds: devices → gateway → three backhaul paths → server, over netsim in virtual time
+//! (shared by the scenario and hostile-peer tests).
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use qgate_core::path::PathConfig;
+use qgate_core::scheduler;
+use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
+use qgate_gateway::paths::{Backhaul, PathManager};
+use qgate_netsim::{LinkId, LinkParams, Network};
+use qgate_server::ServerStats;
+use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
+use qgate_transport::{
+    client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+};
+
+pub struct World {
+    pub net: Network,
+    pub backhaul: Vec<LinkId>,
+    pub gateway: Arc<Gateway>,
+    pub server: Arc<ServerStats>,
+    pub devices: Vec<Arc<H3Client>>,
+}
+
+/// The server at the far end of the backhaul.
+pub enum Far {
+    /// qgate's counting ingest server.
+    Counting,
+    /// A server that holds `/ingest/slow` for a minute and answers the rest at once (201);
+    /// it counts the requests it saw cancelled.
+    Slow(Arc<Slow>),
+}
+
+/// See [`Far::Slow`].
+#[derive(Default)]
+pub struct Slow {
+    pub answered: AtomicU64,
+}
+
+impl Handler for Slow {
+    async fn handle(&self, req: Request<()>, _body: Bytes, _peer: SocketAddr) -> Response<Bytes> {
+        if req.uri().path() == "/ingest/slow" {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .body(Bytes::new())
+            .unwrap()
+    }
+}
+
+/// `n` devices (even ones priority) on their own 1 Gbit/s / 1 ms links to the gateway; three
+/// backhaul paths of 100/75/50 Mbit/s with 10/20/30 ms one-way delay; the gateway configured
+/// by `cfg` (request timeout 500 ms unless `cfg` says otherwise).
+pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> World {
+    let net = Network::new(7);
+    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions {
+        keep_alive_ms: Some(1000),
+        ..Default::default()
+    };
+    let mut backhaul = Vec::new();
+    for (i, rate) in [100_000_000u64, 75_000_000, 50_000_000].iter().enumerate() {
+        let k = i as u8 + 1;
+        let gi = net
+            .add_interface(g, format!("10.0.{k}.1").parse().unwrap())
+            .unwrap();
+        let si = net
+            .add_interface(s, format!("10.0.{k}.2").parse().unwrap())
+            .unwrap();
+        let delay = Duration::from_millis(10 * k as u64);
+        backhaul.push(
+            net.connect_symmetric(gi, si, LinkParams::new(*rate, delay))
+                .unwrap(),
+        );
+    }
+    let server_socket = Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap());
+    let server = match far {
+        Far::Counting => {
+            qgate_server::CountingServer::start(server_socket, &pki.server, &opts, Some(1))
+                .unwrap()
+                .stats
+        }
+        Far::Slow(handler) => {
+            let stats = Arc::new(ServerStats::default());
+            let probe_stats = stats.clone();
+            let ep = endpoint(
+                server_socket,
+                Some(server_config(&pki.server, &[ALPN_H3], &opts).unwrap()),
+                Some(1),
+            )
+            .unwrap();
+            tokio::spawn(async move {
+                while let Some(inc) = ep.accept().await {
+                    let (handler, stats) = (handler.clone(), probe_stats.clone());
+                    tokio::spawn(async move {
+                        if let Ok(c) = inc.await {
+                            tokio::spawn(qgate_server::answer_probes(c.clone(), stats));
+                            let _ =
+                                http3::serve_connection(c, handler, ServeLimits::default()).await;
+                        }
+                    });
+                }
+            });
+            stats
+        }
+    };
+
+    let paths = (1..=3u8)
+        .map(|k| {
+            let local: SocketAddr = format!("10.0.{k}.1:0").parse().unwrap();
+            let remote: SocketAddr = format!("10.0.{k}.2:443").parse().unwrap();
+            Backhaul::new(
+                Socket::from(net.bind(g, local).unwrap()),
+                remote,
+                "localhost",
+                Some(k as u64),
+            )
+            .unwrap()
+        })
+        .collect();
+    let pm = PathManager::start(
+        paths,
+        client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap(),
+        PathConfig::default(),
+    );
+    let dev_ep = cfg
+        .device_endpoint(
+            Socket::from(net.bind(g, "0.0.0.0:443".parse().unwrap()).unwrap()),
+            &pki.server,
+            &opts,
+            Some(3),
+        )
+        .unwrap();
+    let gateway = Arc::new(Gateway::new(
+        pm,
+        scheduler::by_name(sched).unwrap(),
+        cfg,
+        [9; 32],
+    ));
+    tokio::spawn(gateway.clone().serve_devices(dev_ep));
+    tokio::time::sleep(Duration::from_secs(1)).await; // paths measured
+
+    let dcfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let mut devices = Vec::new();
+    for i in 0..n {
+        let h = net.add_host(&format!("dev{i}"));
+        let di = net
+            .add_interface(h, format!("10.8.{i}.2").parse().unwrap())
+            .unwrap();
+        let gi = net
+            .add_interface(g, format!("10.8.{i}.1").parse().unwrap())
+            .unwrap();
+        net.connect_symmetric(
+            di,
+            gi,
+            LinkParams::new(1_000_000_000, Duration::from_millis(1)),
+        )
+        .unwrap();
+        let ep = endpoint(
+            Socket::from(
+                net.bind(h, format!("10.8.{i}.2:0").parse().unwrap())
+                    .unwrap(),
+            ),
+            None,
+            Some(100 + i as u64),
+        )
+        .unwrap();
+        let gw_addr: SocketAddr = format!("10.8.{i}.1:443").parse().unwrap();
+        let conn = connect(&ep, &dcfg, gw_addr, "localhost", false)
+            .await
+            .unwrap();
+        devices.push(Arc::new(
+            H3Client::new(conn.connection().clone()).await.unwrap(),
+        ));
+        std::mem::forget(ep); // keep the device endpoint alive for the test
+    }
+    World {
+        net,
+        backhaul,
+        gateway,
+        server,
+        devices,
+    }
+}
+
+/// [`world_with`] the counting server and a 500 ms request timeout.
+pub async fn world(n: usize, sched: &str) -> World {
+    let cfg = GatewayConfig {
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    world_with(n, sched, cfg, Far::Counting).await
+}
+
+/// Register; the status and the Hash ID (empty when refused).
+pub async fn try_register(d: &H3Client, priority: u8) -> (StatusCode, String) {
+    let r = d
+        .request(
+            Request::post("https://gw/register")
+                .header(PRIORITY_HEADER, priority.to_string())
+                .body(())
+                .unwrap(),
+            Bytes::new(),
+            4096,
+        )
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    let hash = if r.status == StatusCode::CREATED {
+        body.split('"').nth(3).unwrap().to_string()
+    } else {
+        String::new()
+    };
+    (r.status, hash)
+}
+
+/// Register, which must succeed; the Hash ID.
+pub async fn register(d: &H3Client, priority: u8) -> String {
+    let (status, hash) = try_register(d, priority).await;
+    assert_eq!(status, 201);
+    hash
+}
+
+/// Send 1 KiB to `/ingest/data`; the status and the path the gateway used.
+pub async fn send(d: &H3Client, hash: &str) -> (StatusCode, Option<usize>) {
+    send_to(d, hash, "/ingest/data").await
+}
+
+/// Send 1 KiB to `target`; the status and the path the gateway used.
+pub async fn send_to(d: &H3Client, hash: &str, target: &str) -> (StatusCode, Option<usize>) {
+    let r = d
+        .request(
+            Request::post(format!("https://gw{target}"))
+                .header(HASH_ID_HEADER, hash)
+                .body(())
+                .unwrap(),
+            Bytes::from(vec![1u8; 1024]),
+            4096,
+        )
+        .await
+        .unwrap();
+    (
+        r.status,
+        r.headers
+            .get("qgate-path")
+            .and_then(|v| v.to_str().ok()?.parse().ok()),
+    )
+}
+
+/// The gateway's `/metrics`, read by device `d`.
+pub async fn metrics(d: &H3Client) -> String {
+    let m = d
+        .request(
+            Request::get("https://gw/metrics").body(()).unwrap(),
+            Bytes::new(),
+            1 << 16,
+        )
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&m.body).to_string()
+}
+
+/// Panic unless every line of `want` is in `metrics`.
+pub fn assert_metrics(metrics: &str, want: &[&str]) {
+    for line in want {
+        assert!(metrics.contains(line), "missing '{line}' in:\n{metrics}");
+    }
+}

@@ -1,0 +1,262 @@
+//! The gateway's device listener on real loopback UDP: a flood of QUIC Initials, and sessions
+//! bound to their connection rather than the address (issue 18 items 3 and 6, decisions G10 and
+//! G12). Before, the flood filled every connection slot with half-open handshakes (the device
+//! was refused), and a session belonged to an address: another connection from the same
+//! address and port could use it, and closing one connection ended the other's sessions.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use qgate_core::path::PathConfig;
+use qgate_core::scheduler;
+use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
+use qgate_gateway::paths::{Backhaul, PathManager};
+use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::{
+    client_config, connect, endpoint, DevPki, Socket, TransportOptions, TrustRoots,
+};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+struct Loopback {
+    gw: Arc<Gateway>,
+    addr: SocketAddr,
+    trust: TrustRoots,
+    stats: Arc<qgate_server::ServerStats>,
+}
+
+/// Server on 127.0.0.1, one backhaul path from 127.0.0.2, the gateway's devices on 127.0.0.1.
+async fn loopback(cfg: GatewayConfig) -> Loopback {
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    let server = qgate_server::CountingServer::start(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        &pki.server,
+        &opts,
+        None,
+    )
+    .unwrap();
+    let path = Backhaul::new(
+        Socket::bind_udp(sa("127.0.0.2:0")).unwrap(),
+        server.addr(),
+        "localhost",
+        None,
+    )
+    .unwrap();
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let pm = PathManager::start(vec![path], ccfg, PathConfig::default());
+    let listener = cfg
+        .device_endpoint(
+            Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+            &pki.server,
+            &opts,
+            None,
+        )
+        .unwrap();
+    let addr = listener.local_addr();
+    let gw = Arc::new(Gateway::new(
+        pm,
+        scheduler::by_name("single").unwrap(),
+        cfg,
+        [5; 32],
+    ));
+    tokio::spawn(gw.clone().serve_devices(listener));
+    while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Loopback {
+        gw,
+        addr,
+        trust: pki.trust(),
+        stats: server.stats.clone(),
+    }
+}
+
+async fn request(h3: &H3Client, req: http::Request<()>) -> (u16, String) {
+    let r = h3
+        .request(req, Bytes::from_static(b"reading"), 4096)
+        .await
+        .unwrap();
+    (
+        r.status.as_u16(),
+        String::from_utf8_lossy(&r.body).to_string(),
+    )
+}
+
+async fn register(h3: &H3Client) -> String {
+    let (status, body) = request(
+        h3,
+        http::Request::post("https://gw/register")
+            .header(PRIORITY_HEADER, "1")
+            .body(())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    body.split('"').nth(3).unwrap().to_string()
+}
+
+async fn send(h3: &H3Client, hash: &str) -> u16 {
+    request(
+        h3,
+        http::Request::post("https://gw/ingest/x")
+            .header(HASH_ID_HEADER, hash)
+            .body(())
+            .unwrap(),
+    )
+    .await
+    .0
+}
+
+/// `n` distinct client Initial datagrams for `to`, made by a quinn-proto client (real ones:
+/// the gateway must decrypt them to tell them from a device's).
+fn initials(to: SocketAddr, trust: &TrustRoots, n: usize) -> Vec<Vec<u8>> {
+    let ccfg = client_config(trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let mut ep = quinn_proto::Endpoint::new(Arc::default(), None, true, None);
+    let now = Instant::now();
+    (0..n)
+        .map(|_| {
+            let (_, mut conn) = ep.connect(now, ccfg.clone(), to, "localhost").unwrap();
+            let mut buf = Vec::new();
+            let tx = conn.poll_transmit(now, 1, &mut buf).expect("an Initial");
+            buf.truncate(tx.size);
+            buf
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_registers_within_a_second_during_an_initial_flood() {
+    let cfg = GatewayConfig {
+        max_devices: 100,
+        ..Default::default()
+    };
+    let max_handshakes = cfg.max_handshakes;
+    let lb = loopback(cfg).await;
+    // 10 000 Initials/s from 64 source ports, for as long as the device needs.
+    let packets = initials(lb.addr, &lb.trust, 4000);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = {
+        let (stop, to) = (stop.clone(), lb.addr);
+        std::thread::spawn(move || {
+            let socks: Vec<UdpSocket> = (0..64)
+                .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+                .collect();
+            let start = Instant::now();
+            let mut sent = 0usize;
+            while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(20) {
+                // 100 every 10 ms.
+                for _ in 0..100 {
+                    let _ = socks[sent % socks.len()].send_to(&packets[sent % packets.len()], to);
+                    sent += 1;
+                }
+                let due = start + Duration::from_millis(sent as u64 / 10);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+            (sent, start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let trust = lb.trust.clone();
+    let device = async move {
+        let t = Instant::now();
+        let ccfg = client_config(&trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+        let ep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+        let conn = connect(&ep, &ccfg, lb.addr, "localhost", false)
+            .await
+            .unwrap();
+        let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
+        let hash = register(&h3).await;
+        let took = t.elapsed();
+        assert_eq!(send(&h3, &hash).await, 201);
+        (took, ep, h3)
+    };
+    let (took, _ep, _h3) = tokio::time::timeout(Duration::from_secs(10), device)
+        .await
+        .expect("the device got through within 10 s");
+    stop.store(true, Ordering::Relaxed);
+    let (sent, flood_time) = flooding.join().unwrap();
+    let rate = sent as f64 / flood_time.as_secs_f64();
+    let m = lb.gw.metrics();
+    let value = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{m}"))
+    };
+    eprintln!(
+        "flood {rate:.0} Initials/s ({sent}); device registered in {took:?}; retries {}, handshakes {}",
+        value("qgate_gateway_retries_sent_total"),
+        value("qgate_gateway_handshakes ")
+    );
+    assert!(rate > 8000.0, "the flood ran at only {rate:.0}/s");
+    assert!(took < Duration::from_secs(1), "registering took {took:?}");
+    assert!(value("qgate_gateway_retries_sent_total") > 1000.0);
+    assert!(value("qgate_gateway_handshakes ") <= max_handshakes as f64);
+    assert_eq!(lb.stats.snapshot().ingested, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_migrates_keeps_its_session() {
+    let lb = loopback(GatewayConfig::default()).await;
+    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let run = async {
+        let ep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+        let conn = connect(&ep, &ccfg, lb.addr, "localhost", false)
+            .await
+            .unwrap();
+        let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
+        let hash = register(&h3).await;
+        assert_eq!(send(&h3, &hash).await, 201);
+        let before = ep.local_addr().unwrap();
+        // The device moves to another address (a new port: its NAT binding or network changed).
+        ep.rebind(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap();
+        assert_ne!(ep.local_addr().unwrap(), before);
+        for _ in 0..5 {
+            assert_eq!(
+                send(&h3, &hash).await,
+                201,
+                "the session survived migration"
+            );
+        }
+        // Registering again counts against the same connection, not the new address.
+        let _second = register(&h3).await;
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("migration run timed out");
+    assert_eq!(lb.stats.snapshot().ingested, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_belong_to_their_connection_not_their_address() {
+    let lb = loopback(GatewayConfig::default()).await;
+    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let run = async {
+        // Two connections from one socket: the same address and port.
+        let ep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+        let mut h3 = Vec::new();
+        for _ in 0..2 {
+            let c = connect(&ep, &ccfg, lb.addr, "localhost", false).await.unwrap();
+            h3.push(H3Client::new(c.connection().clone()).await.unwrap());
+        }
+        let a = register(&h3[0]).await;
+        let b = register(&h3[1]).await;
+        assert_eq!(send(&h3[1], &a).await, 403, "another connection's Hash ID");
+        assert_eq!(send(&h3[1], &b).await, 201);
+        // The first connection closes: only its session ends.
+        h3[0].close();
+        while !lb.gw.metrics().contains("qgate_gateway_sessions 1\n") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(send(&h3[1], &b).await, 201);
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("run timed out");
+    assert_eq!(lb.stats.snapshot().ingested, 2);
+}

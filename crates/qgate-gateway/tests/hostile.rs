@@ -1,0 +1,212 @@
+//! The gateway against hostile and faulty device peers and backhaul faults (issue 18), over
+//! netsim in virtual time. Each test failed on the gateway before decisions G10–G12.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{
+    assert_metrics, metrics, register, send, send_to, try_register, world, world_with, Far, Slow,
+};
+use qgate_core::path::PathId;
+use qgate_gateway::gateway::GatewayConfig;
+
+#[tokio::test(start_paused = true)]
+async fn one_connection_cannot_take_every_device_slot() {
+    let cfg = GatewayConfig {
+        max_devices: 20,
+        ..Default::default()
+    };
+    let per_conn = cfg.max_sessions_per_connection;
+    let w = world_with(3, "adaptive", cfg, Far::Counting).await;
+    // One connection asks for every slot.
+    let mut created = 0;
+    for _ in 0..20 {
+        let (status, _) = try_register(&w.devices[0], 0).await;
+        match status.as_u16() {
+            201 => created += 1,
+            429 => {}
+            s => panic!("unexpected status {s}"),
+        }
+    }
+    assert_eq!(created, per_conn, "one connection holds at most its share");
+    // Real devices still register and send.
+    for d in &w.devices[1..] {
+        let h = register(d, 1).await;
+        assert_eq!(send(d, &h).await.0, 201);
+    }
+    let m = metrics(&w.devices[1]).await;
+    assert_metrics(
+        &m,
+        &[
+            &format!("qgate_gateway_sessions {}", per_conn + 2),
+            &format!(
+                "qgate_gateway_registrations_refused_total {}",
+                20 - per_conn
+            ),
+            "qgate_gateway_session_connections 3",
+            &format!("qgate_gateway_limit_max_sessions_per_connection {per_conn}"),
+        ],
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_sessions_expire_and_release_their_path() {
+    let cfg = GatewayConfig {
+        request_timeout: Duration::from_millis(500),
+        session_idle_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let w = world_with(2, "adaptive", cfg, Far::Counting).await;
+    let idle = register(&w.devices[0], 1).await;
+    let busy = register(&w.devices[1], 1).await;
+    assert_eq!(send(&w.devices[0], &idle).await.0, 201);
+    // Device 1 keeps sending every 500 ms; device 0 says nothing for 5 s.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(send(&w.devices[1], &busy).await.0, 201);
+    }
+    assert_eq!(
+        send(&w.devices[0], &idle).await.0,
+        401,
+        "an expired session is unknown"
+    );
+    let m = metrics(&w.devices[1]).await;
+    assert_metrics(
+        &m,
+        &[
+            "qgate_gateway_sessions 1",
+            "qgate_gateway_sessions_expired_total 1",
+        ],
+    );
+    let hits: u32 = w
+        .gateway
+        .paths()
+        .table()
+        .paths()
+        .iter()
+        .map(|p| p.hits)
+        .sum();
+    assert_eq!(hits, 1, "the expired session's path hit was released");
+    // The device registers again and carries on.
+    let again = register(&w.devices[0], 1).await;
+    assert_eq!(send(&w.devices[0], &again).await.0, 201);
+}
+
+#[tokio::test(start_paused = true)]
+async fn made_up_hash_ids_leave_no_state() {
+    let w = world(2, "adaptive").await;
+    let h = register(&w.devices[0], 0).await;
+    for i in 0..2000u32 {
+        let fake = format!("{:032x}", u128::from(i) * 0x9e37_79b9_7f4a_7c15);
+        assert_eq!(send(&w.devices[1], &fake).await.0, 401);
+    }
+    assert_eq!(send(&w.devices[0], &h).await.0, 201);
+    let m = metrics(&w.devices[0]).await;
+    assert_metrics(
+        &m,
+        &[
+            "qgate_gateway_sessions 1",
+            "qgate_gateway_session_connections 1",
+            "qgate_gateway_session_addresses 1",
+            "qgate_gateway_refused_total 2000",
+        ],
+    );
+    assert_eq!(w.server.snapshot().ingested, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_request_cancels_only_its_stream() {
+    let slow = Arc::new(Slow::default());
+    let cfg = GatewayConfig {
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let w = world_with(2, "single", cfg, Far::Slow(slow.clone())).await;
+    let (a, b) = (
+        register(&w.devices[0], 0).await,
+        register(&w.devices[1], 0).await,
+    );
+    assert_eq!(
+        send(&w.devices[1], &b).await,
+        (http::StatusCode::CREATED, Some(0))
+    );
+    let conn0 = w.gateway.paths().connection(PathId(0)).unwrap().stable_id();
+    // Device 0's request hangs at the server on every path; device 1 keeps sending on path 0.
+    let d0 = w.devices[0].clone();
+    let stuck = tokio::spawn(async move { send_to(&d0, &a, "/ingest/slow").await.0 });
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            send(&w.devices[1], &b).await,
+            (http::StatusCode::CREATED, Some(0)),
+            "the other device's requests are unaffected"
+        );
+    }
+    assert_eq!(stuck.await.unwrap(), 502, "every attempt timed out");
+    let st = &w.gateway.stats;
+    assert_eq!(st.timeouts.load(Ordering::Relaxed), 3);
+    assert_eq!(st.failed.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        w.gateway.paths().connection(PathId(0)).unwrap().stable_id(),
+        conn0,
+        "path 0's backhaul connection stayed up"
+    );
+    assert!(w.gateway.paths().table().get(PathId(0)).unwrap().up);
+    assert_eq!(slow.answered.load(Ordering::Relaxed), 31);
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_do_not_flood_the_log() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let w = world(1, "adaptive").await;
+    for _ in 0..300 {
+        assert_eq!(send(&w.devices[0], "nope").await.0, 400);
+    }
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("request refused"))
+        .count();
+    assert!(lines <= 10, "{lines} lines:\n{text}");
+    assert!(lines > 0, "the first refusals are logged");
+    let m = metrics(&w.devices[0]).await;
+    assert_metrics(
+        &m,
+        &[
+            "qgate_gateway_refused_total 300",
+            &format!("qgate_gateway_log_lines_suppressed_total {}", 300 - lines),
+        ],
+    );
+    // A minute later the next line says how many were left out.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(send(&w.devices[0], "nope").await.0, 400);
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains(&format!("suppressed={}", 300 - lines)),
+        "{text}"
+    );
+}
