@@ -4,7 +4,8 @@
 //! directly.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+// tokio's clock: TTLs run in virtual time on the simulator (M18).
+use tokio::time::Instant;
 
 /// Identifies one consumer link within the broker.
 pub type ConsumerId = u64;

@@ -119,7 +119,7 @@ pub struct Rewriter {
     pipeline: Option<Arc<Mutex<Pipeline>>>,
     /// Inbound frames held, unprocessed, until the broker grants credit (decision M9).
     held: BytesMut,
-    /// Inbound: channels the peer has begun a session on and not ended (decision M16).
+    /// Inbound: channels the peer has begun a session on and not ended (decision M17).
     sessions: HashSet<u16>,
     /// Inbound: most sessions at once.
     max_sessions: usize,
@@ -328,7 +328,7 @@ impl Rewriter {
     }
 
     /// Inbound session frames must ride on a channel the peer has begun (AMQP 1.0 §2.5.1); a
-    /// begin must take a free channel, within `max_sessions` (decision M16). fe2o3-amqp would
+    /// begin must take a free channel, within `max_sessions` (decision M17). fe2o3-amqp would
     /// refuse such a frame itself, but the shim may hold it first (an early transfer waiting
     /// for credit that can never come), so the shim refuses it on arrival.
     fn check_channel(&mut self, channel: u16, body: &[u8]) -> Result<(), FrameError> {

@@ -5,13 +5,15 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use fe2o3_amqp::types::definitions::Role;
-use fe2o3_amqp::types::messaging::Target;
-use fe2o3_amqp::types::performatives::{Attach, Begin, Performative, Transfer};
+use fe2o3_amqp::types::performatives::Performative;
 use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig};
 use qgate_amqp::wire;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+#[path = "common/raw.rs"]
+mod raw;
+use raw::*;
 
 struct Running {
     broker: Broker,
@@ -32,84 +34,6 @@ async fn start(cfg: BrokerConfig) -> Running {
     Running { broker, tcp, tls }
 }
 
-fn frame(channel: u16, perf: &Performative, payload: &[u8]) -> Vec<u8> {
-    wire::frame(0, channel, &serde_amqp::to_vec(perf).unwrap(), payload)
-}
-
-/// SASL header and ANONYMOUS init, AMQP header, and an open asking for `idle_ms`.
-fn opening(idle_ms: Option<u32>) -> Vec<u8> {
-    use fe2o3_amqp::types::primitives::Symbol;
-    use fe2o3_amqp::types::sasl::SaslInit;
-    let mut out = b"AMQP\x03\x01\x00\x00".to_vec();
-    let init = SaslInit {
-        mechanism: Symbol::from("ANONYMOUS"),
-        initial_response: None,
-        hostname: None,
-    };
-    out.extend(wire::frame(1, 0, &serde_amqp::to_vec(&init).unwrap(), &[]));
-    out.extend_from_slice(b"AMQP\x00\x01\x00\x00");
-    let mut open = wire::open("hostile", 65_536);
-    if let Performative::Open(o) = &mut open {
-        o.idle_time_out = idle_ms;
-    }
-    out.extend(frame(0, &open, &[]));
-    out
-}
-
-fn begin() -> Performative {
-    Performative::Begin(Begin {
-        remote_channel: None,
-        next_outgoing_id: 0,
-        incoming_window: 100,
-        outgoing_window: 100,
-        handle_max: 10.into(),
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    })
-}
-
-fn sender_attach(address: &str) -> Performative {
-    Performative::Attach(Attach {
-        name: "s".into(),
-        handle: 0.into(),
-        role: Role::Sender,
-        snd_settle_mode: Default::default(),
-        rcv_settle_mode: Default::default(),
-        source: None,
-        target: Some(Box::new(Target::builder().address(address).build().into())),
-        unsettled: None,
-        incomplete_unsettled: false,
-        initial_delivery_count: Some(0),
-        max_message_size: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    })
-}
-
-fn transfer() -> Performative {
-    Performative::Transfer(Transfer {
-        handle: 0.into(),
-        delivery_id: Some(0),
-        delivery_tag: Some(vec![0u8].into()),
-        message_format: Some(0),
-        settled: Some(false),
-        more: false,
-        rcv_settle_mode: None,
-        state: None,
-        resume: false,
-        aborted: false,
-        batchable: false,
-    })
-}
-
-/// A message body: one data section.
-fn payload() -> Vec<u8> {
-    let msg = qgate_amqp::client::message(1, b"x".to_vec());
-    qgate_amqp::broker::encode(&msg)
-}
-
 /// Wait until the broker holds `n` connections; false if it does not within `within`.
 async fn held(b: &Broker, n: u64, within: Duration) -> bool {
     let until = tokio::time::Instant::now() + within;
@@ -127,39 +51,6 @@ async fn read_all(t: &mut TcpStream, within: Duration) -> Vec<u8> {
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(within, t.read_to_end(&mut buf)).await;
     buf
-}
-
-/// AMQP frames in a byte stream: (channel, performative or None for an empty frame).
-fn frames(mut b: &[u8]) -> Vec<(u16, Option<Performative>)> {
-    let mut out = Vec::new();
-    while b.len() >= 8 {
-        if &b[..4] == b"AMQP" {
-            b = &b[8..];
-            continue;
-        }
-        let size = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        if b.len() < size {
-            break;
-        }
-        let doff = b[4] as usize * 4;
-        if b[5] == 0 {
-            let channel = u16::from_be_bytes([b[6], b[7]]);
-            let body = &b[doff..size];
-            out.push((
-                channel,
-                (!body.is_empty()).then(|| serde_amqp::from_slice(body).unwrap()),
-            ));
-        }
-        b = &b[size..];
-    }
-    out
-}
-
-fn close_condition(b: &[u8]) -> Option<String> {
-    frames(b).into_iter().find_map(|(_, p)| match p {
-        Some(Performative::Close(c)) => Some(format!("{:?}", c.error)),
-        _ => None,
-    })
 }
 
 fn short(cfg: BrokerConfig) -> BrokerConfig {
