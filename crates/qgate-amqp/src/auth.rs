@@ -50,6 +50,11 @@ impl Credentials {
         }
     }
 
+    /// Whether SASL ANONYMOUS is admitted.
+    pub fn admits_anonymous(&self) -> bool {
+        self.anonymous
+    }
+
     /// Read a TOML credentials file: a `[users]` table of `name = "password"`.
     pub fn load(path: &Path, anonymous: bool) -> Result<Self, CredentialsError> {
         let err = |msg: String| CredentialsError {

@@ -90,6 +90,9 @@ pub struct BrokerConfig {
     pub max_connections_per_address: usize,
     /// Most sessions per connection (a begin beyond is a framing error).
     pub max_sessions: usize,
+    /// While ANONYMOUS is admitted, also accept a connection that skips the SASL layer and
+    /// starts with the plain AMQP header, as go-amqp does by default (decision M19).
+    pub plain_amqp: bool,
 }
 
 impl Default for BrokerConfig {
@@ -111,6 +114,7 @@ impl Default for BrokerConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections_per_address: 256,
             max_sessions: shim::DEFAULT_MAX_SESSIONS,
+            plain_amqp: true,
         }
     }
 }
@@ -487,13 +491,33 @@ impl Broker {
     async fn serve_guarded<S: Stream>(&self, io: S, early: bool, tenancy: Arc<Tenancy>) {
         let c = &self.inner.counters;
         // The shim holds the tenancy until both its pumps end (M16).
-        let io = shim::shim(io, self.shim_config(), tenancy.clone());
-        let acceptor = ConnectionAcceptor::builder()
-            .container_id(self.inner.cfg.container_id.clone())
-            .max_frame_size(self.inner.cfg.max_frame_size)
-            .sasl_acceptor(self.inner.cfg.credentials.clone())
-            .build();
-        let mut conn = match acceptor.accept(io).await {
+        let mut io = shim::shim(io, self.shim_config(), tenancy.clone());
+        // The peer's protocol header picks the layer (the shim has checked it, and bounds the
+        // wait for it): SASL, or, while anonymous peers are admitted, plain AMQP (M19).
+        let mut head = [0u8; 8];
+        if tokio::io::AsyncReadExt::read_exact(&mut io, &mut head)
+            .await
+            .is_err()
+        {
+            c.connections_failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let io = shim::Replayed::new(head, io);
+        let cfg = &self.inner.cfg;
+        let builder = ConnectionAcceptor::builder()
+            .container_id(cfg.container_id.clone())
+            .max_frame_size(cfg.max_frame_size);
+        let plain = cfg.plain_amqp && cfg.credentials.admits_anonymous();
+        let accepted = if plain && head == *b"AMQP\x00\x01\x00\x00" {
+            builder.build().accept(io).await
+        } else {
+            builder
+                .sasl_acceptor(cfg.credentials.clone())
+                .build()
+                .accept(io)
+                .await
+        };
+        let mut conn = match accepted {
             Ok(conn) => conn,
             Err(e) => {
                 c.connections_failed.fetch_add(1, Ordering::Relaxed);

@@ -880,6 +880,63 @@ where
     broker_end
 }
 
+/// The broker's end of the shim with bytes already read from it put back in front: the
+/// broker reads the protocol header to choose its acceptor, then hands the acceptor this.
+#[derive(Debug)]
+pub struct Replayed {
+    head: [u8; 8],
+    at: usize,
+    inner: tokio::io::DuplexStream,
+}
+
+impl Replayed {
+    /// `inner`, whose first bytes `head` were already read.
+    pub fn new(head: [u8; 8], inner: tokio::io::DuplexStream) -> Self {
+        Replayed { head, at: 0, inner }
+    }
+}
+
+impl AsyncRead for Replayed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = (self.head.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.head[at..at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Replayed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// What to tell the peer when `what` passed.
 fn deadline_fail(what: Deadline, rw: &Rewriter, cfg: &ShimConfig) -> Option<Fail> {
     let why = match what {

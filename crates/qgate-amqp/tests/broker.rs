@@ -17,6 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
 use common::{connector_to, quic_listener};
+#[path = "common/raw.rs"]
+mod raw;
 
 struct Running {
     broker: Broker,
@@ -622,4 +624,41 @@ async fn a_quic_broker_can_require_client_certificates() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("needs TLS"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_without_the_sasl_layer_is_served_while_anonymous_is_admitted() {
+    // go-amqp's defaults send the plain AMQP header (issue #18 item 9, decision M19).
+    let msg = qgate_amqp::broker::encode(&client::message(1, b"plain".to_vec()));
+    let r = start(BrokerConfig::default()).await;
+    let mut t = tokio::net::TcpStream::connect(r.tcp).await.unwrap();
+    let d = raw::send_after(&mut t, raw::plain_opening(), "plain", &msg).await;
+    assert!(
+        matches!(&d, Some(fe2o3_amqp::types::performatives::Performative::Disposition(x))
+            if matches!(x.state, Some(fe2o3_amqp::types::messaging::DeliveryState::Accepted(_)))),
+        "{d:?}"
+    );
+    assert_eq!(r.broker.queue_stats()[0].stats.enqueued, 1);
+    // Turned off, or with anonymous peers not admitted: the broker answers with the SASL
+    // header it requires and closes (AMQP 1.0 §2.2).
+    let plain_off = BrokerConfig {
+        plain_amqp: false,
+        ..Default::default()
+    };
+    let users = Credentials::plain([("u".to_string(), "p".to_string())].into(), false);
+    let no_anonymous = BrokerConfig {
+        credentials: users,
+        ..Default::default()
+    };
+    for cfg in [plain_off, no_anonymous] {
+        let r = start(cfg).await;
+        let mut t = tokio::net::TcpStream::connect(r.tcp).await.unwrap();
+        t.write_all(&raw::plain_opening()).await.unwrap();
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), t.read_to_end(&mut buf))
+            .await
+            .unwrap()
+            .ok();
+        assert_eq!(buf, b"AMQP\x03\x01\x00\x00");
+    }
 }

@@ -92,7 +92,7 @@ fn have_go() -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn go_amqp_sends_and_receives_over_tcp_and_tls() {
+async fn go_amqp_sends_and_receives_over_tcp_and_tls_and_with_default_options() {
     if !have_go() {
         return;
     }
@@ -108,13 +108,17 @@ async fn go_amqp_sends_and_receives_over_tcp_and_tls() {
     tokio::spawn(serve_tcp(broker.clone(), tls, Some(tcfg)));
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/goamqp");
     let ca = dir.join("ca.pem");
-    for (url, queue) in [
-        (format!("amqp://{plain_addr}"), "go-plain"),
-        (format!("amqps://{tls_addr}"), "go-tls"),
+    // go-amqp with default options (`amqp.Dial(ctx, url, nil)`) skips the SASL layer; the
+    // broker admits it while ANONYMOUS is admitted (decision M19).
+    for (url, queue, mode) in [
+        (format!("amqp://{plain_addr}"), "go-plain", "anonymous"),
+        (format!("amqps://{tls_addr}"), "go-tls", "anonymous"),
+        (format!("amqp://{plain_addr}"), "go-defaults", "defaults"),
     ] {
         let out = tokio::process::Command::new("go")
             .args(["run", ".", &url, queue, "200"])
             .arg(&ca)
+            .arg(mode)
             .current_dir(client)
             .output()
             .await

@@ -69,6 +69,8 @@ pub struct BrokerSection {
     pub max_connections_per_address: Option<usize>,
     /// Most sessions per connection.
     pub max_sessions: Option<usize>,
+    /// Accept AMQP without the SASL layer while ANONYMOUS is admitted.
+    pub plain_amqp: Option<bool>,
     /// Queues declared at start.
     pub queues: Vec<QueueSection>,
 }
@@ -113,6 +115,10 @@ pub struct BrokerArgs {
     /// Also admit SASL ANONYMOUS when --credentials is given (always admitted without it).
     #[arg(long)]
     anonymous: bool,
+    #[arg(long, help = dflt(
+        "Refuse connections that skip the SASL layer (plain AMQP header, go-amqp's default); they are otherwise served as ANONYMOUS while ANONYMOUS is admitted",
+        if BrokerConfig::default().plain_amqp { "served" } else { "refused" }))]
+    no_plain_amqp: bool,
     /// Refuse links to queues not declared in [[broker.queues]] (amqp:not-found).
     #[arg(long)]
     no_auto_create: bool,
@@ -258,6 +264,7 @@ fn broker_config(a: &BrokerArgs, b: &BrokerSection) -> Result<BrokerConfig, Fail
             .unwrap_or(d.idle_timeout),
         max_connections_per_address,
         max_sessions,
+        plain_amqp: !a.no_plain_amqp && b.plain_amqp.unwrap_or(d.plain_amqp),
         queues,
         auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
         default_limits,

@@ -123,8 +123,28 @@ pub async fn send_one<S>(io: &mut S, queue: &str, message: &[u8]) -> Option<Perf
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    send_after(io, opening(None), queue, message).await
+}
+
+/// The plain AMQP header (no SASL layer) and an open.
+pub fn plain_opening() -> Vec<u8> {
+    let mut out = b"AMQP\x00\x01\x00\x00".to_vec();
+    out.extend(frame(0, &wire::open("plain", 65_536), &[]));
+    out
+}
+
+/// [`send_one`] after `opening` (headers and open) instead of SASL ANONYMOUS.
+pub async fn send_after<S>(
+    io: &mut S,
+    opening: Vec<u8>,
+    queue: &str,
+    message: &[u8],
+) -> Option<Performative>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut out = opening(None);
+    let mut out = opening;
     out.extend(frame(0, &begin(), &[]));
     out.extend(frame(0, &sender_attach(queue), &[]));
     io.write_all(&out).await.ok()?;
