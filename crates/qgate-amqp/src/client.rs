@@ -520,6 +520,22 @@ pub fn run_id() -> u64 {
     h.finish()
 }
 
+/// How long a client waits on a silent QUIC broker before it gives up (with keep-alives every
+/// third of it, so a live but idle broker is never taken for dead): a few seconds, not quinn's
+/// 30, so `qgate send` notices a dead broker quickly (decision M20).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `opts` with `idle` as the QUIC idle timeout and keep-alives at least every third of it.
+pub fn with_idle_timeout(opts: &TransportOptions, idle: Duration) -> TransportOptions {
+    let ms = (idle.as_millis() as u64).max(1);
+    let keep = (ms / 3).max(1);
+    TransportOptions {
+        idle_timeout_ms: ms,
+        keep_alive_ms: Some(opts.keep_alive_ms.map_or(keep, |k| k.min(keep))),
+        ..opts.clone()
+    }
+}
+
 /// Open a connection and send every body `bodies` yields on one link; the report's clock starts
 /// before the connection is opened.
 pub async fn send(
@@ -527,15 +543,25 @@ pub async fn send(
     spec: &SendSpec,
     bodies: impl IntoIterator<Item = Vec<u8>>,
 ) -> Result<Report, ClientError> {
+    let mut report = Report::default();
+    send_into(connector, spec, bodies, &mut report).await?;
+    Ok(report)
+}
+
+/// [`send`], counting into `report` as outcomes arrive: when it fails (or its future is
+/// dropped), `report` still says how many messages the broker accepted (decision M20).
+pub async fn send_into(
+    connector: &Connector,
+    spec: &SendSpec,
+    bodies: impl IntoIterator<Item = Vec<u8>>,
+    report: &mut Report,
+) -> Result<(), ClientError> {
     let start = Instant::now();
     let (mut client, info) = connector.open().await?;
     let mut sender = client
         .sender(&spec.link_name, &spec.address, spec.settled)
         .await?;
-    let mut report = Report {
-        zero_rtt: info.zero_rtt,
-        ..Default::default()
-    };
+    report.zero_rtt = info.zero_rtt;
     let mut pace = spec.rate.filter(|r| *r > 0.0).map(|r| {
         let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -550,7 +576,8 @@ pub async fn send(
         }
         while inflight.len() >= spec.window.max(1) {
             if let Some(r) = inflight.next().await {
-                tally(&mut report, r).map_err(|e| link_gone(&spec.address, e))?;
+                tally(report, r).map_err(|e| link_gone(&spec.address, e))?;
+                report.total = start.elapsed();
             }
         }
         let len = body.len() as u64;
@@ -568,13 +595,14 @@ pub async fn send(
         inflight.push(async move { (len, fut.await) });
     }
     while let Some(r) = inflight.next().await {
-        tally(&mut report, r).map_err(|e| link_gone(&spec.address, e))?;
+        tally(report, r).map_err(|e| link_gone(&spec.address, e))?;
+        report.total = start.elapsed();
     }
     report.total = start.elapsed();
     report.rtt = info.rtt();
     let _ = sender.close().await;
     client.close().await;
-    Ok(report)
+    Ok(())
 }
 
 /// Count one outcome. Err when the link itself is gone (the broker closed it, e.g. an unknown

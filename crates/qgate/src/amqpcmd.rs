@@ -431,6 +431,10 @@ pub struct Target {
     /// Link name [default: qgate-send / qgate-recv].
     #[arg(long)]
     link_name: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
+        "Give up on a QUIC broker silent this long (keep-alives every third of it); overrides [transport] idle_timeout_ms",
+        secs(client::DEFAULT_IDLE_TIMEOUT)))]
+    idle_timeout: Option<Duration>,
     /// TLS client certificate chain, PEM (with --key; quic or tcp-tls).
     #[arg(long, value_name = "FILE", requires = "key")]
     cert: Option<PathBuf>,
@@ -454,6 +458,11 @@ impl Target {
             }
             _ => None,
         };
+        // A dead broker is noticed within this, not quinn's 30 s (M20).
+        let opts = client::with_idle_timeout(
+            &cfg.transport,
+            self.idle_timeout.unwrap_or(client::DEFAULT_IDLE_TIMEOUT),
+        );
         let c = Connector::new(
             self.transport,
             self.broker,
@@ -461,7 +470,7 @@ impl Target {
             &trust,
             sasl,
             None,
-            &cfg.transport,
+            &opts,
         )
         .map_err(usage)?;
         match (&self.cert, &self.key) {
@@ -561,13 +570,39 @@ pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
         let size = a.size;
         Box::new((0..a.count).map(move |_| vec![b'x'; size]))
     };
-    let r = if a.one_per_connection {
-        rt.block_on(one_per_connection(&connector, &spec, bodies))
-    } else {
-        rt.block_on(client::send(&connector, &spec, bodies))
+    // The report fills as outcomes arrive, so whatever ends the run — success, a failure, a
+    // dead broker, Ctrl-C — the accepted count is printed (M20).
+    let mut r = Report::default();
+    let started = tokio::time::Instant::now();
+    let outcome = rt.block_on(async {
+        let run = async {
+            if a.one_per_connection {
+                one_per_connection(&connector, &spec, bodies, &mut r).await
+            } else {
+                client::send_into(&connector, &spec, bodies, &mut r).await
+            }
+        };
+        tokio::select! {
+            o = run => o.map_err(anyhow::Error::from),
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    if r.total.is_zero() {
+        r.total = started.elapsed();
     }
-    .map_err(anyhow::Error::from)?;
     report("sent", &r, a.target.transport);
+    if let Err(e) = outcome {
+        return Err(anyhow::anyhow!(
+            "{e:#} (the broker had accepted {} messages{})",
+            r.messages,
+            if r.rejected > 0 {
+                format!(", rejected {}", r.rejected)
+            } else {
+                String::new()
+            }
+        )
+        .into());
+    }
     if r.rejected > 0 {
         return Err(anyhow::anyhow!(
             "the broker refused {} messages (first: {})",
@@ -584,10 +619,10 @@ async fn one_per_connection(
     connector: &Connector,
     spec: &SendSpec,
     bodies: Box<dyn Iterator<Item = Vec<u8>> + Send>,
-) -> Result<Report, qgate_amqp::client::ClientError> {
+    total: &mut Report,
+) -> Result<(), qgate_amqp::client::ClientError> {
     let run = client::run_id();
-    let start = std::time::Instant::now();
-    let mut total = Report::default();
+    let start = tokio::time::Instant::now();
     let mut startups = Duration::ZERO;
     let mut zero_rtt = 0u64;
     let mut n = 0u32;
@@ -613,12 +648,12 @@ async fn one_per_connection(
         if total.first_error.is_none() {
             total.first_error = r.first_error;
         }
+        total.startup = startups / n;
+        total.total = start.elapsed();
+        total.zero_rtt = zero_rtt > 0;
     }
-    total.startup = startups / n.max(1);
-    total.total = start.elapsed();
-    total.zero_rtt = zero_rtt > 0;
     eprintln!("{n} connections, {zero_rtt} resumed with 0-RTT; startup is the mean per connection");
-    Ok(total)
+    Ok(())
 }
 
 pub fn recv(a: RecvArgs, cfg: &Config) -> Result<(), Failure> {

@@ -287,3 +287,43 @@ fn broker_configuration_errors_are_named() {
     assert!(err.contains("carrier-pigeon"), "{err}");
     let _ = std::fs::remove_dir_all(&home);
 }
+
+#[test]
+fn send_says_what_was_accepted_when_the_broker_dies() {
+    // Issue #18 item 11: the broker is killed mid-run; `qgate send` must notice within its
+    // QUIC idle timeout (default a few seconds, not 30) and say how many messages the broker
+    // had accepted (decision M20).
+    let home = tmp("dies");
+    let b = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--memory"]);
+    let quic = b.quic.to_string();
+    let child = qgate(&home)
+        .args([
+            "send", &quic, "doomed", "--count", "1000000", "--rate", "200", "--size", "10",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(b); // SIGKILL
+    let killed = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        took < Duration::from_secs(10),
+        "noticed after {took:?}: {err}"
+    );
+    let sent: u64 = err
+        .split("sent ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in: {err}"));
+    assert!(sent >= 100, "{err}");
+    assert!(
+        err.contains(&format!("the broker had accepted {sent} messages")),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
