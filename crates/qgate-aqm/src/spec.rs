@@ -190,6 +190,9 @@ pub struct SpecError {
     pub problem: String,
 }
 
+/// The longest time a discipline parameter may name, ms (an hour).
+const MAX_MS: f64 = 3_600_000.0;
+
 fn ms(v: Option<f64>, default: Duration) -> Duration {
     v.map_or(default, |x| Duration::from_secs_f64(x / 1000.0))
 }
@@ -232,6 +235,21 @@ impl DisciplineSpec {
             Some(x) if !(x.is_finite() && x >= 0.0) => Err(err(format!(
                 "{name} must be a non-negative number, got {x}"
             ))),
+            _ => Ok(()),
+        };
+        // Times are given in ms and become `Duration`s: at most an hour (a larger value would
+        // overflow the conversion; found by the `discipline` fuzz target).
+        let time = |name: &str, v: Option<f64>, zero_ok: bool| match v {
+            Some(x) if !(x.is_finite() && (x > 0.0 || zero_ok && x == 0.0) && x <= MAX_MS) => {
+                Err(err(format!(
+                    "{name} must be a{} number of ms up to {MAX_MS}, got {x}",
+                    if zero_ok {
+                        " non-negative"
+                    } else {
+                        " positive"
+                    }
+                )))
+            }
             _ => Ok(()),
         };
         let at_least_one = |name: &str, v: Option<usize>| match v {
@@ -279,11 +297,11 @@ impl DisciplineSpec {
                 ..
             } => {
                 at_least_one("limit", *limit)?;
-                positive("target_ms", *target_ms)?;
-                positive("t_update_ms", *t_update_ms)?;
+                time("target_ms", *target_ms, false)?;
+                time("t_update_ms", *t_update_ms, false)?;
                 nonneg("alpha", *alpha)?;
                 nonneg("beta", *beta)?;
-                nonneg("max_burst_ms", *max_burst_ms)
+                time("max_burst_ms", *max_burst_ms, true)
             }
             DisciplineSpec::Codel {
                 limit,
@@ -292,8 +310,8 @@ impl DisciplineSpec {
                 ..
             } => {
                 at_least_one("limit", *limit)?;
-                positive("target_ms", *target_ms)?;
-                positive("interval_ms", *interval_ms)
+                time("target_ms", *target_ms, false)?;
+                time("interval_ms", *interval_ms, false)
             }
             DisciplineSpec::FqCodel {
                 limit,
@@ -308,8 +326,8 @@ impl DisciplineSpec {
                 if matches!(quantum, Some(q) if *q < 1) {
                     return Err(err("quantum must be at least 1 byte".into()));
                 }
-                positive("target_ms", *target_ms)?;
-                positive("interval_ms", *interval_ms)
+                time("target_ms", *target_ms, false)?;
+                time("interval_ms", *interval_ms, false)
             }
             DisciplineSpec::PidDelay {
                 limit,
@@ -326,8 +344,8 @@ impl DisciplineSpec {
                 ..
             } => {
                 at_least_one("limit", *limit)?;
-                positive("target_ms", *target_ms)?;
-                positive("period_ms", *period_ms)?;
+                time("target_ms", *target_ms, false)?;
+                time("period_ms", *period_ms, false)?;
                 for (n, v) in [
                     ("kp", kp),
                     ("ki", ki),
@@ -338,8 +356,8 @@ impl DisciplineSpec {
                 ] {
                     nonneg(n, *v)?;
                 }
-                positive("m1_ms", *m1_ms)?;
-                positive("m2_ms", *m2_ms)?;
+                time("m1_ms", *m1_ms, false)?;
+                time("m2_ms", *m2_ms, false)?;
                 let d = PidDelayParams::default();
                 if ms(*m2_ms, d.m2) >= ms(*m1_ms, d.m1) {
                     return Err(err("m2_ms must be below m1_ms (paper 004: M2 < M1)".into()));
@@ -586,7 +604,21 @@ mod tests {
             ("droptail:packets=0", "packets must be at least 1"),
             ("red:min_th=20,max_th=10", "min_th must be below max_th"),
             ("red:max_p=2", "max_p must be in (0, 1]"),
-            ("pie:target_ms=-3", "target_ms must be a positive number"),
+            (
+                "pie:target_ms=-3",
+                "target_ms must be a positive number of ms",
+            ),
+            // Found by the `discipline` fuzz target: passed validation, then the conversion
+            // to a Duration panicked when the discipline was built.
+            (
+                "pie:target_ms=27700002094811577777777777.7777",
+                "target_ms must be a positive number of ms up to 3600000",
+            ),
+            ("codel:interval_ms=1e300", "interval_ms must be"),
+            (
+                "pie:max_burst_ms=-1",
+                "max_burst_ms must be a non-negative number",
+            ),
             ("pid-delay:m1_ms=5", "m2_ms must be below m1_ms"),
             ("codel:target_ms", "'target_ms' is not key=value"),
             (

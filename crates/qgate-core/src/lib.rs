@@ -5,5 +5,6 @@ pub mod history;
 pub mod loggate;
 pub mod path;
 pub mod probe;
+pub mod protocol;
 pub mod scheduler;
 pub mod session;

@@ -49,7 +49,9 @@ impl FromStr for HashId {
 
     fn from_str(s: &str) -> Result<HashId, SessionError> {
         let bad = || SessionError::Malformed(s.chars().take(40).collect());
-        if s.len() != 32 || !s.is_ascii() {
+        // Hex digits only: `from_str_radix` alone would take "+4" as a byte (found by the
+        // `protocol` fuzz target).
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         let mut out = [0u8; 16];
@@ -414,6 +416,7 @@ mod tests {
             &"g".repeat(32),
             &"é".repeat(16),
             &format!("{s}00"),
+            "00112231+45566778899aabbccddeeff",
         ] {
             let e = bad.parse::<HashId>().unwrap_err().to_string();
             assert!(e.starts_with("malformed Hash ID"), "{bad}: {e}");

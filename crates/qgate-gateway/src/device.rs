@@ -7,7 +7,10 @@ use bytes::Bytes;
 use qgate_transport::http3::{H3Client, H3Error};
 use tokio::time::Instant;
 
-use crate::gateway::{HASH_ID_HEADER, PRIORITY_HEADER};
+use qgate_core::protocol::{
+    emit_priority, parse_path, Registered, HASH_ID_HEADER, PATH_HEADER, PRIORITY_HEADER,
+};
+use qgate_core::scheduler::Priority;
 
 /// Why a device operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +47,14 @@ impl Device {
     /// Register over `h3` with `priority` (true = class 1).
     pub async fn register(h3: H3Client, priority: bool) -> Result<Device, DeviceError> {
         let req = http::Request::post("https://gateway/register")
-            .header(PRIORITY_HEADER, if priority { "1" } else { "0" })
+            .header(
+                PRIORITY_HEADER,
+                emit_priority(if priority {
+                    Priority::Priority
+                } else {
+                    Priority::BestEffort
+                }),
+            )
             .body(())
             .expect("valid request");
         let r = h3.request(req, Bytes::new(), 4096).await?;
@@ -55,14 +65,12 @@ impl Device {
                 body: body.trim().to_string(),
             });
         }
-        let hash = body
-            .split('"')
-            .nth(3)
-            .filter(|h| h.len() == 32)
-            .ok_or_else(|| DeviceError::Refused {
+        let hash = Registered::parse(&r.body)
+            .map_err(|e| DeviceError::Refused {
                 status: r.status,
-                body: format!("no Hash ID in '{body}'"),
+                body: e.to_string(),
             })?
+            .hash
             .to_string();
         Ok(Device { h3, hash })
     }
@@ -90,8 +98,8 @@ impl Device {
             delay: t.elapsed(),
             path: r
                 .headers
-                .get("qgate-path")
-                .and_then(|v| v.to_str().ok()?.parse().ok()),
+                .get(PATH_HEADER)
+                .and_then(|v| parse_path(v.as_bytes()).ok()),
         })
     }
 

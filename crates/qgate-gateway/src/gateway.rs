@@ -21,10 +21,8 @@ use tokio::time::Instant;
 
 use crate::paths::PathManager;
 
-/// Header carrying a device's Hash ID on every data request.
-pub const HASH_ID_HEADER: &str = "qgate-hash-id";
-/// Header carrying the class on registration (`0` best effort, `1` priority).
-pub const PRIORITY_HEADER: &str = "qgate-priority";
+use qgate_core::protocol::{self as wire, Registered, PATH_HEADER, REQUEST_ID_HEADER};
+pub use qgate_core::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
 
 /// Gateway limits and timeouts. The defaults live here (and in [`SessionLimits::DEFAULT`] and
 /// [`compact::Limits::DEFAULT`]); the CLI's help reads them from there.
@@ -347,21 +345,16 @@ impl Gateway {
     }
 
     fn register(&self, req: &Request<()>, conn: ConnId, device: SocketAddr) -> Response<Bytes> {
-        let priority = match req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes()) {
-            Some(b"1") => Priority::Priority,
-            Some(b"0") | None => Priority::BestEffort,
-            Some(_) => {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    format!("{PRIORITY_HEADER} must be 0 or 1\n"),
-                )
-            }
-        };
+        let priority =
+            match wire::parse_priority(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes())) {
+                Ok(p) => p,
+                Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            };
         let now = Instant::now().into_std();
         match lock(&self.sessions).register(conn, device, device, priority, now) {
             Ok(h) => {
                 self.stats.registered.fetch_add(1, Ordering::Relaxed);
-                text(StatusCode::CREATED, format!("{{\"hash_id\":\"{h}\"}}"))
+                text(StatusCode::CREATED, Registered { hash: h }.to_string())
             }
             Err(e) => {
                 self.stats
@@ -521,7 +514,7 @@ impl Gateway {
                     "https://{}{}",
                     self.cfg.server_authority, path_and_query
                 ))
-                .header("qgate-request-id", rid.as_str())
+                .header(REQUEST_ID_HEADER, rid.as_str())
                 .body(())
                 .expect("valid request");
             self.paths
@@ -549,7 +542,7 @@ impl Gateway {
                     self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
                     let mut resp = text(r.status, r.body);
                     resp.headers_mut()
-                        .insert("qgate-path", http::HeaderValue::from(path.0));
+                        .insert(PATH_HEADER, http::HeaderValue::from(path.0));
                     return resp;
                 }
                 Err(e) => {

@@ -241,7 +241,9 @@ async fn sessions_belong_to_their_connection_not_their_address() {
         let ep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
         let mut h3 = Vec::new();
         for _ in 0..2 {
-            let c = connect(&ep, &ccfg, lb.addr, "localhost", false).await.unwrap();
+            let c = connect(&ep, &ccfg, lb.addr, "localhost", false)
+                .await
+                .unwrap();
             h3.push(H3Client::new(c.connection().clone()).await.unwrap());
         }
         let a = register(&h3[0]).await;

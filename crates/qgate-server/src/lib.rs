@@ -210,9 +210,8 @@ impl Handler for IngestService {
                 Some(name) => {
                     let rid = req
                         .headers()
-                        .get("qgate-request-id")
-                        .and_then(|v| v.to_str().ok())
-                        .filter(|v| !v.is_empty() && v.len() <= 64);
+                        .get(qgate_core::protocol::REQUEST_ID_HEADER)
+                        .and_then(|v| qgate_core::protocol::parse_request_id(v.as_bytes()).ok());
                     self.ingest(name, &body, rid, peer).await
                 }
             },

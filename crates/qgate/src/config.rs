@@ -97,16 +97,16 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        let cfg: Config = toml::from_str(&text).map_err(|e| {
-            anyhow::anyhow!(
-                "config file {}: {}",
-                path.display(),
-                e.to_string().trim_end()
-            )
-        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse and check a config file's `text`; errors name `origin` (the file).
+    pub fn parse(text: &str, origin: &str) -> anyhow::Result<Config> {
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("config file {origin}: {}", e.to_string().trim_end()))?;
         cfg.transport
             .validate()
-            .map_err(|e| anyhow::anyhow!("config file {}: [transport] {e}", path.display()))?;
+            .map_err(|e| anyhow::anyhow!("config file {origin}: [transport] {e}"))?;
         Ok(cfg)
     }
 }

@@ -629,9 +629,17 @@ fn device_through_gateway_to_server_as_processes() {
         ("--retry-above", "[default: 16]"),
         ("--handshake-timeout", "[default: 10s]"),
     ] {
-        let at = help.find(flag).unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
-        let next = help[at + 2..].find(" --").map_or(help.len(), |i| at + 2 + i);
-        assert!(help[at..next].contains(default), "{flag}: {}", &help[at..next]);
+        let at = help
+            .find(flag)
+            .unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
+        let next = help[at + 2..]
+            .find(" --")
+            .map_or(help.len(), |i| at + 2 + i);
+        assert!(
+            help[at..next].contains(default),
+            "{flag}: {}",
+            &help[at..next]
+        );
     }
 }
 

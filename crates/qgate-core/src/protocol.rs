@@ -1,0 +1,178 @@
+//! The device ↔ gateway ↔ server protocol on top of HTTP/3: the header names and the values
+//! they carry, each with a parse of untrusted bytes and an emit (smoltcp `Repr` style), so the
+//! gateway, the device library and the server read and write them in one place.
+
+use std::fmt;
+
+use crate::scheduler::Priority;
+use crate::session::HashId;
+
+/// A device's Hash ID on every data request (paper 000 Fig. 2 step 10).
+pub const HASH_ID_HEADER: &str = "qgate-hash-id";
+/// The class asked for at registration: `0` best effort, `1` priority.
+pub const PRIORITY_HEADER: &str = "qgate-priority";
+/// The gateway's id for a forwarded request; the server stores each id once (decision G5).
+pub const REQUEST_ID_HEADER: &str = "qgate-request-id";
+/// The backhaul path the gateway used, on its answer to the device.
+pub const PATH_HEADER: &str = "qgate-path";
+/// Longest request id accepted.
+pub const MAX_REQUEST_ID: usize = 64;
+/// Paths are numbered below this.
+pub const MAX_PATHS: usize = 1024;
+
+/// Why a protocol value was refused; the text says what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The priority header is not `0` or `1`.
+    #[error("{PRIORITY_HEADER} must be 0 or 1")]
+    Priority,
+    /// The registration answer is not `{"hash_id":"<32 hex digits>"}`.
+    #[error("the registration answer is not {{\"hash_id\":\"<32 hex digits>\"}}: '{0}'")]
+    Registration(String),
+    /// A request id that is empty, too long or not visible ASCII.
+    #[error("{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
+    RequestId,
+    /// A path header that is not a small decimal number.
+    #[error("{PATH_HEADER} must be a path number below {MAX_PATHS}")]
+    Path,
+}
+
+/// The priority header's value (absent means best effort).
+pub fn parse_priority(v: Option<&[u8]>) -> Result<Priority, ProtocolError> {
+    match v {
+        Some(b"1") => Ok(Priority::Priority),
+        Some(b"0") | None => Ok(Priority::BestEffort),
+        Some(_) => Err(ProtocolError::Priority),
+    }
+}
+
+/// The priority header's value for `p`.
+pub fn emit_priority(p: Priority) -> &'static str {
+    match p {
+        Priority::Priority => "1",
+        Priority::BestEffort => "0",
+    }
+}
+
+/// The gateway's answer to a registration: the Hash ID it issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    /// The device's Hash ID.
+    pub hash: HashId,
+}
+
+impl fmt::Display for Registered {
+    /// The body: `{"hash_id":"<32 hex digits>"}`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{\"hash_id\":\"{}\"}}", self.hash)
+    }
+}
+
+impl Registered {
+    /// Parse an answer body; whitespace around the tokens is allowed, nothing else.
+    pub fn parse(body: &[u8]) -> Result<Registered, ProtocolError> {
+        let bad = || {
+            ProtocolError::Registration(String::from_utf8_lossy(&body[..body.len().min(80)]).into())
+        };
+        let text = std::str::from_utf8(body).map_err(|_| bad())?;
+        let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        let hex = compact
+            .strip_prefix("{\"hash_id\":\"")
+            .and_then(|r| r.strip_suffix("\"}"))
+            .ok_or_else(bad)?;
+        let hash = hex.parse().map_err(|_| bad())?;
+        Ok(Registered { hash })
+    }
+}
+
+/// A request id header's value.
+pub fn parse_request_id(v: &[u8]) -> Result<&str, ProtocolError> {
+    if v.is_empty() || v.len() > MAX_REQUEST_ID || !v.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(ProtocolError::RequestId);
+    }
+    std::str::from_utf8(v).map_err(|_| ProtocolError::RequestId)
+}
+
+/// A path header's value.
+pub fn parse_path(v: &[u8]) -> Result<usize, ProtocolError> {
+    if v.is_empty() || v.len() > 4 || !v.iter().all(u8::is_ascii_digit) {
+        return Err(ProtocolError::Path);
+    }
+    let n: usize = std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(ProtocolError::Path)?;
+    if n < MAX_PATHS {
+        Ok(n)
+    } else {
+        Err(ProtocolError::Path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn priorities() {
+        assert_eq!(parse_priority(None), Ok(Priority::BestEffort));
+        for p in [Priority::Priority, Priority::BestEffort] {
+            assert_eq!(parse_priority(Some(emit_priority(p).as_bytes())), Ok(p));
+        }
+        for bad in [&b"2"[..], b"", b"01", b"yes"] {
+            assert_eq!(parse_priority(Some(bad)), Err(ProtocolError::Priority));
+        }
+    }
+
+    #[test]
+    fn registration_answers() {
+        let r = Registered {
+            hash: HashId([0xab; 16]),
+        };
+        let body = r.to_string();
+        assert_eq!(body, format!("{{\"hash_id\":\"{}\"}}", "ab".repeat(16)));
+        assert_eq!(Registered::parse(body.as_bytes()), Ok(r));
+        let spaced = format!("{{ \"hash_id\" : \"{}\" }}\n", "ab".repeat(16));
+        assert_eq!(Registered::parse(spaced.as_bytes()), Ok(r));
+        for bad in [
+            "".to_string(),
+            "{}".into(),
+            format!("{{\"hash_id\":\"{}\"}}", "ab".repeat(15)),
+            format!("{{\"hash\":\"{}\"}}", "ab".repeat(16)),
+            format!("{{\"hash_id\":\"{}\",\"x\":1}}", "ab".repeat(16)),
+        ] {
+            assert!(Registered::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(Registered::parse(&[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn request_ids_and_paths() {
+        assert_eq!(parse_request_id(b"0123abcd-17"), Ok("0123abcd-17"));
+        for bad in [&b""[..], b"a b", &[b'x'; 65], b"\xc3\xa9"] {
+            assert_eq!(parse_request_id(bad), Err(ProtocolError::RequestId));
+        }
+        assert_eq!(parse_path(b"0"), Ok(0));
+        assert_eq!(parse_path(b"1023"), Ok(1023));
+        for bad in [&b""[..], b"1024", b"-1", b"99999", b"1.0"] {
+            assert_eq!(parse_path(bad), Err(ProtocolError::Path));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_parse_or_fail_cleanly_and_values_round_trip(b in proptest::collection::vec(any::<u8>(), 0..100)) {
+            if let Ok(r) = Registered::parse(&b) {
+                prop_assert_eq!(Registered::parse(r.to_string().as_bytes()), Ok(r));
+            }
+            if let Ok(id) = parse_request_id(&b) {
+                prop_assert_eq!(id.as_bytes(), &b[..]);
+            }
+            if let Ok(p) = parse_path(&b) {
+                prop_assert_eq!(parse_path(p.to_string().as_bytes()), Ok(p));
+            }
+            let _ = parse_priority(Some(&b));
+        }
+    }
+}

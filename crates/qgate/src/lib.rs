@@ -1,0 +1,194 @@
+//! `qgate`: IoT data over QUIC — server, clients, demo and benchmarks. The command line is
+//! this library's [`run`]; the binary only calls it (and picks the allocator), so the parsers of
+//! untrusted input here (config files, URLs, durations) can be fuzzed (`fuzz/`).
+
+mod amqpcmd;
+mod client;
+pub mod config;
+mod gatewaycmd;
+mod history;
+mod lab;
+mod labcmd;
+mod server;
+pub mod url;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+
+/// Exit status for a usage or configuration error (bad flag, URL, config file).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status when a request got a non-success HTTP status.
+pub const EXIT_HTTP_STATUS: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qgate",
+    version,
+    about = "qgate: IoT data over QUIC: HTTP/3 ingest, edge gateway, AMQP 1.0 broker",
+    long_about = "qgate carries IoT data over QUIC: an HTTP/3 ingest server, HTTP/3 clients, and \
+                  experiments that run the same code on a simulated network in virtual time.\n\n\
+                  Exit status: 0 success, 1 runtime error, 2 usage or configuration error, \
+                  3 the server answered with a non-success HTTP status."
+)]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// TOML configuration file (tables [server], [client], [transport], [demo], [history],
+    /// [gateway], [broker]; e.g. docs/examples/gateway.toml); flags override it.
+    #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], GET /stats,
+    /// /metrics, /health).
+    Server(server::ServerArgs),
+    /// Run the edge gateway: devices register for a Hash ID and send through it; it forwards
+    /// over several backhaul paths (paper 000).
+    Gateway(gatewaycmd::GatewayArgs),
+    /// A device: register with a gateway and send records through it, reporting delays.
+    Device(gatewaycmd::DeviceArgs),
+    /// Send an HTTP/3 GET and print the response body.
+    Get(client::ClientArgs),
+    /// Send an HTTP/3 POST (body from --data, --file or standard input) and print the response.
+    Post(client::PostArgs),
+    /// Run a server and several HTTP/3 clients on a simulated network and summarise delays
+    /// and throughput.
+    Demo(lab::DemoArgs),
+    /// Measure the system: simulator speed, transport overhead against plain quinn.
+    Bench(BenchCmd),
+    /// Reproduce the papers' experiments on the simulated network (results/…).
+    Lab(LabCmd),
+    /// Inspect or clear the congestion-window history (paper 002).
+    History(history::HistoryArgs),
+    /// Run the AMQP 1.0 broker over QUIC and/or TCP(+TLS): durable queues, competing
+    /// consumers, credit flow control (paper 003).
+    Broker(amqpcmd::BrokerArgs),
+    /// Send messages to an AMQP queue (count × size, or standard input lines) and report
+    /// startup latency, total time and throughput.
+    Send(amqpcmd::SendArgs),
+    /// Receive messages from an AMQP queue and report the same.
+    Recv(amqpcmd::RecvArgs),
+}
+
+#[derive(Args, Debug)]
+struct LabCmd {
+    #[command(subcommand)]
+    which: labcmd::Lab,
+}
+
+#[derive(Args, Debug)]
+struct BenchCmd {
+    #[command(subcommand)]
+    which: lab::Bench,
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{level},quinn=warn,quinn_proto=warn,h3=warn,rustls=warn"
+        ))
+        .add_directive(format!("qgate={level}").parse().expect("valid directive"))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// An error and the exit status it deserves.
+pub struct Failure {
+    pub status: u8,
+    pub error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure {
+            status: 1,
+            error: e.into(),
+        }
+    }
+}
+
+/// A usage/config error (exit 2).
+pub fn usage(msg: impl std::fmt::Display) -> Failure {
+    Failure {
+        status: EXIT_USAGE,
+        error: anyhow::anyhow!("{msg}"),
+    }
+}
+
+/// Run the command line; the process's exit status.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let config = match &cli.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("qgate: error: {e:#}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => Config::default(),
+    };
+    let result = match cli.command {
+        Command::Server(a) => server::run(a, &config),
+        Command::Gateway(a) => gatewaycmd::gateway(a, &config),
+        Command::Device(a) => gatewaycmd::device(a, &config),
+        Command::Get(a) => client::get(a, &config),
+        Command::Post(a) => client::post(a, &config),
+        Command::Demo(a) => lab::demo(a, &config),
+        Command::Bench(b) => lab::bench(b.which),
+        Command::Lab(l) => labcmd::run(l.which),
+        Command::History(h) => history::run(h, &config),
+        Command::Broker(a) => amqpcmd::broker(a, &config),
+        Command::Send(a) => amqpcmd::send(a, &config),
+        Command::Recv(a) => amqpcmd::recv(a, &config),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("qgate: error: {:#}", f.error);
+            ExitCode::from(f.status)
+        }
+    }
+}
+
+/// Where the development PKI lives by default: `$QGATE_HOME/dev-pki`, else
+/// `$XDG_DATA_HOME/qgate/dev-pki`, else `~/.local/share/qgate/dev-pki`.
+pub fn default_dev_pki_dir() -> PathBuf {
+    if let Some(h) = std::env::var_os("QGATE_HOME") {
+        return PathBuf::from(h).join("dev-pki");
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("qgate").join("dev-pki")
+}
+
+/// A current-thread runtime for a command.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

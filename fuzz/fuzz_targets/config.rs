@@ -1,0 +1,22 @@
+//! What an operator types (qgate's config file, URLs, durations, queue-discipline strings) on
+//! arbitrary text: every input is accepted or refused with an error, never a panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(cfg) = qgate::config::Config::parse(text, "fuzz.toml") {
+        // A parsed file's duration strings go through the same parser as flags.
+        let _ = format!("{cfg:?}");
+    }
+    let _ = qgate::config::parse_duration(text);
+    if let Ok(t) = qgate::url::parse(text) {
+        let _ = format!("{t:?}");
+    }
+    if let Ok(spec) = text.parse::<qgate_aqm::DisciplineSpec>() {
+        let _ = spec.validate();
+    }
+});
