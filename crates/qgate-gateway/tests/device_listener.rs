@@ -262,3 +262,94 @@ async fn sessions_belong_to_their_connection_not_their_address() {
         .expect("run timed out");
     assert_eq!(lb.stats.snapshot().ingested, 2);
 }
+
+/// Resident memory of this process, bytes (Linux).
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Memory stays flat under made-up Hash IDs and under a flood of Initials (issue 18 items 2
+/// and 3: 500 000 random Hash IDs raised a gateway's RSS from 27 to 56 MB; 11 300 Initials
+/// took it to 350 MB). A measurement, not part of the suite:
+/// `cargo test --release -p qgate-gateway --test device_listener -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn memory_stays_flat_under_made_up_hash_ids_and_initial_floods() {
+    let lb = loopback(GatewayConfig::default()).await;
+    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let ep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let conn = connect(&ep, &ccfg, lb.addr, "localhost", false)
+        .await
+        .unwrap();
+    let h3 = Arc::new(H3Client::new(conn.connection().clone()).await.unwrap());
+    let fake = |i: u64| {
+        format!(
+            "{:032x}",
+            u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c)
+        )
+    };
+    // Warm up (allocator pools, QPACK tables), then measure.
+    for i in 0..5_000 {
+        assert_eq!(send(&h3, &fake(i)).await, 401);
+    }
+    let before = rss();
+    let total = 500_000u64;
+    let tasks: Vec<_> = (0..8u64)
+        .map(|w| {
+            let h3 = h3.clone();
+            tokio::spawn(async move {
+                let mut i = w;
+                while i < total {
+                    assert_eq!(send(&h3, &fake(1_000_000 + i)).await, 401);
+                    i += 8;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let after = rss();
+    eprintln!(
+        "{total} requests with made-up Hash IDs: RSS {:.1} → {:.1} MiB",
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0
+    );
+    assert!(after < before + 8 * 1048576, "memory grew");
+
+    // 20 000 distinct Initials from 64 ports in 2 s.
+    let packets = initials(lb.addr, &lb.trust, 20_000);
+    let before = rss();
+    let to = lb.addr;
+    std::thread::spawn(move || {
+        let socks: Vec<UdpSocket> = (0..64)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let start = Instant::now();
+        for (k, p) in packets.iter().enumerate() {
+            let _ = socks[k % 64].send_to(p, to);
+            if k % 100 == 99 {
+                let due = start + Duration::from_millis(k as u64 / 10);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss();
+    let m = lb.gw.metrics();
+    eprintln!(
+        "20 000 Initials: RSS {:.1} → {:.1} MiB; {}",
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        m.lines()
+            .filter(|l| l.starts_with("qgate_gateway_retries_sent_total")
+                || l.starts_with("qgate_gateway_handshakes "))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert!(after < before + 32 * 1048576, "memory grew");
+}
