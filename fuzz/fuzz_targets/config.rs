@@ -9,7 +9,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(cfg) = qgate::config::Config::parse(text, "fuzz.toml") {
-        // A parsed file's duration strings go through the same parser as flags.
+        // The checks `qgate demo` makes before it builds anything.
+        let _ = cfg.demo.validate();
         let _ = format!("{cfg:?}");
     }
     let _ = qgate::config::parse_duration(text);

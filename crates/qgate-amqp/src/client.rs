@@ -570,23 +570,24 @@ pub async fn send_into(
     let mut inflight = FuturesUnordered::new();
     let mut first = true;
     let run = run_id();
+    let quic = info.quic.as_ref();
     for (i, body) in bodies.into_iter().enumerate() {
         if let Some(p) = pace.as_mut() {
             p.tick().await;
         }
         while inflight.len() >= spec.window.max(1) {
-            if let Some(r) = inflight.next().await {
+            if let Some(r) = unless_closed(quic, &spec.address, inflight.next()).await? {
                 tally(report, r).map_err(|e| link_gone(&spec.address, e))?;
                 report.total = start.elapsed();
             }
         }
         let len = body.len() as u64;
-        let fut = sender
-            .send_batchable(message_with_id(
-                MessageId::String(format!("{run:016x}-{i}")),
-                body,
-            ))
-            .await
+        let send = sender.send_batchable(message_with_id(
+            MessageId::String(format!("{run:016x}-{i}")),
+            body,
+        ));
+        let fut = unless_closed(quic, &spec.address, send)
+            .await?
             .map_err(|e| ClientError::Link(format!("sending: {e}")))?;
         if first {
             report.startup = start.elapsed();
@@ -594,7 +595,7 @@ pub async fn send_into(
         }
         inflight.push(async move { (len, fut.await) });
     }
-    while let Some(r) = inflight.next().await {
+    while let Some(r) = unless_closed(quic, &spec.address, inflight.next()).await? {
         tally(report, r).map_err(|e| link_gone(&spec.address, e))?;
         report.total = start.elapsed();
     }
@@ -644,6 +645,24 @@ fn tally(
         }
     }
     Ok(())
+}
+
+/// `fut`, unless the QUIC connection under the link closes first: fe2o3 leaves a delivery's
+/// outcome pending for ever when its transport dies (found by `qgate lab faults`), so a sender
+/// would hang on a dead broker with messages in flight (decision M20).
+async fn unless_closed<T>(
+    quic: Option<&quinn::Connection>,
+    address: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, ClientError> {
+    let Some(conn) = quic else {
+        return Ok(fut.await);
+    };
+    tokio::select! {
+        biased;
+        r = fut => Ok(r),
+        e = conn.closed() => Err(link_gone(address, format!("the QUIC connection closed: {e}"))),
+    }
 }
 
 fn link_gone(address: &str, e: String) -> ClientError {

@@ -4,6 +4,7 @@
 //! shared with everyone who wrote meanwhile.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
@@ -69,7 +70,8 @@ pub struct Recovered {
 
 impl Store {
     /// Open (or create) the store at `path`, return every message it holds (in queue and
-    /// sequence order) and start the writer task on the current tokio runtime.
+    /// sequence order) and start the writer task on the current tokio runtime (an error outside
+    /// one).
     pub fn open(path: &Path) -> Result<(Store, Vec<Recovered>), StoreError> {
         let open_err = |msg: String| StoreError::Open {
             path: path.to_path_buf(),
@@ -98,11 +100,10 @@ impl Store {
                 Err(e) => return Err(io(e)),
             }
         }
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| open_err("the store needs a tokio runtime".into()))?;
         let (tx, rx) = mpsc::channel(BATCH);
-        std::thread::Builder::new()
-            .name("qgate-amqp-store".into())
-            .spawn(move || writer(db, rx))
-            .map_err(|e| open_err(e.to_string()))?;
+        rt.spawn(writer(Arc::new(db), rx));
         Ok((Store { tx }, recovered))
     }
 
@@ -134,11 +135,15 @@ impl Store {
     }
 }
 
-/// The writer: block for one operation, take whatever else is waiting (up to [`BATCH`]), commit
-/// them in one transaction, then answer every producer in the batch.
-fn writer(db: Database, mut rx: mpsc::Receiver<Op>) {
+/// The writer: wait for one operation, take whatever else is waiting (up to [`BATCH`]), commit
+/// them in one transaction, then answer every producer in the batch. The commit (and its fsync)
+/// runs on a blocking thread: off the runtime's workers, and on a paused (virtual) clock time
+/// stands still while it runs, as it does for any other blocking task, so a durable broker runs
+/// deterministically on the simulator. The database closes (and its file lock goes) when the
+/// last handle is dropped and the batch in hand is committed.
+async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     let mut batch = Vec::with_capacity(BATCH);
-    while let Some(first) = rx.blocking_recv() {
+    while let Some(first) = rx.recv().await {
         batch.push(first);
         while batch.len() < BATCH {
             match rx.try_recv() {
@@ -146,7 +151,22 @@ fn writer(db: Database, mut rx: mpsc::Receiver<Op>) {
                 Err(_) => break,
             }
         }
-        let result = commit(&db, &batch);
+        let d = db.clone();
+        let ops = std::mem::take(&mut batch);
+        let (ops, result) = match tokio::task::spawn_blocking(move || {
+            let r = commit(&d, &ops);
+            (ops, r)
+        })
+        .await
+        {
+            Ok(done) => done,
+            // The commit panicked: its producers see the store as closed.
+            Err(e) => {
+                tracing::error!(error = %e, "message store commit failed");
+                continue;
+            }
+        };
+        batch = ops;
         for op in batch.drain(..) {
             if let Op::Put { done, .. } = op {
                 let _ = done.send(result.as_ref().map(|_| ()).map_err(io));

@@ -9,6 +9,7 @@ pub mod aqm_report;
 pub mod artemis;
 pub mod bench;
 pub mod demo;
+pub mod faults;
 pub mod gwbench;
 pub mod gwdemo;
 pub mod history;

@@ -29,7 +29,7 @@ mod network;
 mod socket;
 mod trace;
 
-pub use link::{LinkParams, LinkStats};
+pub use link::{delay_from_ms, LinkParams, LinkStats, MAX_DELAY_MS};
 pub use loss::LossModel;
 pub use network::{
     Direction, HostDrops, HostId, InterfaceId, LinkId, NetError, Network, SojournLog,

@@ -115,6 +115,20 @@ pub struct LinkStats {
     pub max_queue_bytes: usize,
 }
 
+/// The longest one-way delay a link takes, ms (an hour): a longer one is refused with an error
+/// rather than overflowing the conversion (found by the `config` fuzz target).
+pub const MAX_DELAY_MS: f64 = 3_600_000.0;
+
+/// A delay given in (fractional) milliseconds: non-negative, finite, at most [`MAX_DELAY_MS`].
+pub fn delay_from_ms(ms: f64) -> Result<Duration, String> {
+    if !(ms.is_finite() && (0.0..=MAX_DELAY_MS).contains(&ms)) {
+        return Err(format!(
+            "a delay must be a non-negative number of milliseconds up to {MAX_DELAY_MS}, got {ms}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(ms / 1000.0))
+}
+
 /// Durations in TOML as (fractional) milliseconds.
 mod duration_ms {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -125,13 +139,7 @@ mod duration_ms {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let ms = f64::deserialize(d)?;
-        if !ms.is_finite() || ms < 0.0 {
-            return Err(serde::de::Error::custom(format!(
-                "a delay must be a non-negative number of milliseconds, got {ms}"
-            )));
-        }
-        Ok(Duration::from_secs_f64(ms / 1000.0))
+        super::delay_from_ms(f64::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -144,5 +152,14 @@ mod tests {
         let p = LinkParams::new(10_000_000, Duration::ZERO);
         assert_eq!(p.serialisation(1250), Duration::from_millis(1));
         assert_eq!(LinkParams::default().serialisation(1500), Duration::ZERO);
+    }
+
+    #[test]
+    fn delays_in_ms_are_checked_not_overflowed() {
+        assert_eq!(delay_from_ms(2.5), Ok(Duration::from_micros(2500)));
+        assert_eq!(delay_from_ms(MAX_DELAY_MS), Ok(Duration::from_secs(3600)));
+        for bad in [-1.0, f64::NAN, f64::INFINITY, MAX_DELAY_MS + 1.0, 4.1e56] {
+            assert!(delay_from_ms(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -356,8 +356,22 @@ pub async fn serve(
     limits: ServeLimits,
     history: Option<Arc<ServerHistory>>,
 ) {
+    let stats = service.stats();
+    serve_with(endpoint, service, stats, limits, history).await
+}
+
+/// [`serve`] with any HTTP/3 handler in front of (or instead of) the ingest service, counting
+/// connections and probes in `stats` (the lab wraps the service to observe what it stored).
+pub async fn serve_with<H: Handler>(
+    endpoint: quinn::Endpoint,
+    service: Arc<H>,
+    stats: Arc<ServerStats>,
+    limits: ServeLimits,
+    history: Option<Arc<ServerHistory>>,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let service = service.clone();
+        let stats = stats.clone();
         let history = history.clone();
         tokio::spawn(async move {
             let peer = incoming.remote_address();
@@ -388,8 +402,8 @@ pub async fn serve(
                     return;
                 }
             };
-            service.stats.connections.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(answer_probes(conn.clone(), service.stats.clone()));
+            stats.connections.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(answer_probes(conn.clone(), stats));
             if let Err(e) = http3::serve_connection(conn, service, limits).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }

@@ -106,8 +106,15 @@ fn err(name: &'static str, problem: impl Into<String>) -> OptionError {
 impl TransportOptions {
     /// Check every value's range.
     pub fn validate(&self) -> Result<(), OptionError> {
-        if !(self.initial_rtt_ms.is_finite() && self.initial_rtt_ms > 0.0) {
-            return Err(err("initial_rtt_ms", "must be a positive number"));
+        // At most a minute: a larger value would also overflow the conversion to a Duration.
+        if !(self.initial_rtt_ms.is_finite()
+            && self.initial_rtt_ms > 0.0
+            && self.initial_rtt_ms <= 60_000.0)
+        {
+            return Err(err(
+                "initial_rtt_ms",
+                "must be a positive number of ms up to 60000",
+            ));
         }
         if self.idle_timeout_ms == 0 {
             return Err(err("idle_timeout_ms", "must be positive"));

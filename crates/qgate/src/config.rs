@@ -142,6 +142,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Found by the `config` fuzz target: a delay of 4.1e56 ms overflowed the conversion to a
+    /// `Duration` while the file was parsed (a panic); it is now a clear error.
+    #[test]
+    fn an_absurd_link_delay_is_an_error_not_a_panic() {
+        let text = "[demo.backbone]\nrate_bps = 10000000\ndelay = 409999999999999999999999999999999999999999999999999999999.0\n";
+        let e = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("x.toml") && e.contains("a delay must be"), "{e}");
+        let text = "[transport]\ninitial_rtt_ms = 1e300\n";
+        let e = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("initial_rtt_ms"), "{e}");
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));

@@ -90,10 +90,8 @@ pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
         c.backbone.rate_bps = Some((mbps * 1e6) as u64);
     }
     if let Some(ms) = a.backbone_delay_ms {
-        if !(ms.is_finite() && ms >= 0.0) {
-            return Err(usage("--backbone-delay-ms must be a non-negative number"));
-        }
-        c.backbone.delay = Duration::from_secs_f64(ms / 1000.0);
+        c.backbone.delay = qgate_netsim::delay_from_ms(ms)
+            .map_err(|e| usage(format!("--backbone-delay-ms: {e}")))?;
     }
     if let Some(q) = a.backbone_queue {
         c.backbone.queue = q;

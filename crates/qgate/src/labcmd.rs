@@ -17,6 +17,11 @@ pub enum Lab {
     Amqp(AmqpArgs),
     /// Paper 004: six queue disciplines under QUIC bulk flows (results/aqm/).
     Aqm(AqmArgs),
+    /// The gateway and the broker under faults and hostile peers at once: path flaps, loss
+    /// bursts, server and broker restarts, cut connections, registration floods, garbage
+    /// datagrams; accepted, delivered, lost (must be 0), duplicated, recovery times
+    /// (results/faults/).
+    Faults(FaultsArgs),
     /// Gain and phase margins of PID-Delay's gains on the linearised model (paper 004 §III).
     Margins(MarginArgs),
     /// Paper 002: initial congestion window from history (results/history/).
@@ -40,6 +45,19 @@ pub struct AmqpArgs {
     #[arg(long)]
     no_loopback: bool,
     /// Where to write results [default: results/amqp].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct FaultsArgs {
+    /// Smoke run: one seed, 10 devices and fewer clients (the same faults).
+    #[arg(long)]
+    quick: bool,
+    /// Seeds per scenario [default: 3; 1 with --quick].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Where to write results [default: results/faults].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 }
@@ -140,6 +158,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
         Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
+        Lab::Faults(f) => faults_cmd(f),
         Lab::Margins(m) => {
             if !(m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0) {
                 return Err(usage(
@@ -151,7 +170,8 @@ pub fn run(which: Lab) -> Result<(), Failure> {
                 label: "custom".into(),
                 flows: m.flows,
                 bottleneck_rate_bps: (m.mbps * 1e6) as u64,
-                bottleneck_delay: Duration::from_secs_f64(m.rtt_ms / 2000.0),
+                bottleneck_delay: qgate_netsim::delay_from_ms(m.rtt_ms / 2.0)
+                    .map_err(|e| usage(format!("--rtt-ms: {e}")))?,
                 access_delay: Duration::ZERO,
                 packet_bytes: m.packet_bytes,
                 ..AqmConfig::paper()
@@ -191,6 +211,30 @@ fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
         |tick| amqp::run_all(&plan, tick),
         |out, results, command| amqp_report::write_all(out, &plan, results, command),
     )
+}
+
+fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
+    use qgate_lab::faults::{self, report, FaultsConfig};
+    let cfg = FaultsConfig {
+        seeds: a.seeds.unwrap_or(if a.quick {
+            1
+        } else {
+            FaultsConfig::full().seeds
+        }),
+        quick: a.quick,
+    };
+    if cfg.seeds == 0 {
+        return Err(usage("--seeds must be at least 1"));
+    }
+    scenario(
+        "faults",
+        "runs",
+        2 * cfg.seeds as usize,
+        a.out,
+        |tick| faults::run_all(&cfg, tick),
+        |out, results, command| report::write_all(out, results, command),
+    )?;
+    Ok(())
 }
 
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {

@@ -644,6 +644,23 @@ fn device_through_gateway_to_server_as_processes() {
 }
 
 #[test]
+fn lab_faults_quick_loses_nothing() {
+    let (_home, out) = run_lab_quick("faults", &["results.csv", "summary.md"]);
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("**Lost over every run: 0**"), "{summary}");
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    for fault in [
+        "server restart",
+        "path 1 flaps",
+        "hostile peers",
+        "broker restart",
+    ] {
+        assert!(csv.contains(fault), "no {fault} in:\n{csv}");
+    }
+    assert!(!csv.contains(",never"), "every fault recovered:\n{csv}");
+}
+
+#[test]
 fn lab_proxy_quick_writes_every_result_file() {
     let (_home, out) = run_lab_quick(
         "proxy",
