@@ -788,8 +788,19 @@ where
                 }
             }
             let result = rw.process(&mut input, &mut out);
-            if !out.is_empty() && ours_wr.write_all(&out).await.is_err() {
-                break None;
+            if !out.is_empty() {
+                // The broker may have stopped reading because its side has ended (e.g. the
+                // peer took no bytes, M16): a write into the full pipe then waits for that end
+                // too, or nothing would ever free this connection.
+                let gone = async {
+                    while !shared.broker_gone.load(Ordering::Acquire) {
+                        shared.granted.notified().await;
+                    }
+                };
+                tokio::select! {
+                    r = ours_wr.write_all(&out) => if r.is_err() { break None },
+                    _ = gone => break None,
+                }
             }
             out.clear();
             held_since = match (rw.held.is_empty(), held_since) {

@@ -344,14 +344,27 @@ impl Gateway {
         lock(&self.logs).0[kind as usize].admit(Instant::now().into_std())
     }
 
-    fn register(&self, req: &Request<()>, conn: ConnId, device: SocketAddr) -> Response<Bytes> {
+    fn register(&self, req: &Request<()>, conn: &DeviceConnection) -> Response<Bytes> {
+        // The address now, not at accept: the device may have migrated.
+        let device = conn.conn.remote_address();
         let priority =
             match wire::parse_priority(req.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes())) {
                 Ok(p) => p,
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             };
         let now = Instant::now().into_std();
-        match lock(&self.sessions).register(conn, device, device, priority, now) {
+        let mut sessions = lock(&self.sessions);
+        // Checked under the sessions lock: once the connection has closed, its sessions are
+        // removed (`end_sessions`, after this lock) and none may be added.
+        if conn.conn.close_reason().is_some() {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the connection is closing\n",
+            );
+        }
+        let registered = sessions.register(conn.id, device, device, priority, now);
+        drop(sessions);
+        match registered {
             Ok(h) => {
                 self.stats.registered.fetch_add(1, Ordering::Relaxed);
                 text(StatusCode::CREATED, Registered { hash: h }.to_string())
@@ -459,8 +472,9 @@ impl Gateway {
             Ok(s) => s.priority,
             Err(e) => return self.refuse(conn, device, e),
         };
+        // Released however this future ends, dropped mid-way included.
+        let _slot = InFlightSlot { gw: self, hash };
         let resp = self.forward_inner(req, body, conn, device, hash).await;
-        lock(&self.sessions).end(&hash, Instant::now().into_std());
         if resp.status().is_success() {
             match class {
                 Priority::Priority => self.stats.delay_priority.record(start.elapsed()),
@@ -548,9 +562,9 @@ impl Gateway {
                 Err(e) => {
                     self.stats.retried.fetch_add(1, Ordering::Relaxed);
                     tried.push(path);
-                    if client.connection().close_reason().is_some() {
-                        // The path's connection is gone: take the path out until probing
-                        // brings it back (the next use reconnects).
+                    if client.is_closed() {
+                        // The path's connection (QUIC or HTTP/3) is gone: take the path out
+                        // until probing brings it back (the next use reconnects).
                         *self.clients[path.0].lock().await = None;
                         self.paths
                             .with_table(|t| t.on_connection_lost(path, Instant::now().into_std()));
@@ -584,6 +598,18 @@ fn avoiding(table: &PathTable, tried: &[PathId]) -> Option<PathTable> {
         t.set_up(*id, false);
     }
     Some(t)
+}
+
+/// A request's place in its session's in-flight count, given back on drop.
+struct InFlightSlot<'a> {
+    gw: &'a Gateway,
+    hash: HashId,
+}
+
+impl Drop for InFlightSlot<'_> {
+    fn drop(&mut self) {
+        lock(&self.gw.sessions).end(&self.hash, Instant::now().into_std());
+    }
 }
 
 /// One device connection's view of the gateway: its requests carry the connection's id, to
@@ -756,8 +782,7 @@ impl Gateway {
 impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         match (req.method().as_str(), req.uri().path()) {
-            // The address now, not at accept: the device may have migrated.
-            ("POST", "/register") => self.gw.register(&req, self.id, self.conn.remote_address()),
+            ("POST", "/register") => self.gw.register(&req, self),
             ("GET", "/metrics") => text(StatusCode::OK, self.gw.metrics()),
             _ => self.gw.forward(req, body, self.id, peer).await,
         }

@@ -142,6 +142,12 @@ impl H3Client {
         }
     }
 
+    /// Whether this client can carry no more requests: its QUIC connection closed, or its
+    /// HTTP/3 connection ended (e.g. the server's GOAWAY or a critical stream's error).
+    pub fn is_closed(&self) -> bool {
+        self.driver.is_finished() || self.conn.close_reason().is_some()
+    }
+
     /// Close the connection gracefully (HTTP/3 no-error).
     pub fn close(&self) {
         self.conn.close(0x100u32.into(), b"done");

@@ -4,7 +4,11 @@
 //! own stream and retries a record until the gateway answers 201 (a device keeps what was not
 //! acknowledged). The server is the real ingest service; a tap in front of it notes which
 //! records its sink stored (a duplicate answered from its de-duplication table is not stored
-//! again), and it survives the server's restart as a disk would.
+//! again), and it survives the server's restart as a disk would. A record can be stored twice
+//! when the server's de-duplication cannot see the copy: across a restart (its table is in
+//! memory), or when the gateway gave up on a request the server had stored and the device's
+//! retry came as a new request with a new id. Lost (acknowledged, never stored) checks that the
+//! chain device → gateway → server acknowledges only what was stored.
 //!
 //! Timeline (s from the start of the workload): path 1 flaps 10–20 (down 2 s, up 2 s); every
 //! path loses 15 % of its packets 25–30; the server restarts at 35 (back at 37); hostile peers

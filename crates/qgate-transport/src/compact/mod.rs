@@ -52,10 +52,11 @@ const ROUNDS_PER_POLL: usize = 16;
 /// An endpoint's connection budgets (decision G12).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Most established connections; a new one beyond is refused (CONNECTION_REFUSED).
+    /// Most connections with state, established or handshaking; a new one beyond is refused
+    /// (CONNECTION_REFUSED).
     pub max_connections: usize,
-    /// Most handshakes in progress, a budget apart from `max_connections`; an Initial beyond
-    /// it is ignored (the client's own retransmission tries again later).
+    /// Most handshakes in progress, a budget of their own within `max_connections`; an Initial
+    /// beyond it is ignored (the client's own retransmission tries again later).
     pub max_handshakes: usize,
     /// With this many handshakes in progress, a client that has not proved its address is
     /// sent a Retry (RFC 9000 §8.1.2) instead of getting state.
@@ -445,15 +446,19 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
     }
     if c.handshake_deadline.is_some_and(|at| at <= t) {
         c.handshake_deadline = None;
-        shared
-            .stats
-            .handshake_timeouts
-            .fetch_add(1, Ordering::Relaxed);
-        c.proto.as_mut().expect("alive").close(
-            t,
-            0u32.into(),
-            bytes::Bytes::from_static(b"handshake timeout"),
-        );
+        let p = c.proto.as_mut().expect("alive");
+        // A handshake that already failed is draining: nothing to close, nothing to count.
+        if !p.is_closed() {
+            shared
+                .stats
+                .handshake_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            p.close(
+                t,
+                0u32.into(),
+                bytes::Bytes::from_static(b"handshake timeout"),
+            );
+        }
     }
     loop {
         if !transmit(shared, cell, c, t, buf) {
@@ -816,7 +821,9 @@ fn datagram(
         Some(proto::DatagramEvent::NewConnection(incoming)) => {
             // Decision G12: established slots, the handshake budget, then address validation.
             let l = ep.limits;
-            if ep.closed || ep.established >= l.max_connections {
+            // Connections with state (established or handshaking) stay within
+            // `max_connections`; the Retry threshold keeps unproved handshakes to a few of them.
+            if ep.closed || ep.established + ep.handshaking >= l.max_connections {
                 shared.stats.refused_full.fetch_add(1, Ordering::Relaxed);
                 let tx = ep.proto.refuse(incoming, &mut resp);
                 drop(ep);
