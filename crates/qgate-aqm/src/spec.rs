@@ -190,6 +190,9 @@ pub struct SpecError {
     pub problem: String,
 }
 
+/// Most FQ-CoDel flow buckets (Linux's limit for `fq_codel flows`).
+const MAX_FLOWS: usize = 65_536;
+
 /// The longest time a discipline parameter may name, ms (an hour).
 const MAX_MS: f64 = 3_600_000.0;
 
@@ -323,6 +326,11 @@ impl DisciplineSpec {
             } => {
                 at_least_one("limit", *limit)?;
                 at_least_one("flows", *flows)?;
+                // Every bucket is allocated up front: bound them as Linux does (found by the
+                // `discipline` fuzz target: flows=3677799999 exhausted memory).
+                if matches!(flows, Some(n) if *n > MAX_FLOWS) {
+                    return Err(err(format!("flows must be at most {MAX_FLOWS}")));
+                }
                 if matches!(quantum, Some(q) if *q < 1) {
                     return Err(err("quantum must be at least 1 byte".into()));
                 }
@@ -615,6 +623,7 @@ mod tests {
                 "target_ms must be a positive number of ms up to 3600000",
             ),
             ("codel:interval_ms=1e300", "interval_ms must be"),
+            ("fq-codel:flows=3677799999", "flows must be at most 65536"),
             (
                 "pie:max_burst_ms=-1",
                 "max_burst_ms must be a non-negative number",
