@@ -356,7 +356,7 @@ impl Gateway {
         let mut sessions = lock(&self.sessions);
         // Checked under the sessions lock: once the connection has closed, its sessions are
         // removed (`end_sessions`, after this lock) and none may be added.
-        if conn.conn.close_reason().is_some() {
+        if conn.conn.is_closed() {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the connection is closing\n",

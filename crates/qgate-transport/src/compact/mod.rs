@@ -931,6 +931,13 @@ impl Connection {
         })
     }
 
+    /// Whether the connection is closing or gone, closed by either side (a local close sets no
+    /// [`close_reason`](Self::close_reason)).
+    pub fn is_closed(&self) -> bool {
+        let c = lock(&self.cell.conn);
+        c.error.is_some() || c.proto.as_ref().is_none_or(|p| p.is_closed())
+    }
+
     /// Why the connection ended, if it has.
     pub fn close_reason(&self) -> Option<proto::ConnectionError> {
         lock(&self.cell.conn).error.clone()
