@@ -192,9 +192,9 @@ async fn a_sender_and_a_receiver_may_share_a_link_name() {
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             _ => continue,
         }
-        attaches = performatives(&buf)
+        attaches = raw::frames(&buf)
             .into_iter()
-            .filter_map(|p| match p {
+            .filter_map(|(_, p)| match p? {
                 Performative::Attach(a) => Some((a.name, a.role)),
                 Performative::Detach(d) if d.error.is_some() => panic!("detached: {d:?}"),
                 Performative::Close(c) if c.error.is_some() => panic!("closed: {c:?}"),
@@ -215,29 +215,6 @@ async fn a_sender_and_a_receiver_may_share_a_link_name() {
 
 fn frame(perf: &fe2o3_amqp::types::performatives::Performative) -> Vec<u8> {
     qgate_amqp::wire::amqp_frame(perf, &[])
-}
-
-/// Every AMQP performative in a byte stream from the broker (headers and SASL frames skipped).
-fn performatives(mut b: &[u8]) -> Vec<fe2o3_amqp::types::performatives::Performative> {
-    let mut out = Vec::new();
-    while b.len() >= 8 {
-        if &b[..4] == b"AMQP" {
-            b = &b[8..];
-            continue;
-        }
-        let size = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        if b.len() < size {
-            break;
-        }
-        let doff = b[4] as usize * 4;
-        if b[5] == 0 && size > doff {
-            if let Ok(p) = serde_amqp::from_slice(&b[doff..size]) {
-                out.push(p);
-            }
-        }
-        b = &b[size..];
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

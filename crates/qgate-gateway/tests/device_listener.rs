@@ -4,113 +4,33 @@
 //! was refused), and a session belonged to an address: another connection from the same
 //! address and port could use it, and closing one connection ended the other's sessions.
 
+mod common;
+
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use qgate_core::path::PathConfig;
-use qgate_core::scheduler;
-use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
-use qgate_gateway::paths::{Backhaul, PathManager};
+use common::Loopback;
+use qgate_gateway::gateway::GatewayConfig;
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{
-    client_config, connect, endpoint, DevPki, Socket, TransportOptions, TrustRoots,
-};
+use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions, TrustRoots};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-struct Loopback {
-    gw: Arc<Gateway>,
-    addr: SocketAddr,
-    trust: TrustRoots,
-    stats: Arc<qgate_server::ServerStats>,
+async fn register(h3: &H3Client) -> String {
+    common::register(h3, 1).await
+}
+
+async fn send(h3: &H3Client, hash: &str) -> u16 {
+    common::send(h3, hash).await.0.as_u16()
 }
 
 /// Server on 127.0.0.1, one backhaul path from 127.0.0.2, the gateway's devices on 127.0.0.1.
 async fn loopback(cfg: GatewayConfig) -> Loopback {
-    let pki = DevPki::generate(&[]).unwrap();
-    let opts = TransportOptions::default();
-    let server = qgate_server::CountingServer::start(
-        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        &pki.server,
-        &opts,
-        None,
-    )
-    .unwrap();
-    let path = Backhaul::new(
-        Socket::bind_udp(sa("127.0.0.2:0")).unwrap(),
-        server.addr(),
-        "localhost",
-        None,
-    )
-    .unwrap();
-    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
-    let pm = PathManager::start(vec![path], ccfg, PathConfig::default());
-    let listener = cfg
-        .device_endpoint(
-            Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-            &pki.server,
-            &opts,
-            None,
-        )
-        .unwrap();
-    let addr = listener.local_addr();
-    let gw = Arc::new(Gateway::new(
-        pm,
-        scheduler::by_name("single").unwrap(),
-        cfg,
-        [5; 32],
-    ));
-    tokio::spawn(gw.clone().serve_devices(listener));
-    while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Loopback {
-        gw,
-        addr,
-        trust: pki.trust(),
-        stats: server.stats.clone(),
-    }
-}
-
-async fn request(h3: &H3Client, req: http::Request<()>) -> (u16, String) {
-    let r = h3
-        .request(req, Bytes::from_static(b"reading"), 4096)
-        .await
-        .unwrap();
-    (
-        r.status.as_u16(),
-        String::from_utf8_lossy(&r.body).to_string(),
-    )
-}
-
-async fn register(h3: &H3Client) -> String {
-    let (status, body) = request(
-        h3,
-        http::Request::post("https://gw/register")
-            .header(PRIORITY_HEADER, "1")
-            .body(())
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    body.split('"').nth(3).unwrap().to_string()
-}
-
-async fn send(h3: &H3Client, hash: &str) -> u16 {
-    request(
-        h3,
-        http::Request::post("https://gw/ingest/x")
-            .header(HASH_ID_HEADER, hash)
-            .body(())
-            .unwrap(),
-    )
-    .await
-    .0
+    common::loopback(cfg, &["127.0.0.2:0"], "single").await
 }
 
 /// `n` distinct client Initial datagrams for `to`, made by a quinn-proto client (real ones:
@@ -130,6 +50,33 @@ fn initials(to: SocketAddr, trust: &TrustRoots, n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Send `total` of `packets` (round robin) to `to` at 10 000 per second from 64 ports, on a
+/// thread of its own, until sent or `stop`; the count sent and the time it took.
+fn flood(
+    to: SocketAddr,
+    packets: Vec<Vec<u8>>,
+    total: usize,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Duration)> {
+    std::thread::spawn(move || {
+        let socks: Vec<UdpSocket> = (0..64)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let start = Instant::now();
+        let mut sent = 0usize;
+        while sent < total && !stop.load(Ordering::Relaxed) {
+            // 100 every 10 ms.
+            for _ in 0..100.min(total - sent) {
+                let _ = socks[sent % socks.len()].send_to(&packets[sent % packets.len()], to);
+                sent += 1;
+            }
+            let due = start + Duration::from_millis(sent as u64 / 10);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
+        (sent, start.elapsed())
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_registers_within_a_second_during_an_initial_flood() {
     let cfg = GatewayConfig {
@@ -141,26 +88,7 @@ async fn a_device_registers_within_a_second_during_an_initial_flood() {
     // 10 000 Initials/s from 64 source ports, for as long as the device needs.
     let packets = initials(lb.addr, &lb.trust, 4000);
     let stop = Arc::new(AtomicBool::new(false));
-    let flooding = {
-        let (stop, to) = (stop.clone(), lb.addr);
-        std::thread::spawn(move || {
-            let socks: Vec<UdpSocket> = (0..64)
-                .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-                .collect();
-            let start = Instant::now();
-            let mut sent = 0usize;
-            while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(20) {
-                // 100 every 10 ms.
-                for _ in 0..100 {
-                    let _ = socks[sent % socks.len()].send_to(&packets[sent % packets.len()], to);
-                    sent += 1;
-                }
-                let due = start + Duration::from_millis(sent as u64 / 10);
-                std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            }
-            (sent, start.elapsed())
-        })
-    };
+    let flooding = flood(lb.addr, packets, 200_000, stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Three devices, one after another, each connecting and registering from scratch.
     let trust = lb.trust.clone();
@@ -341,22 +269,9 @@ async fn memory_stays_flat_under_made_up_hash_ids_and_initial_floods() {
     // 20 000 distinct Initials from 64 ports in 2 s.
     let packets = initials(lb.addr, &lb.trust, 20_000);
     let before = rss();
-    let to = lb.addr;
-    std::thread::spawn(move || {
-        let socks: Vec<UdpSocket> = (0..64)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let start = Instant::now();
-        for (k, p) in packets.iter().enumerate() {
-            let _ = socks[k % 64].send_to(p, to);
-            if k % 100 == 99 {
-                let due = start + Duration::from_millis(k as u64 / 10);
-                std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            }
-        }
-    })
-    .join()
-    .unwrap();
+    flood(lb.addr, packets, 20_000, Arc::default())
+        .join()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss();
     let m = lb.gw.metrics();

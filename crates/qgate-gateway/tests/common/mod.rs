@@ -1,5 +1,5 @@
-//! Test worlds: devices → gateway → three backhaul paths → server, over netsim in virtual time
-//! (shared by the scenario and hostile-peer tests).
+//! Test worlds: devices → gateway → three backhaul paths → server, over netsim in virtual time,
+//! and the same on loopback UDP in real time (shared by the gateway's test files).
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::net::SocketAddr;
@@ -273,5 +273,68 @@ pub async fn metrics(d: &H3Client) -> String {
 pub fn assert_metrics(metrics: &str, want: &[&str]) {
     for line in want {
         assert!(metrics.contains(line), "missing '{line}' in:\n{metrics}");
+    }
+}
+
+/// A gateway on loopback UDP: the server on 127.0.0.1, backhaul paths bound to local addresses,
+/// the device listener on 127.0.0.1.
+pub struct Loopback {
+    pub gw: Arc<Gateway>,
+    pub addr: SocketAddr,
+    pub trust: qgate_transport::TrustRoots,
+    pub stats: Arc<ServerStats>,
+}
+
+/// [`Loopback`] with one backhaul path per address in `paths` (e.g. "127.0.0.2:0") and scheduler
+/// `sched`; returns once every path is connected and measured.
+pub async fn loopback(cfg: GatewayConfig, paths: &[&str], sched: &str) -> Loopback {
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    let sa = |s: &str| -> SocketAddr { s.parse().unwrap() };
+    let server = qgate_server::CountingServer::start(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        &pki.server,
+        &opts,
+        None,
+    )
+    .unwrap();
+    let backhaul = paths
+        .iter()
+        .map(|l| {
+            Backhaul::new(
+                Socket::bind_udp(sa(l)).unwrap(),
+                server.addr(),
+                "localhost",
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let pm = PathManager::start(backhaul, ccfg, PathConfig::default());
+    let listener = cfg
+        .device_endpoint(
+            Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+            &pki.server,
+            &opts,
+            None,
+        )
+        .unwrap();
+    let addr = listener.local_addr();
+    let gw = Arc::new(Gateway::new(
+        pm,
+        scheduler::by_name(sched).unwrap(),
+        cfg,
+        [5; 32],
+    ));
+    tokio::spawn(gw.clone().serve_devices(listener));
+    while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Loopback {
+        gw,
+        addr,
+        trust: pki.trust(),
+        stats: server.stats.clone(),
     }
 }

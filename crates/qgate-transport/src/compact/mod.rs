@@ -217,6 +217,12 @@ struct EpState {
 }
 
 impl EpState {
+    /// Copy the connection gauges into `stats` (read without the endpoint's lock).
+    fn publish(&self, stats: &EndpointStats) {
+        stats.handshaking.store(self.handshaking, Ordering::Relaxed);
+        stats.established.store(self.established, Ordering::Relaxed);
+    }
+
     /// Queue `cell` for a turn of the driver.
     fn enqueue(&mut self, cell: &ConnCell) {
         if !cell.queued.swap(true, Ordering::AcqRel) {
@@ -485,14 +491,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                     c.handshake_deadline = None;
                     ep.handshaking -= 1;
                     ep.established += 1;
-                    shared
-                        .stats
-                        .handshaking
-                        .store(ep.handshaking, Ordering::Relaxed);
-                    shared
-                        .stats
-                        .established
-                        .store(ep.established, Ordering::Relaxed);
+                    ep.publish(&shared.stats);
                 }
                 if ep.closed
                     || ep.accept_queue.len() >= MAX_PENDING_ACCEPT
@@ -558,14 +557,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
             } else {
                 ep.handshaking -= 1;
             }
-            shared
-                .stats
-                .handshaking
-                .store(ep.handshaking, Ordering::Relaxed);
-            shared
-                .stats
-                .established
-                .store(ep.established, Ordering::Relaxed);
+            ep.publish(&shared.stats);
             if c.refs == 0 {
                 ep.conns.remove(&cell.id);
             }
@@ -872,10 +864,7 @@ fn datagram(
                     ep.conns.insert(id, cell.clone());
                     ep.by_handle.insert(h, id);
                     ep.handshaking += 1;
-                    shared
-                        .stats
-                        .handshaking
-                        .store(ep.handshaking, Ordering::Relaxed);
+                    ep.publish(&shared.stats);
                     ep.enqueue(&cell);
                 }
                 Err(e) => {
