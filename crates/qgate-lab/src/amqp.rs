@@ -775,6 +775,7 @@ pub fn run_all(points: &[Point], progress: impl Fn(&str) + Sync) -> Vec<Vec<Rep>
         .collect();
     let results = crate::pool::run_each(
         &sim,
+        crate::pool::default_jobs(),
         |&i| run_point(&points[i]),
         |&i| progress(&points[i].label()),
     );

@@ -392,6 +392,7 @@ pub fn run_all(cfg: &AqmConfig, progress: impl Fn(&str) + Sync) -> Vec<RunResult
         .collect();
     crate::pool::run_each(
         &jobs,
+        crate::pool::default_jobs(),
         |(spec, seed)| run_one(cfg, spec, *seed),
         |(spec, seed)| progress(&format!("{} seed {seed}", spec.kind())),
     )

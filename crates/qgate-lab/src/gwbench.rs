@@ -7,11 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use qgate_core::path::PathConfig;
-use qgate_core::scheduler;
 use qgate_gateway::device::Device;
-use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_gateway::paths::{Backhaul, PathManager};
+use qgate_gateway::gateway::Gateway;
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
@@ -197,7 +194,6 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
     rt.block_on(async {
         let pki = DevPki::generate(&[]).expect("PKI");
         let opts = TransportOptions::default();
-        let gcfg = GatewayConfig::default();
         let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
         let server = qgate_server::CountingServer::start(
             Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
@@ -207,35 +203,16 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         )
         .expect("server");
         let server_addr = server.addr();
-        let paths = ["127.0.0.2:0", "127.0.0.3:0"]
-            .iter()
-            .map(|l| {
-                Backhaul::new(
-                    Socket::bind_udp(sa(l)).expect("bind"),
-                    server_addr,
-                    "localhost",
-                    None,
-                )
-                .expect("endpoint")
-            })
-            .collect();
-        let pm = PathManager::start(paths, ccfg.clone(), PathConfig::default());
-        let gep = gcfg
-            .device_endpoint(
-                Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
-                &pki.server,
-                &opts,
-                None,
-            )
-            .expect("endpoint");
-        let gw = Arc::new(Gateway::new(
-            pm,
-            scheduler::by_name("adaptive").expect("known"),
-            gcfg,
-            [3; 32],
-        ));
-        let gw_addr = gep.local_addr();
-        tokio::spawn(gw.clone().serve_devices(gep));
+        let mut builder = Gateway::builder()
+            .with_transport(opts.clone())
+            .with_identity(pki.server.clone())
+            .with_server_trust(pki.trust())
+            .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
+        for l in ["127.0.0.2:0", "127.0.0.3:0"] {
+            builder = builder.with_path(Socket::bind_udp(sa(l)).expect("bind"), server_addr);
+        }
+        let running = builder.start().expect("gateway");
+        let (gw, gw_addr) = (running.gateway.clone(), running.addr());
         while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

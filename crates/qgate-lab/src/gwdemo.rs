@@ -139,7 +139,7 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
             }
         }
     });
-    let (net, link0, gw) = (w.net.clone(), w.links[0], w.gateway.clone());
+    let (net, link0, gw) = (w.net.clone(), w.links[0], w.gateway.gateway.clone());
     let live = async {
         let mut slowed = false;
         for sec in 1..=cfg.duration.as_secs() {
@@ -195,6 +195,7 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
         best_effort_ms: l.1.clone(),
         failed: l.2,
         per_path: w
+            .gateway
             .gateway
             .per_path
             .iter()

@@ -16,7 +16,7 @@ use qgate_transport::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-const ALPN: &[u8] = b"qgate-history";
+pub(crate) const ALPN: &[u8] = b"qgate-history";
 
 /// A network condition of paper 002 Table 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -156,11 +156,12 @@ fn bottleneck(n: &NetCondition) -> LinkParams {
     LinkParams::new(100_000_000, one_way)
 }
 
-struct Outcome {
-    loss_ratio: f64,
-    initial_window: u64,
-    from_history: bool,
-    fell_back: bool,
+/// The server's view of one download.
+pub(crate) struct Outcome {
+    pub(crate) loss_ratio: f64,
+    pub(crate) initial_window: u64,
+    pub(crate) from_history: bool,
+    pub(crate) fell_back: bool,
 }
 
 /// Run one series in virtual time on this thread.
@@ -315,7 +316,9 @@ async fn simulate(s: Series) -> Vec<Run> {
     runs
 }
 
-async fn serve(
+/// Serve downloads on `ep`: a request is the byte count (8 bytes, big endian; 0 = endless);
+/// each finished download's outcome goes to `tx` with the client's address.
+pub(crate) async fn serve(
     ep: quinn::Endpoint,
     base: quinn::ServerConfig,
     opts: TransportOptions,
@@ -479,5 +482,7 @@ pub fn plan(runs: usize, quick: bool) -> Vec<Series> {
 
 /// Run every series, two at a time; `progress(label)` after each.
 pub fn run_all(series: &[Series], progress: impl Fn(&str) + Sync) -> Vec<Vec<Run>> {
-    crate::pool::run_each(series, run_series, |s| progress(&s.label()))
+    crate::pool::run_each(series, crate::pool::default_jobs(), run_series, |s| {
+        progress(&s.label())
+    })
 }

@@ -1,20 +1,24 @@
-//! Run independent simulations on every core (at most two: the project machine's), keeping the
+//! Run independent simulations on several threads (by default one per core), keeping the
 //! results in input order so output files do not depend on thread timing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// `f` on every item, up to two at a time; `done(item)` after each. Results in input order.
+/// One worker per core.
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `f` on every item, up to `jobs` at a time; `done(item)` after each. Results in input order.
 pub fn run_each<I: Sync, R: Send>(
     items: &[I],
+    jobs: usize,
     f: impl Fn(&I) -> R + Sync,
     done: impl Fn(&I) + Sync,
 ) -> Vec<R> {
     let next = AtomicUsize::new(0);
     let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 2);
+    let workers = jobs.clamp(1, items.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
@@ -41,6 +45,7 @@ mod tests {
         let seen = std::sync::atomic::AtomicUsize::new(0);
         let out = super::run_each(
             &items,
+            3,
             |x| x * 2,
             |_| {
                 seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

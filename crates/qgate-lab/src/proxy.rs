@@ -7,11 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::path::PathConfig;
-use qgate_core::scheduler;
+use qgate_gateway::builder::RunningGateway;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkId, LinkParams, LossModel, Network};
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
@@ -74,7 +72,7 @@ pub(crate) struct World {
     pub(crate) net: Network,
     pub(crate) links: Vec<LinkId>,
     pub(crate) devices: Vec<(Device, bool)>,
-    pub(crate) gateway: Arc<Gateway>,
+    pub(crate) gateway: RunningGateway,
     _keep: Vec<quinn::Endpoint>,
 }
 
@@ -109,46 +107,29 @@ pub(crate) async fn build(p: &Point) -> World {
         Some(p.seed),
     )
     .expect("server");
-    let paths = (1..=3u8)
-        .map(|k| {
-            let local: SocketAddr = format!("10.0.{k}.1:0").parse().expect("addr");
-            let remote: SocketAddr = format!("10.0.{k}.2:443").parse().expect("addr");
-            Backhaul::new(
-                Socket::from(net.bind(g, local).expect("port")),
-                remote,
-                "localhost",
-                Some(p.seed * 10 + k as u64),
-            )
-            .expect("endpoint")
+    let mut builder = Gateway::builder()
+        .with_config(GatewayConfig {
+            request_timeout: Duration::from_secs(2),
+            max_body: 1 << 20,
+            ..Default::default()
         })
-        .collect();
+        .with_scheduler(p.scheme)
+        .expect("known scheme")
+        .with_transport(opts.clone())
+        .with_identity(pki.server.clone())
+        .with_server_trust(pki.trust())
+        .with_seed(p.seed)
+        .with_device_socket(Socket::from(
+            net.bind(g, "0.0.0.0:443".parse().expect("addr"))
+                .expect("port"),
+        ));
+    for k in 1..=3u8 {
+        let local: SocketAddr = format!("10.0.{k}.1:0").parse().expect("addr");
+        let remote: SocketAddr = format!("10.0.{k}.2:443").parse().expect("addr");
+        builder = builder.with_path(Socket::from(net.bind(g, local).expect("port")), remote);
+    }
+    let running = builder.start().expect("gateway");
     let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
-    let pm = PathManager::start(paths, ccfg.clone(), PathConfig::default());
-    let gcfg = GatewayConfig {
-        request_timeout: Duration::from_secs(2),
-        max_body: 1 << 20,
-        ..Default::default()
-    };
-    let gep = gcfg
-        .device_endpoint(
-            Socket::from(
-                net.bind(g, "0.0.0.0:443".parse().expect("addr"))
-                    .expect("port"),
-            ),
-            &pki.server,
-            &opts,
-            Some(p.seed + 1),
-        )
-        .expect("endpoint");
-    let mut seed = [0u8; 32];
-    seed[..8].copy_from_slice(&p.seed.to_le_bytes());
-    let gw = Arc::new(Gateway::new(
-        pm,
-        scheduler::by_name(p.scheme).expect("known scheme"),
-        gcfg,
-        seed,
-    ));
-    tokio::spawn(gw.clone().serve_devices(gep));
     tokio::time::sleep(Duration::from_secs(1)).await; // connect and measure the paths
 
     let mut devices = Vec::new();
@@ -191,7 +172,7 @@ pub(crate) async fn build(p: &Point) -> World {
         net,
         links,
         devices,
-        gateway: gw,
+        gateway: running,
         _keep: keep,
     }
 }
@@ -402,7 +383,7 @@ pub fn plan(seeds: u64, quick: bool) -> Vec<Point> {
 
 /// Run the plan, two at a time.
 pub fn run_all(points: &[Point], progress: impl Fn(&str) + Sync) -> Vec<Outcome> {
-    crate::pool::run_each(points, run, |p| {
+    crate::pool::run_each(points, crate::pool::default_jobs(), run, |p| {
         progress(&format!("{} {} {} seed {}", p.sweep, p.x, p.scheme, p.seed))
     })
 }

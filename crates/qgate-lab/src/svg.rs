@@ -236,6 +236,204 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[Bar]) -> String {
     out
 }
 
+/// One line with a band around it (a confidence interval, or min–max over seeds).
+#[derive(Debug, Clone)]
+pub struct Band {
+    /// Legend name.
+    pub name: String,
+    /// (x, y, band low, band high) in order of x.
+    pub points: Vec<(f64, f64, f64, f64)>,
+}
+
+/// Axis scales of a [`band_chart`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scales {
+    /// Logarithmic x.
+    pub log_x: bool,
+    /// Logarithmic y.
+    pub log_y: bool,
+}
+
+/// Dash patterns, so a line drawn on top of another still shows the one under it.
+const DASHES: &[&str] = &["", "7 4", "2 3", "10 3 2 3", "4 4", "1 5"];
+
+/// Whether values spanning `lo..hi` (positive) are better read on a log axis: over two decades.
+pub fn wants_log(lo: f64, hi: f64) -> bool {
+    lo > 0.0 && hi / lo > 100.0
+}
+
+/// Ticks of a log axis over [lo, hi] (exponents): whole decades.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let (a, b) = (lo.floor() as i32, hi.ceil() as i32);
+    (a..=b)
+        .map(f64::from)
+        .filter(|t| *t >= lo - 1e-9 && *t <= hi + 1e-9)
+        .collect()
+}
+
+/// A line chart with bands: each series a line (its own colour, dash pattern and markers) over
+/// a translucent band; optional log axes (non-positive values are left out on a log axis).
+pub fn band_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Band],
+    scales: Scales,
+) -> String {
+    let fx = |x: f64| if scales.log_x { x.log10() } else { x };
+    let fy = |y: f64| if scales.log_y { y.log10() } else { y };
+    let ok = |v: f64, log: bool| v.is_finite() && (!log || v > 0.0);
+    let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for s in series {
+        for &(x, y, lo, hi) in &s.points {
+            if !ok(x, scales.log_x) {
+                continue;
+            }
+            x_lo = x_lo.min(fx(x));
+            x_hi = x_hi.max(fx(x));
+            for v in [y, lo, hi] {
+                if ok(v, scales.log_y) {
+                    y_lo = y_lo.min(fy(v));
+                    y_hi = y_hi.max(fy(v));
+                }
+            }
+        }
+    }
+    if x_lo > x_hi {
+        (x_lo, x_hi) = (0.0, 1.0);
+    }
+    if y_lo > y_hi {
+        (y_lo, y_hi) = (0.0, 1.0);
+    }
+    if !scales.log_y {
+        y_lo = y_lo.min(0.0);
+    }
+    if y_hi <= y_lo {
+        y_hi = y_lo + 1.0;
+    }
+    if x_hi <= x_lo {
+        (x_lo, x_hi) = (x_lo - 0.5, x_hi + 0.5);
+    }
+    let pad = (y_hi - y_lo) * 0.05;
+    let (y_lo, y_hi) = if scales.log_y {
+        (y_lo - pad, y_hi + pad)
+    } else {
+        (y_lo, y_hi + pad)
+    };
+    let mut out = String::new();
+    frame(&mut out, title, x_label, y_label);
+    let (top, bottom) = (TOP, H - BOTTOM);
+    let sy = move |y: f64| bottom - (y - y_lo) / (y_hi - y_lo).max(1e-12) * (bottom - top);
+    let sx = |x: f64| LEFT + (x - x_lo) / (x_hi - x_lo).max(1e-12) * (W - RIGHT - LEFT);
+    let label = |v: f64, log: bool| {
+        if log {
+            fmt_tick(10f64.powf(v))
+        } else {
+            fmt_tick(v)
+        }
+    };
+    let yt = if scales.log_y {
+        log_ticks(y_lo, y_hi)
+    } else {
+        ticks(y_lo, y_hi, 6)
+    };
+    for t in yt {
+        let y = sy(t);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#e5e5e5"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0,
+            label(t, scales.log_y)
+        );
+    }
+    let xt = if scales.log_x {
+        log_ticks(x_lo, x_hi)
+    } else {
+        ticks(x_lo, x_hi, 8)
+    };
+    for t in xt {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            sx(t),
+            H - BOTTOM + 16.0,
+            label(t, scales.log_x)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{bottom}" stroke="#333"/><line x1="{LEFT}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##,
+        W - RIGHT
+    );
+    let clamp = |y: f64| sy(y.clamp(y_lo, y_hi));
+    for (i, s) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<(f64, f64, f64, f64)> = s
+            .points
+            .iter()
+            .filter(|p| ok(p.0, scales.log_x) && ok(p.1, scales.log_y))
+            .map(|&(x, y, lo, hi)| {
+                let lo = if ok(lo, scales.log_y) { fy(lo) } else { fy(y) };
+                let hi = if ok(hi, scales.log_y) { fy(hi) } else { fy(y) };
+                (fx(x), fy(y), lo, hi)
+            })
+            .collect();
+        if pts.iter().any(|p| p.3 > p.2) {
+            let upper = pts
+                .iter()
+                .map(|p| format!("{:.1},{:.1}", sx(p.0), clamp(p.3)));
+            let lower = pts
+                .iter()
+                .rev()
+                .map(|p| format!("{:.1},{:.1}", sx(p.0), clamp(p.2)));
+            let _ = writeln!(
+                out,
+                r#"<polygon fill="{color}" fill-opacity="0.15" stroke="none" points="{}"/>"#,
+                upper.chain(lower).collect::<Vec<_>>().join(" ")
+            );
+        }
+        let d: Vec<String> = pts
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", sx(p.0), clamp(p.1)))
+            .collect();
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.8" stroke-dasharray="{}" points="{}"/>"#,
+            DASHES[i % DASHES.len()],
+            d.join(" ")
+        );
+        if pts.len() <= 40 {
+            for p in &pts {
+                let _ = writeln!(
+                    out,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="{}" fill="{color}"/>"#,
+                    sx(p.0),
+                    clamp(p.1),
+                    2.0 + (i % 3) as f64
+                );
+            }
+        }
+    }
+    for (i, s) in series.iter().enumerate() {
+        let y = TOP + 10.0 + i as f64 * 20.0;
+        let x = W - RIGHT + 15.0;
+        let _ = writeln!(
+            out,
+            r#"<line x1="{x}" y1="{y}" x2="{}" y2="{y}" stroke="{}" stroke-width="2" stroke-dasharray="{}"/><text x="{}" y="{}">{}</text>"#,
+            x + 18.0,
+            COLORS[i % COLORS.len()],
+            DASHES[i % DASHES.len()],
+            x + 24.0,
+            y + 4.0,
+            esc(&s.name)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +444,37 @@ mod tests {
         // At most n intervals on a 1-2-5 step: 0.9 over at most 4 → steps of 0.5.
         assert_eq!(ticks(0.0, 0.9, 4), vec![0.0, 0.5]);
         assert_eq!(ticks(0.0, 0.9, 10).len(), 10);
+    }
+
+    #[test]
+    fn band_charts_draw_bands_dashes_and_log_ticks() {
+        let b = band_chart(
+            "t",
+            "x",
+            "y",
+            &[
+                Band {
+                    name: "a".into(),
+                    points: vec![(1.0, 1.0, 0.5, 2.0), (10.0, 1000.0, 900.0, 1100.0)],
+                },
+                Band {
+                    name: "b".into(),
+                    points: vec![(1.0, 1.0, 1.0, 1.0), (10.0, 1000.0, 1000.0, 1000.0)],
+                },
+            ],
+            Scales {
+                log_x: false,
+                log_y: true,
+            },
+        );
+        assert_eq!(
+            b.matches("<polygon").count(),
+            1,
+            "only the series with a band"
+        );
+        assert!(b.contains(r#"stroke-dasharray="7 4""#));
+        assert!(b.contains(">1000<") && b.contains(">100<") && b.contains(">10<"));
+        assert!(wants_log(0.5, 1000.0) && !wants_log(1.0, 50.0) && !wants_log(0.0, 10.0));
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod link;
 mod loss;
 mod network;
 mod socket;
+pub mod topology;
 mod trace;
 
 pub use link::{delay_from_ms, LinkParams, LinkStats, MAX_DELAY_MS};
@@ -36,4 +37,5 @@ pub use network::{
     DEFAULT_SOCKET_RX_LIMIT, IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD,
 };
 pub use socket::{Received, SimSocket};
+pub use topology::{Topology, World};
 pub use trace::{Trace, TraceEvent, TraceRecord};

@@ -2,17 +2,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use qgate_core::path::PathConfig;
-use qgate_core::scheduler;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TrustRoots};
 use serde::Deserialize;
@@ -213,7 +210,6 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         .scheduler
         .or(g.scheduler.clone())
         .unwrap_or_else(|| "adaptive".into());
-    let sched = scheduler::by_name(&sched_name).map_err(usage)?;
     let mut pcfg = PathConfig::default();
     if let Some(p) = a
         .probe_interval
@@ -261,45 +257,34 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             .unwrap_or_else(|| "localhost".into()),
         ..d
     };
-    let server_name = gcfg.server_authority.clone();
-    let (roots, pki) = trust(a.ca.or(g.ca.clone()))?;
-    let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    let (trust, pki) = trust(a.ca.or(g.ca.clone()))?;
 
     crate::runtime().block_on(async move {
-        let mut backhaul = Vec::new();
+        let mut builder = Gateway::builder()
+            .with_config(gcfg)
+            .with_scheduler(&sched_name)
+            .map_err(usage)?
+            .with_path_config(pcfg)
+            .with_transport(cfg.transport.clone())
+            .with_history(history)
+            .with_identity(pki.server.clone())
+            .with_server_trust(trust)
+            .with_device_socket(Socket::bind_udp(listen).map_err(usage)?);
         for (local, server) in &paths {
-            let sock = Socket::bind_udp(*local).map_err(usage)?;
-            backhaul.push(Backhaul::new(sock, *server, &server_name, None)?);
+            builder = builder.with_path(Socket::bind_udp(*local).map_err(usage)?, *server);
         }
-        let seed: [u8; 32] = {
-            // Hash IDs must be unguessable: seed from the operating system.
-            let mut s = [0u8; 32];
-            std::fs::File::open("/dev/urandom")
-                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut s))
-                .context("reading /dev/urandom for the Hash ID generator")?;
-            s
-        };
-        let pm = PathManager::start_with_history(backhaul, ccfg, pcfg, history);
-        let ep = gcfg.device_endpoint(
-            Socket::bind_udp(listen).map_err(usage)?,
-            &pki.server,
-            &cfg.transport,
-            None,
-        )?;
-        let gw = Arc::new(Gateway::new(pm, sched, gcfg, seed));
-        let local = ep.local_addr();
+        let running = builder.start()?;
+        let local = running.addr();
         println!(
             "qgate gateway listening on udp/{local} (HTTP/3), {} paths, scheduler {sched_name}",
             paths.len()
         );
         use std::io::Write;
         std::io::stdout().flush().ok();
-        let serving = tokio::spawn(gw.clone().serve_devices(ep.clone()));
         tokio::signal::ctrl_c()
             .await
             .context("waiting for Ctrl-C")?;
-        ep.close(0, b"gateway shutting down");
-        serving.abort();
+        running.endpoint.close(0, b"gateway shutting down");
         Ok(())
     })
 }

@@ -28,6 +28,34 @@ pub enum Lab {
     History(HistoryArgs),
     /// Paper 000: the gateway's schedulers over three backhaul paths (results/proxy/).
     Proxy(ProxyArgs),
+    /// Run a scenario described in a plan file (README "Plan files"; examples in lab/plans/):
+    /// results.csv, summary.md with confidence intervals and p-values, SVG figures.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The plan file (TOML).
+    plan: PathBuf,
+    /// Seeds per scheme and point [default: the plan's `seeds`; with --quick its quick.seeds, or 1].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Where to write results [default: results/<plan name>].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Smoke run: the plan's [plan.quick] settings (one seed unless it says otherwise).
+    #[arg(long)]
+    quick: bool,
+    /// Simulations run at once [default: one per core].
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+    /// Override a plan key, e.g. --set topology.links.p1.delay_ms=30 or
+    /// --set 'workloads.gw.scheduler="adaptive"' (the value is TOML; a bare word is a string).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Check the plan and list its runs, without running them.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(Args, Debug)]
@@ -158,6 +186,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
         Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
+        Lab::Run(r) => run_cmd(r),
         Lab::Faults(f) => faults_cmd(f),
         Lab::Margins(m) => {
             if !(m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0) {
@@ -183,6 +212,86 @@ pub fn run(which: Lab) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// `KEY=VALUE` with a TOML value (a bare word that is not TOML is taken as a string).
+fn parse_set(s: &str) -> Result<(String, toml::Value), Failure> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| usage(format!("--set '{s}': expected KEY=VALUE")))?;
+    let value = toml::from_str::<toml::Table>(&format!("v = {v}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(v.to_string()));
+    Ok((k.trim().to_string(), value))
+}
+
+fn run_cmd(a: RunArgs) -> Result<(), Failure> {
+    use qgate_lab::plan::{report, run, Loaded, Options};
+    let loaded = Loaded::read(&a.plan).map_err(usage)?;
+    let opts = Options {
+        seeds: a.seeds,
+        quick: a.quick,
+        set: a
+            .set
+            .iter()
+            .map(|s| parse_set(s))
+            .collect::<Result<_, _>>()?,
+    };
+    let variants = loaded.variants(&opts).map_err(usage)?;
+    let jobs = a.jobs.unwrap_or_else(qgate_lab::pool::default_jobs);
+    if jobs == 0 {
+        return Err(usage("--jobs must be at least 1"));
+    }
+    if a.check {
+        println!(
+            "{}: {} runs ({} scheme(s), seeds {})",
+            a.plan.display(),
+            variants.len(),
+            loaded.scheme_names().join(", "),
+            variants.iter().map(|v| v.seed).max().unwrap_or(0)
+        );
+        return Ok(());
+    }
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from("results").join(&loaded.plan.plan.name));
+    let pb = progress(variants.len() as u64, &loaded.plan.plan.name);
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = std::time::Instant::now();
+    let records = run::run_all(&variants, jobs, |done, total, v| {
+        let what = format!(
+            "{}{} seed {}",
+            v.scheme,
+            v.point.map(|p| format!(" x = {}", p.1)).unwrap_or_default(),
+            v.seed
+        );
+        if tty {
+            pb.set_message(what);
+            pb.inc(1);
+        } else {
+            eprintln!("[{done}/{total}] {what}");
+        }
+    })
+    .map_err(|e| Failure::from(anyhow::anyhow!("{}: {e}", a.plan.display())))?;
+    pb.finish_and_clear();
+    let wall_s = started.elapsed().as_secs_f64();
+    let prov = report::Provenance {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        jobs,
+        wall_s,
+        seeds: variants.iter().map(|v| v.seed).max().unwrap_or(0),
+        quick: a.quick,
+    };
+    let files = report::write(&out, &loaded, &records, &prov)
+        .map_err(|e| Failure::from(anyhow::anyhow!("writing {}: {e}", out.display())))?;
+    println!(
+        "{} runs in {wall_s:.1} s on {jobs} thread(s); wrote {} files to {}",
+        records.len(),
+        files.len(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {

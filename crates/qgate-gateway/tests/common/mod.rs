@@ -9,10 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use qgate_core::path::PathConfig;
-use qgate_core::scheduler;
+use qgate_gateway::builder::RunningGateway;
 use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
-use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkId, LinkParams, Network};
 use qgate_server::ServerStats;
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
@@ -24,6 +22,7 @@ pub struct World {
     pub net: Network,
     pub backhaul: Vec<LinkId>,
     pub gateway: Arc<Gateway>,
+    _running: RunningGateway,
     pub server: Arc<ServerStats>,
     pub devices: Vec<Arc<H3Client>>,
 }
@@ -114,39 +113,24 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
         }
     };
 
-    let paths = (1..=3u8)
-        .map(|k| {
-            let local: SocketAddr = format!("10.0.{k}.1:0").parse().unwrap();
-            let remote: SocketAddr = format!("10.0.{k}.2:443").parse().unwrap();
-            Backhaul::new(
-                Socket::from(net.bind(g, local).unwrap()),
-                remote,
-                "localhost",
-                Some(k as u64),
-            )
-            .unwrap()
-        })
-        .collect();
-    let pm = PathManager::start(
-        paths,
-        client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap(),
-        PathConfig::default(),
-    );
-    let dev_ep = cfg
-        .device_endpoint(
-            Socket::from(net.bind(g, "0.0.0.0:443".parse().unwrap()).unwrap()),
-            &pki.server,
-            &opts,
-            Some(3),
-        )
-        .unwrap();
-    let gateway = Arc::new(Gateway::new(
-        pm,
-        scheduler::by_name(sched).unwrap(),
-        cfg,
-        [9; 32],
-    ));
-    tokio::spawn(gateway.clone().serve_devices(dev_ep));
+    let mut builder = Gateway::builder()
+        .with_config(cfg)
+        .with_scheduler(sched)
+        .unwrap()
+        .with_transport(opts.clone())
+        .with_identity(pki.server.clone())
+        .with_server_trust(pki.trust())
+        .with_seed(1)
+        .with_device_socket(Socket::from(
+            net.bind(g, "0.0.0.0:443".parse().unwrap()).unwrap(),
+        ));
+    for k in 1..=3u8 {
+        let local: SocketAddr = format!("10.0.{k}.1:0").parse().unwrap();
+        let remote: SocketAddr = format!("10.0.{k}.2:443").parse().unwrap();
+        builder = builder.with_path(Socket::from(net.bind(g, local).unwrap()), remote);
+    }
+    let running = builder.start().unwrap();
+    let gateway = running.gateway.clone();
     tokio::time::sleep(Duration::from_secs(1)).await; // paths measured
 
     let dcfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
@@ -187,6 +171,7 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
         net,
         backhaul,
         gateway,
+        _running: running,
         server,
         devices,
     }
@@ -280,6 +265,7 @@ pub fn assert_metrics(metrics: &str, want: &[&str]) {
 /// the device listener on 127.0.0.1.
 pub struct Loopback {
     pub gw: Arc<Gateway>,
+    _running: RunningGateway,
     pub addr: SocketAddr,
     pub trust: qgate_transport::TrustRoots,
     pub stats: Arc<ServerStats>,
@@ -298,41 +284,23 @@ pub async fn loopback(cfg: GatewayConfig, paths: &[&str], sched: &str) -> Loopba
         None,
     )
     .unwrap();
-    let backhaul = paths
-        .iter()
-        .map(|l| {
-            Backhaul::new(
-                Socket::bind_udp(sa(l)).unwrap(),
-                server.addr(),
-                "localhost",
-                None,
-            )
-            .unwrap()
-        })
-        .collect();
-    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
-    let pm = PathManager::start(backhaul, ccfg, PathConfig::default());
-    let listener = cfg
-        .device_endpoint(
-            Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-            &pki.server,
-            &opts,
-            None,
-        )
-        .unwrap();
-    let addr = listener.local_addr();
-    let gw = Arc::new(Gateway::new(
-        pm,
-        scheduler::by_name(sched).unwrap(),
-        cfg,
-        [5; 32],
-    ));
-    tokio::spawn(gw.clone().serve_devices(listener));
-    while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut builder = Gateway::builder()
+        .with_config(cfg)
+        .with_scheduler(sched)
+        .unwrap()
+        .with_transport(opts.clone())
+        .with_identity(pki.server.clone())
+        .with_server_trust(pki.trust())
+        .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).unwrap());
+    for l in paths {
+        builder = builder.with_path(Socket::bind_udp(sa(l)).unwrap(), server.addr());
     }
+    let running = builder.start().unwrap();
+    assert!(running.paths_measured(Duration::from_secs(10)).await);
+    let (gw, addr) = (running.gateway.clone(), running.addr());
     Loopback {
         gw,
+        _running: running,
         addr,
         trust: pki.trust(),
         stats: server.stats.clone(),

@@ -22,11 +22,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use qgate_core::path::PathConfig;
-use qgate_core::scheduler;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{HostId, LinkId, LinkParams, LossModel, Network};
 use qgate_server::{IngestService, ServerStats, Sink};
 use qgate_transport::http3::{H3Client, Handler, ServeLimits, ALPN_H3};
@@ -153,45 +150,27 @@ pub async fn run(seed: u64, quick: bool) -> Outcome {
     }
     let stored: Stored = Arc::default();
     let server = start_server(&net, srv, &pki.server, &opts, &stored, seed).await;
-    let backhaul = (1..=3u8)
-        .map(|k| {
-            let local: SocketAddr = format!("10.0.{k}.1:0").parse().expect("addr");
-            let remote: SocketAddr = format!("10.0.{k}.2:443").parse().expect("addr");
-            Backhaul::new(
-                Socket::from(net.bind(g, local).expect("port")),
-                remote,
-                "localhost",
-                Some(seed * 10 + u64::from(k)),
-            )
-            .expect("endpoint")
+    let mut builder = Gateway::builder()
+        .with_config(GatewayConfig {
+            request_timeout: Duration::from_secs(2),
+            ..Default::default()
         })
-        .collect();
+        .with_transport(opts.clone())
+        .with_identity(pki.server.clone())
+        .with_server_trust(pki.trust())
+        .with_seed(seed)
+        .with_device_socket(Socket::from(
+            net.bind(g, "0.0.0.0:443".parse().expect("addr"))
+                .expect("port"),
+        ));
+    for k in 1..=3u8 {
+        let local: SocketAddr = format!("10.0.{k}.1:0").parse().expect("addr");
+        let remote: SocketAddr = format!("10.0.{k}.2:443").parse().expect("addr");
+        builder = builder.with_path(Socket::from(net.bind(g, local).expect("port")), remote);
+    }
+    let running = builder.start().expect("gateway");
+    let gw = running.gateway.clone();
     let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
-    let pm = PathManager::start(backhaul, ccfg.clone(), PathConfig::default());
-    let gcfg = GatewayConfig {
-        request_timeout: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let listener = gcfg
-        .device_endpoint(
-            Socket::from(
-                net.bind(g, "0.0.0.0:443".parse().expect("addr"))
-                    .expect("port"),
-            ),
-            &pki.server,
-            &opts,
-            Some(seed + 1),
-        )
-        .expect("device endpoint");
-    let mut hash_seed = [0u8; 32];
-    hash_seed[..8].copy_from_slice(&seed.to_le_bytes());
-    let gw = Arc::new(Gateway::new(
-        pm,
-        scheduler::by_name("adaptive").expect("known"),
-        gcfg,
-        hash_seed,
-    ));
-    tokio::spawn(gw.clone().serve_devices(listener));
     tokio::time::sleep(Duration::from_secs(1)).await; // paths connected and measured
 
     // Devices and the hostile host, each on its own link to the gateway.

@@ -84,6 +84,7 @@ pub fn run_all(cfg: &FaultsConfig, progress: impl Fn(&str) + Sync) -> Vec<Outcom
     let quick = cfg.quick;
     crate::pool::run_each(
         &runs,
+        crate::pool::default_jobs(),
         |(scenario, seed)| match *scenario {
             "gateway" => crate::virtual_time(gateway::run(*seed, quick)),
             _ => crate::virtual_time(broker::run(*seed, quick)),

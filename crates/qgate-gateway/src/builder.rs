@@ -1,0 +1,238 @@
+//! [`GatewayBuilder`]: the one way a gateway is assembled — by the CLI on real sockets, and by
+//! the lab, the benchmarks and the tests on simulated ones (s2n-quic's `Server::builder()`
+//! style: every part has a default, the caller names only what differs).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use qgate_core::path::PathConfig;
+use qgate_core::scheduler::{self, Scheduler};
+use qgate_transport::http3::ALPN_H3;
+use qgate_transport::{
+    client_config, compact, Identity, Socket, TransportError, TransportOptions, TrustRoots,
+};
+
+use crate::gateway::{Gateway, GatewayConfig};
+use crate::paths::{Backhaul, BackhaulHistory, PathManager};
+
+/// Why a gateway could not be assembled.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A required part is missing.
+    #[error("gateway builder: {0} not given")]
+    Missing(&'static str),
+    /// The scheduler name is unknown.
+    #[error("{0}")]
+    Scheduler(String),
+    /// A QUIC endpoint or TLS configuration failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The operating system's randomness could not be read.
+    #[error("reading /dev/urandom for the Hash ID generator: {0}")]
+    Entropy(std::io::Error),
+}
+
+/// Assembles a [`Gateway`]: backhaul paths, the device listener, the scheduler, history and
+/// randomness. [`start`](Self::start) needs a tokio runtime.
+pub struct GatewayBuilder {
+    config: GatewayConfig,
+    scheduler: Option<Box<dyn Scheduler>>,
+    path_config: PathConfig,
+    transport: TransportOptions,
+    paths: Vec<(Socket, SocketAddr)>,
+    device_socket: Option<Socket>,
+    identity: Option<Identity>,
+    trust: Option<TrustRoots>,
+    history: Option<BackhaulHistory>,
+    seed: Option<u64>,
+}
+
+impl Gateway {
+    /// A builder with every default: scheduler `adaptive`, [`GatewayConfig::default`],
+    /// [`PathConfig::default`], [`TransportOptions::default`], no history, randomness from the
+    /// operating system.
+    pub fn builder() -> GatewayBuilder {
+        GatewayBuilder {
+            config: GatewayConfig::default(),
+            scheduler: None,
+            path_config: PathConfig::default(),
+            transport: TransportOptions::default(),
+            paths: Vec::new(),
+            device_socket: None,
+            identity: None,
+            trust: None,
+            history: None,
+            seed: None,
+        }
+    }
+}
+
+impl GatewayBuilder {
+    /// Limits and timeouts.
+    pub fn with_config(mut self, config: GatewayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The scheduler, by name (`single`, `round-robin`, `adaptive`, …).
+    pub fn with_scheduler(mut self, name: &str) -> Result<Self, BuildError> {
+        self.scheduler = Some(scheduler::by_name(name).map_err(BuildError::Scheduler)?);
+        Ok(self)
+    }
+
+    /// Probe and path-table settings.
+    pub fn with_path_config(mut self, config: PathConfig) -> Self {
+        self.path_config = config;
+        self
+    }
+
+    /// QUIC settings of both sides (the device side has its stream limits cut, decision G7).
+    pub fn with_transport(mut self, opts: TransportOptions) -> Self {
+        self.transport = opts;
+        self
+    }
+
+    /// Add a backhaul path: a socket bound to the path's local address, and the server's
+    /// address on that path. Paths are numbered in the order added.
+    pub fn with_path(mut self, socket: Socket, server: SocketAddr) -> Self {
+        self.paths.push((socket, server));
+        self
+    }
+
+    /// The socket devices reach the gateway on.
+    pub fn with_device_socket(mut self, socket: Socket) -> Self {
+        self.device_socket = Some(socket);
+        self
+    }
+
+    /// The certificate devices see.
+    pub fn with_identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// The roots the server's certificate is checked against.
+    pub fn with_server_trust(mut self, trust: TrustRoots) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
+    /// Backhaul connections start from their path's window history (paper 002).
+    pub fn with_history(mut self, history: Option<BackhaulHistory>) -> Self {
+        self.history = history;
+        self
+    }
+
+    /// Make every random choice (Hash IDs, quinn's connection IDs) follow `seed`, as
+    /// simulations need. Without it randomness comes from the operating system: a deployed
+    /// gateway's Hash IDs must be unguessable.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Connect the paths, open the device listener and serve devices.
+    pub fn start(self) -> Result<RunningGateway, BuildError> {
+        if self.paths.is_empty() {
+            return Err(BuildError::Missing("a backhaul path"));
+        }
+        let socket = self
+            .device_socket
+            .ok_or(BuildError::Missing("the device socket"))?;
+        let identity = self
+            .identity
+            .ok_or(BuildError::Missing("the device-facing identity"))?;
+        let trust = self
+            .trust
+            .ok_or(BuildError::Missing("the server trust roots"))?;
+        let scheduler = match self.scheduler {
+            Some(s) => s,
+            None => scheduler::by_name("adaptive").map_err(BuildError::Scheduler)?,
+        };
+        let seed = self.seed;
+        let ccfg = client_config(&trust, &[ALPN_H3], &self.transport)?;
+        let mut backhaul = Vec::with_capacity(self.paths.len());
+        for (k, (sock, server)) in (1u64..).zip(self.paths) {
+            let path_seed = seed.map(|s| s * 10 + k);
+            backhaul.push(Backhaul::new(
+                sock,
+                server,
+                &self.config.server_authority,
+                path_seed,
+            )?);
+        }
+        let hash_seed = match seed {
+            Some(s) => {
+                let mut b = [0u8; 32];
+                b[..8].copy_from_slice(&s.to_le_bytes());
+                b
+            }
+            None => os_random()?,
+        };
+        let paths = PathManager::start_with_history(backhaul, ccfg, self.path_config, self.history);
+        let endpoint =
+            self.config
+                .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;
+        let gateway = Arc::new(Gateway::new(paths, scheduler, self.config, hash_seed));
+        let task = tokio::spawn(gateway.clone().serve_devices(endpoint.clone()));
+        Ok(RunningGateway {
+            gateway,
+            endpoint,
+            task,
+        })
+    }
+}
+
+fn os_random() -> Result<[u8; 32], BuildError> {
+    let mut s = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut s))
+        .map_err(BuildError::Entropy)?;
+    Ok(s)
+}
+
+/// A gateway serving devices. Dropping it stops the device listener (the gateway itself lives
+/// while requests hold it).
+pub struct RunningGateway {
+    /// The gateway.
+    pub gateway: Arc<Gateway>,
+    /// The device listener.
+    pub endpoint: compact::Endpoint,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningGateway {
+    /// Where devices reach it.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint.local_addr()
+    }
+
+    /// Wait until every path has an RTT sample (connected and probed), at most `limit`;
+    /// whether they all have.
+    pub async fn paths_measured(&self, limit: Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        loop {
+            let all = self
+                .gateway
+                .paths()
+                .table()
+                .paths()
+                .iter()
+                .all(|p| p.rtt.is_some());
+            if all {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,438 @@
+//! `qgate lab run PLAN.toml`: scenarios as data. A plan file describes a network, timed changes,
+//! workloads of the real components, variants to compare, a sweep, and figures; the runner
+//! builds each (point, scheme, seed) run on the simulated network in virtual time, on every core
+//! it is given, and writes `results.csv`, `summary.md` (with confidence intervals and p-values)
+//! and SVG figures.
+
+pub mod overrides;
+pub mod report;
+pub mod run;
+pub mod spec;
+mod workload;
+
+use std::path::{Path, PathBuf};
+
+pub use spec::Plan;
+
+/// A plan that cannot be used; the message names the file, and the line and key when known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct PlanError {
+    /// The plan file.
+    pub file: String,
+    /// The line, when the problem has one.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A plan file as read: its text, its document (for overrides) and its parsed form.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// Where it came from.
+    pub file: PathBuf,
+    /// Its text (hashed for provenance).
+    pub text: String,
+    /// The document overrides are applied to.
+    pub doc: toml::Table,
+    /// As parsed, before any override.
+    pub plan: Plan,
+}
+
+/// What the command line changes.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Seeds per run (instead of the plan's).
+    pub seeds: Option<u64>,
+    /// Use `[plan.quick]`.
+    pub quick: bool,
+    /// `--set key=value` overrides, applied before the sweep point's and the scheme's.
+    pub set: Vec<(String, toml::Value)>,
+}
+
+/// One run to make.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// Scheme name.
+    pub scheme: String,
+    /// Sweep point: its position and x.
+    pub point: Option<(usize, f64)>,
+    /// Seed.
+    pub seed: u64,
+    /// The plan with every override applied.
+    pub plan: Plan,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl Loaded {
+    /// Read and check a plan file.
+    pub fn read(path: &Path) -> Result<Loaded, PlanError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PlanError {
+            file: path.display().to_string(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        Loaded::parse(&text, path)
+    }
+
+    /// Check a plan's text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Loaded, PlanError> {
+        let file = path.display().to_string();
+        let fail = |e: toml::de::Error| {
+            let mut line = e.span().map(|s| line_of(text, s.start));
+            // An unknown key inside a flattened table is reported at the table; point at the
+            // key's own line after it.
+            if let (Some(from), Some(key)) = (line, e.message().split('`').nth(1)) {
+                line = text
+                    .lines()
+                    .enumerate()
+                    .skip(from - 1)
+                    .find(|(_, l)| {
+                        l.trim_start()
+                            .strip_prefix(key)
+                            .is_some_and(|r| r.trim_start().starts_with('='))
+                    })
+                    .map(|(i, _)| i + 1)
+                    .or(line);
+            }
+            PlanError {
+                file: file.clone(),
+                line,
+                message: e.message().to_string(),
+            }
+        };
+        let doc: toml::Table = toml::from_str(text).map_err(fail)?;
+        let plan: Plan = toml::from_str(text).map_err(fail)?;
+        let loaded = Loaded {
+            file: path.to_path_buf(),
+            text: text.to_string(),
+            doc,
+            plan,
+        };
+        loaded
+            .check(&loaded.plan, "")
+            .map_err(|m| loaded.error(m))?;
+        Ok(loaded)
+    }
+
+    fn error(&self, message: String) -> PlanError {
+        // Point at the first line that names the key the message quotes, if any.
+        let line = message.split('\'').nth(1).and_then(|key| {
+            let leaf = key.rsplit('.').next().unwrap_or(key);
+            self.text
+                .lines()
+                .position(|l| l.contains(leaf) && !leaf.is_empty())
+                .map(|i| i + 1)
+        });
+        PlanError {
+            file: self.file.display().to_string(),
+            line,
+            message,
+        }
+    }
+
+    /// Semantic checks the types cannot express; `context` prefixes messages.
+    fn check(&self, p: &Plan, context: &str) -> Result<(), String> {
+        let fail = |m: String| Err(format!("{context}{m}"));
+        if !(p.plan.duration_s.is_finite() && p.plan.duration_s > 0.0) {
+            return fail("'plan.duration_s' must be a positive number of seconds".into());
+        }
+        if p.plan.seeds == 0 {
+            return fail("'plan.seeds' must be at least 1".into());
+        }
+        let hosts: Vec<&str> = p.topology.hosts.iter().map(|h| h.name.as_str()).collect();
+        let links: Vec<&str> = p.topology.links.iter().map(|l| l.name.as_str()).collect();
+        let host = |what: &str, h: &str| {
+            if hosts.contains(&h) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{context}'{what}' names host '{h}', which is not in topology.hosts"
+                ))
+            }
+        };
+        let link = |what: &str, l: &str| {
+            if links.contains(&l) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{context}'{what}' names link '{l}', which is not in topology.links"
+                ))
+            }
+        };
+        for l in &p.topology.links {
+            host("topology.links.a", &l.a)?;
+            host("topology.links.b", &l.b)?;
+        }
+        for c in &p.timeline {
+            if !(c.at_s.is_finite() && c.at_s >= 0.0) {
+                return fail("'timeline.at_s' must be a time ≥ 0".into());
+            }
+            if let Some(l) = &c.link {
+                link("timeline.link", l)?;
+            }
+        }
+        let mut names = Vec::new();
+        for w in &p.workloads {
+            if names.contains(&w.name()) {
+                return fail(format!("'workloads.name' '{}' is used twice", w.name()));
+            }
+            if w.name().is_empty() || w.name().contains(['.', '@', ',']) {
+                return fail(format!(
+                    "'workloads.name' '{}' must be non-empty without '.', '@' or ','",
+                    w.name()
+                ));
+            }
+            names.push(w.name());
+            workload::check(w, &host, &link).map_err(|m| format!("{context}{m}"))?;
+        }
+        let mut schemes = Vec::new();
+        for s in &p.schemes {
+            if schemes.contains(&s.name.as_str()) {
+                return fail(format!("'schemes.name' '{}' is used twice", s.name));
+            }
+            schemes.push(s.name.as_str());
+        }
+        if let Some(s) = &p.sweep {
+            let usable = match (&s.key, s.points.is_empty()) {
+                (Some(_), true) => !s.values.is_empty(),
+                (None, false) => true,
+                _ => false,
+            };
+            if !usable {
+                return fail("'sweep' needs either 'key' and 'values', or 'points'".into());
+            }
+        }
+        for f in &p.figures {
+            let prefix = f.metric.split('.').next().unwrap_or("");
+            if !names.contains(&prefix) {
+                return fail(format!(
+                    "'figures.metric' '{}' must start with a workload name ({})",
+                    f.metric,
+                    names.join(", ")
+                ));
+            }
+        }
+        for m in &p.plan.metrics {
+            let prefix = m.split('.').next().unwrap_or("");
+            if !names.contains(&prefix) {
+                return fail(format!(
+                    "'plan.metrics' '{m}' must start with a workload name ({})",
+                    names.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Scheme names in order (one called "base" when the plan has none).
+    pub fn scheme_names(&self) -> Vec<String> {
+        if self.plan.schemes.is_empty() {
+            vec!["base".into()]
+        } else {
+            self.plan.schemes.iter().map(|s| s.name.clone()).collect()
+        }
+    }
+
+    /// Every run: for each sweep point, each scheme, each seed.
+    pub fn variants(&self, opts: &Options) -> Result<Vec<Variant>, PlanError> {
+        let mut base = self.doc.clone();
+        let err = |m: String| self.error(m);
+        if opts.quick {
+            overrides::apply_table(&mut base, &self.plan.plan.quick.set)
+                .map_err(|m| err(format!("plan.quick.set: {m}")))?;
+        }
+        for (k, v) in &opts.set {
+            overrides::apply(&mut base, k, v.clone()).map_err(|m| err(format!("--set: {m}")))?;
+        }
+        let quick = &self.plan.plan.quick;
+        let seeds = opts.seeds.unwrap_or(if opts.quick {
+            quick.seeds.unwrap_or(1)
+        } else {
+            self.plan.plan.seeds
+        });
+        if seeds == 0 {
+            return Err(err("--seeds must be at least 1".into()));
+        }
+        let mut points: Vec<(Option<(usize, f64)>, toml::Table)> = Vec::new();
+        match &self.plan.sweep {
+            None => points.push((None, toml::Table::new())),
+            Some(s) => {
+                if let Some(key) = &s.key {
+                    for (i, v) in s.values.iter().enumerate() {
+                        let x = v
+                            .as_float()
+                            .or(v.as_integer().map(|i| i as f64))
+                            .unwrap_or(i as f64);
+                        let mut t = toml::Table::new();
+                        t.insert(key.clone(), v.clone());
+                        points.push((Some((i, x)), t));
+                    }
+                } else {
+                    for (i, p) in s.points.iter().enumerate() {
+                        points.push((Some((i, p.x)), p.set.clone()));
+                    }
+                }
+            }
+        }
+        if opts.quick {
+            if let Some(keep) = &quick.sweep_points {
+                points.retain(|(p, _)| p.is_some_and(|(i, _)| keep.contains(&i)));
+            }
+        }
+        let schemes: Vec<(String, toml::Table)> = if self.plan.schemes.is_empty() {
+            vec![("base".into(), toml::Table::new())]
+        } else {
+            self.plan
+                .schemes
+                .iter()
+                .map(|s| (s.name.clone(), s.set.clone()))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (point, pset) in &points {
+            for (scheme, sset) in &schemes {
+                let at = match point {
+                    Some((_, x)) => format!("scheme '{scheme}' at sweep x = {x}: "),
+                    None => format!("scheme '{scheme}': "),
+                };
+                let mut doc = base.clone();
+                overrides::apply_table(&mut doc, pset)
+                    .and_then(|_| overrides::apply_table(&mut doc, sset))
+                    .map_err(|m| err(format!("{at}{m}")))?;
+                let mut plan: Plan = toml::Value::Table(doc)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| err(format!("{at}{}", e.message())))?;
+                if opts.quick {
+                    if let Some(d) = quick.duration_s {
+                        plan.plan.duration_s = d;
+                    }
+                }
+                self.check(&plan, &at).map_err(err)?;
+                for seed in 1..=seeds {
+                    out.push(Variant {
+                        scheme: scheme.clone(),
+                        point: *point,
+                        seed,
+                        plan: plan.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAN: &str = r#"
+[plan]
+name = "t"
+duration_s = 10
+seeds = 2
+
+[topology]
+hosts = [{ name = "c" }, { name = "s" }]
+[[topology.links]]
+name = "l"
+a = "c"
+b = "s"
+rate_mbps = 10
+delay_ms = 5
+
+[[workloads]]
+kind = "downloads"
+name = "dl"
+client = "c"
+server = "s"
+bytes = 100000
+runs = 3
+
+[[schemes]]
+name = "off"
+[[schemes]]
+name = "ewma"
+set = { "workloads.dl.history" = "ewma" }
+
+[sweep]
+label = "delay (ms)"
+key = "topology.links.l.delay_ms"
+values = [5, 50]
+"#;
+
+    fn load(text: &str) -> Result<Loaded, PlanError> {
+        Loaded::parse(text, Path::new("p.toml"))
+    }
+
+    #[test]
+    fn expands_points_schemes_and_seeds_with_overrides() {
+        let l = load(PLAN).unwrap();
+        let v = l.variants(&Options::default()).unwrap();
+        assert_eq!(v.len(), 2 * 2 * 2);
+        let last = v.last().unwrap();
+        assert_eq!(
+            (last.scheme.as_str(), last.point, last.seed),
+            ("ewma", Some((1, 50.0)), 2)
+        );
+        assert_eq!(last.plan.topology.links[0].both.delay_ms, Some(50.0));
+        let spec::Workload::Downloads(d) = &last.plan.workloads[0] else {
+            panic!()
+        };
+        assert_eq!(d.history, spec::HistoryMode::Ewma);
+        let spec::Workload::Downloads(d) = &v[0].plan.workloads[0] else {
+            panic!()
+        };
+        assert_eq!(d.history, spec::HistoryMode::Off);
+        let q = l
+            .variants(&Options {
+                quick: true,
+                seeds: None,
+                set: vec![("plan.duration_s".into(), toml::Value::Float(3.0))],
+            })
+            .unwrap();
+        assert_eq!(q.len(), 2 * 2);
+        assert_eq!(q[0].plan.plan.duration_s, 3.0);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let e = load(&PLAN.replace("delay_ms = 5", "dealy_ms = 5")).unwrap_err();
+        assert_eq!(e.file, "p.toml");
+        assert_eq!(e.line, Some(14), "{e}");
+        assert!(e.message.contains("dealy_ms"), "{e}");
+
+        let e = load(&PLAN.replace("b = \"s\"", "b = \"x\"")).unwrap_err();
+        assert!(
+            e.message.contains("link 'x'") || e.message.contains("host"),
+            "{e}"
+        );
+
+        let e = load(&PLAN.replace("client = \"c\"", "client = \"nobody\"")).unwrap_err();
+        assert!(e.to_string().starts_with("p.toml:"), "{e}");
+        assert!(e.message.contains("'nobody'"), "{e}");
+
+        let e = load(&PLAN.replace(
+            "\"workloads.dl.history\" = \"ewma\"",
+            "\"workloads.dl.history\" = \"fast\"",
+        ))
+        .unwrap()
+        .variants(&Options::default())
+        .unwrap_err();
+        assert!(
+            e.message.starts_with("scheme 'ewma' at sweep x = 5: "),
+            "{e}"
+        );
+        assert!(e.message.contains("fast"), "{e}");
+
+        let e = load(&PLAN.replace("workloads.dl.history", "workloads.dlx.history"))
+            .unwrap()
+            .variants(&Options::default())
+            .unwrap_err();
+        assert!(e.message.contains("dlx"), "{e}");
+    }
+}

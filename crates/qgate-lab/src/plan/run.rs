@@ -1,0 +1,207 @@
+//! Running a plan's variants: each builds its world, sets its workloads up, starts the clock,
+//! applies the timeline and collects what the workloads measured. Runs are independent and
+//! deterministic (the same variant gives the same record), so they spread over any number of
+//! threads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use qgate_netsim::World;
+use qgate_transport::DevPki;
+use tokio::time::Instant;
+
+use super::spec::Plan;
+use super::workload::{self, Clock, Setup};
+use super::Variant;
+
+/// What one run measured, metric names prefixed with their workload's.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// Scheme.
+    pub scheme: String,
+    /// Sweep point (position, x).
+    pub point: Option<(usize, f64)>,
+    /// Seed.
+    pub seed: u64,
+    /// One value per metric: the workloads' scalars, and for each sampled metric its `_mean`,
+    /// `_p50`, `_p99` (and `_mean@phase` per timeline phase).
+    pub scalars: BTreeMap<String, f64>,
+    /// Sampled metrics: (t, value).
+    pub samples: BTreeMap<String, Vec<(f64, f64)>>,
+    /// Per-second series.
+    pub series: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+/// After the deadline, workloads get this long to wind down (answers in flight).
+const GRACE: Duration = Duration::from_secs(30);
+
+/// Run one variant in virtual time on this thread.
+pub fn run_variant(v: &Variant) -> Result<Record, String> {
+    let at = format!(
+        "scheme '{}'{} seed {}",
+        v.scheme,
+        v.point.map(|p| format!(" x = {}", p.1)).unwrap_or_default(),
+        v.seed
+    );
+    let mut rec =
+        crate::virtual_time(simulate(&v.plan, v.seed)).map_err(|e| format!("{at}: {e}"))?;
+    rec.scheme = v.scheme.clone();
+    rec.point = v.point;
+    rec.seed = v.seed;
+    Ok(rec)
+}
+
+async fn simulate(plan: &Plan, seed: u64) -> Result<Record, String> {
+    let mut world = World::build(&plan.topology, seed).map_err(|e| e.to_string())?;
+    let pki = Arc::new(DevPki::generate(&[]).map_err(|e| e.to_string())?);
+    let mut prepared = Vec::new();
+    for (index, w) in plan.workloads.iter().enumerate() {
+        let setup = Setup {
+            seed,
+            index,
+            pki: pki.clone(),
+        };
+        prepared.push((
+            w.name().to_string(),
+            workload::prepare(w, &mut world, &setup).await?,
+        ));
+    }
+    let start = Instant::now();
+    let clock = Clock {
+        start,
+        deadline: start + Duration::from_secs_f64(plan.plan.duration_s),
+    };
+    let world = Arc::new(world);
+    let changes = plan.timeline.clone();
+    let timeline = {
+        let world = world.clone();
+        tokio::spawn(async move {
+            let mut changes = changes;
+            changes.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+            for c in changes {
+                tokio::time::sleep_until(start + Duration::from_secs_f64(c.at_s)).await;
+                if let Some(link) = &c.link {
+                    world.change(link, c.directions, &c.set)?;
+                }
+            }
+            Ok::<(), qgate_netsim::topology::TopologyError>(())
+        })
+    };
+    let names: Vec<String> = prepared.iter().map(|p| p.0.clone()).collect();
+    let runs = prepared.into_iter().map(|(_, p)| p.run(clock));
+    let results =
+        tokio::time::timeout_at(clock.deadline + GRACE, futures_util::future::join_all(runs))
+            .await
+            .map_err(|_| format!("workloads still running {GRACE:?} after the deadline"))?;
+    if timeline.is_finished() {
+        timeline
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("timeline: {e}"))?;
+    } else {
+        timeline.abort();
+    }
+
+    let phases = phases(plan);
+    let mut rec = Record::default();
+    for (name, m) in names.iter().zip(results) {
+        for (k, v) in m.scalars {
+            rec.scalars.insert(format!("{name}.{k}"), v);
+        }
+        for (k, v) in m.series {
+            rec.series.insert(format!("{name}.{k}"), v);
+        }
+        for (k, v) in m.samples {
+            let key = format!("{name}.{k}");
+            aggregate(&mut rec.scalars, &key, &v, &phases);
+            rec.samples.insert(key, v);
+        }
+    }
+    Ok(rec)
+}
+
+/// The timeline's phases: (start s, name), in time order.
+pub fn phases(plan: &Plan) -> Vec<(f64, String)> {
+    let mut p: Vec<(f64, String)> = plan
+        .timeline
+        .iter()
+        .filter_map(|c| Some((c.at_s, c.phase.clone()?)))
+        .collect();
+    p.sort_by(|a, b| a.0.total_cmp(&b.0));
+    p
+}
+
+/// Quantile `q` of sorted values (nearest rank).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// `key_mean`, `key_p50`, `key_p99` of the samples, and `key_mean@phase` per phase.
+fn aggregate(
+    out: &mut BTreeMap<String, f64>,
+    key: &str,
+    samples: &[(f64, f64)],
+    phases: &[(f64, String)],
+) {
+    let mut v: Vec<f64> = samples.iter().map(|s| s.1).collect();
+    if v.is_empty() {
+        return;
+    }
+    out.insert(
+        format!("{key}_mean"),
+        v.iter().sum::<f64>() / v.len() as f64,
+    );
+    v.sort_by(f64::total_cmp);
+    out.insert(format!("{key}_p50"), quantile(&v, 0.5));
+    out.insert(format!("{key}_p99"), quantile(&v, 0.99));
+    for (i, (from, name)) in phases.iter().enumerate() {
+        let to = phases.get(i + 1).map_or(f64::INFINITY, |p| p.0);
+        let in_phase: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.0 >= *from && s.0 < to)
+            .map(|s| s.1)
+            .collect();
+        if !in_phase.is_empty() {
+            out.insert(
+                format!("{key}_mean@{name}"),
+                in_phase.iter().sum::<f64>() / in_phase.len() as f64,
+            );
+        }
+    }
+}
+
+/// Run every variant on up to `jobs` threads; `progress(done, total, variant)` after each.
+/// Records come back in variant order; the first failure is returned.
+pub fn run_all(
+    variants: &[Variant],
+    jobs: usize,
+    progress: impl Fn(usize, usize, &Variant) + Sync,
+) -> Result<Vec<Record>, String> {
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    crate::pool::run_each(variants, jobs, run_variant, |v| {
+        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        progress(n, variants.len(), v)
+    })
+    .into_iter()
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aggregates_split_by_phase() {
+        let mut out = BTreeMap::new();
+        let samples = [(0.5, 1.0), (1.5, 3.0), (2.5, 5.0), (3.5, 7.0)];
+        let phases = vec![(0.0, "a".to_string()), (2.0, "b".to_string())];
+        aggregate(&mut out, "w.x", &samples, &phases);
+        assert_eq!(out["w.x_mean"], 4.0);
+        assert_eq!(out["w.x_p50"], 3.0);
+        assert_eq!(out["w.x_p99"], 7.0);
+        assert_eq!(out["w.x_mean@a"], 2.0);
+        assert_eq!(out["w.x_mean@b"], 6.0);
+    }
+}

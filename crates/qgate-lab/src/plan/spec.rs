@@ -1,0 +1,344 @@
+//! The plan file format: what a scenario is, as data (README "Plan files" documents it with a
+//! complete example). Every table refuses unknown keys, so a typo is an error, not a default.
+
+use qgate_netsim::topology::{Directions, LinkChange, Topology};
+use serde::Deserialize;
+
+/// A scenario: a network, what changes in it when, what runs on it, the variants to compare,
+/// and the figures to draw.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Name, description, seeds, duration.
+    pub plan: Header,
+    /// Hosts and links.
+    #[serde(default)]
+    pub topology: Topology,
+    /// Timed changes of the network.
+    #[serde(default)]
+    pub timeline: Vec<Change>,
+    /// What runs on the network.
+    #[serde(default)]
+    pub workloads: Vec<Workload>,
+    /// Named variants compared against the first; none = one variant called "base".
+    #[serde(default)]
+    pub schemes: Vec<Scheme>,
+    /// One parameter (or several together) taken through a list of values.
+    pub sweep: Option<Sweep>,
+    /// Figures to draw.
+    #[serde(default)]
+    pub figures: Vec<Figure>,
+}
+
+/// The `[plan]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    /// A short name: the default results directory is `results/<name>`.
+    pub name: String,
+    /// What the scenario asks.
+    #[serde(default)]
+    pub description: String,
+    /// Runs per scheme and point, seeds 1..=seeds.
+    #[serde(default = "default_seeds")]
+    pub seeds: u64,
+    /// Simulated time per run, s: every workload stops by then.
+    pub duration_s: f64,
+    /// Metrics written to the summary tables (all when empty). Names are
+    /// `<workload>.<metric>`; `README` lists each workload's metrics.
+    #[serde(default)]
+    pub metrics: Vec<String>,
+    /// What `--quick` changes.
+    #[serde(default)]
+    pub quick: Quick,
+}
+
+fn default_seeds() -> u64 {
+    3
+}
+
+/// `[plan.quick]`: a short smoke version of the plan.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quick {
+    /// Seeds (default 1).
+    pub seeds: Option<u64>,
+    /// Simulated time per run, s.
+    pub duration_s: Option<f64>,
+    /// Only these sweep points (by position, from 0).
+    pub sweep_points: Option<Vec<usize>>,
+    /// Overrides, as a scheme's `set`.
+    #[serde(default)]
+    pub set: toml::Table,
+}
+
+/// One timed change (`[[timeline]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Change {
+    /// When, s from the start of the workloads.
+    pub at_s: f64,
+    /// The link to change (none: only a phase mark).
+    pub link: Option<String>,
+    /// Which directions.
+    #[serde(default)]
+    pub directions: Directions,
+    /// The new values.
+    #[serde(default)]
+    pub set: LinkChange,
+    /// Samples from here on belong to this phase (metrics are also reported per phase).
+    pub phase: Option<String>,
+}
+
+/// A named variant (`[[schemes]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scheme {
+    /// Its name in tables and legends.
+    pub name: String,
+    /// Overrides: `"path.to.key" = value`; array elements are addressed by their `name` (or
+    /// position), and a table value merges into the table it replaces.
+    #[serde(default)]
+    pub set: toml::Table,
+}
+
+/// `[sweep]`: the points every scheme runs at.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    /// The x-axis label.
+    pub label: String,
+    /// Set this key to each of `values`.
+    pub key: Option<String>,
+    /// Values of `key`; each is also the point's x.
+    #[serde(default)]
+    pub values: Vec<toml::Value>,
+    /// Or: points with their own x and overrides.
+    #[serde(default)]
+    pub points: Vec<Point>,
+}
+
+/// One sweep point given in full.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Point {
+    /// Its x value.
+    pub x: f64,
+    /// Its overrides.
+    #[serde(default)]
+    pub set: toml::Table,
+}
+
+/// A workload (`[[workloads]]`), by `kind`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Workload {
+    /// Gateway + ingest server + devices (paper 000).
+    Gateway(GatewayLoad),
+    /// QUIC bulk flows from sources to a sink (paper 004).
+    Bulk(BulkLoad),
+    /// Sized downloads, one new connection each, with window history (paper 002).
+    Downloads(DownloadLoad),
+}
+
+impl Workload {
+    /// Its name (metric prefix).
+    pub fn name(&self) -> &str {
+        match self {
+            Workload::Gateway(w) => &w.name,
+            Workload::Bulk(w) => &w.name,
+            Workload::Downloads(w) => &w.name,
+        }
+    }
+
+    /// When it starts, s.
+    pub fn start_s(&self) -> f64 {
+        match self {
+            Workload::Gateway(w) => w.start_s,
+            Workload::Bulk(w) => w.start_s,
+            Workload::Downloads(w) => w.start_s,
+        }
+    }
+}
+
+/// Which devices are priority class 1.
+fn default_priority() -> f64 {
+    0.5
+}
+
+/// `kind = "gateway"`: the real server, gateway and devices.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayLoad {
+    /// Metric prefix.
+    pub name: String,
+    /// Seconds after the start before the devices begin (setup happens before the start).
+    #[serde(default)]
+    pub start_s: f64,
+    /// The gateway's host.
+    pub gateway: String,
+    /// The ingest server's host.
+    pub server: String,
+    /// Backhaul paths: links joining the gateway and server hosts, path 1 first.
+    pub paths: Vec<String>,
+    /// Scheduler: single, round-robin, adaptive, … (the gateway's default when absent).
+    pub scheduler: Option<String>,
+    /// Give up on a request on one path after this long and retry on another, ms.
+    pub request_timeout_ms: Option<f64>,
+    /// Devices, each on its own access link to the gateway.
+    pub devices: usize,
+    /// Each device's access link.
+    #[serde(default)]
+    pub access: LinkChange,
+    /// Fraction of devices in priority class 1 (0.5: every other device, from device 0).
+    #[serde(default = "default_priority")]
+    pub priority_fraction: f64,
+    /// Bytes each device sends in all (closed loop: request after request until done).
+    /// Without it devices send one request every `interval_ms` until the run ends.
+    pub file_bytes: Option<u64>,
+    /// Open loop: one request per device every this many ms.
+    pub interval_ms: Option<f64>,
+    /// Request body bytes (records batched, decision X1).
+    #[serde(default = "default_body")]
+    pub body_bytes: usize,
+    /// Requests each device keeps in flight (closed loop).
+    #[serde(default = "one")]
+    pub pipelining: usize,
+    /// Each device starts after a random delay in [0, this) ms (seeded).
+    #[serde(default = "default_jitter")]
+    pub start_jitter_ms: f64,
+}
+
+fn default_body() -> usize {
+    16 * 1024
+}
+fn one() -> usize {
+    1
+}
+fn default_jitter() -> f64 {
+    10.0
+}
+
+/// `kind = "bulk"`: endless QUIC uploads from sources to a sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkLoad {
+    /// Metric prefix.
+    pub name: String,
+    /// Start, s.
+    #[serde(default)]
+    pub start_s: f64,
+    /// Existing source hosts (one flow each) …
+    #[serde(default)]
+    pub from: Vec<String>,
+    /// … and/or this many new source hosts, each linked to `attach` by `access`.
+    #[serde(default)]
+    pub sources: usize,
+    /// The host new sources attach to.
+    pub attach: Option<String>,
+    /// New sources' access links.
+    #[serde(default)]
+    pub access: LinkChange,
+    /// The receiving host.
+    pub sink: String,
+    /// IP packet size, bytes (QUIC datagrams are 28 bytes less).
+    #[serde(default = "default_packet")]
+    pub packet_bytes: usize,
+    /// The link whose queue is measured (queueing delay, drops, utilisation).
+    pub measure: Option<String>,
+    /// Its direction.
+    #[serde(default = "a_to_b")]
+    pub measure_direction: Directions,
+    /// Statistics skip the first seconds (slow start).
+    #[serde(default)]
+    pub warmup_s: f64,
+    /// Flow i starts at i × this many ms plus a random [0, this) ms.
+    #[serde(default = "default_stagger")]
+    pub stagger_ms: f64,
+}
+
+fn default_packet() -> usize {
+    1440
+}
+fn a_to_b() -> Directions {
+    Directions::AToB
+}
+fn default_stagger() -> f64 {
+    10.0
+}
+
+/// Initial-window history modes (paper 002).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HistoryMode {
+    /// quinn's default initial window.
+    #[default]
+    Off,
+    /// History, arithmetic mean.
+    Mean,
+    /// History, EWMA.
+    Ewma,
+}
+
+/// `kind = "downloads"`: a client fetches `bytes` from a server, run after run, each on a new
+/// connection; the server's initial window comes from the client's history.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DownloadLoad {
+    /// Metric prefix.
+    pub name: String,
+    /// Start, s.
+    #[serde(default)]
+    pub start_s: f64,
+    /// The downloading host.
+    pub client: String,
+    /// The serving host.
+    pub server: String,
+    /// Bytes per download.
+    pub bytes: u64,
+    /// Downloads (the first has no history).
+    pub runs: usize,
+    /// Download k starts at k × this many s (or when the previous one has drained, if later).
+    #[serde(default = "default_interval")]
+    pub interval_s: f64,
+    /// Initial-window scheme.
+    #[serde(default)]
+    pub history: HistoryMode,
+    /// Careful-resume safeguard (decision H5).
+    #[serde(default)]
+    pub safeguard: bool,
+}
+
+fn default_interval() -> f64 {
+    2.0
+}
+
+/// What a figure shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FigureKind {
+    /// A metric's mean over the sweep, one line per scheme, 95 % confidence band.
+    Lines,
+    /// A metric's mean per scheme (and point), 95 % confidence interval bars.
+    Bars,
+    /// A per-second series, mean over seeds per scheme, min–max band.
+    Series,
+    /// The distribution of a sampled metric, all seeds pooled, per scheme.
+    Cdf,
+}
+
+/// `[[figures]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Figure {
+    /// What to draw.
+    pub kind: FigureKind,
+    /// `<workload>.<metric>` (a summary metric, a series or a sample).
+    pub metric: String,
+    /// Title (default: the metric).
+    pub title: Option<String>,
+    /// File name without `.svg` (default: kind and metric).
+    pub file: Option<String>,
+    /// Logarithmic y axis (default: when the values span more than two decades).
+    pub log_y: Option<bool>,
+}

@@ -1,0 +1,206 @@
+//! `kind = "downloads"`: paper 002's measurement. A client downloads `bytes` from a server run
+//! after run, each on a new 1-RTT connection; with history on, the server starts each
+//! connection from the window history of the client's earlier ones (one store for the whole
+//! run, so it carries across the timeline's phases).
+//!
+//! Samples (runs after the first, t = the download's start): `latency_s` (connection start →
+//! last byte), `loss_ratio` (packets the server declared lost ÷ sent), `initial_window_kb`.
+//! Scalars: `first_latency_s` (the run without history), `completed`, `from_history` (fraction
+//! of runs whose window came from history), `fell_back` (runs the safeguard reset).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_netsim::World;
+use qgate_transport::history::{Clock as WallClock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
+use qgate_transport::{client_config, connect, endpoint, server_config, Socket, TransportOptions};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{secs, Clock, Measurements, Setup};
+use crate::history::{serve, Outcome, ALPN};
+use crate::plan::spec::{DownloadLoad, HistoryMode};
+
+pub(super) fn check(
+    d: &DownloadLoad,
+    host: &dyn Fn(&str, &str) -> Result<(), String>,
+) -> Result<(), String> {
+    host("workloads.client", &d.client)?;
+    host("workloads.server", &d.server)?;
+    if d.bytes == 0 || d.runs == 0 {
+        return Err(format!(
+            "workload '{}': 'bytes' and 'runs' must be at least 1",
+            d.name
+        ));
+    }
+    if !(d.interval_s.is_finite() && d.interval_s >= 0.0) {
+        return Err(format!("workload '{}': 'interval_s' must be ≥ 0", d.name));
+    }
+    Ok(())
+}
+
+pub(crate) struct Prepared {
+    spec: DownloadLoad,
+    client: quinn::Endpoint,
+    ccfg: quinn::ClientConfig,
+    server_addr: SocketAddr,
+    outcomes: mpsc::Receiver<(SocketAddr, Outcome)>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+pub(super) fn prepare(d: &DownloadLoad, world: &mut World, s: &Setup) -> Result<Prepared, String> {
+    let net = world.net.clone();
+    let srv = world.host(&d.server).ok_or("no server host")?;
+    let cli = world.host(&d.client).ok_or("no client host")?;
+    let srv_ip = world
+        .address_of(srv)
+        .ok_or_else(|| format!("server '{}' has no link", d.server))?;
+    let cli_ip = world
+        .address_of(cli)
+        .ok_or_else(|| format!("client '{}' has no link", d.client))?;
+    let opts = TransportOptions::default();
+    let base = server_config(&s.pki.server, &[ALPN], &opts).map_err(|e| e.to_string())?;
+    // History timestamps follow the virtual clock (entries age in simulated time).
+    let t0 = Instant::now();
+    let clock: WallClock = Arc::new(move || 1_700_000_000_000 + t0.elapsed().as_millis() as u64);
+    let store = match d.history {
+        HistoryMode::Off => None,
+        HistoryMode::Mean => Some(HistoryStore::in_memory(
+            HistoryConfig {
+                averaging: Averaging::Mean,
+                ..Default::default()
+            },
+            clock,
+        )),
+        HistoryMode::Ewma => Some(HistoryStore::in_memory(HistoryConfig::default(), clock)),
+    };
+    let server_addr = SocketAddr::new(srv_ip, 5443 + s.index as u16);
+    let ep = endpoint(
+        Socket::from(net.bind(srv, server_addr).map_err(|e| e.to_string())?),
+        Some(base.clone()),
+        Some(s.seed),
+    )
+    .map_err(|e| e.to_string())?;
+    let (tx, outcomes) = mpsc::channel(16);
+    let safeguard = d.safeguard.then_some(DEFAULT_SAFEGUARD_FACTOR);
+    let server = tokio::spawn(serve(ep, base, opts.clone(), store, safeguard, tx));
+    let client = endpoint(
+        Socket::from(
+            net.bind(cli, SocketAddr::new(cli_ip, 0))
+                .map_err(|e| e.to_string())?,
+        ),
+        None,
+        Some(s.seed * 100 + 1),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Prepared {
+        spec: d.clone(),
+        client,
+        ccfg: client_config(&s.pki.trust(), &[ALPN], &opts).map_err(|e| e.to_string())?,
+        server_addr,
+        outcomes,
+        server,
+    })
+}
+
+impl Prepared {
+    pub(super) async fn run(mut self, clock: Clock) -> Measurements {
+        let d = self.spec.clone();
+        let begin = clock.start + secs(d.start_s);
+        let local = self.client.local_addr().expect("bound");
+        let (mut latency, mut loss, mut iw) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut completed, mut from_history, mut fell_back) = (0usize, 0usize, 0usize);
+        let mut first = None;
+        let mut ready = begin;
+        for run in 0..d.runs {
+            let at = (begin + secs(d.interval_s * run as f64)).max(ready);
+            if at >= clock.deadline {
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            let t = clock.t();
+            let t0 = Instant::now();
+            let Ok(c) = connect(
+                &self.client,
+                &self.ccfg,
+                self.server_addr,
+                "localhost",
+                false,
+            )
+            .await
+            else {
+                ready = Instant::now() + Duration::from_secs(1);
+                continue;
+            };
+            let conn = c.connection().clone();
+            let mut done = false;
+            if let Ok((mut send, mut recv)) = conn.open_bi().await {
+                let _ = send.write_all(&d.bytes.to_be_bytes()).await;
+                let _ = send.finish();
+                let mut got = 0u64;
+                let until = tokio::time::sleep_until(clock.deadline);
+                tokio::pin!(until);
+                loop {
+                    tokio::select! {
+                        c = recv.read_chunk(1 << 20, false) => match c {
+                            Ok(Some(chunk)) => got += chunk.bytes.len() as u64,
+                            _ => break,
+                        },
+                        _ = &mut until => break,
+                    }
+                }
+                done = got == d.bytes;
+            }
+            let latency_s = t0.elapsed().as_secs_f64();
+            conn.close(0u32.into(), b"done");
+            drop(conn);
+            drop(c);
+            if !done {
+                break;
+            }
+            // The server reports once the transfer is acknowledged.
+            let outcome = loop {
+                match self.outcomes.recv().await {
+                    Some((addr, o)) if addr == local => break Some(o),
+                    Some(_) => continue,
+                    None => break None,
+                }
+            };
+            // Let the closed connection drain so its window is recorded before the next run.
+            ready = Instant::now() + Duration::from_secs(1);
+            let Some(o) = outcome else { break };
+            completed += 1;
+            if run == 0 {
+                first = Some(latency_s);
+            } else {
+                latency.push((t, latency_s));
+                loss.push((t, o.loss_ratio));
+                iw.push((t, o.initial_window as f64 / 1000.0));
+            }
+            from_history += usize::from(o.from_history);
+            fell_back += usize::from(o.fell_back);
+        }
+        let mut m = Measurements::default();
+        if let Some(f) = first {
+            m.scalars.push(("first_latency_s".into(), f));
+        }
+        m.scalars.push(("completed".into(), completed as f64));
+        m.scalars.push((
+            "from_history".into(),
+            from_history as f64 / completed.max(1) as f64,
+        ));
+        m.scalars.push(("fell_back".into(), fell_back as f64));
+        m.samples.push(("latency_s".into(), latency));
+        m.samples.push(("loss_ratio".into(), loss));
+        m.samples.push(("initial_window_kb".into(), iw));
+        m
+    }
+}

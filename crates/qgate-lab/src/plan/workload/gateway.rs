@@ -1,0 +1,397 @@
+//! `kind = "gateway"`: the ingest server, the gateway (built by [`Gateway::builder`]) over the
+//! named backhaul links, and devices on their own access links, each registered and sending
+//! request bodies: a file in closed loop, or one request per interval.
+//!
+//! Samples: `response_ms`, `priority_ms`, `best_effort_ms` (request sent → response). Scalars:
+//! `requests`, `failed`, `unfinished`, `total_s` (first request → last response, closed loop),
+//! and per path k: `path<k>_share` (of answered requests), `path<k>_priority_share` (of the
+//! priority class's), `path<k>_util` (bytes the link carried gateway → server ÷ its capacity),
+//! `path<k>_rtt_ms` (the gateway's mean RTT estimate). Series: `path<k>_rtt_ms`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use qgate_gateway::builder::RunningGateway;
+use qgate_gateway::device::Device;
+use qgate_gateway::gateway::{Gateway, GatewayConfig};
+use qgate_netsim::topology::LinkSpec;
+use qgate_netsim::{Direction, LinkId, Network, World};
+use qgate_server::CountingServer;
+use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions};
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::{rng, secs, Clock, Measurements, Setup};
+use crate::plan::spec::GatewayLoad;
+
+pub(super) fn check(
+    g: &GatewayLoad,
+    host: &dyn Fn(&str, &str) -> Result<(), String>,
+    link: &dyn Fn(&str, &str) -> Result<(), String>,
+) -> Result<(), String> {
+    host("workloads.gateway", &g.gateway)?;
+    host("workloads.server", &g.server)?;
+    if g.paths.is_empty() {
+        return Err(format!("workload '{}': 'paths' lists no link", g.name));
+    }
+    for p in &g.paths {
+        link("workloads.paths", p)?;
+    }
+    if let Some(s) = &g.scheduler {
+        qgate_core::scheduler::by_name(s)
+            .map_err(|e| format!("workload '{}': 'scheduler': {e}", g.name))?;
+    }
+    if g.file_bytes.is_some() == g.interval_ms.is_some() {
+        return Err(format!(
+            "workload '{}': give either 'file_bytes' (closed loop) or 'interval_ms' (open loop)",
+            g.name
+        ));
+    }
+    if g.interval_ms.is_some_and(|i| !(i.is_finite() && i > 0.0)) {
+        return Err(format!("workload '{}': 'interval_ms' must be > 0", g.name));
+    }
+    if !(0.0..=1.0).contains(&g.priority_fraction) {
+        return Err(format!(
+            "workload '{}': 'priority_fraction' must be in [0, 1]",
+            g.name
+        ));
+    }
+    if g.body_bytes == 0 || g.pipelining == 0 || g.devices == 0 {
+        return Err(format!(
+            "workload '{}': 'devices', 'body_bytes' and 'pipelining' must be at least 1",
+            g.name
+        ));
+    }
+    if !(g.start_jitter_ms.is_finite() && g.start_jitter_ms >= 0.0) {
+        return Err(format!(
+            "workload '{}': 'start_jitter_ms' must be ≥ 0",
+            g.name
+        ));
+    }
+    Ok(())
+}
+
+/// A backhaul link as the gateway sees it.
+struct PathLink {
+    id: LinkId,
+    /// The gateway → server direction.
+    up: Direction,
+    rate_bps: Option<u64>,
+}
+
+pub(crate) struct Prepared {
+    spec: GatewayLoad,
+    net: Network,
+    paths: Vec<PathLink>,
+    devices: Vec<(Device, bool)>,
+    jitter: Vec<Duration>,
+    running: RunningGateway,
+    _server: CountingServer,
+    _keep: Vec<quinn::Endpoint>,
+}
+
+/// Device `i` of `n` is priority when `i × fraction` has a fractional part below `fraction`:
+/// 0.5 makes devices 0, 2, 4, … priority, 1 all, 0 none.
+fn is_priority(i: usize, fraction: f64) -> bool {
+    (i as f64 * fraction).fract() < fraction
+}
+
+pub(super) async fn prepare(
+    g: &GatewayLoad,
+    world: &mut World,
+    s: &Setup,
+) -> Result<Prepared, String> {
+    let gw_host = world.host(&g.gateway).ok_or("no gateway host")?;
+    let srv_host = world.host(&g.server).ok_or("no server host")?;
+    let net = world.net.clone();
+    let opts = TransportOptions {
+        keep_alive_ms: Some(1000),
+        ..Default::default()
+    };
+    let server = CountingServer::start(
+        Socket::from(
+            net.bind(srv_host, SocketAddr::from(([0, 0, 0, 0], 443)))
+                .map_err(|e| e.to_string())?,
+        ),
+        &s.pki.server,
+        &opts,
+        Some(s.seed),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut cfg = GatewayConfig::default();
+    if let Some(ms) = g.request_timeout_ms {
+        cfg.request_timeout = secs(ms / 1000.0);
+    }
+    let mut builder = Gateway::builder()
+        .with_config(cfg)
+        .with_transport(opts.clone())
+        .with_identity(s.pki.server.clone())
+        .with_server_trust(s.pki.trust())
+        .with_seed(s.seed)
+        .with_device_socket(Socket::from(
+            net.bind(gw_host, SocketAddr::from(([0, 0, 0, 0], 443)))
+                .map_err(|e| e.to_string())?,
+        ));
+    if let Some(name) = &g.scheduler {
+        builder = builder.with_scheduler(name).map_err(|e| e.to_string())?;
+    }
+    let mut paths = Vec::new();
+    for name in &g.paths {
+        let l = world.link(name).map_err(|e| e.to_string())?;
+        let (local, remote, up) = if l.a.0 == gw_host && l.b.0 == srv_host {
+            (l.a.1, l.b.1, Direction::AtoB)
+        } else if l.b.0 == gw_host && l.a.0 == srv_host {
+            (l.b.1, l.a.1, Direction::BtoA)
+        } else {
+            return Err(format!(
+                "path '{name}' does not join '{}' and '{}'",
+                g.gateway, g.server
+            ));
+        };
+        let sock = net
+            .bind(gw_host, SocketAddr::new(local, 0))
+            .map_err(|e| e.to_string())?;
+        builder = builder.with_path(Socket::from(sock), SocketAddr::new(remote, 443));
+        paths.push(PathLink {
+            id: l.id,
+            up,
+            rate_bps: net.params(l.id, up).rate_bps,
+        });
+    }
+    let running = builder.start().map_err(|e| e.to_string())?;
+    // Connect and measure the paths before the devices come.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let ccfg = client_config(&s.pki.trust(), &[ALPN_H3], &opts).map_err(|e| e.to_string())?;
+    let mut devices = Vec::with_capacity(g.devices);
+    let mut keep = Vec::with_capacity(g.devices);
+    for i in 0..g.devices {
+        let dev = format!("{}.dev{i}", g.name);
+        world.add_host(&dev, false).map_err(|e| e.to_string())?;
+        let l = world
+            .add_link(&LinkSpec::new(
+                &format!("{}.access{i}", g.name),
+                &dev,
+                &g.gateway,
+                g.access.clone(),
+            ))
+            .map_err(|e| e.to_string())?;
+        let ep = endpoint(
+            Socket::from(
+                net.bind(l.a.0, SocketAddr::new(l.a.1, 0))
+                    .map_err(|e| e.to_string())?,
+            ),
+            None,
+            Some(s.seed * 1000 + i as u64),
+        )
+        .map_err(|e| e.to_string())?;
+        let conn = connect(&ep, &ccfg, SocketAddr::new(l.b.1, 443), "localhost", false)
+            .await
+            .map_err(|e| format!("device {i} cannot connect: {e}"))?;
+        let h3 = H3Client::new(conn.connection().clone())
+            .await
+            .map_err(|e| format!("device {i}: {e}"))?;
+        let priority = is_priority(i, g.priority_fraction);
+        let d = Device::register(h3, priority)
+            .await
+            .map_err(|e| format!("device {i} cannot register: {e}"))?;
+        devices.push((d, priority));
+        keep.push(ep);
+    }
+    let mut r = rng(s.seed, s.index);
+    let jitter = (0..g.devices)
+        .map(|_| secs(r.random::<f64>() * g.start_jitter_ms / 1000.0))
+        .collect();
+    Ok(Prepared {
+        spec: g.clone(),
+        net,
+        paths,
+        devices,
+        jitter,
+        running,
+        _server: server,
+        _keep: keep,
+    })
+}
+
+/// One answered request: when it was sent (s), its delay (ms), class, path.
+type Answer = (f64, f64, bool, Option<usize>);
+
+#[derive(Default)]
+struct Log {
+    answers: Vec<Answer>,
+    failed: usize,
+    unfinished: usize,
+    first_sent: Option<f64>,
+    last_done: f64,
+}
+
+impl Prepared {
+    pub(super) async fn run(self, clock: Clock) -> Measurements {
+        let g = &self.spec;
+        let begin = clock.start + secs(g.start_s);
+        let body = Bytes::from(vec![0x5au8; g.body_bytes]);
+        let log = Arc::new(Mutex::new(Log::default()));
+        let before: Vec<u64> = self
+            .paths
+            .iter()
+            .map(|p| self.net.stats(p.id, p.up).delivered_bytes)
+            .collect();
+        let sends = self
+            .devices
+            .iter()
+            .zip(&self.jitter)
+            .map(|((d, prio), jitter)| {
+                let (body, log) = (body.clone(), log.clone());
+                async move {
+                    tokio::time::sleep_until(begin + *jitter).await;
+                    match (g.file_bytes, g.interval_ms) {
+                        (Some(bytes), _) => {
+                            let n = (bytes as usize).div_ceil(g.body_bytes);
+                            let next = AtomicUsize::new(0);
+                            let lanes = (0..g.pipelining.min(n.max(1))).map(|_| async {
+                                while next.fetch_add(1, Ordering::Relaxed) < n {
+                                    if Instant::now() >= clock.deadline {
+                                        log.lock().expect("lock").unfinished += 1;
+                                        continue;
+                                    }
+                                    send(d, *prio, body.clone(), &log, clock).await;
+                                }
+                            });
+                            futures_util::future::join_all(lanes).await;
+                        }
+                        (None, Some(every_ms)) => {
+                            let every = secs(every_ms / 1000.0);
+                            let mut k = 0u32;
+                            loop {
+                                let at = begin + *jitter + every * k;
+                                if at >= clock.deadline {
+                                    break;
+                                }
+                                tokio::time::sleep_until(at).await;
+                                send(d, *prio, body.clone(), &log, clock).await;
+                                k += 1;
+                            }
+                        }
+                        (None, None) => {}
+                    }
+                }
+            });
+        let gw = self.running.gateway.clone();
+        let n = self.paths.len();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let all_sent = async {
+            futures_util::future::join_all(sends).await;
+            done.store(true, Ordering::Relaxed);
+            clock.t() - g.start_s
+        };
+        // The paths' RTT estimates once a second until every device is done.
+        let sampler = async {
+            let mut series = vec![Vec::new(); n];
+            for sec in 1u64.. {
+                let at = clock.start + Duration::from_secs(sec);
+                if at > clock.deadline {
+                    break;
+                }
+                tokio::time::sleep_until(at).await;
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let table = gw.paths().table();
+                for (k, p) in table.paths().iter().enumerate().take(n) {
+                    if let Some(rtt) = p.rtt {
+                        series[k].push((sec as f64, rtt.as_secs_f64() * 1000.0));
+                    }
+                }
+            }
+            series
+        };
+        let (elapsed, rtts) = tokio::join!(all_sent, sampler);
+        let log = std::mem::take(&mut *log.lock().expect("lock"));
+        let mut m = Measurements::default();
+        let sample = |f: &dyn Fn(&Answer) -> bool| -> Vec<(f64, f64)> {
+            log.answers
+                .iter()
+                .filter(|a| f(a))
+                .map(|a| (a.0, a.1))
+                .collect()
+        };
+        m.samples.push(("response_ms".into(), sample(&|_| true)));
+        m.samples.push(("priority_ms".into(), sample(&|a| a.2)));
+        m.samples.push(("best_effort_ms".into(), sample(&|a| !a.2)));
+        m.scalars
+            .push(("requests".into(), log.answers.len() as f64));
+        m.scalars.push(("failed".into(), log.failed as f64));
+        m.scalars.push(("unfinished".into(), log.unfinished as f64));
+        if g.file_bytes.is_some() {
+            if let Some(first) = log.first_sent {
+                m.scalars.push(("total_s".into(), log.last_done - first));
+            }
+        }
+        let answered = log.answers.len().max(1) as f64;
+        let prio = log.answers.iter().filter(|a| a.2).count().max(1) as f64;
+        let table = self.running.gateway.paths().table();
+        for (k, p) in self.paths.iter().enumerate() {
+            let on = |a: &&Answer| a.3 == Some(k);
+            let share = log.answers.iter().filter(on).count() as f64 / answered;
+            let pshare = log.answers.iter().filter(on).filter(|a| a.2).count() as f64 / prio;
+            m.scalars.push((format!("path{}_share", k + 1), share));
+            m.scalars
+                .push((format!("path{}_priority_share", k + 1), pshare));
+            if let Some(rate) = p.rate_bps {
+                let bytes = self.net.stats(p.id, p.up).delivered_bytes - before[k];
+                let util = bytes as f64 * 8.0 / (rate as f64 * elapsed.max(1e-9));
+                m.scalars.push((format!("path{}_util", k + 1), util));
+            }
+            let series = rtts[k].clone();
+            let mean = if series.is_empty() {
+                table.paths()[k].rtt.map(|r| r.as_secs_f64() * 1000.0)
+            } else {
+                Some(series.iter().map(|x| x.1).sum::<f64>() / series.len() as f64)
+            };
+            if let Some(mean) = mean {
+                m.scalars.push((format!("path{}_rtt_ms", k + 1), mean));
+            }
+            m.series.push((format!("path{}_rtt_ms", k + 1), series));
+        }
+        m
+    }
+}
+
+async fn send(d: &Device, prio: bool, body: Bytes, log: &Mutex<Log>, clock: Clock) {
+    let t = clock.t();
+    {
+        let mut l = log.lock().expect("lock");
+        l.first_sent = Some(l.first_sent.map_or(t, |f| f.min(t)));
+    }
+    let r = d.send("/ingest/plan", body).await;
+    let mut l = log.lock().expect("lock");
+    match r {
+        Ok(s) => {
+            l.answers
+                .push((t, s.delay.as_secs_f64() * 1000.0, prio, s.path));
+            l.last_done = l.last_done.max(clock.t());
+        }
+        Err(_) => l.failed += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn priority_fraction_spreads_the_class() {
+        let pick = |f: f64| {
+            (0..8)
+                .filter(|&i| super::is_priority(i, f))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pick(0.5), [0, 2, 4, 6]);
+        assert_eq!(pick(1.0), [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(pick(0.0), Vec::<usize>::new());
+        assert_eq!(pick(0.25), [0, 4]);
+    }
+}

@@ -1,0 +1,111 @@
+//! Workloads of the real components on a plan's network. Each is set up (hosts, servers,
+//! connections) before the clock starts, then runs until it is done or the run's deadline, and
+//! returns its measurements: scalars, timed samples and per-second series.
+
+mod bulk;
+mod downloads;
+mod gateway;
+
+use std::sync::Arc;
+
+use qgate_netsim::World;
+use qgate_transport::DevPki;
+use tokio::time::Instant;
+
+use super::spec::Workload;
+
+/// What a run measured of one workload (names without the workload prefix).
+#[derive(Debug, Default)]
+pub struct Measurements {
+    /// One number per run.
+    pub scalars: Vec<(String, f64)>,
+    /// Many values per run, each with when it was taken (s from the start).
+    pub samples: Vec<(String, Vec<(f64, f64)>)>,
+    /// One value per second (t = the end of the second).
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// What setting up a workload needs.
+pub struct Setup {
+    /// The run's seed.
+    pub seed: u64,
+    /// The workload's position in the plan (ports, seeds).
+    pub index: usize,
+    /// Certificates for every server.
+    pub pki: Arc<DevPki>,
+}
+
+/// When a run's workloads start and must stop.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// t = 0.
+    pub start: Instant,
+    /// No new work after this.
+    pub deadline: Instant,
+}
+
+impl Clock {
+    /// Seconds since the start.
+    pub fn t(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+}
+
+/// A workload ready to run.
+pub enum Prepared {
+    /// See [`gateway`].
+    Gateway(Box<gateway::Prepared>),
+    /// See [`bulk`].
+    Bulk(Box<bulk::Prepared>),
+    /// See [`downloads`].
+    Downloads(Box<downloads::Prepared>),
+}
+
+/// Check a workload's host and link names against the topology.
+pub fn check(
+    w: &Workload,
+    host: &dyn Fn(&str, &str) -> Result<(), String>,
+    link: &dyn Fn(&str, &str) -> Result<(), String>,
+) -> Result<(), String> {
+    match w {
+        Workload::Gateway(g) => gateway::check(g, host, link),
+        Workload::Bulk(b) => bulk::check(b, host, link),
+        Workload::Downloads(d) => downloads::check(d, host),
+    }
+}
+
+/// Build what `w` needs on `world`.
+pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepared, String> {
+    let fail = |e: String| format!("workload '{}': {e}", w.name());
+    Ok(match w {
+        Workload::Gateway(g) => {
+            Prepared::Gateway(Box::new(gateway::prepare(g, world, s).await.map_err(fail)?))
+        }
+        Workload::Bulk(b) => Prepared::Bulk(Box::new(bulk::prepare(b, world, s).map_err(fail)?)),
+        Workload::Downloads(d) => {
+            Prepared::Downloads(Box::new(downloads::prepare(d, world, s).map_err(fail)?))
+        }
+    })
+}
+
+impl Prepared {
+    /// Run until done or the deadline.
+    pub async fn run(self, clock: Clock) -> Measurements {
+        match self {
+            Prepared::Gateway(p) => p.run(clock).await,
+            Prepared::Bulk(p) => p.run(clock).await,
+            Prepared::Downloads(p) => p.run(clock).await,
+        }
+    }
+}
+
+/// A seeded RNG for one workload of one run: different seeds give different draws, and
+/// different workloads of a run draw independently.
+fn rng(seed: u64, index: usize) -> rand_chacha::ChaCha8Rng {
+    rand::SeedableRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ index as u64)
+}
+
+/// Seconds as a duration (plan values are checked finite and non-negative).
+fn secs(s: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(s.max(0.0))
+}

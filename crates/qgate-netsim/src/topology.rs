@@ -1,0 +1,496 @@
+//! A network described as data — named hosts and links — and the [`World`] built from it: the
+//! one way experiments, plans, benchmarks and tests assemble a simulated network.
+//!
+//! Link parameters in a description use the units people write (Mbit/s, ms); a [`LinkChange`]
+//! has the same fields, all optional, and serves both per-direction overrides and timed changes.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use qgate_aqm::DisciplineSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::{delay_from_ms, Direction, HostId, LinkId, LinkParams, LossModel, NetError, Network};
+
+/// A network: hosts, and point-to-point links between them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// The hosts.
+    #[serde(default)]
+    pub hosts: Vec<HostSpec>,
+    /// The links, in order (a link's auto-assigned addresses follow its position).
+    #[serde(default)]
+    pub links: Vec<LinkSpec>,
+}
+
+/// A host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Its name, unique in the topology.
+    pub name: String,
+    /// Whether it forwards packets between its interfaces (a router).
+    #[serde(default)]
+    pub forwarding: bool,
+}
+
+/// A queue discipline written as a spec string (`"pie:limit=500"`) or a table
+/// (`{ kind = "pie", limit = 500 }`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum QueueSpec {
+    /// `kind` or `kind:key=value,…`.
+    Text(String),
+    /// The tagged table form.
+    Table(DisciplineSpec),
+}
+
+impl QueueSpec {
+    /// The discipline it names.
+    pub fn discipline(&self) -> Result<DisciplineSpec, String> {
+        match self {
+            QueueSpec::Text(s) => s.parse().map_err(|e: qgate_aqm::SpecError| e.to_string()),
+            QueueSpec::Table(d) => Ok(d.clone()),
+        }
+    }
+}
+
+/// A change to one or both directions of a link; every field is optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkChange {
+    /// Rate, Mbit/s (0 = unlimited).
+    pub rate_mbps: Option<f64>,
+    /// One-way propagation delay, ms.
+    pub delay_ms: Option<f64>,
+    /// Uniform jitter on the delay, ms (never reorders).
+    pub jitter_ms: Option<f64>,
+    /// Random loss on the wire.
+    pub loss: Option<LossModel>,
+    /// The queue in front of the transmitter.
+    pub queue: Option<QueueSpec>,
+    /// Whether the link carries traffic.
+    pub up: Option<bool>,
+}
+
+impl LinkChange {
+    /// Apply to `p`; the message names the bad field.
+    pub fn apply(&self, p: &mut LinkParams) -> Result<(), String> {
+        if let Some(r) = self.rate_mbps {
+            if !(r.is_finite() && r >= 0.0) {
+                return Err(format!("rate_mbps = {r}: must be a non-negative number"));
+            }
+            let bps = (r * 1e6).round();
+            p.rate_bps = (bps >= 1.0).then_some(bps as u64);
+        }
+        if let Some(d) = self.delay_ms {
+            p.delay = delay_from_ms(d).map_err(|e| format!("delay_ms: {e}"))?;
+        }
+        if let Some(j) = self.jitter_ms {
+            p.jitter = delay_from_ms(j).map_err(|e| format!("jitter_ms: {e}"))?;
+        }
+        if let Some(l) = self.loss {
+            l.validate().map_err(|e| format!("loss: {e}"))?;
+            p.loss = l;
+        }
+        if let Some(q) = &self.queue {
+            p.queue = q.discipline().map_err(|e| format!("queue: {e}"))?;
+        }
+        if let Some(u) = self.up {
+            p.up = u;
+        }
+        p.validate()
+    }
+
+    /// `other`'s fields where it has them, else this one's.
+    pub fn then(&self, other: &LinkChange) -> LinkChange {
+        LinkChange {
+            rate_mbps: other.rate_mbps.or(self.rate_mbps),
+            delay_ms: other.delay_ms.or(self.delay_ms),
+            jitter_ms: other.jitter_ms.or(self.jitter_ms),
+            loss: other.loss.or(self.loss),
+            queue: other.queue.clone().or_else(|| self.queue.clone()),
+            up: other.up.or(self.up),
+        }
+    }
+}
+
+/// A point-to-point link between two hosts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    /// Its name, unique in the topology.
+    pub name: String,
+    /// One end's host.
+    pub a: String,
+    /// The other end's host.
+    pub b: String,
+    /// The address of the interface on `a` (default 10.N/16's .1, N = the link's number).
+    pub a_addr: Option<IpAddr>,
+    /// The address of the interface on `b` (default the same /24's .2).
+    pub b_addr: Option<IpAddr>,
+    /// Both directions (per-direction fields below override them).
+    #[serde(flatten)]
+    pub both: LinkChange,
+    /// Overrides for the a → b direction.
+    pub a_to_b: Option<LinkChange>,
+    /// Overrides for the b → a direction.
+    pub b_to_a: Option<LinkChange>,
+}
+
+impl LinkSpec {
+    /// A link with the same parameters both ways.
+    pub fn new(name: &str, a: &str, b: &str, both: LinkChange) -> LinkSpec {
+        LinkSpec {
+            name: name.into(),
+            a: a.into(),
+            b: b.into(),
+            a_addr: None,
+            b_addr: None,
+            both,
+            a_to_b: None,
+            b_to_a: None,
+        }
+    }
+
+    /// The parameters of one direction.
+    pub fn params(&self, dir: Direction) -> Result<LinkParams, String> {
+        let over = match dir {
+            Direction::AtoB => &self.a_to_b,
+            Direction::BtoA => &self.b_to_a,
+        };
+        let change = match over {
+            Some(o) => self.both.then(o),
+            None => self.both.clone(),
+        };
+        let mut p = LinkParams::default();
+        change.apply(&mut p)?;
+        Ok(p)
+    }
+}
+
+/// Which directions of a link a change touches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Directions {
+    /// Both.
+    #[default]
+    Both,
+    /// a → b only.
+    AToB,
+    /// b → a only.
+    BToA,
+}
+
+impl Directions {
+    /// The directions it names.
+    pub fn list(self) -> &'static [Direction] {
+        match self {
+            Directions::Both => &[Direction::AtoB, Direction::BtoA],
+            Directions::AToB => &[Direction::AtoB],
+            Directions::BToA => &[Direction::BtoA],
+        }
+    }
+}
+
+/// Why a topology could not be built; the message names the host or link.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// Two hosts or two links share a name.
+    #[error("{0} '{1}' is defined twice")]
+    Duplicate(&'static str, String),
+    /// A link names a host that does not exist.
+    #[error("link '{link}': no host named '{host}'")]
+    NoSuchHost {
+        /// The link.
+        link: String,
+        /// The missing host.
+        host: String,
+    },
+    /// No link of this name.
+    #[error("no link named '{0}'")]
+    NoSuchLink(String),
+    /// A link's parameters are invalid.
+    #[error("link '{link}': {problem}")]
+    BadLink {
+        /// The link.
+        link: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The simulator refused.
+    #[error("link '{link}': {source}")]
+    Net {
+        /// The link.
+        link: String,
+        /// Why.
+        source: NetError,
+    },
+    /// More links than auto-assigned addresses.
+    #[error("more than 65 535 links")]
+    TooManyLinks,
+}
+
+/// A link as built: its id and each end's host and address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuiltLink {
+    /// The simulator's id.
+    pub id: LinkId,
+    /// End a: host and interface address.
+    pub a: (HostId, IpAddr),
+    /// End b: host and interface address.
+    pub b: (HostId, IpAddr),
+}
+
+/// A simulated network built from a [`Topology`], with its hosts and links by name. More
+/// hosts and links may be added (devices, flows' sources); auto-assigned addresses never repeat.
+#[derive(Debug)]
+pub struct World {
+    /// The network.
+    pub net: Network,
+    hosts: BTreeMap<String, HostId>,
+    links: BTreeMap<String, BuiltLink>,
+    order: Vec<BuiltLink>,
+    next_link: u32,
+}
+
+impl World {
+    /// An empty world on a network seeded with `seed`.
+    pub fn new(seed: u64) -> World {
+        World {
+            net: Network::new(seed),
+            hosts: BTreeMap::new(),
+            links: BTreeMap::new(),
+            order: Vec::new(),
+            next_link: 1,
+        }
+    }
+
+    /// Build `topology` on a network seeded with `seed`. Needs a tokio runtime (the network's
+    /// clock).
+    pub fn build(topology: &Topology, seed: u64) -> Result<World, TopologyError> {
+        let mut w = World::new(seed);
+        for h in &topology.hosts {
+            w.add_host(&h.name, h.forwarding)?;
+        }
+        for l in &topology.links {
+            w.add_link(l)?;
+        }
+        Ok(w)
+    }
+
+    /// Add a host.
+    pub fn add_host(&mut self, name: &str, forwarding: bool) -> Result<HostId, TopologyError> {
+        if self.hosts.contains_key(name) {
+            return Err(TopologyError::Duplicate("host", name.into()));
+        }
+        let h = self.net.add_host(name);
+        self.net.set_forwarding(h, forwarding);
+        self.hosts.insert(name.into(), h);
+        Ok(h)
+    }
+
+    /// Add a link between two existing hosts.
+    pub fn add_link(&mut self, spec: &LinkSpec) -> Result<BuiltLink, TopologyError> {
+        let name = &spec.name;
+        if self.links.contains_key(name) {
+            return Err(TopologyError::Duplicate("link", name.clone()));
+        }
+        let host = |h: &str| {
+            self.hosts
+                .get(h)
+                .copied()
+                .ok_or_else(|| TopologyError::NoSuchHost {
+                    link: name.clone(),
+                    host: h.into(),
+                })
+        };
+        let (ha, hb) = (host(&spec.a)?, host(&spec.b)?);
+        let bad = |problem: String| TopologyError::BadLink {
+            link: name.clone(),
+            problem,
+        };
+        let fwd = spec.params(Direction::AtoB).map_err(bad)?;
+        let rev = spec.params(Direction::BtoA).map_err(bad)?;
+        let n = self.next_link;
+        if n > 0xffff {
+            return Err(TopologyError::TooManyLinks);
+        }
+        self.next_link += 1;
+        let auto = |last: u8| IpAddr::V4(Ipv4Addr::new(10, (n >> 8) as u8, n as u8, last));
+        let (aa, ba) = (
+            spec.a_addr.unwrap_or(auto(1)),
+            spec.b_addr.unwrap_or(auto(2)),
+        );
+        let net_err = |source: NetError| TopologyError::Net {
+            link: name.clone(),
+            source,
+        };
+        let ia = self.net.add_interface(ha, aa).map_err(net_err)?;
+        let ib = self.net.add_interface(hb, ba).map_err(net_err)?;
+        let id = self.net.connect(ia, ib, fwd, rev).map_err(net_err)?;
+        let built = BuiltLink {
+            id,
+            a: (ha, aa),
+            b: (hb, ba),
+        };
+        self.links.insert(name.clone(), built);
+        self.order.push(built);
+        Ok(built)
+    }
+
+    /// The host called `name`.
+    pub fn host(&self, name: &str) -> Option<HostId> {
+        self.hosts.get(name).copied()
+    }
+
+    /// The link called `name`.
+    pub fn link(&self, name: &str) -> Result<BuiltLink, TopologyError> {
+        self.links
+            .get(name)
+            .copied()
+            .ok_or_else(|| TopologyError::NoSuchLink(name.into()))
+    }
+
+    /// The address of `host` on its first link (in the order links were added).
+    pub fn address_of(&self, host: HostId) -> Option<IpAddr> {
+        self.order.iter().find_map(|l| {
+            if l.a.0 == host {
+                Some(l.a.1)
+            } else if l.b.0 == host {
+                Some(l.b.1)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Change the named link now.
+    pub fn change(
+        &self,
+        link: &str,
+        dirs: Directions,
+        change: &LinkChange,
+    ) -> Result<(), TopologyError> {
+        let l = self.link(link)?;
+        for &d in dirs.list() {
+            let mut p = self.net.params(l.id, d);
+            change
+                .apply(&mut p)
+                .map_err(|problem| TopologyError::BadLink {
+                    link: link.into(),
+                    problem,
+                })?;
+            self.net
+                .set_params(l.id, d, p)
+                .map_err(|source| TopologyError::Net {
+                    link: link.into(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    }
+
+    fn parse(s: &str) -> Topology {
+        toml::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn builds_named_hosts_and_links_with_per_direction_overrides() {
+        let t = parse(
+            r#"
+            hosts = [{ name = "a" }, { name = "r", forwarding = true }, { name = "b" }]
+            [[links]]
+            name = "access"
+            a = "a"
+            b = "r"
+            rate_mbps = 50
+            delay_ms = 1
+            [[links]]
+            name = "bottleneck"
+            a = "r"
+            b = "b"
+            rate_mbps = 10
+            delay_ms = 50
+            queue = "pie:limit=500"
+            b_to_a = { loss = { kind = "bernoulli", p = 0.01 }, queue = { kind = "droptail" } }
+            "#,
+        );
+        rt().block_on(async {
+            let w = World::build(&t, 1).unwrap();
+            let b = w.link("bottleneck").unwrap();
+            assert_eq!(b.a.1, "10.0.2.1".parse::<IpAddr>().unwrap());
+            assert_eq!(b.b.1, "10.0.2.2".parse::<IpAddr>().unwrap());
+            let fwd = w.net.params(b.id, Direction::AtoB);
+            let rev = w.net.params(b.id, Direction::BtoA);
+            assert_eq!(fwd.rate_bps, Some(10_000_000));
+            assert_eq!(fwd.delay, Duration::from_millis(50));
+            assert_eq!(fwd.queue, "pie:limit=500".parse().unwrap());
+            assert_eq!(fwd.loss, LossModel::None);
+            assert_eq!(rev.loss, LossModel::Bernoulli { p: 0.01 });
+            assert_eq!(rev.queue, DisciplineSpec::default());
+            assert_eq!(rev.delay, Duration::from_millis(50));
+            w.change(
+                "bottleneck",
+                Directions::AToB,
+                &LinkChange {
+                    up: Some(false),
+                    delay_ms: Some(80.0),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let fwd = w.net.params(b.id, Direction::AtoB);
+            assert!(!fwd.up);
+            assert_eq!(fwd.delay, Duration::from_millis(80));
+            assert!(w.net.params(b.id, Direction::BtoA).up);
+        });
+    }
+
+    #[test]
+    fn errors_name_the_host_or_link() {
+        let dup = parse("hosts = [{ name = \"a\" }, { name = \"a\" }]");
+        let missing =
+            parse("hosts = [{ name = \"a\" }]\nlinks = [{ name = \"l\", a = \"a\", b = \"zz\" }]");
+        let bad = parse(
+            "hosts = [{ name = \"a\" }, { name = \"b\" }]\nlinks = [{ name = \"l\", a = \"a\", b = \"b\", delay_ms = -1 }]",
+        );
+        let queue = parse(
+            "hosts = [{ name = \"a\" }, { name = \"b\" }]\nlinks = [{ name = \"l\", a = \"a\", b = \"b\", queue = \"fifo\" }]",
+        );
+        rt().block_on(async {
+            let e = |t: &Topology| World::build(t, 1).unwrap_err().to_string();
+            assert_eq!(e(&dup), "host 'a' is defined twice");
+            assert_eq!(e(&missing), "link 'l': no host named 'zz'");
+            assert!(e(&bad).starts_with("link 'l': delay_ms:"), "{}", e(&bad));
+            assert!(e(&queue).contains("fifo"), "{}", e(&queue));
+            let w = World::build(&Topology::default(), 1).unwrap();
+            assert_eq!(w.link("x").unwrap_err().to_string(), "no link named 'x'");
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = toml::from_str::<Topology>(
+            "links = [{ name = \"l\", a = \"a\", b = \"b\", dealy_ms = 5 }]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("dealy_ms"), "{e}");
+    }
+}
