@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use qgate_netsim::topology::{Directions, LinkChange};
 use qgate_netsim::World;
 use qgate_transport::DevPki;
 use tokio::time::Instant;
@@ -82,7 +83,12 @@ async fn simulate(plan: &Plan, seed: u64) -> Result<Record, String> {
             for c in changes {
                 tokio::time::sleep_until(start + Duration::from_secs_f64(c.at_s)).await;
                 if let Some(link) = &c.link {
-                    world.change(link, c.directions, &c.set)?;
+                    let dir = |o: &Option<LinkChange>| match o {
+                        Some(o) => c.set.then(o),
+                        None => c.set.clone(),
+                    };
+                    world.change(link, Directions::AToB, &dir(&c.a_to_b))?;
+                    world.change(link, Directions::BToA, &dir(&c.b_to_a))?;
                 }
             }
             Ok::<(), qgate_netsim::topology::TopologyError>(())

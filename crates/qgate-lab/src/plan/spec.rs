@@ -80,12 +80,13 @@ pub struct Change {
     pub at_s: f64,
     /// The link to change (none: only a phase mark).
     pub link: Option<String>,
-    /// Which directions.
-    #[serde(default)]
-    pub directions: Directions,
-    /// The new values.
+    /// New values for both directions …
     #[serde(default)]
     pub set: LinkChange,
+    /// … and for one direction only (as a link's `a_to_b`).
+    pub a_to_b: Option<LinkChange>,
+    /// … (as a link's `b_to_a`).
+    pub b_to_a: Option<LinkChange>,
     /// Samples from here on belong to this phase (metrics are also reported per phase).
     pub phase: Option<String>,
 }
