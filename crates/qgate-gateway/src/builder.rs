@@ -150,6 +150,7 @@ impl GatewayBuilder {
             Some(s) => s,
             None => scheduler::by_name("adaptive").map_err(BuildError::Scheduler)?,
         };
+        // Seeds per endpoint and for Hash IDs (decision X6).
         let seed = self.seed;
         let ccfg = client_config(&trust, &[ALPN_H3], &self.transport)?;
         let mut backhaul = Vec::with_capacity(self.paths.len());

@@ -9,7 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::proxy::{build, Point};
+use qgate_netsim::topology::{HostSpec, LinkChange, LinkSpec, Topology};
+use qgate_netsim::{LossModel, World};
+
+use crate::plan::spec::GatewayLoad;
+use crate::plan::workload::{gateway, Setup};
 use crate::stats::Summary;
 
 /// What the demo runs.
@@ -94,19 +98,60 @@ impl DemoOutcome {
 
 /// Run the demo; `view` gets a rendered live view once a second.
 pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
-    let ms = Duration::from_millis;
-    let point = Point {
-        sweep: "demo",
-        x: 0.0,
-        delays: [ms(10), ms(20), ms(30)],
-        loss: cfg.loss,
-        devices: cfg.devices,
-        file_bytes: 0,
-        all_priority: false,
-        scheme: cfg.scheduler,
-        seed: cfg.seed,
+    // Paper 000's paths at 10/20/30 ms (paths d, 2d, 3d), built like any plan's.
+    let path = |k: u32, rate: f64| {
+        LinkSpec::new(
+            &format!("p{k}"),
+            "gateway",
+            "server",
+            LinkChange {
+                rate_mbps: Some(rate),
+                delay_ms: Some(10.0 * f64::from(k)),
+                loss: Some(LossModel::Bernoulli { p: cfg.loss }),
+                ..Default::default()
+            },
+        )
     };
-    let w = build(&point).await;
+    let topology = Topology {
+        hosts: ["gateway", "server"]
+            .map(|h| HostSpec {
+                name: h.into(),
+                forwarding: false,
+            })
+            .to_vec(),
+        links: vec![path(1, 100.0), path(2, 75.0), path(3, 50.0)],
+    };
+    let load = GatewayLoad {
+        name: "demo".into(),
+        start_s: 0.0,
+        gateway: "gateway".into(),
+        server: "server".into(),
+        paths: vec!["p1".into(), "p2".into(), "p3".into()],
+        scheduler: Some(cfg.scheduler.into()),
+        request_timeout_ms: Some(2000.0),
+        devices: cfg.devices,
+        access: LinkChange {
+            rate_mbps: Some(1000.0),
+            delay_ms: Some(1.0),
+            ..Default::default()
+        },
+        priority_fraction: 0.5,
+        file_bytes: None,
+        interval_ms: Some(cfg.interval.as_secs_f64() * 1000.0),
+        body_bytes: cfg.body_bytes,
+        pipelining: 1,
+        start_jitter_ms: 0.0,
+    };
+    let mut world = World::build(&topology, cfg.seed).expect("a valid topology");
+    let link0 = world.link("p1").expect("built").id;
+    let setup = Setup {
+        seed: cfg.seed,
+        index: 0,
+        pki: std::sync::Arc::new(qgate_transport::DevPki::generate(&[]).expect("PKI")),
+    };
+    let w = gateway::prepare(&load, &mut world, &setup)
+        .await
+        .expect("the demo world starts");
     let body = Bytes::from(vec![b'd'; cfg.body_bytes]);
     let log = Arc::new(Mutex::new((
         Vec::new(),
@@ -139,13 +184,14 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
             }
         }
     });
-    let (net, link0, gw) = (w.net.clone(), w.links[0], w.gateway.gateway.clone());
+    let (net, gw) = (world.net.clone(), w.running.gateway.clone());
     let live = async {
         let mut slowed = false;
         for sec in 1..=cfg.duration.as_secs() {
             tokio::time::sleep_until(start + Duration::from_secs(sec)).await;
             if !slowed && sec * 2 >= cfg.duration.as_secs() {
-                net.update_both(link0, |l| l.delay = ms(80)).expect("valid");
+                net.update_both(link0, |l| l.delay = Duration::from_millis(80))
+                    .expect("valid");
                 slowed = true;
             }
             let table = gw.paths().table();
@@ -195,7 +241,7 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
         best_effort_ms: l.1.clone(),
         failed: l.2,
         per_path: w
-            .gateway
+            .running
             .gateway
             .per_path
             .iter()

@@ -42,7 +42,7 @@ impl std::fmt::Display for Summary {
     }
 }
 
-/// Welch's unequal-variances t-test of mean(b) − mean(a).
+/// Welch's unequal-variances t-test of mean(b) − mean(a) (decision X5).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Welch {
     /// mean(b) − mean(a).

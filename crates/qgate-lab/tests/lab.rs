@@ -133,33 +133,39 @@ fn history_series_learns_and_starts_higher() {
 
 #[test]
 fn proxy_point_runs_for_every_scheme() {
-    use qgate_lab::proxy::{plan, run};
-    let points: Vec<_> = plan(1, true)
+    use qgate_lab::plan::{run::run_variant, Options};
+    let plan = qgate_lab::paper000::plan().unwrap();
+    let variants: Vec<_> = plan
+        .variants(&Options {
+            quick: true,
+            ..Default::default()
+        })
+        .unwrap()
         .into_iter()
-        .filter(|p| p.sweep == "delay-hetero" && p.x == 30.0)
+        .filter(|v| {
+            v.point
+                .as_ref()
+                .is_some_and(|p| p.sweep == "delay-hetero" && p.x == 30.0)
+        })
         .collect();
-    assert_eq!(points.len(), 3);
+    assert_eq!(variants.len(), 3);
     let t = std::time::Instant::now();
     let mut means = Vec::new();
-    for p in &points {
-        let o = run(p);
-        assert_eq!(o.failed, 0, "{}", p.scheme);
+    for v in &variants {
+        let r = run_variant(v).unwrap();
+        assert_eq!(r.scalars["gw.failed"], 0.0, "{}", v.scheme);
         assert_eq!(
-            o.delays_ms.len(),
+            r.samples["gw.response_ms"].len(),
             10 * 32,
             "{}: every request answered",
-            p.scheme
+            v.scheme
         );
-        means.push((
-            p.scheme,
-            qgate_lab::stats::Summary::of(&o.delays_ms).mean,
-            o.total_s,
-        ));
+        means.push((v.scheme.clone(), r.scalars["gw.response_ms_mean"]));
     }
     eprintln!("proxy: {means:?} in {:?}", t.elapsed());
     // Paths at 30/60/90 ms: the single path is the fastest one here; round-robin uses all three.
-    let rr = means.iter().find(|m| m.0 == "round-robin").unwrap().1;
-    let ad = means.iter().find(|m| m.0 == "adaptive").unwrap().1;
+    let get = |s: &str| means.iter().find(|m| m.0 == s).unwrap().1;
+    let (rr, ad) = (get("round-robin"), get("adaptive"));
     assert!(ad < rr, "adaptive {ad} ms vs round-robin {rr} ms");
 }
 

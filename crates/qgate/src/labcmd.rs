@@ -26,7 +26,8 @@ pub enum Lab {
     Margins(MarginArgs),
     /// Paper 002: initial congestion window from history (results/history/).
     History(HistoryArgs),
-    /// Paper 000: the gateway's schedulers over three backhaul paths (results/proxy/).
+    /// Paper 000: the gateway's schedulers over three backhaul paths (runs the shipped plan
+    /// lab/plans/paper000-proxy.toml into results/proxy/).
     Proxy(ProxyArgs),
     /// Run a scenario described in a plan file (README "Plan files"; examples in lab/plans/):
     /// results.csv, summary.md with confidence intervals and p-values, SVG figures.
@@ -92,15 +93,18 @@ pub struct FaultsArgs {
 
 #[derive(Args, Debug)]
 pub struct ProxyArgs {
-    /// Smoke run: a few points, one seed, no dynamic scenario.
+    /// Smoke run: the plan's [plan.quick] (a few points, one seed, no dynamic scenario).
     #[arg(long)]
     quick: bool,
-    /// Seeds per point [default: 5].
+    /// Seeds per point [default: the plan's, 5].
     #[arg(long)]
     seeds: Option<u64>,
     /// Where to write results [default: results/proxy].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Simulations run at once [default: one per core].
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -227,9 +231,8 @@ fn parse_set(s: &str) -> Result<(String, toml::Value), Failure> {
 }
 
 fn run_cmd(a: RunArgs) -> Result<(), Failure> {
-    use qgate_lab::plan::{report, run, Loaded, Options};
-    let loaded = Loaded::read(&a.plan).map_err(usage)?;
-    let opts = Options {
+    let loaded = qgate_lab::plan::Loaded::read(&a.plan).map_err(usage)?;
+    let opts = qgate_lab::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
         set: a
@@ -238,12 +241,8 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             .map(|s| parse_set(s))
             .collect::<Result<_, _>>()?,
     };
-    let variants = loaded.variants(&opts).map_err(usage)?;
-    let jobs = a.jobs.unwrap_or_else(qgate_lab::pool::default_jobs);
-    if jobs == 0 {
-        return Err(usage("--jobs must be at least 1"));
-    }
     if a.check {
+        let variants = loaded.variants(&opts).map_err(usage)?;
         println!(
             "{}: {} runs ({} scheme(s), seeds {})",
             a.plan.display(),
@@ -253,17 +252,38 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    let out = a
-        .out
-        .unwrap_or_else(|| PathBuf::from("results").join(&loaded.plan.plan.name));
-    let pb = progress(variants.len() as u64, &loaded.plan.plan.name);
+    run_plan(&loaded, &opts, a.jobs, a.out, |_| String::new())
+}
+
+/// Run every variant of a plan on `jobs` threads (default: one per core) with a progress bar,
+/// and write its results directory (default `results/<plan name>`); `extra` appends a
+/// scenario's own section to the summary.
+fn run_plan(
+    loaded: &qgate_lab::plan::Loaded,
+    opts: &qgate_lab::plan::Options,
+    jobs: Option<usize>,
+    out: Option<PathBuf>,
+    extra: impl Fn(&[qgate_lab::plan::run::Record]) -> String,
+) -> Result<(), Failure> {
+    use qgate_lab::plan::{report, run};
+    let variants = loaded.variants(opts).map_err(usage)?;
+    let jobs = jobs.unwrap_or_else(qgate_lab::pool::default_jobs);
+    if jobs == 0 {
+        return Err(usage("--jobs must be at least 1"));
+    }
+    let name = &loaded.plan.plan.name;
+    let out = out.unwrap_or_else(|| PathBuf::from("results").join(name));
+    let pb = progress(variants.len() as u64, name);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let started = std::time::Instant::now();
     let records = run::run_all(&variants, jobs, |done, total, v| {
         let what = format!(
             "{}{} seed {}",
             v.scheme,
-            v.point.map(|p| format!(" x = {}", p.1)).unwrap_or_default(),
+            v.point
+                .as_ref()
+                .map(|p| format!(" at {p}"))
+                .unwrap_or_default(),
             v.seed
         );
         if tty {
@@ -273,7 +293,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             eprintln!("[{done}/{total}] {what}");
         }
     })
-    .map_err(|e| Failure::from(anyhow::anyhow!("{}: {e}", a.plan.display())))?;
+    .map_err(|e| Failure::from(anyhow::anyhow!("{}: {e}", loaded.file.display())))?;
     pb.finish_and_clear();
     let wall_s = started.elapsed().as_secs_f64();
     let prov = report::Provenance {
@@ -281,9 +301,9 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
         jobs,
         wall_s,
         seeds: variants.iter().map(|v| v.seed).max().unwrap_or(0),
-        quick: a.quick,
+        quick: opts.quick,
     };
-    let files = report::write(&out, &loaded, &records, &prov)
+    let files = report::write(&out, loaded, &records, &prov, &extra(&records))
         .map_err(|e| Failure::from(anyhow::anyhow!("writing {}: {e}", out.display())))?;
     println!(
         "{} runs in {wall_s:.1} s on {jobs} thread(s); wrote {} files to {}",
@@ -347,20 +367,16 @@ fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
 }
 
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
-    use qgate_lab::{proxy, proxy_report};
-    let seeds = a.seeds.unwrap_or(if a.quick { 1 } else { 5 });
-    if seeds == 0 {
-        return Err(usage("--seeds must be at least 1"));
-    }
-    let plan = proxy::plan(seeds, a.quick);
-    scenario(
-        "proxy",
-        "runs",
-        plan.len(),
-        a.out,
-        |tick| proxy::run_all(&plan, tick),
-        |out, results, command| proxy_report::write_all(out, results, command),
-    )
+    use qgate_lab::paper000;
+    let loaded = paper000::plan().map_err(usage)?;
+    let opts = qgate_lab::plan::Options {
+        seeds: a.seeds,
+        quick: a.quick,
+        set: Vec::new(),
+    };
+    run_plan(&loaded, &opts, a.jobs, a.out, |records| {
+        paper000::against_paper(&loaded, records)
+    })
 }
 
 fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {

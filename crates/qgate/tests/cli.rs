@@ -666,17 +666,133 @@ fn lab_proxy_quick_writes_every_result_file() {
         "proxy",
         &[
             "results.csv",
+            "samples.csv",
             "summary.md",
-            "delay-equal_response.svg",
-            "delay-hetero_total.svg",
-            "loss_response.svg",
-            "all-priority_total.svg",
+            "provenance.toml",
+            "lines-gw-response_ms_mean-delay-equal.svg",
+            "lines-gw-total_s-delay-hetero.svg",
+            "lines-gw-response_ms_mean-loss.svg",
         ],
     );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 1 + 6 * 3, "{csv}");
+    assert!(
+        csv.starts_with("scheme,sweep,x,seed,metric,value\n"),
+        "{csv}"
+    );
+    for sweep in ["delay-equal", "delay-hetero", "loss", "all-priority"] {
+        assert!(csv.contains(&format!(",{sweep},")), "{sweep} missing");
+    }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    assert!(summary.contains("## Against paper 000"));
+    assert!(summary.contains("## Against paper 000"), "{summary}");
+    assert!(summary.contains("Distinct outcomes"), "{summary}");
+    let prov = std::fs::read_to_string(out.join("provenance.toml")).unwrap();
+    assert!(
+        prov.contains("plan = \"lab/plans/paper000-proxy.toml\"") && prov.contains("plan_sha256"),
+        "{prov}"
+    );
+}
+
+/// A two-seed plan small enough for a test: two schemes of downloads over one link.
+const TINY_PLAN: &str = r#"
+[plan]
+name = "tiny"
+duration_s = 8
+seeds = 2
+
+[topology]
+hosts = [{ name = "c" }, { name = "s" }]
+[[topology.links]]
+name = "l"
+a = "c"
+b = "s"
+rate_mbps = 20
+delay_ms = 10
+loss = { kind = "bernoulli", p = 0.01 }
+
+[[workloads]]
+kind = "downloads"
+name = "dl"
+client = "c"
+server = "s"
+bytes = 200000
+runs = 3
+interval_s = 1
+
+[[schemes]]
+name = "default"
+[[schemes]]
+name = "ewma"
+set = { "workloads.dl.history" = "ewma" }
+
+[[figures]]
+kind = "bars"
+metric = "dl.latency_s_mean"
+"#;
+
+#[test]
+fn lab_run_plan_is_deterministic_and_its_errors_name_the_line() {
+    let home = tmp("lab-run");
+    let plan = home.join("tiny.toml");
+    std::fs::write(&plan, TINY_PLAN).unwrap();
+    let run_to = |dir: &str| {
+        let out = home.join(dir);
+        let o = qgate(&home)
+            .args(["lab", "run", "-j", "2", "--out"])
+            .arg(&out)
+            .arg(&plan)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        out
+    };
+    let (a, b) = (run_to("a"), run_to("b"));
+    let csv = std::fs::read_to_string(a.join("results.csv")).unwrap();
+    assert_eq!(
+        csv,
+        std::fs::read_to_string(b.join("results.csv")).unwrap(),
+        "the same plan and seeds give the same numbers"
+    );
+    assert!(csv.contains("ewma,,,2,dl.latency_s_mean,"), "{csv}");
+    let summary = std::fs::read_to_string(a.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("Distinct outcomes: default 2/2, ewma 2/2."),
+        "two seeds, two different outcomes:\n{summary}"
+    );
+    assert!(summary.contains("| dl.from_history | ewma |"), "{summary}");
+    assert!(a.join("bars-dl-latency_s_mean.svg").exists());
+
+    std::fs::write(&plan, TINY_PLAN.replace("delay_ms = 10", "dealy_ms = 10")).unwrap();
+    let o = run(&home, &["lab", "run", plan.to_str().unwrap()]);
+    assert_fails(o, 2, "tiny.toml:14: unknown field `dealy_ms`");
+    std::fs::write(&plan, TINY_PLAN.replace("\"ewma\" }", "\"fastest\" }")).unwrap();
+    let o = run(&home, &["lab", "run", plan.to_str().unwrap()]);
+    assert_fails(o, 2, "scheme 'ewma': unknown variant `fastest`");
+    let o = run(&home, &["lab", "run", "--set", "plan.seeds=0", "nope.toml"]);
+    assert_fails(o, 2, "nope.toml: cannot read");
+}
+
+#[test]
+fn shipped_plans_check() {
+    let home = tmp("plans");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/plans");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let o = run(&home, &["lab", "run", "--check", p.to_str().unwrap()]);
+        assert!(o.status.success(), "{}: {}", p.display(), stderr(&o));
+        let o = run(
+            &home,
+            &["lab", "run", "--check", "--quick", p.to_str().unwrap()],
+        );
+        assert!(
+            o.status.success(),
+            "{} --quick: {}",
+            p.display(),
+            stderr(&o)
+        );
+        n += 1;
+    }
+    assert!(n >= 4, "{n} plans");
 }
 
 #[test]

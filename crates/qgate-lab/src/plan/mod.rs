@@ -8,7 +8,7 @@ pub mod overrides;
 pub mod report;
 pub mod run;
 pub mod spec;
-mod workload;
+pub(crate) mod workload;
 
 use std::path::{Path, PathBuf};
 
@@ -50,13 +50,30 @@ pub struct Options {
     pub set: Vec<(String, toml::Value)>,
 }
 
+/// A sweep point: which sweep, its position in it, its x.
+#[derive(Debug, Clone, PartialEq)]
+pub struct At {
+    /// The sweep's name.
+    pub sweep: String,
+    /// Position in the sweep.
+    pub index: usize,
+    /// The x value.
+    pub x: f64,
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} = {}", self.sweep, self.x)
+    }
+}
+
 /// One run to make.
 #[derive(Debug, Clone)]
 pub struct Variant {
     /// Scheme name.
     pub scheme: String,
-    /// Sweep point: its position and x.
-    pub point: Option<(usize, f64)>,
+    /// Sweep point, if the plan sweeps.
+    pub point: Option<At>,
     /// Seed.
     pub seed: u64,
     /// The plan with every override applied.
@@ -196,17 +213,33 @@ impl Loaded {
             }
             schemes.push(s.name.as_str());
         }
-        if let Some(s) = &p.sweep {
+        let mut sweeps = Vec::new();
+        for s in &p.sweep {
             let usable = match (&s.key, s.points.is_empty()) {
                 (Some(_), true) => !s.values.is_empty(),
                 (None, false) => true,
                 _ => false,
             };
             if !usable {
-                return fail("'sweep' needs either 'key' and 'values', or 'points'".into());
+                return fail(format!(
+                    "sweep '{}' needs either 'key' and 'values', or 'points'",
+                    s.name
+                ));
             }
+            if sweeps.contains(&s.name.as_str()) {
+                return fail(format!(
+                    "'sweep.name' '{}' is used twice (name each sweep)",
+                    s.name
+                ));
+            }
+            sweeps.push(s.name.as_str());
         }
         for f in &p.figures {
+            if let Some(sw) = &f.sweep {
+                if !sweeps.contains(&sw.as_str()) {
+                    return fail(format!("'figures.sweep' '{sw}' is not a sweep's name"));
+                }
+            }
             let prefix = f.metric.split('.').next().unwrap_or("");
             if !names.contains(&prefix) {
                 return fail(format!(
@@ -257,31 +290,37 @@ impl Loaded {
         if seeds == 0 {
             return Err(err("--seeds must be at least 1".into()));
         }
-        let mut points: Vec<(Option<(usize, f64)>, toml::Table)> = Vec::new();
-        match &self.plan.sweep {
-            None => points.push((None, toml::Table::new())),
-            Some(s) => {
-                if let Some(key) = &s.key {
-                    for (i, v) in s.values.iter().enumerate() {
-                        let x = v
-                            .as_float()
-                            .or(v.as_integer().map(|i| i as f64))
-                            .unwrap_or(i as f64);
-                        let mut t = toml::Table::new();
-                        t.insert(key.clone(), v.clone());
-                        points.push((Some((i, x)), t));
-                    }
-                } else {
-                    for (i, p) in s.points.iter().enumerate() {
-                        points.push((Some((i, p.x)), p.set.clone()));
-                    }
+        let mut points: Vec<(Option<At>, toml::Table)> = Vec::new();
+        for s in &self.plan.sweep {
+            if opts.quick && quick.sweeps.as_ref().is_some_and(|k| !k.contains(&s.name)) {
+                continue;
+            }
+            let keep = |i: usize| {
+                !opts.quick || quick.sweep_points.as_ref().is_none_or(|k| k.contains(&i))
+            };
+            let at = |index: usize, x: f64| At {
+                sweep: s.name.clone(),
+                index,
+                x,
+            };
+            if let Some(key) = &s.key {
+                for (i, v) in s.values.iter().enumerate().filter(|(i, _)| keep(*i)) {
+                    let x = v
+                        .as_float()
+                        .or(v.as_integer().map(|i| i as f64))
+                        .unwrap_or(i as f64);
+                    let mut t = toml::Table::new();
+                    t.insert(key.clone(), v.clone());
+                    points.push((Some(at(i, x)), t));
+                }
+            } else {
+                for (i, p) in s.points.iter().enumerate().filter(|(i, _)| keep(*i)) {
+                    points.push((Some(at(i, p.x)), p.set.clone()));
                 }
             }
         }
-        if opts.quick {
-            if let Some(keep) = &quick.sweep_points {
-                points.retain(|(p, _)| p.is_some_and(|(i, _)| keep.contains(&i)));
-            }
+        if self.plan.sweep.is_empty() {
+            points.push((None, toml::Table::new()));
         }
         let schemes: Vec<(String, toml::Table)> = if self.plan.schemes.is_empty() {
             vec![("base".into(), toml::Table::new())]
@@ -296,7 +335,7 @@ impl Loaded {
         for (point, pset) in &points {
             for (scheme, sset) in &schemes {
                 let at = match point {
-                    Some((_, x)) => format!("scheme '{scheme}' at sweep x = {x}: "),
+                    Some(p) => format!("scheme '{scheme}' at {p}: "),
                     None => format!("scheme '{scheme}': "),
                 };
                 let mut doc = base.clone();
@@ -315,7 +354,7 @@ impl Loaded {
                 for seed in 1..=seeds {
                     out.push(Variant {
                         scheme: scheme.clone(),
-                        point: *point,
+                        point: point.clone(),
                         seed,
                         plan: plan.clone(),
                     });
@@ -375,9 +414,15 @@ values = [5, 50]
         let v = l.variants(&Options::default()).unwrap();
         assert_eq!(v.len(), 2 * 2 * 2);
         let last = v.last().unwrap();
+        assert_eq!(last.scheme, "ewma");
+        assert_eq!(last.seed, 2);
         assert_eq!(
-            (last.scheme.as_str(), last.point, last.seed),
-            ("ewma", Some((1, 50.0)), 2)
+            last.point,
+            Some(At {
+                sweep: "sweep".into(),
+                index: 1,
+                x: 50.0
+            })
         );
         assert_eq!(last.plan.topology.links[0].both.delay_ms, Some(50.0));
         let spec::Workload::Downloads(d) = &last.plan.workloads[0] else {
@@ -424,7 +469,7 @@ values = [5, 50]
         .variants(&Options::default())
         .unwrap_err();
         assert!(
-            e.message.starts_with("scheme 'ewma' at sweep x = 5: "),
+            e.message.starts_with("scheme 'ewma' at sweep = 5: "),
             "{e}"
         );
         assert!(e.message.contains("fast"), "{e}");

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::run::Record;
 use super::spec::{Figure, FigureKind};
-use super::Loaded;
+use super::{At, Loaded};
 use crate::stats::{ci95_half, Summary, Welch};
 use crate::svg;
 
@@ -70,10 +70,21 @@ fn pval(p: f64) -> String {
     }
 }
 
+/// The axis label of the sweep called `name`.
+fn label_of(loaded: &Loaded, name: &str) -> String {
+    loaded
+        .plan
+        .sweep
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.label.clone())
+        .unwrap_or_default()
+}
+
 /// The results of one plan, grouped.
 struct Table<'a> {
     schemes: Vec<String>,
-    points: Vec<Option<(usize, f64)>>,
+    points: Vec<Option<At>>,
     records: &'a [Record],
 }
 
@@ -82,7 +93,7 @@ impl<'a> Table<'a> {
         let mut points = Vec::new();
         for r in records {
             if !points.contains(&r.point) {
-                points.push(r.point);
+                points.push(r.point.clone());
             }
         }
         Table {
@@ -92,14 +103,14 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn runs(&self, scheme: &str, point: Option<(usize, f64)>) -> Vec<&'a Record> {
+    fn runs(&self, scheme: &str, point: &Option<At>) -> Vec<&'a Record> {
         self.records
             .iter()
-            .filter(|r| r.scheme == scheme && r.point == point)
+            .filter(|r| r.scheme == scheme && &r.point == point)
             .collect()
     }
 
-    fn values(&self, scheme: &str, point: Option<(usize, f64)>, metric: &str) -> Vec<f64> {
+    fn values(&self, scheme: &str, point: &Option<At>, metric: &str) -> Vec<f64> {
         self.runs(scheme, point)
             .iter()
             .filter_map(|r| r.scalars.get(metric).copied())
@@ -131,12 +142,14 @@ fn metrics(loaded: &Loaded, records: &[Record]) -> Vec<String> {
     out
 }
 
-/// Write everything into `dir`; the files written.
+/// Write everything into `dir`, with `extra` (a scenario's own section) at the end of the
+/// summary; the files written.
 pub fn write(
     dir: &Path,
     loaded: &Loaded,
     records: &[Record],
     prov: &Provenance,
+    extra: &str,
 ) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut files = Vec::new();
@@ -146,13 +159,17 @@ pub fn write(
         files.push(p);
         Ok(())
     };
-    let x = |p: Option<(usize, f64)>| p.map(|p| p.1.to_string()).unwrap_or_default();
-    let mut csv = String::from("scheme,x,seed,metric,value\n");
-    let mut samples = String::from("scheme,x,seed,metric,t,value\n");
-    let mut series = String::from("scheme,x,seed,metric,t,value\n");
+    let x = |p: &Option<At>| {
+        p.as_ref()
+            .map(|p| format!("{},{}", p.sweep, p.x))
+            .unwrap_or_else(|| ",".into())
+    };
+    let mut csv = String::from("scheme,sweep,x,seed,metric,value\n");
+    let mut samples = String::from("scheme,sweep,x,seed,metric,t,value\n");
+    let mut series = String::from("scheme,sweep,x,seed,metric,t,value\n");
     for r in records {
         for (m, v) in &r.scalars {
-            let _ = writeln!(csv, "{},{},{},{m},{v}", r.scheme, x(r.point), r.seed);
+            let _ = writeln!(csv, "{},{},{},{m},{v}", r.scheme, x(&r.point), r.seed);
         }
         for (m, vs) in &r.samples {
             for (t, v) in vs {
@@ -160,21 +177,27 @@ pub fn write(
                     samples,
                     "{},{},{},{m},{t},{v}",
                     r.scheme,
-                    x(r.point),
+                    x(&r.point),
                     r.seed
                 );
             }
         }
         for (m, vs) in &r.series {
             for (t, v) in vs {
-                let _ = writeln!(series, "{},{},{},{m},{t},{v}", r.scheme, x(r.point), r.seed);
+                let _ = writeln!(
+                    series,
+                    "{},{},{},{m},{t},{v}",
+                    r.scheme,
+                    x(&r.point),
+                    r.seed
+                );
             }
         }
     }
     put("results.csv", csv)?;
     put("samples.csv", samples)?;
     put("series.csv", series)?;
-    put("summary.md", summary(loaded, records, prov))?;
+    put("summary.md", summary(loaded, records, prov) + extra)?;
     put(
         "provenance.toml",
         format!(
@@ -240,15 +263,15 @@ pub fn summary(loaded: &Loaded, records: &[Record], prov: &Provenance) -> String
          (conservative).\n",
         t.schemes[0]
     );
-    let label = loaded
-        .plan
-        .sweep
-        .as_ref()
-        .map(|sw| sw.label.clone())
-        .unwrap_or_default();
-    for &point in &t.points {
-        if let Some((_, x)) = point {
-            let _ = writeln!(s, "## {label} = {x}\n");
+    for point in &t.points {
+        if let Some(p) = point {
+            let _ = writeln!(
+                s,
+                "## {}: {} = {}\n",
+                p.sweep,
+                label_of(loaded, &p.sweep),
+                p.x
+            );
         }
         let _ = write!(s, "| metric |");
         for sc in &t.schemes {
@@ -361,53 +384,73 @@ fn scales(f: &Figure, ys: impl Iterator<Item = f64>, log_x: bool) -> svg::Scales
 /// The SVG files of one figure spec: (file name, SVG).
 fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
     let title = f.title.clone().unwrap_or_else(|| f.metric.clone());
-    let sweep_label = loaded
-        .plan
-        .sweep
-        .as_ref()
-        .map(|s| s.label.clone())
-        .unwrap_or_default();
-    let per_point = |p: Option<(usize, f64)>| match p {
-        Some((_, x)) if t.points.len() > 1 => {
-            (format!("-x{x}"), format!("{title} ({sweep_label} = {x})"))
-        }
+    // Series and CDFs: one figure per point when there are several.
+    let per_point = |p: &Option<At>| match p {
+        Some(p) if t.points.len() > 1 => (
+            format!("-{}-{}", p.sweep, p.x),
+            format!("{title} ({} = {})", label_of(loaded, &p.sweep), p.x),
+        ),
         _ => (String::new(), title.clone()),
     };
     let mut out = Vec::new();
     match f.kind {
-        // Lines need a sweep; without one they are drawn as bars.
-        FigureKind::Lines if t.points.iter().all(Option::is_some) => {
-            let bands: Vec<svg::Band> = t
-                .schemes
-                .iter()
-                .map(|sc| svg::Band {
-                    name: sc.clone(),
-                    points: t
-                        .points
-                        .iter()
-                        .filter_map(|&p| {
-                            let v = t.values(sc, p, &f.metric);
-                            let m = Summary::of(&v);
-                            let h = ci95_half(&v);
-                            let x = p?.1;
-                            (m.n > 0).then_some((x, m.mean, m.mean - h, m.mean + h))
-                        })
-                        .collect(),
-                })
-                .collect();
-            let sc = scales(
-                f,
-                bands.iter().flat_map(|b| b.points.iter().map(|p| p.1)),
-                false,
-            );
-            out.push((
-                file_name(f, ""),
-                svg::band_chart(&title, &sweep_label, &f.metric, &bands, sc),
-            ));
+        FigureKind::Lines if !loaded.plan.sweep.is_empty() => {
+            for sw in &loaded.plan.sweep {
+                if f.sweep.as_ref().is_some_and(|n| *n != sw.name) {
+                    continue;
+                }
+                let points: Vec<&Option<At>> = t
+                    .points
+                    .iter()
+                    .filter(|p| p.as_ref().is_some_and(|p| p.sweep == sw.name))
+                    .collect();
+                // A line needs two points (a one-point sweep is in the summary's tables).
+                if points.len() < 2 {
+                    continue;
+                }
+                let bands: Vec<svg::Band> = t
+                    .schemes
+                    .iter()
+                    .map(|sc| svg::Band {
+                        name: sc.clone(),
+                        points: points
+                            .iter()
+                            .filter_map(|&p| {
+                                let v = t.values(sc, p, &f.metric);
+                                let m = Summary::of(&v);
+                                let h = ci95_half(&v);
+                                let x = p.as_ref()?.x;
+                                (m.n > 0).then_some((x, m.mean, m.mean - h, m.mean + h))
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                let sc = scales(
+                    f,
+                    bands.iter().flat_map(|b| b.points.iter().map(|p| p.1)),
+                    false,
+                );
+                let suffix = if loaded.plan.sweep.len() > 1 {
+                    format!("-{}", sw.name)
+                } else {
+                    String::new()
+                };
+                out.push((
+                    file_name(f, &suffix),
+                    svg::band_chart(
+                        &format!("{title} (mean, 95 % CI band)"),
+                        &sw.label,
+                        &f.metric,
+                        &bands,
+                        sc,
+                    ),
+                ));
+            }
         }
+        // Without a sweep, lines are drawn as bars.
         FigureKind::Lines | FigureKind::Bars => {
             let mut bars = Vec::new();
-            for &p in &t.points {
+            for p in t.points.iter().filter(|p| in_sweep(f, p)) {
                 for sc in &t.schemes {
                     let v = t.values(sc, p, &f.metric);
                     if v.is_empty() {
@@ -415,7 +458,7 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
                     }
                     bars.push(svg::Bar {
                         label: match p {
-                            Some((_, x)) if t.points.len() > 1 => format!("{sc} @ {x}"),
+                            Some(p) if t.points.len() > 1 => format!("{sc} @ {}", p.x),
                             _ => sc.clone(),
                         },
                         value: Summary::of(&v).mean,
@@ -429,7 +472,7 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
             ));
         }
         FigureKind::Series => {
-            for &p in &t.points {
+            for p in t.points.iter().filter(|p| in_sweep(f, p)) {
                 let (suffix, title) = per_point(p);
                 let bands: Vec<svg::Band> = t
                     .schemes
@@ -457,6 +500,9 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
                         }
                     })
                     .collect();
+                if bands.iter().all(|b| b.points.is_empty()) {
+                    continue;
+                }
                 let sc = scales(
                     f,
                     bands.iter().flat_map(|b| b.points.iter().map(|p| p.1)),
@@ -475,7 +521,7 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
             }
         }
         FigureKind::Cdf => {
-            for &p in &t.points {
+            for p in t.points.iter().filter(|p| in_sweep(f, p)) {
                 let (suffix, title) = per_point(p);
                 let bands: Vec<svg::Band> = t
                     .schemes
@@ -507,6 +553,9 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
                         }
                     })
                     .collect();
+                if bands.iter().all(|b| b.points.is_empty()) {
+                    continue;
+                }
                 let xs: Vec<f64> = bands
                     .iter()
                     .flat_map(|b| b.points.iter().map(|p| p.0))
@@ -532,6 +581,15 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+/// Whether the figure covers point `p` (all points unless it names a sweep).
+fn in_sweep(f: &Figure, p: &Option<At>) -> bool {
+    match (&f.sweep, p) {
+        (Some(name), Some(p)) => p.sweep == *name,
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
 }
 
 /// A run's per-second values of `metric`: its series, or its samples averaged per second.

@@ -21,8 +21,8 @@ use super::Variant;
 pub struct Record {
     /// Scheme.
     pub scheme: String,
-    /// Sweep point (position, x).
-    pub point: Option<(usize, f64)>,
+    /// Sweep point.
+    pub point: Option<super::At>,
     /// Seed.
     pub seed: u64,
     /// One value per metric: the workloads' scalars, and for each sampled metric its `_mean`,
@@ -42,13 +42,16 @@ pub fn run_variant(v: &Variant) -> Result<Record, String> {
     let at = format!(
         "scheme '{}'{} seed {}",
         v.scheme,
-        v.point.map(|p| format!(" x = {}", p.1)).unwrap_or_default(),
+        v.point
+            .as_ref()
+            .map(|p| format!(" at {p}"))
+            .unwrap_or_default(),
         v.seed
     );
     let mut rec =
         crate::virtual_time(simulate(&v.plan, v.seed)).map_err(|e| format!("{at}: {e}"))?;
     rec.scheme = v.scheme.clone();
-    rec.point = v.point;
+    rec.point = v.point.clone();
     rec.seed = v.seed;
     Ok(rec)
 }

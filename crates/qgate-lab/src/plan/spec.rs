@@ -23,8 +23,10 @@ pub struct Plan {
     /// Named variants compared against the first; none = one variant called "base".
     #[serde(default)]
     pub schemes: Vec<Scheme>,
-    /// One parameter (or several together) taken through a list of values.
-    pub sweep: Option<Sweep>,
+    /// Parameters taken through lists of values: one `[sweep]` table, or several
+    /// `[[sweep]]` tables run one after another (each from the base plan).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub sweep: Vec<Sweep>,
     /// Figures to draw.
     #[serde(default)]
     pub figures: Vec<Figure>,
@@ -65,7 +67,9 @@ pub struct Quick {
     pub seeds: Option<u64>,
     /// Simulated time per run, s.
     pub duration_s: Option<f64>,
-    /// Only these sweep points (by position, from 0).
+    /// Only these sweeps (by name).
+    pub sweeps: Option<Vec<String>>,
+    /// Only these points of each sweep (by position, from 0).
     pub sweep_points: Option<Vec<usize>>,
     /// Overrides, as a scheme's `set`.
     #[serde(default)]
@@ -103,10 +107,26 @@ pub struct Scheme {
     pub set: toml::Table,
 }
 
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Sweep>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(Sweep),
+        Many(Vec<Sweep>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
 /// `[sweep]`: the points every scheme runs at.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Sweep {
+    /// Its name in tables, CSV and file names (needed when there are several).
+    #[serde(default = "default_sweep_name")]
+    pub name: String,
     /// The x-axis label.
     pub label: String,
     /// Set this key to each of `values`.
@@ -117,6 +137,10 @@ pub struct Sweep {
     /// Or: points with their own x and overrides.
     #[serde(default)]
     pub points: Vec<Point>,
+}
+
+fn default_sweep_name() -> String {
+    "sweep".into()
 }
 
 /// One sweep point given in full.
@@ -194,10 +218,11 @@ pub struct GatewayLoad {
     /// Fraction of devices in priority class 1 (0.5: every other device, from device 0).
     #[serde(default = "default_priority")]
     pub priority_fraction: f64,
-    /// Bytes each device sends in all (closed loop: request after request until done).
-    /// Without it devices send one request every `interval_ms` until the run ends.
+    /// Bytes each device sends in all. Alone: closed loop, request after request (with
+    /// `pipelining` in flight) until done.
     pub file_bytes: Option<u64>,
-    /// Open loop: one request per device every this many ms.
+    /// Open loop: one request per device every this many ms, until `file_bytes` are sent (if
+    /// given) or the run ends.
     pub interval_ms: Option<f64>,
     /// Request body bytes (records batched, decision X1).
     #[serde(default = "default_body")]
@@ -342,4 +367,6 @@ pub struct Figure {
     pub file: Option<String>,
     /// Logarithmic y axis (default: when the values span more than two decades).
     pub log_y: Option<bool>,
+    /// Only this sweep's points (default: all; `lines` draws one figure per sweep).
+    pub sweep: Option<String>,
 }

@@ -143,6 +143,7 @@ pub(super) fn prepare(b: &BulkLoad, world: &mut World, s: &Setup) -> Result<Prep
         }
         None => None,
     };
+    // Seeded start times: every seed changes the run (decision X4).
     let mut r = rng(s.seed, s.index);
     let step = b.stagger_ms / 1000.0;
     let stagger = (0..sources.len())

@@ -45,9 +45,9 @@ pub(super) fn check(
         qgate_core::scheduler::by_name(s)
             .map_err(|e| format!("workload '{}': 'scheduler': {e}", g.name))?;
     }
-    if g.file_bytes.is_some() == g.interval_ms.is_some() {
+    if g.file_bytes.is_none() && g.interval_ms.is_none() {
         return Err(format!(
-            "workload '{}': give either 'file_bytes' (closed loop) or 'interval_ms' (open loop)",
+            "workload '{}': give 'file_bytes' (closed loop) and/or 'interval_ms' (open loop)",
             g.name
         ));
     }
@@ -83,13 +83,14 @@ struct PathLink {
     rate_bps: Option<u64>,
 }
 
+/// The server, the gateway and registered devices (with their class), ready to send.
 pub(crate) struct Prepared {
     spec: GatewayLoad,
     net: Network,
     paths: Vec<PathLink>,
-    devices: Vec<(Device, bool)>,
+    pub(crate) devices: Vec<(Device, bool)>,
     jitter: Vec<Duration>,
-    running: RunningGateway,
+    pub(crate) running: RunningGateway,
     _server: CountingServer,
     _keep: Vec<quinn::Endpoint>,
 }
@@ -100,7 +101,8 @@ fn is_priority(i: usize, fraction: f64) -> bool {
     (i as f64 * fraction).fract() < fraction
 }
 
-pub(super) async fn prepare(
+/// Start the server and the gateway over the named paths, and register the devices.
+pub(crate) async fn prepare(
     g: &GatewayLoad,
     world: &mut World,
     s: &Setup,
@@ -202,6 +204,7 @@ pub(super) async fn prepare(
         devices.push((d, priority));
         keep.push(ep);
     }
+    // Seeded start jitter: every seed changes the run (decision X4).
     let mut r = rng(s.seed, s.index);
     let jitter = (0..g.devices)
         .map(|_| secs(r.random::<f64>() * g.start_jitter_ms / 1000.0))
@@ -249,9 +252,9 @@ impl Prepared {
                 let (body, log) = (body.clone(), log.clone());
                 async move {
                     tokio::time::sleep_until(begin + *jitter).await;
-                    match (g.file_bytes, g.interval_ms) {
-                        (Some(bytes), _) => {
-                            let n = (bytes as usize).div_ceil(g.body_bytes);
+                    let requests = g.file_bytes.map(|b| (b as usize).div_ceil(g.body_bytes));
+                    match (requests, g.interval_ms) {
+                        (Some(n), None) => {
                             let next = AtomicUsize::new(0);
                             let lanes = (0..g.pipelining.min(n.max(1))).map(|_| async {
                                 while next.fetch_add(1, Ordering::Relaxed) < n {
@@ -264,12 +267,13 @@ impl Prepared {
                             });
                             futures_util::future::join_all(lanes).await;
                         }
-                        (None, Some(every_ms)) => {
+                        (_, Some(every_ms)) => {
                             let every = secs(every_ms / 1000.0);
                             let mut k = 0u32;
                             loop {
                                 let at = begin + *jitter + every * k;
-                                if at >= clock.deadline {
+                                if at >= clock.deadline || requests.is_some_and(|n| k as usize >= n)
+                                {
                                     break;
                                 }
                                 tokio::time::sleep_until(at).await;

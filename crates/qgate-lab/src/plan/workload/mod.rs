@@ -4,7 +4,7 @@
 
 mod bulk;
 mod downloads;
-mod gateway;
+pub(crate) mod gateway;
 
 use std::sync::Arc;
 

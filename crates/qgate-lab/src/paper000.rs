@@ -1,0 +1,198 @@
+//! `qgate lab proxy`: paper 000's experiments, run from the shipped plan
+//! `lab/plans/paper000-proxy.toml` by the plan runner, with a closing section that holds the
+//! results against the paper's claim. Every sentence in that section quotes numbers of the same
+//! run (decision X4).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::plan::run::Record;
+use crate::plan::{Loaded, PlanError};
+use crate::stats::{Summary, Welch};
+
+/// The shipped plan (also in `lab/plans/`, where a reader can copy and change it).
+pub const PLAN: &str = include_str!("../../../lab/plans/paper000-proxy.toml");
+
+/// Where the shipped plan lives in the repository (named in errors and provenance).
+pub const PLAN_PATH: &str = "lab/plans/paper000-proxy.toml";
+
+/// The shipped plan, parsed.
+pub fn plan() -> Result<Loaded, PlanError> {
+    Loaded::parse(PLAN, Path::new(PLAN_PATH))
+}
+
+const SCHEMES: [&str; 3] = ["single", "round-robin", "adaptive"];
+
+fn values(records: &[Record], sweep: &str, index: usize, scheme: &str, metric: &str) -> Vec<f64> {
+    records
+        .iter()
+        .filter(|r| {
+            r.scheme == scheme
+                && r.point
+                    .as_ref()
+                    .is_some_and(|p| p.sweep == sweep && p.index == index)
+        })
+        .filter_map(|r| r.scalars.get(metric).copied())
+        .collect()
+}
+
+fn mean(records: &[Record], sweep: &str, index: usize, scheme: &str, metric: &str) -> f64 {
+    Summary::of(&values(records, sweep, index, scheme, metric)).mean
+}
+
+/// The points of `sweep` present in the records: (index, x).
+fn points(records: &[Record], sweep: &str) -> Vec<(usize, f64)> {
+    let mut v: Vec<(usize, f64)> = records
+        .iter()
+        .filter_map(|r| r.point.as_ref())
+        .filter(|p| p.sweep == sweep)
+        .map(|p| (p.index, p.x))
+        .collect();
+    v.sort_by_key(|p| p.0);
+    v.dedup_by(|a, b| a.0 == b.0);
+    v
+}
+
+/// The section appended to `summary.md`: the paper's claim against these results.
+pub fn against_paper(loaded: &Loaded, records: &[Record]) -> String {
+    let mut s = String::from("## Against paper 000\n\n");
+    let _ = writeln!(
+        s,
+        "The paper claims adaptive < round-robin ≈ single on both metrics at every point, with \
+         gaps growing with delay, loss and file size. Per sweep: at how many points adaptive had \
+         the lowest mean, and at how many it was lower than each other scheme with p < 0.05 \
+         (Welch).\n"
+    );
+    let _ = writeln!(
+        s,
+        "| sweep | metric | points | adaptive lowest | adaptive < single (p < 0.05) | adaptive < round-robin (p < 0.05) |\n|---|---|---|---|---|---|"
+    );
+    let (mut lowest_all, mut total_points) = (0, 0);
+    for sw in &loaded.plan.sweep {
+        if sw.name == "dynamic" {
+            continue;
+        }
+        let pts = points(records, &sw.name);
+        if pts.is_empty() {
+            continue;
+        }
+        for (metric, what) in [
+            ("gw.response_ms_mean", "response delay"),
+            ("gw.total_s", "total transmission delay"),
+        ] {
+            let (mut lowest, mut below) = (0, [0, 0]);
+            for &(i, _) in &pts {
+                let m: Vec<f64> = SCHEMES
+                    .iter()
+                    .map(|sc| mean(records, &sw.name, i, sc, metric))
+                    .collect();
+                if m[2] < m[0] && m[2] < m[1] {
+                    lowest += 1;
+                }
+                let ad = values(records, &sw.name, i, "adaptive", metric);
+                for (k, other) in ["single", "round-robin"].iter().enumerate() {
+                    let o = values(records, &sw.name, i, other, metric);
+                    if Welch::test(&o, &ad).is_some_and(|w| w.diff < 0.0 && w.p < 0.05) {
+                        below[k] += 1;
+                    }
+                }
+            }
+            lowest_all += lowest;
+            total_points += pts.len();
+            let _ = writeln!(
+                s,
+                "| {} | {what} | {} | {lowest} | {} | {} |",
+                sw.label,
+                pts.len(),
+                below[0],
+                below[1]
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nAdaptive had the lowest mean at {lowest_all} of {total_points} (point, metric) pairs: \
+         **the paper's claim {}.**\n",
+        if lowest_all == total_points {
+            "holds here"
+        } else if lowest_all * 2 >= total_points {
+            "holds at most points, not all"
+        } else {
+            "holds only in part here"
+        }
+    );
+    s.push_str(&mechanisms(records));
+    s
+}
+
+/// Sentences on where each scheduler sent traffic, each quoting this run's numbers.
+fn mechanisms(records: &[Record]) -> String {
+    let mut s = String::from("What the schedulers did (means over seeds, this run):\n\n");
+    let pct = |v: f64| format!("{:.0} %", v * 100.0);
+    if let Some(&(i, x)) = points(records, "delay-hetero").first() {
+        let m = |sc: &str, k: &str| mean(records, "delay-hetero", i, sc, k);
+        let _ = writeln!(
+            s,
+            "- Paths {x}/{}/{} ms: adaptive sent {} of its priority requests and {} of all requests \
+             on path 1 (the lowest RTT); round-robin {} of all; single {}. Mean response delay: \
+             adaptive {:.1} ms, round-robin {:.1} ms, single {:.1} ms; path 1 ran at {} of its \
+             capacity under single.",
+            2.0 * x,
+            3.0 * x,
+            pct(m("adaptive", "gw.path1_priority_share")),
+            pct(m("adaptive", "gw.path1_share")),
+            pct(m("round-robin", "gw.path1_share")),
+            pct(m("single", "gw.path1_share")),
+            m("adaptive", "gw.response_ms_mean"),
+            m("round-robin", "gw.response_ms_mean"),
+            m("single", "gw.response_ms_mean"),
+            pct(m("single", "gw.path1_util")),
+        );
+    }
+    if let Some(&(i, x)) = points(records, "loss").last() {
+        let m = |sc: &str, k: &str| mean(records, "loss", i, sc, k);
+        let _ = writeln!(
+            s,
+            "- At {x} % loss on every path: response delay p99 single {:.0} ms, round-robin {:.0} ms, \
+             adaptive {:.0} ms; adaptive sent {} of priority requests on path 1.",
+            m("single", "gw.response_ms_p99"),
+            m("round-robin", "gw.response_ms_p99"),
+            m("adaptive", "gw.response_ms_p99"),
+            pct(m("adaptive", "gw.path1_priority_share")),
+        );
+    }
+    if let Some(&(i, _)) = points(records, "dynamic").first() {
+        let m = |sc: &str, k: &str| mean(records, "dynamic", i, sc, k);
+        for sc in SCHEMES {
+            let _ = writeln!(
+                s,
+                "- Dynamic, {sc}: priority response delay {:.1} ms before path 1 slowed, {:.1} ms \
+                 while it was slow, {:.1} ms once path 2 was down; {:.0} requests failed.",
+                m(sc, "gw.priority_ms_mean@before"),
+                m(sc, "gw.priority_ms_mean@p1-slow"),
+                m(sc, "gw.priority_ms_mean@p2-down"),
+                m(sc, "gw.failed"),
+            );
+        }
+    }
+    let failed: f64 = records
+        .iter()
+        .filter_map(|r| r.scalars.get("gw.failed"))
+        .sum();
+    let _ = writeln!(
+        s,
+        "- Requests that failed in all {} runs: {failed:.0}.",
+        records.len()
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shipped_plan_parses() {
+        let p = super::plan().unwrap();
+        assert_eq!(p.plan.plan.name, "proxy");
+        assert_eq!(p.scheme_names(), super::SCHEMES);
+    }
+}
