@@ -57,6 +57,9 @@ pub struct RunArgs {
     /// Check the plan and list its runs, without running them.
     #[arg(long)]
     check: bool,
+    /// Also write samples.csv: every request's or download's value (large for big plans).
+    #[arg(long)]
+    samples: bool,
 }
 
 #[derive(Args, Debug)]
@@ -252,7 +255,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    run_plan(&loaded, &opts, a.jobs, a.out, |_| String::new())
+    run_plan(&loaded, &opts, a.jobs, a.out, a.samples, |_| String::new())
 }
 
 /// Run every variant of a plan on `jobs` threads (default: one per core) with a progress bar,
@@ -263,6 +266,7 @@ fn run_plan(
     opts: &qgate_lab::plan::Options,
     jobs: Option<usize>,
     out: Option<PathBuf>,
+    samples: bool,
     extra: impl Fn(&[qgate_lab::plan::run::Record]) -> String,
 ) -> Result<(), Failure> {
     use qgate_lab::plan::{report, run};
@@ -302,6 +306,7 @@ fn run_plan(
         wall_s,
         seeds: variants.iter().map(|v| v.seed).max().unwrap_or(0),
         quick: opts.quick,
+        samples,
     };
     let files = report::write(&out, loaded, &records, &prov, &extra(&records))
         .map_err(|e| Failure::from(anyhow::anyhow!("writing {}: {e}", out.display())))?;
@@ -374,7 +379,7 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
         quick: a.quick,
         set: Vec::new(),
     };
-    run_plan(&loaded, &opts, a.jobs, a.out, |records| {
+    run_plan(&loaded, &opts, a.jobs, a.out, false, |records| {
         paper000::against_paper(&loaded, records)
     })
 }

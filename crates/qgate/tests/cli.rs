@@ -666,7 +666,7 @@ fn lab_proxy_quick_writes_every_result_file() {
         "proxy",
         &[
             "results.csv",
-            "samples.csv",
+            "series.csv",
             "summary.md",
             "provenance.toml",
             "lines-gw-response_ms_mean-delay-equal.svg",

@@ -468,10 +468,7 @@ values = [5, 50]
         .unwrap()
         .variants(&Options::default())
         .unwrap_err();
-        assert!(
-            e.message.starts_with("scheme 'ewma' at sweep = 5: "),
-            "{e}"
-        );
+        assert!(e.message.starts_with("scheme 'ewma' at sweep = 5: "), "{e}");
         assert!(e.message.contains("fast"), "{e}");
 
         let e = load(&PLAN.replace("workloads.dl.history", "workloads.dlx.history"))

@@ -1,5 +1,5 @@
-//! A plan's results directory: `results.csv` (one row per run and metric), `samples.csv` and
-//! `series.csv` (what figures are drawn from), `summary.md` (mean ± std dev, n, distinct
+//! A plan's results directory: `results.csv` (one row per run and metric), `series.csv` and,
+//! when asked, `samples.csv` (what figures are drawn from), `summary.md` (mean ± std dev, n, distinct
 //! outcomes, and each scheme against the first with a 95 % confidence interval and Welch's
 //! p-value), SVG figures, and `provenance.toml`.
 
@@ -26,6 +26,8 @@ pub struct Provenance {
     pub seeds: u64,
     /// Whether `--quick` was given.
     pub quick: bool,
+    /// Write `samples.csv` (every request's or download's value: large for big plans).
+    pub samples: bool,
 }
 
 /// qgate's version and the commit it was built from.
@@ -195,7 +197,9 @@ pub fn write(
         }
     }
     put("results.csv", csv)?;
-    put("samples.csv", samples)?;
+    if prov.samples {
+        put("samples.csv", samples)?;
+    }
     put("series.csv", series)?;
     put("summary.md", summary(loaded, records, prov) + extra)?;
     put(
@@ -323,7 +327,7 @@ pub fn summary(loaded: &Loaded, records: &[Record], prov: &Provenance) -> String
             let base = &t.schemes[0];
             let _ = writeln!(
                 s,
-                "| metric | scheme | {base} | scheme | difference | 95 % CI | p |\n|---|---|---|---|---|---|---|"
+                "| metric | scheme | mean of {base} | mean of scheme | difference | 95 % CI | p (Welch) |\n|---|---|---|---|---|---|---|"
             );
             for m in &metrics {
                 let a = t.values(base, point, m);
