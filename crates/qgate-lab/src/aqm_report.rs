@@ -1,11 +1,10 @@
-//! Result files of `qgate lab aqm`: results.csv, timeseries.csv, summary.md and SVG figures.
+//! `qgate lab aqm`'s own sections of its summary: paper 004's table, the paper's numbers
+//! against ours, the τ0 sweep, the stability margins.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use crate::aqm::{AqmConfig, RunResult};
 use crate::stats::Summary;
-use crate::svg::{bar_chart, line_chart, Bar, Series};
 
 /// Per-discipline aggregate over seeds.
 #[derive(Debug, Clone)]
@@ -75,68 +74,6 @@ pub fn aggregate(results: &[RunResult]) -> Vec<Aggregate> {
         .collect()
 }
 
-/// Write results.csv.
-pub fn results_csv(cfg: &AqmConfig, results: &[RunResult]) -> String {
-    let mut s = String::from("point,discipline,spec,seed,total_goodput_mbps,flow_goodput_mean_mbps,flow_goodput_std_mbps,utilisation,qdelay_mean_ms,qdelay_std_ms,qdelay_p99_ms,rtt_mean_ms,queue_drops,aqm_drops,random_losses,received_packets\n");
-    for r in results {
-        let fg = Summary::of(&r.flow_goodput_mbps);
-        let rtt = Summary::of(
-            &r.flow_rtt_ms
-                .iter()
-                .copied()
-                .filter(|x| x.is_finite())
-                .collect::<Vec<_>>(),
-        );
-        let _ = writeln!(
-            s,
-            "{},{},\"{}\",{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.2},{},{},{},{}",
-            cfg.key,
-            r.discipline,
-            r.spec,
-            r.seed,
-            r.total_goodput_mbps,
-            fg.mean,
-            fg.std,
-            r.utilisation,
-            r.qdelay_ms.mean,
-            r.qdelay_ms.std,
-            r.qdelay_p99_ms,
-            rtt.mean,
-            r.queue_drops,
-            r.aqm_drops,
-            r.random_losses,
-            r.received_packets
-        );
-    }
-    s
-}
-
-/// Write flows.csv: each flow's goodput and mean RTT (the paper's "RTT per endpoint").
-pub fn flows_csv(results: &[RunResult]) -> String {
-    let mut s = String::from("discipline,seed,flow,goodput_mbps,rtt_mean_ms\n");
-    for r in results {
-        for (i, (g, rtt)) in r.flow_goodput_mbps.iter().zip(&r.flow_rtt_ms).enumerate() {
-            let _ = writeln!(s, "{},{},{},{:.4},{:.2}", r.discipline, r.seed, i, g, rtt);
-        }
-    }
-    s
-}
-
-/// Write timeseries.csv.
-pub fn timeseries_csv(results: &[RunResult]) -> String {
-    let mut s = String::from("discipline,seed,t_s,goodput_mbps,qdelay_ms,rtt_ms\n");
-    for r in results {
-        for p in &r.series {
-            let _ = writeln!(
-                s,
-                "{},{},{},{:.4},{:.3},{:.2}",
-                r.discipline, r.seed, p.t, p.goodput_mbps, p.qdelay_ms, p.rtt_ms
-            );
-        }
-    }
-    s
-}
-
 /// Paper 004's reported numbers (§IV), by discipline: (per-flow goodput kbit/s, queue delay
 /// ms, delay ms, RTT ms); `None` where the paper gives none.
 pub fn paper_numbers(discipline: &str) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
@@ -164,21 +101,18 @@ fn fmt_s(s: &Summary, p: usize) -> String {
     format!("{:.p$} ± {:.p$}", s.mean, s.std)
 }
 
-/// summary.md: the table, the comparison with the paper, the τ0 sweep and notes.
-pub fn summary_md(
+/// The sections `qgate lab aqm` adds to the plan's summary for one operating point: the
+/// results in the paper's terms, the comparison with the paper, the τ0 sweep, the stability
+/// margins and why we differ — every number from this run.
+pub fn paper_sections(
     cfg: &AqmConfig,
     results: &[RunResult],
     sweep: &[(f64, Aggregate)],
-    command: &str,
     margins: &str,
 ) -> String {
     let aggs = aggregate(results);
     let mut s = String::new();
-    let _ = writeln!(s, "# qgate lab aqm — {}\n", cfg.label);
-    let _ = writeln!(
-        s,
-        "Reproduce: `{command}` (results are deterministic for a given seed list).\n"
-    );
+    let _ = writeln!(s, "# In the paper's terms — {}\n", cfg.label);
     let _ = writeln!(
         s,
         "Setup: {} QUIC bulk flows (quinn, CUBIC, {} B packets) → access {} Mbit/s / {:?} (drop-tail {}) → gateway → bottleneck {} Mbit/s / {:?}, {:.0} % random loss on the data direction, queue limit {} packets, discipline under test → sink. {} s per run, statistics after a {} s warm-up, seeds {:?} (n = {} runs per discipline). ECN off everywhere.\n",
@@ -363,137 +297,6 @@ fn interpretation(
         pid.qdelay_mean.mean, pid.qdelay_std
     );
     s
-}
-
-/// The figures, as (file name, SVG).
-pub fn figures(cfg: &AqmConfig, results: &[RunResult]) -> Vec<(String, String)> {
-    let seed = cfg.seeds.first().copied().unwrap_or(1);
-    let first: Vec<&RunResult> = results.iter().filter(|r| r.seed == seed).collect();
-    let series = |f: &dyn Fn(&crate::aqm::Second) -> f64| -> Vec<Series> {
-        first
-            .iter()
-            .map(|r| Series {
-                name: r.discipline.clone(),
-                points: r.series.iter().map(|p| (p.t, f(p))).collect(),
-            })
-            .collect()
-    };
-    let aggs = aggregate(results);
-    let bars = |f: &dyn Fn(&Aggregate) -> (f64, f64)| -> Vec<Bar> {
-        aggs.iter()
-            .map(|a| {
-                let (v, e) = f(a);
-                Bar {
-                    label: a.discipline.clone(),
-                    value: v,
-                    err: e,
-                }
-            })
-            .collect()
-    };
-    let t = |what: &str| format!("{what} — {}", cfg.label);
-    vec![
-        (
-            "goodput_timeseries.svg".into(),
-            line_chart(
-                &t(&format!("Total goodput per second (seed {seed})")),
-                "time (s)",
-                "goodput (Mbit/s)",
-                &series(&|p| p.goodput_mbps),
-            ),
-        ),
-        (
-            "qdelay_timeseries.svg".into(),
-            line_chart(
-                &t(&format!(
-                    "Bottleneck queueing delay per second (seed {seed})"
-                )),
-                "time (s)",
-                "queue delay (ms)",
-                &series(&|p| p.qdelay_ms),
-            ),
-        ),
-        (
-            "rtt_timeseries.svg".into(),
-            line_chart(
-                &t(&format!("Mean sender RTT (seed {seed})")),
-                "time (s)",
-                "RTT (ms)",
-                &series(&|p| p.rtt_ms),
-            ),
-        ),
-        (
-            "goodput_bars.svg".into(),
-            bar_chart(
-                &t("Per-flow goodput, mean ± std"),
-                "goodput (Mbit/s)",
-                &bars(&|a| (a.flow_goodput.mean, a.flow_goodput.std)),
-            ),
-        ),
-        (
-            "total_goodput_bars.svg".into(),
-            bar_chart(
-                &t("Total goodput, mean ± std over seeds"),
-                "goodput (Mbit/s)",
-                &bars(&|a| (a.total_goodput.mean, a.total_goodput.std)),
-            ),
-        ),
-        (
-            "qdelay_bars.svg".into(),
-            bar_chart(
-                &t("Queueing delay, mean ± packet-level std"),
-                "queue delay (ms)",
-                &bars(&|a| (a.qdelay_mean.mean, a.qdelay_std)),
-            ),
-        ),
-        (
-            "rtt_bars.svg".into(),
-            bar_chart(
-                &t("RTT per endpoint, mean ± std"),
-                "RTT (ms)",
-                &bars(&|a| (a.rtt.mean, a.rtt.std)),
-            ),
-        ),
-        (
-            "lost_bars.svg".into(),
-            bar_chart(
-                &t("Packets lost at the bottleneck per run"),
-                "packets",
-                &bars(&|a| (a.lost.mean, a.lost.std)),
-            ),
-        ),
-        (
-            "received_bars.svg".into(),
-            bar_chart(
-                &t("Packets received by the sink per run"),
-                "packets",
-                &bars(&|a| (a.received.mean, a.received.std)),
-            ),
-        ),
-    ]
-}
-
-/// Write every file into `dir`.
-pub fn write_all(
-    dir: &Path,
-    cfg: &AqmConfig,
-    results: &[RunResult],
-    sweep: &[(f64, Aggregate)],
-    command: &str,
-    margins: &str,
-) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("results.csv"), results_csv(cfg, results))?;
-    std::fs::write(dir.join("timeseries.csv"), timeseries_csv(results))?;
-    std::fs::write(dir.join("flows.csv"), flows_csv(results))?;
-    std::fs::write(
-        dir.join("summary.md"),
-        summary_md(cfg, results, sweep, command, margins),
-    )?;
-    for (name, svg) in figures(cfg, results) {
-        std::fs::write(dir.join(name), svg)?;
-    }
-    Ok(())
 }
 
 /// The stability margins of PID-Delay's gains at the operating point of `cfg`, as Markdown.

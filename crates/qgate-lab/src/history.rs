@@ -156,6 +156,22 @@ fn bottleneck(n: &NetCondition) -> LinkParams {
     LinkParams::new(100_000_000, one_way)
 }
 
+/// An in-memory history store averaging with `averaging` (none: no history) whose timestamps
+/// follow the tokio clock, so entries age in simulated time.
+pub(crate) fn virtual_store(averaging: Option<Averaging>) -> Option<Arc<HistoryStore>> {
+    let start = Instant::now();
+    let clock: Clock = Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64);
+    averaging.map(|averaging| {
+        HistoryStore::in_memory(
+            HistoryConfig {
+                averaging,
+                ..Default::default()
+            },
+            clock,
+        )
+    })
+}
+
 /// The server's view of one download.
 pub(crate) struct Outcome {
     pub(crate) loss_ratio: f64,
@@ -185,19 +201,11 @@ async fn simulate(s: Series) -> Vec<Run> {
     let pki = DevPki::generate(&[]).expect("PKI");
     let opts = TransportOptions::default();
     let base = server_config(&pki.server, &[ALPN], &opts).expect("server config");
-    let start = Instant::now();
-    let clock: Clock = Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64);
-    let store = match s.scheme {
+    let store = virtual_store(match s.scheme {
         Scheme::Default => None,
-        Scheme::Mean => Some(HistoryStore::in_memory(
-            HistoryConfig {
-                averaging: Averaging::Mean,
-                ..Default::default()
-            },
-            clock,
-        )),
-        Scheme::Ewma => Some(HistoryStore::in_memory(HistoryConfig::default(), clock)),
-    };
+        Scheme::Mean => Some(Averaging::Mean),
+        Scheme::Ewma => Some(HistoryConfig::default().averaging),
+    });
     let safeguard = s.safeguard.then_some(DEFAULT_SAFEGUARD_FACTOR);
     let server_addr = SocketAddr::new(ip(10, 0, 0, 2), 443);
     let ep = endpoint(

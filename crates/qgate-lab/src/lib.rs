@@ -15,6 +15,7 @@ pub mod gwdemo;
 pub mod history;
 pub mod history_report;
 pub mod paper000;
+pub mod paper004;
 pub mod plan;
 pub mod pool;
 pub mod stats;

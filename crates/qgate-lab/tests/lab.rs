@@ -61,33 +61,34 @@ fn demo_rejects_bad_config_by_name() {
 
 #[test]
 fn aqm_run_is_sane_and_deterministic() {
-    use qgate_lab::aqm::{run_one, AqmConfig};
-    use std::time::Duration;
-    let mut cfg = AqmConfig::paper();
-    cfg.flows = 3;
-    cfg.duration = Duration::from_secs(8);
-    cfg.warmup = Duration::from_secs(2);
-    let spec = "pid-delay".parse().unwrap();
+    use qgate_lab::plan::{run::run_variant, Options};
+    let plan = qgate_lab::paper004::plan().unwrap();
+    let v = plan
+        .variants(&Options {
+            seeds: Some(1),
+            schemes: vec!["pid-delay".into()],
+            points: Some(vec![0]),
+            set: vec![
+                ("workloads.flows.sources".into(), 3.into()),
+                ("plan.duration_s".into(), 8.into()),
+                ("workloads.flows.warmup_s".into(), 2.into()),
+            ],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(v.len(), 1);
     let t = std::time::Instant::now();
-    let a = run_one(&cfg, &spec, 1);
-    eprintln!(
-        "aqm run: {:?} wall; {:?}",
-        t.elapsed(),
-        (
-            a.total_goodput_mbps,
-            a.utilisation,
-            a.qdelay_ms,
-            &a.flow_rtt_ms,
-            a.queue_drops,
-            a.aqm_drops,
-            a.random_losses
-        )
-    );
+    let rec = run_variant(&v[0]).unwrap();
+    let a = qgate_lab::paper004::run_result(&v[0], &rec);
+    eprintln!("aqm run: {:?} wall; {a:?}", t.elapsed());
+    assert!(a.spec.starts_with("pid-delay"), "{}", a.spec);
     assert!(
         a.total_goodput_mbps > 3.0 && a.total_goodput_mbps < 10.0,
         "{}",
         a.total_goodput_mbps
     );
+    assert_eq!(a.flow_goodput_mbps.len(), 3);
+    assert_eq!(a.flow_rtt_ms.len(), 3);
     // What crossed the bottleneck (with headers) is at least the goodput, at most capacity.
     assert!(
         a.utilisation * 10.0 >= a.total_goodput_mbps && a.utilisation <= 1.0,
@@ -95,10 +96,12 @@ fn aqm_run_is_sane_and_deterministic() {
         a.utilisation
     );
     assert!(a.random_losses > 0);
-    assert_eq!(a.series.len(), 8);
-    let b = run_one(&cfg, &spec, 1);
-    assert_eq!(a.received_packets, b.received_packets);
-    assert_eq!(a.qdelay_ms, b.qdelay_ms);
+    assert_eq!(rec.series["flows.goodput_mbps"].len(), 8);
+    let b = run_variant(&v[0]).unwrap();
+    assert_eq!(
+        rec.scalars, b.scalars,
+        "the same variant gives the same numbers"
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use qgate_aqm::PidDelayParams;
-use qgate_lab::aqm::{self, AqmConfig};
+use qgate_lab::aqm::AqmConfig;
 use qgate_lab::aqm_report;
 
 use crate::{usage, Failure};
@@ -54,7 +54,7 @@ pub struct RunArgs {
     /// --set 'workloads.gw.scheduler="adaptive"' (the value is TOML; a bare word is a string).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Check the plan and list its runs, without running them.
+    /// Check the plan and count its runs, without running them.
     #[arg(long)]
     check: bool,
     /// Also write samples.csv: every request's or download's value (large for big plans).
@@ -143,6 +143,9 @@ pub struct AqmArgs {
     /// Where to write results [default: results/aqm].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Simulations run at once [default: one per core].
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -171,22 +174,6 @@ fn progress(total: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn run_point(cfg: &AqmConfig, name: &str) -> Vec<aqm::RunResult> {
-    let pb = progress((cfg.disciplines.len() * cfg.seeds.len()) as u64, name);
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let total = pb.length().unwrap_or(0);
-    let r = aqm::run_all(cfg, |label| {
-        pb.set_message(label.to_string());
-        pb.inc(1);
-        if !tty {
-            // No terminal to draw a bar on: one line per finished run.
-            eprintln!("{name}: [{}/{total}] {label}", pb.position());
-        }
-    });
-    pb.finish_with_message("done");
-    r
-}
-
 pub fn run(which: Lab) -> Result<(), Failure> {
     match which {
         Lab::Aqm(a) => aqm_cmd(a),
@@ -201,6 +188,9 @@ pub fn run(which: Lab) -> Result<(), Failure> {
                     "--mbps, --rtt-ms, --flows and --packet-bytes must be positive",
                 ));
             }
+            let paper = qgate_lab::paper004::plan().map_err(usage)?;
+            let base = qgate_lab::paper004::config(&paper.plan.clone(), vec![1])
+                .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;
             let cfg = AqmConfig {
                 key: "custom".into(),
                 label: "custom".into(),
@@ -210,7 +200,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
                     .map_err(|e| usage(format!("--rtt-ms: {e}")))?,
                 access_delay: Duration::ZERO,
                 packet_bytes: m.packet_bytes,
-                ..AqmConfig::paper()
+                ..base
             };
             println!(
                 "{}",
@@ -243,6 +233,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             .iter()
             .map(|s| parse_set(s))
             .collect::<Result<_, _>>()?,
+        ..Default::default()
     };
     if a.check {
         let variants = loaded.variants(&opts).map_err(usage)?;
@@ -258,38 +249,31 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
     run_plan(&loaded, &opts, a.jobs, a.out, a.samples, |_| String::new())
 }
 
-/// Run every variant of a plan on `jobs` threads (default: one per core) with a progress bar,
-/// and write its results directory (default `results/<plan name>`); `extra` appends a
-/// scenario's own section to the summary.
-fn run_plan(
+/// A plan's runs and what they measured.
+struct Executed {
+    variants: Vec<qgate_lab::plan::Variant>,
+    records: Vec<qgate_lab::plan::run::Record>,
+    jobs: usize,
+    wall_s: f64,
+}
+
+/// Run every variant of a plan on `jobs` threads (default: one per core) with a progress bar.
+fn execute(
     loaded: &qgate_lab::plan::Loaded,
     opts: &qgate_lab::plan::Options,
     jobs: Option<usize>,
-    out: Option<PathBuf>,
-    samples: bool,
-    extra: impl Fn(&[qgate_lab::plan::run::Record]) -> String,
-) -> Result<(), Failure> {
-    use qgate_lab::plan::{report, run};
+) -> Result<Executed, Failure> {
     let variants = loaded.variants(opts).map_err(usage)?;
     let jobs = jobs.unwrap_or_else(qgate_lab::pool::default_jobs);
     if jobs == 0 {
         return Err(usage("--jobs must be at least 1"));
     }
-    let name = &loaded.plan.plan.name;
-    let out = out.unwrap_or_else(|| PathBuf::from("results").join(name));
-    let pb = progress(variants.len() as u64, name);
+    let jobs = jobs.min(variants.len().max(1));
+    let pb = progress(variants.len() as u64, &loaded.plan.plan.name);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let started = std::time::Instant::now();
-    let records = run::run_all(&variants, jobs, |done, total, v| {
-        let what = format!(
-            "{}{} seed {}",
-            v.scheme,
-            v.point
-                .as_ref()
-                .map(|p| format!(" at {p}"))
-                .unwrap_or_default(),
-            v.seed
-        );
+    let records = qgate_lab::plan::run::run_all(&variants, jobs, |done, total, v| {
+        let what = v.label();
         if tty {
             pb.set_message(what);
             pb.inc(1);
@@ -299,24 +283,69 @@ fn run_plan(
     })
     .map_err(|e| Failure::from(anyhow::anyhow!("{}: {e}", loaded.file.display())))?;
     pb.finish_and_clear();
-    let wall_s = started.elapsed().as_secs_f64();
-    let prov = report::Provenance {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+    Ok(Executed {
+        variants,
+        records,
         jobs,
-        wall_s,
-        seeds: variants.iter().map(|v| v.seed).max().unwrap_or(0),
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Where a plan's results go (default `results/<plan name>`), checked before anything runs.
+fn out_dir(loaded: &qgate_lab::plan::Loaded, out: Option<PathBuf>) -> Result<PathBuf, Failure> {
+    let out = out.unwrap_or_else(|| PathBuf::from("results").join(&loaded.plan.plan.name));
+    if out.exists() && !out.is_dir() {
+        return Err(usage(format!(
+            "--out {}: exists and is not a directory",
+            out.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Write a plan's results directory; `extra` is a scenario's own section at the end of the
+/// summary.
+fn write_results(
+    loaded: &qgate_lab::plan::Loaded,
+    opts: &qgate_lab::plan::Options,
+    ran: &Executed,
+    out: PathBuf,
+    samples: bool,
+    extra: &str,
+) -> Result<(), Failure> {
+    let prov = qgate_lab::plan::report::Provenance {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        jobs: ran.jobs,
+        wall_s: ran.wall_s,
+        seeds: ran.variants.iter().map(|v| v.seed).max().unwrap_or(0),
         quick: opts.quick,
         samples,
     };
-    let files = report::write(&out, loaded, &records, &prov, &extra(&records))
+    let files = qgate_lab::plan::report::write(&out, loaded, &ran.records, &prov, extra)
         .map_err(|e| Failure::from(anyhow::anyhow!("writing {}: {e}", out.display())))?;
     println!(
-        "{} runs in {wall_s:.1} s on {jobs} thread(s); wrote {} files to {}",
-        records.len(),
+        "{} runs in {:.1} s on {} thread(s); wrote {} files to {}",
+        ran.records.len(),
+        ran.wall_s,
+        ran.jobs,
         files.len(),
         out.display()
     );
     Ok(())
+}
+
+/// [`execute`] and [`write_results`].
+fn run_plan(
+    loaded: &qgate_lab::plan::Loaded,
+    opts: &qgate_lab::plan::Options,
+    jobs: Option<usize>,
+    out: Option<PathBuf>,
+    samples: bool,
+    extra: impl Fn(&[qgate_lab::plan::run::Record]) -> String,
+) -> Result<(), Failure> {
+    let out = out_dir(loaded, out)?;
+    let ran = execute(loaded, opts, jobs)?;
+    write_results(loaded, opts, &ran, out, samples, &extra(&ran.records))
 }
 
 fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
@@ -377,7 +406,7 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
     let opts = qgate_lab::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
-        set: Vec::new(),
+        ..Default::default()
     };
     run_plan(&loaded, &opts, a.jobs, a.out, false, |records| {
         paper000::against_paper(&loaded, records)
@@ -445,96 +474,43 @@ fn scenario<R>(
 }
 
 fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
-    let mut cfg = AqmConfig::paper();
-    if a.quick {
-        cfg = cfg.quick();
-    }
-    if let Some(n) = a.seeds {
-        if n == 0 {
-            return Err(usage("--seeds must be at least 1"));
-        }
-        cfg.seeds = (1..=n).collect();
-    }
+    use qgate_lab::paper004;
+    let loaded = paper004::plan().map_err(usage)?;
+    let mut opts = qgate_lab::plan::Options {
+        seeds: a.seeds,
+        quick: a.quick,
+        schemes: a.only.clone(),
+        ..Default::default()
+    };
     if let Some(d) = a.duration {
         if d < 2 {
             return Err(usage("--duration must be at least 2 seconds"));
         }
-        cfg.duration = Duration::from_secs(d);
-        cfg.warmup = cfg.warmup.min(Duration::from_secs(d / 4));
+        opts.set
+            .push(("plan.duration_s".into(), toml::Value::Integer(d as i64)));
+        // The warm-up stays at most a quarter of the run.
+        let warm = (d as f64 / 4.0).min(10.0);
+        opts.set
+            .push(("workloads.flows.warmup_s".into(), toml::Value::Float(warm)));
     }
-    if !a.only.is_empty() {
-        let known: Vec<&str> = cfg.disciplines.iter().map(|d| d.kind()).collect();
-        if let Some(bad) = a.only.iter().find(|o| !known.contains(&o.as_str())) {
-            return Err(usage(format!(
-                "--only: unknown discipline '{bad}' (known: {})",
-                known.join(", ")
-            )));
-        }
-        cfg.disciplines
-            .retain(|d| a.only.iter().any(|o| o == d.kind()));
+    if a.no_second_point {
+        opts.points = Some(vec![0]);
     }
-    let out = a.out.unwrap_or_else(|| PathBuf::from("results/aqm"));
-    let mut command = String::from("qgate lab aqm");
-    for arg in std::env::args().skip(3) {
-        command.push(' ');
-        command.push_str(&arg);
+    let out = out_dir(&loaded, a.out)?;
+    let ran = execute(&loaded, &opts, a.jobs)?;
+    // PID-Delay's τ0 sweep (not with --quick, nor when PID-Delay is left out).
+    let mut tau0 = Vec::new();
+    if !a.quick && (a.only.is_empty() || a.only.iter().any(|o| o == "pid-delay")) {
+        let t = paper004::tau0_plan().map_err(usage)?;
+        let topts = qgate_lab::plan::Options {
+            seeds: a.seeds,
+            set: opts.set.clone(),
+            ..Default::default()
+        };
+        let r = execute(&t, &topts, a.jobs)?;
+        tau0 = r.variants.into_iter().zip(r.records).collect();
     }
-    let wall = std::time::Instant::now();
-    let results = run_point(&cfg, "paper point");
-    // τ0 sweep for PID-Delay (τ0 = 5 ms is in the main run).
-    let mut sweep = Vec::new();
-    if !a.quick && cfg.disciplines.iter().any(|d| d.kind() == "pid-delay") {
-        let mut sc = cfg.clone();
-        sc.disciplines = [2.0, 10.0, 20.0]
-            .iter()
-            .flat_map(|t| aqm::disciplines(cfg.limit, Some(*t)).pop())
-            .collect();
-        let swept = run_point(&sc, "τ0 sweep");
-        let base = results
-            .iter()
-            .filter(|r| r.discipline == "pid-delay")
-            .cloned()
-            .collect::<Vec<_>>();
-        for (t, rs) in [
-            (2.0, &swept[..cfg.seeds.len()]),
-            (5.0, &base[..]),
-            (10.0, &swept[cfg.seeds.len()..2 * cfg.seeds.len()]),
-            (20.0, &swept[2 * cfg.seeds.len()..]),
-        ] {
-            if let Some(agg) = aqm_report::aggregate(rs).pop() {
-                sweep.push((t, agg));
-            }
-        }
-    }
-    let margins = aqm_report::margins_md(&cfg, &PidDelayParams::default());
-    aqm_report::write_all(&out, &cfg, &results, &sweep, &command, &margins)
-        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", out.display()))?;
-    println!(
-        "{}",
-        std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
-    );
-    if !a.quick && !a.no_second_point {
-        let mut second = AqmConfig::second_point();
-        second.seeds = cfg.seeds.clone();
-        second.duration = cfg.duration;
-        second.warmup = cfg.warmup;
-        second
-            .disciplines
-            .retain(|d| cfg.disciplines.iter().any(|c| c.kind() == d.kind()));
-        let r2 = run_point(&second, "second point");
-        let dir = out.join("second-point");
-        let m2 = aqm_report::margins_md(&second, &PidDelayParams::default());
-        aqm_report::write_all(&dir, &second, &r2, &[], &command, &m2)
-            .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", dir.display()))?;
-        println!(
-            "{}",
-            std::fs::read_to_string(dir.join("summary.md")).unwrap_or_default()
-        );
-    }
-    eprintln!(
-        "qgate lab aqm: done in {:.1} s; results in {}",
-        wall.elapsed().as_secs_f64(),
-        out.display()
-    );
-    Ok(())
+    let extra = paper004::sections(&ran.variants, &ran.records, &tau0)
+        .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;
+    write_results(&loaded, &opts, &ran, out, false, &extra)
 }

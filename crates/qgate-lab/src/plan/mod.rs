@@ -12,6 +12,8 @@ pub(crate) mod workload;
 
 use std::path::{Path, PathBuf};
 
+use qgate_netsim::topology::LinkChange;
+
 pub use spec::Plan;
 
 /// A plan that cannot be used; the message names the file, and the line and key when known.
@@ -48,6 +50,10 @@ pub struct Options {
     pub quick: bool,
     /// `--set key=value` overrides, applied before the sweep point's and the scheme's.
     pub set: Vec<(String, toml::Value)>,
+    /// Only these schemes (all when empty).
+    pub schemes: Vec<String>,
+    /// Only these points of each sweep, by position (all when `None`).
+    pub points: Option<Vec<usize>>,
 }
 
 /// A sweep point: which sweep, its position in it, its x.
@@ -80,6 +86,84 @@ pub struct Variant {
     pub plan: Plan,
 }
 
+/// A sweep value's x: the number itself, or its position.
+fn sweep_x(v: &toml::Value, i: usize) -> f64 {
+    v.as_float()
+        .or(v.as_integer().map(|i| i as f64))
+        .unwrap_or(i as f64)
+}
+
+/// Whether a plan name is safe as a directory name under `results/`.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 100
+        && !n.starts_with('.')
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Most seeds per (point, scheme).
+pub const MAX_SEEDS: u64 = 10_000;
+/// Longest simulated run, s (a day).
+pub const MAX_DURATION_S: f64 = 86_400.0;
+/// Most runs in one plan invocation (each holds its own copy of the plan until it runs).
+pub const MAX_RUNS: u64 = 20_000;
+
+/// The line an error is about: the first line from `from` on that holds a value the message
+/// quotes (`"snik"`), else one that sets a key it quotes (`delay_ms =`, also the last part of a
+/// dotted key). Messages quote names and values in '…', "…" or `…`.
+fn find_line(text: &str, message: &str, from: usize) -> Option<usize> {
+    let mut quoted = Vec::new();
+    for q in ['\'', '"', '`'] {
+        quoted.extend(
+            message
+                .split(q)
+                .skip(1)
+                .step_by(2)
+                .filter(|s| !s.is_empty()),
+        );
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let search = |pred: &dyn Fn(&str) -> bool| {
+        (from.max(1) - 1..lines.len())
+            .chain(0..from.max(1) - 1)
+            .find(|&i| pred(lines[i].trim_start()))
+            .map(|i| i + 1)
+    };
+    for q in &quoted {
+        let value = format!("\"{q}\"");
+        if let Some(l) = search(&|l: &str| !l.starts_with('#') && l.contains(&value)) {
+            return Some(l);
+        }
+    }
+    for q in &quoted {
+        let leaf = q.rsplit('.').next().unwrap_or(q);
+        let set = |l: &str| {
+            l.strip_prefix(leaf)
+                .is_some_and(|r| r.trim_start().starts_with('='))
+                || l.contains(&format!(" {leaf} ="))
+                || l.contains(&format!("{{{leaf} ="))
+                || l.contains(&format!("\"{q}\" ="))
+                || l.starts_with(&format!("[{q}]"))
+                || l.starts_with(&format!("[[{q}]]"))
+        };
+        if let Some(l) = search(&set) {
+            return Some(l);
+        }
+    }
+    None
+}
+
+impl Variant {
+    /// "scheme at sweep = x seed n", for progress and errors.
+    pub fn label(&self) -> String {
+        match &self.point {
+            Some(p) => format!("{} at {p} seed {}", self.scheme, self.seed),
+            None => format!("{} seed {}", self.scheme, self.seed),
+        }
+    }
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
@@ -99,22 +183,10 @@ impl Loaded {
     pub fn parse(text: &str, path: &Path) -> Result<Loaded, PlanError> {
         let file = path.display().to_string();
         let fail = |e: toml::de::Error| {
-            let mut line = e.span().map(|s| line_of(text, s.start));
-            // An unknown key inside a flattened table is reported at the table; point at the
-            // key's own line after it.
-            if let (Some(from), Some(key)) = (line, e.message().split('`').nth(1)) {
-                line = text
-                    .lines()
-                    .enumerate()
-                    .skip(from - 1)
-                    .find(|(_, l)| {
-                        l.trim_start()
-                            .strip_prefix(key)
-                            .is_some_and(|r| r.trim_start().starts_with('='))
-                    })
-                    .map(|(i, _)| i + 1)
-                    .or(line);
-            }
+            let at = e.span().map(|s| line_of(text, s.start));
+            // Errors inside a table are reported at the table; point at the key or value the
+            // message names, from there on.
+            let line = at.map(|from| find_line(text, e.message(), from).unwrap_or(from));
             PlanError {
                 file: file.clone(),
                 line,
@@ -136,17 +208,9 @@ impl Loaded {
     }
 
     fn error(&self, message: String) -> PlanError {
-        // Point at the first line that names the key the message quotes, if any.
-        let line = message.split('\'').nth(1).and_then(|key| {
-            let leaf = key.rsplit('.').next().unwrap_or(key);
-            self.text
-                .lines()
-                .position(|l| l.contains(leaf) && !leaf.is_empty())
-                .map(|i| i + 1)
-        });
         PlanError {
             file: self.file.display().to_string(),
-            line,
+            line: find_line(&self.text, &message, 1),
             message,
         }
     }
@@ -154,11 +218,13 @@ impl Loaded {
     /// Semantic checks the types cannot express; `context` prefixes messages.
     fn check(&self, p: &Plan, context: &str) -> Result<(), String> {
         let fail = |m: String| Err(format!("{context}{m}"));
-        if !(p.plan.duration_s.is_finite() && p.plan.duration_s > 0.0) {
-            return fail("'plan.duration_s' must be a positive number of seconds".into());
+        if !(p.plan.duration_s > 0.0 && p.plan.duration_s <= MAX_DURATION_S) {
+            return fail(format!(
+                "'plan.duration_s' must be a number of seconds in (0, {MAX_DURATION_S}]"
+            ));
         }
-        if p.plan.seeds == 0 {
-            return fail("'plan.seeds' must be at least 1".into());
+        if p.plan.seeds == 0 || p.plan.seeds > MAX_SEEDS {
+            return fail(format!("'plan.seeds' must be in 1..={MAX_SEEDS}"));
         }
         let hosts: Vec<&str> = p.topology.hosts.iter().map(|h| h.name.as_str()).collect();
         let links: Vec<&str> = p.topology.links.iter().map(|l| l.name.as_str()).collect();
@@ -180,16 +246,69 @@ impl Loaded {
                 ))
             }
         };
-        for l in &p.topology.links {
+        if !valid_name(&p.plan.name) {
+            return fail(format!(
+                "'plan.name' '{}' must be letters, digits, '.', '_' or '-' (it names the results \
+                 directory), not starting with '.'",
+                p.plan.name
+            ));
+        }
+        for (i, h) in hosts.iter().enumerate() {
+            if hosts[..i].contains(h) {
+                return fail(format!("'topology.hosts.name' '{h}' is used twice"));
+            }
+        }
+        let mut addrs = Vec::new();
+        for (i, l) in p.topology.links.iter().enumerate() {
+            if links[..i].contains(&l.name.as_str()) {
+                return fail(format!("'topology.links.name' '{}' is used twice", l.name));
+            }
             host("topology.links.a", &l.a)?;
             host("topology.links.b", &l.b)?;
+            for d in [qgate_netsim::Direction::AtoB, qgate_netsim::Direction::BtoA] {
+                l.params(d)
+                    .map_err(|e| format!("{context}link '{}': {e}", l.name))?;
+            }
+            for a in [l.a_addr, l.b_addr].into_iter().flatten() {
+                if addrs.contains(&a) {
+                    return fail(format!("link '{}': address '{a}' is used twice", l.name));
+                }
+                addrs.push(a);
+            }
         }
         for c in &p.timeline {
             if !(c.at_s.is_finite() && c.at_s >= 0.0) {
                 return fail("'timeline.at_s' must be a time ≥ 0".into());
             }
-            if let Some(l) = &c.link {
-                link("timeline.link", l)?;
+            match &c.link {
+                Some(l) => {
+                    link("timeline.link", l)?;
+                    let mut probe = qgate_netsim::LinkParams::default();
+                    for o in [Some(&c.set), c.a_to_b.as_ref(), c.b_to_a.as_ref()]
+                        .into_iter()
+                        .flatten()
+                    {
+                        o.apply(&mut probe).map_err(|e| {
+                            format!("{context}timeline at {} s, link '{l}': {e}", c.at_s)
+                        })?;
+                    }
+                }
+                None if c.set != LinkChange::default()
+                    || c.a_to_b.is_some()
+                    || c.b_to_a.is_some() =>
+                {
+                    return fail(format!(
+                        "timeline at {} s changes a link but names none ('link')",
+                        c.at_s
+                    ));
+                }
+                None => {}
+            }
+            if c.at_s > p.plan.duration_s {
+                return fail(format!(
+                    "timeline at {} s is after the run ends ('plan.duration_s' = {})",
+                    c.at_s, p.plan.duration_s
+                ));
             }
         }
         let mut names = Vec::new();
@@ -204,7 +323,14 @@ impl Loaded {
                 ));
             }
             names.push(w.name());
-            workload::check(w, &host, &link).map_err(|m| format!("{context}{m}"))?;
+            if !(w.start_s() >= 0.0 && w.start_s() <= MAX_DURATION_S) {
+                return fail(format!(
+                    "workload '{}': 'start_s' must be in [0, {MAX_DURATION_S}]",
+                    w.name()
+                ));
+            }
+            workload::check(w, p.plan.duration_s, &host, &link)
+                .map_err(|m| format!("{context}{m}"))?;
         }
         let mut schemes = Vec::new();
         for s in &p.schemes {
@@ -233,6 +359,47 @@ impl Loaded {
                 ));
             }
             sweeps.push(s.name.as_str());
+            let xs: Vec<f64> = if s.points.is_empty() {
+                s.values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| sweep_x(v, i))
+                    .collect()
+            } else {
+                s.points.iter().map(|p| p.x).collect()
+            };
+            for (i, x) in xs.iter().enumerate() {
+                if !x.is_finite() || xs[..i].contains(x) {
+                    return fail(format!(
+                        "sweep '{}': x = {x} is not finite or used twice (each point needs its own x)",
+                        s.name
+                    ));
+                }
+            }
+        }
+        let q = &p.plan.quick;
+        if let Some(bad) = q
+            .sweeps
+            .iter()
+            .flatten()
+            .find(|n| !sweeps.contains(&n.as_str()))
+        {
+            return fail(format!("'plan.quick.sweeps' names no sweep '{bad}'"));
+        }
+        let most = p
+            .sweep
+            .iter()
+            .map(|s| s.values.len().max(s.points.len()))
+            .max();
+        if let Some(&bad) = q
+            .sweep_points
+            .iter()
+            .flatten()
+            .find(|&&i| most.is_none_or(|m| i >= m))
+        {
+            return fail(format!(
+                "'plan.quick.sweep_points' has {bad}: no sweep has that many points"
+            ));
         }
         for f in &p.figures {
             if let Some(sw) = &f.sweep {
@@ -275,7 +442,12 @@ impl Loaded {
         let mut base = self.doc.clone();
         let err = |m: String| self.error(m);
         if opts.quick {
-            overrides::apply_table(&mut base, &self.plan.plan.quick.set)
+            let q = &self.plan.plan.quick;
+            if let Some(d) = q.duration_s {
+                overrides::apply(&mut base, "plan.duration_s", toml::Value::Float(d))
+                    .map_err(|m| err(format!("plan.quick.duration_s: {m}")))?;
+            }
+            overrides::apply_table(&mut base, &q.set)
                 .map_err(|m| err(format!("plan.quick.set: {m}")))?;
         }
         for (k, v) in &opts.set {
@@ -287,8 +459,10 @@ impl Loaded {
         } else {
             self.plan.plan.seeds
         });
-        if seeds == 0 {
-            return Err(err("--seeds must be at least 1".into()));
+        if seeds == 0 || seeds > MAX_SEEDS {
+            return Err(err(format!(
+                "seeds must be in 1..={MAX_SEEDS}, not {seeds}"
+            )));
         }
         let mut points: Vec<(Option<At>, toml::Table)> = Vec::new();
         for s in &self.plan.sweep {
@@ -296,7 +470,8 @@ impl Loaded {
                 continue;
             }
             let keep = |i: usize| {
-                !opts.quick || quick.sweep_points.as_ref().is_none_or(|k| k.contains(&i))
+                (!opts.quick || quick.sweep_points.as_ref().is_none_or(|k| k.contains(&i)))
+                    && opts.points.as_ref().is_none_or(|k| k.contains(&i))
             };
             let at = |index: usize, x: f64| At {
                 sweep: s.name.clone(),
@@ -331,25 +506,44 @@ impl Loaded {
                 .map(|s| (s.name.clone(), s.set.clone()))
                 .collect()
         };
+        let known = self.scheme_names();
+        if let Some(bad) = opts.schemes.iter().find(|s| !known.contains(s)) {
+            return Err(err(format!(
+                "no scheme '{bad}' (the plan has: {})",
+                known.join(", ")
+            )));
+        }
+        let schemes: Vec<(String, toml::Table)> = schemes
+            .into_iter()
+            .filter(|(name, _)| opts.schemes.is_empty() || opts.schemes.contains(name))
+            .collect();
+        let runs = points.len() as u64 * schemes.len() as u64 * seeds;
+        if runs > MAX_RUNS {
+            return Err(err(format!(
+                "{runs} runs ({} point(s) × {} scheme(s) × {seeds} seed(s)): at most {MAX_RUNS}",
+                points.len(),
+                schemes.len()
+            )));
+        }
         let mut out = Vec::new();
         for (point, pset) in &points {
             for (scheme, sset) in &schemes {
+                let with_set = if opts.set.is_empty() {
+                    ""
+                } else {
+                    " (with --set)"
+                };
                 let at = match point {
-                    Some(p) => format!("scheme '{scheme}' at {p}: "),
-                    None => format!("scheme '{scheme}': "),
+                    Some(p) => format!("scheme '{scheme}' at {p}{with_set}: "),
+                    None => format!("scheme '{scheme}'{with_set}: "),
                 };
                 let mut doc = base.clone();
                 overrides::apply_table(&mut doc, pset)
                     .and_then(|_| overrides::apply_table(&mut doc, sset))
                     .map_err(|m| err(format!("{at}{m}")))?;
-                let mut plan: Plan = toml::Value::Table(doc)
+                let plan: Plan = toml::Value::Table(doc)
                     .try_into()
                     .map_err(|e: toml::de::Error| err(format!("{at}{}", e.message())))?;
-                if opts.quick {
-                    if let Some(d) = quick.duration_s {
-                        plan.plan.duration_s = d;
-                    }
-                }
                 self.check(&plan, &at).map_err(err)?;
                 for seed in 1..=seeds {
                     out.push(Variant {
@@ -438,6 +632,7 @@ values = [5, 50]
                 quick: true,
                 seeds: None,
                 set: vec![("plan.duration_s".into(), toml::Value::Float(3.0))],
+                ..Default::default()
             })
             .unwrap();
         assert_eq!(q.len(), 2 * 2);
@@ -476,5 +671,50 @@ values = [5, 50]
             .variants(&Options::default())
             .unwrap_err();
         assert!(e.message.contains("dlx"), "{e}");
+    }
+
+    #[test]
+    fn check_catches_what_would_fail_mid_run() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("name = \"t\"", "name = \"../x\"", "'plan.name'"),
+            ("rate_mbps = 10", "rate_mbps = -1", "rate_mbps = -1"),
+            (
+                "rate_mbps = 10",
+                "rate_mbps = 10\nqueue = \"codle\"",
+                "unknown discipline 'codle'",
+            ),
+            ("server = \"s\"", "server = \"c\"", "same host"),
+            ("values = [5, 50]", "values = [5, 5]", "used twice"),
+            ("duration_s = 10", "duration_s = 1e9", "'plan.duration_s'"),
+            ("seeds = 2", "seeds = 1000000", "'plan.seeds'"),
+            (
+                "[[schemes]]\nname = \"off\"",
+                "[[timeline]]\nat_s = 1\nset = { delay_ms = 1 }\n\n[[schemes]]\nname = \"off\"",
+                "names none",
+            ),
+            (
+                "[[schemes]]\nname = \"off\"",
+                "[[timeline]]\nat_s = 99\nphase = \"late\"\n\n[[schemes]]\nname = \"off\"",
+                "after the run ends",
+            ),
+        ];
+        for (from, to, want) in cases {
+            assert!(PLAN.contains(from), "{from}");
+            let e = load(&PLAN.replacen(from, to, 1)).unwrap_err();
+            assert!(e.message.contains(want), "{to}: {e}");
+            assert!(
+                e.line.is_some() || e.message.contains("names none"),
+                "{to}: {e}"
+            );
+        }
+        let runs = load(PLAN).unwrap().variants(&Options {
+            seeds: Some(MAX_SEEDS),
+            set: vec![(
+                "sweep.values".into(),
+                toml::Value::Array((0..10).map(toml::Value::Integer).collect()),
+            )],
+            ..Default::default()
+        });
+        assert!(runs.unwrap_err().message.contains("at most 20000"));
     }
 }

@@ -173,26 +173,11 @@ pub fn write(
         for (m, v) in &r.scalars {
             let _ = writeln!(csv, "{},{},{},{m},{v}", r.scheme, x(&r.point), r.seed);
         }
-        for (m, vs) in &r.samples {
-            for (t, v) in vs {
-                let _ = writeln!(
-                    samples,
-                    "{},{},{},{m},{t},{v}",
-                    r.scheme,
-                    x(&r.point),
-                    r.seed
-                );
-            }
-        }
-        for (m, vs) in &r.series {
-            for (t, v) in vs {
-                let _ = writeln!(
-                    series,
-                    "{},{},{},{m},{t},{v}",
-                    r.scheme,
-                    x(&r.point),
-                    r.seed
-                );
+        for (out, map) in [(&mut samples, &r.samples), (&mut series, &r.series)] {
+            for (m, vs) in map {
+                for (t, v) in vs {
+                    let _ = writeln!(out, "{},{},{},{m},{t},{v}", r.scheme, x(&r.point), r.seed);
+                }
             }
         }
     }
@@ -201,7 +186,19 @@ pub fn write(
         put("samples.csv", samples)?;
     }
     put("series.csv", series)?;
-    put("summary.md", summary(loaded, records, prov) + extra)?;
+    let warnings = warnings(loaded, records);
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    let mut text = summary(loaded, records, prov);
+    if !warnings.is_empty() {
+        text.push_str("## Warnings\n\n");
+        for w in &warnings {
+            let _ = writeln!(text, "- {w}");
+        }
+        text.push('\n');
+    }
+    put("summary.md", text + extra)?;
     put(
         "provenance.toml",
         format!(
@@ -224,6 +221,48 @@ pub fn write(
         }
     }
     Ok(files)
+}
+
+/// Figures and summary metrics that name nothing any run measured (a misspelt metric, or a
+/// figure kind that needs samples drawn from a scalar).
+pub fn warnings(loaded: &Loaded, records: &[Record]) -> Vec<String> {
+    let mut out = Vec::new();
+    let has = |f: &dyn Fn(&Record) -> bool| records.iter().any(f);
+    for f in &loaded.plan.figures {
+        let m = f.metric.as_str();
+        let found = match f.kind {
+            FigureKind::Lines | FigureKind::Bars => has(&|r| r.scalars.contains_key(m)),
+            FigureKind::Series => has(&|r| r.series.contains_key(m) || r.samples.contains_key(m)),
+            FigureKind::Cdf => has(&|r| r.samples.contains_key(m)),
+        };
+        if !found {
+            let known: BTreeSet<&String> = records
+                .iter()
+                .flat_map(|r| match f.kind {
+                    FigureKind::Lines | FigureKind::Bars => r.scalars.keys().collect::<Vec<_>>(),
+                    FigureKind::Series => r.series.keys().chain(r.samples.keys()).collect(),
+                    FigureKind::Cdf => r.samples.keys().collect(),
+                })
+                .collect();
+            out.push(format!(
+                "figure '{}' of '{m}': no run measured it (a {} figure takes: {})",
+                kind_name(f.kind),
+                kind_name(f.kind),
+                known.into_iter().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    let all: BTreeSet<&String> = records.iter().flat_map(|r| r.scalars.keys()).collect();
+    for w in &loaded.plan.plan.metrics {
+        let hit = match w.strip_suffix('*') {
+            Some(prefix) => all.iter().any(|m| m.starts_with(prefix)),
+            None => all.contains(w),
+        };
+        if !hit {
+            out.push(format!("'plan.metrics' entry '{w}' matches no metric"));
+        }
+    }
+    out
 }
 
 /// `summary.md`: deterministic for the same plan, seeds and command (wall time is in
@@ -334,15 +373,19 @@ pub fn summary(loaded: &Loaded, records: &[Record], prov: &Provenance) -> String
                 for sc in &t.schemes[1..] {
                     let b = t.values(sc, point, m);
                     if let Some(w) = Welch::test(&a, &b) {
+                        // No spread on either side: nothing to test (the seeds changed nothing
+                        // this metric shows).
+                        let (ci, p) = if w.ci95.0 == w.ci95.1 {
+                            ("–".to_string(), "– (no spread)".to_string())
+                        } else {
+                            (format!("[{}, {}]", sig(w.ci95.0), sig(w.ci95.1)), pval(w.p))
+                        };
                         let _ = writeln!(
                             s,
-                            "| {m} | {sc} | {} | {} | {} | [{}, {}] | {} |",
+                            "| {m} | {sc} | {} | {} | {} | {ci} | {p} |",
                             sig(Summary::of(&a).mean),
                             sig(Summary::of(&b).mean),
                             sig(w.diff),
-                            sig(w.ci95.0),
-                            sig(w.ci95.1),
-                            pval(w.p)
                         );
                     }
                 }
@@ -354,13 +397,15 @@ pub fn summary(loaded: &Loaded, records: &[Record], prov: &Provenance) -> String
 }
 
 fn file_name(f: &Figure, suffix: &str) -> String {
-    let base = f.file.clone().unwrap_or_else(|| {
-        format!(
-            "{}-{}",
-            kind_name(f.kind),
-            f.metric.replace(['.', '@'], "-")
-        )
-    });
+    drawn_as(f, f.kind, suffix)
+}
+
+/// The file name of a figure drawn as `kind` (lines without a sweep are drawn as bars).
+fn drawn_as(f: &Figure, kind: FigureKind, suffix: &str) -> String {
+    let base = f
+        .file
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", kind_name(kind), f.metric.replace(['.', '@'], "-")));
     format!("{base}{suffix}.svg")
 }
 
@@ -470,10 +515,12 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
                     });
                 }
             }
-            out.push((
-                file_name(f, ""),
-                svg::bar_chart(&format!("{title} (95 % CI)"), &f.metric, &bars),
-            ));
+            if !bars.is_empty() {
+                out.push((
+                    drawn_as(f, FigureKind::Bars, ""),
+                    svg::bar_chart(&format!("{title} (95 % CI)"), &f.metric, &bars),
+                ));
+            }
         }
         FigureKind::Series => {
             for p in t.points.iter().filter(|p| in_sweep(f, p)) {

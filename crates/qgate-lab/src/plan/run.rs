@@ -39,15 +39,7 @@ const GRACE: Duration = Duration::from_secs(30);
 
 /// Run one variant in virtual time on this thread.
 pub fn run_variant(v: &Variant) -> Result<Record, String> {
-    let at = format!(
-        "scheme '{}'{} seed {}",
-        v.scheme,
-        v.point
-            .as_ref()
-            .map(|p| format!(" at {p}"))
-            .unwrap_or_default(),
-        v.seed
-    );
+    let at = format!("scheme {}", v.label());
     let mut rec =
         crate::virtual_time(simulate(&v.plan, v.seed)).map_err(|e| format!("{at}: {e}"))?;
     rec.scheme = v.scheme.clone();

@@ -107,17 +107,26 @@ pub struct Scheme {
     pub set: toml::Table,
 }
 
+/// `[sweep]` or `[[sweep]]`; each table's own error passes through (an untagged enum would
+/// hide it behind "did not match any variant").
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Sweep>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(Sweep),
-        Many(Vec<Sweep>),
+    use serde::de::Error;
+    match toml::Value::deserialize(d)? {
+        toml::Value::Array(items) => items
+            .into_iter()
+            .map(|v| {
+                v.try_into()
+                    .map_err(|e: toml::de::Error| D::Error::custom(e.message()))
+            })
+            .collect(),
+        v @ toml::Value::Table(_) => v
+            .try_into()
+            .map(|s| vec![s])
+            .map_err(|e: toml::de::Error| D::Error::custom(e.message())),
+        _ => Err(D::Error::custom(
+            "'sweep' must be a table or an array of tables",
+        )),
     }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    })
 }
 
 /// `[sweep]`: the points every scheme runs at.

@@ -4,8 +4,8 @@
 //! Scalars (after the warm-up): `goodput_mbps` (all flows), `fairness` (Jain's index of the
 //! flows' goodputs), `rtt_ms` (mean of the senders' smoothed RTTs); with `measure`:
 //! `qdelay_ms`, `qdelay_std_ms`, `qdelay_p99_ms` (time in the queue), `utilisation` (bytes the
-//! link delivered ÷ its capacity), `queue_drops`, `aqm_drops`, `random_losses`,
-//! `delivered_packets`. Samples: `flow_goodput_mbps`. Series: `goodput_mbps`, `rtt_ms`,
+//! link delivered ÷ its capacity, second by second as the timeline changes it), `queue_drops`, `aqm_drops`, `random_losses`,
+//! `delivered_packets`. Samples (one per flow): `flow_goodput_mbps`, `flow_rtt_ms`. Series: `goodput_mbps`, `rtt_ms`,
 //! `qdelay_ms`.
 
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ const ALPN: &[u8] = b"qgate-bulk";
 
 pub(super) fn check(
     b: &BulkLoad,
+    duration_s: f64,
     host: &dyn Fn(&str, &str) -> Result<(), String>,
     link: &dyn Fn(&str, &str) -> Result<(), String>,
 ) -> Result<(), String> {
@@ -45,6 +46,26 @@ pub(super) fn check(
                 ))
             }
         }
+    }
+    for (key, v) in [("warmup_s", b.warmup_s), ("stagger_ms", b.stagger_ms)] {
+        if !(0.0..=86_400_000.0).contains(&v) {
+            return Err(format!("workload '{}': '{key}' must be ≥ 0", b.name));
+        }
+    }
+    if b.start_s + b.warmup_s >= duration_s {
+        return Err(format!(
+            "workload '{}': 'start_s' + 'warmup_s' must end before the run does ({duration_s} s)",
+            b.name
+        ));
+    }
+    if b.from.contains(&b.sink) {
+        return Err(format!(
+            "workload '{}': '{}' is both a source ('from') and the sink",
+            b.name, b.sink
+        ));
+    }
+    if b.sources > 10_000 {
+        return Err(format!("workload '{}': at most 10000 'sources'", b.name));
     }
     if b.sources + b.from.len() == 0 {
         return Err(format!(
@@ -73,7 +94,7 @@ pub(crate) struct Prepared {
     server: quinn::Endpoint,
     ccfg: quinn::ClientConfig,
     index: HashMap<IpAddr, usize>,
-    measure: Option<(LinkId, Direction, Option<u64>)>,
+    measure: Option<(LinkId, Direction)>,
     stagger: Vec<Duration>,
 }
 
@@ -139,7 +160,7 @@ pub(super) fn prepare(b: &BulkLoad, world: &mut World, s: &Setup) -> Result<Prep
             let l = world.link(m).map_err(|e| e.to_string())?;
             let d = b.measure_direction.list()[0];
             net.log_sojourns(l.id, d, 20_000_000);
-            Some((l.id, d, net.params(l.id, d).rate_bps))
+            Some((l.id, d))
         }
         None => None,
     };
@@ -202,10 +223,13 @@ impl Prepared {
         let mut qdelays = Vec::new();
         let mut at_warm = None;
         let mut measured_s = 0.0f64;
+        // The measured link's capacity over the measured seconds, bits: its rate may change on
+        // the timeline, and a down link has none.
+        let mut capacity_bits = 0.0f64;
         if warm <= 0.0 {
             at_warm = self
                 .measure
-                .map(|(id, d, _)| (self.net.stats(id, d), self.net.queue_stats(id, d)));
+                .map(|(id, d)| (self.net.stats(id, d), self.net.queue_stats(id, d)));
         }
         for sec in 1u64.. {
             let at = clock.start + Duration::from_secs(sec);
@@ -239,7 +263,7 @@ impl Prepared {
             if !rtts.is_empty() {
                 rtt_series.push((t, rtts.iter().sum::<f64>() / rtts.len() as f64));
             }
-            if let Some((id, d, _)) = self.measure {
+            if let Some((id, d)) = self.measure {
                 let qd: Vec<f64> = self
                     .net
                     .take_sojourns(id, d)
@@ -253,6 +277,10 @@ impl Prepared {
                 if after {
                     qdelays.extend(qd);
                     measured_s += 1.0;
+                    let p = self.net.params(id, d);
+                    if p.up {
+                        capacity_bits += p.rate_bps.map_or(f64::NAN, |r| r as f64);
+                    }
                 }
                 if at_warm.is_none() && t >= warm {
                     at_warm = Some((self.net.stats(id, d), self.net.queue_stats(id, d)));
@@ -284,10 +312,14 @@ impl Prepared {
             .filter(|(_, n)| *n > 0)
             .map(|(s, n)| s / *n as f64)
             .collect();
+        m.samples.push((
+            "flow_rtt_ms".into(),
+            means.iter().map(|r| (warm, *r)).collect(),
+        ));
         if !means.is_empty() {
             m.scalars.push(("rtt_ms".into(), Summary::of(&means).mean));
         }
-        if let (Some((id, d, rate)), Some((s0, q0))) = (self.measure, at_warm) {
+        if let (Some((id, d)), Some((s0, q0))) = (self.measure, at_warm) {
             let s1 = self.net.stats(id, d);
             let q1 = self.net.queue_stats(id, d);
             let q = Summary::of(&qdelays);
@@ -299,10 +331,9 @@ impl Prepared {
                 m.scalars.push(("qdelay_std_ms".into(), q.std));
                 m.scalars.push(("qdelay_p99_ms".into(), p99));
             }
-            if let Some(rate) = rate {
+            if capacity_bits.is_finite() && capacity_bits > 0.0 {
                 let bits = (s1.delivered_bytes - s0.delivered_bytes) as f64 * 8.0;
-                m.scalars
-                    .push(("utilisation".into(), bits / (rate as f64 * span)));
+                m.scalars.push(("utilisation".into(), bits / capacity_bits));
             }
             m.scalars.push((
                 "queue_drops".into(),

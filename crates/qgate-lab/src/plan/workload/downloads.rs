@@ -9,18 +9,17 @@
 //! of runs whose window came from history), `fell_back` (runs the safeguard reset).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use qgate_core::history::{Averaging, HistoryConfig};
 use qgate_netsim::World;
-use qgate_transport::history::{Clock as WallClock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
+use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
 use qgate_transport::{client_config, connect, endpoint, server_config, Socket, TransportOptions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{secs, Clock, Measurements, Setup};
-use crate::history::{serve, Outcome, ALPN};
+use crate::history::{serve, virtual_store, Outcome, ALPN};
 use crate::plan::spec::{DownloadLoad, HistoryMode};
 
 pub(super) fn check(
@@ -29,6 +28,12 @@ pub(super) fn check(
 ) -> Result<(), String> {
     host("workloads.client", &d.client)?;
     host("workloads.server", &d.server)?;
+    if d.client == d.server {
+        return Err(format!(
+            "workload '{}': 'client' and 'server' are the same host",
+            d.name
+        ));
+    }
     if d.bytes == 0 || d.runs == 0 {
         return Err(format!(
             "workload '{}': 'bytes' and 'runs' must be at least 1",
@@ -68,20 +73,11 @@ pub(super) fn prepare(d: &DownloadLoad, world: &mut World, s: &Setup) -> Result<
         .ok_or_else(|| format!("client '{}' has no link", d.client))?;
     let opts = TransportOptions::default();
     let base = server_config(&s.pki.server, &[ALPN], &opts).map_err(|e| e.to_string())?;
-    // History timestamps follow the virtual clock (entries age in simulated time).
-    let t0 = Instant::now();
-    let clock: WallClock = Arc::new(move || 1_700_000_000_000 + t0.elapsed().as_millis() as u64);
-    let store = match d.history {
+    let store = virtual_store(match d.history {
         HistoryMode::Off => None,
-        HistoryMode::Mean => Some(HistoryStore::in_memory(
-            HistoryConfig {
-                averaging: Averaging::Mean,
-                ..Default::default()
-            },
-            clock,
-        )),
-        HistoryMode::Ewma => Some(HistoryStore::in_memory(HistoryConfig::default(), clock)),
-    };
+        HistoryMode::Mean => Some(Averaging::Mean),
+        HistoryMode::Ewma => Some(HistoryConfig::default().averaging),
+    });
     let server_addr = SocketAddr::new(srv_ip, 5443 + s.index as u16);
     let ep = endpoint(
         Socket::from(net.bind(srv, server_addr).map_err(|e| e.to_string())?),

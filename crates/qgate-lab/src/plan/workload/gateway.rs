@@ -5,7 +5,8 @@
 //! Samples: `response_ms`, `priority_ms`, `best_effort_ms` (request sent → response). Scalars:
 //! `requests`, `failed`, `unfinished`, `total_s` (first request → last response, closed loop),
 //! and per path k: `path<k>_share` (of answered requests), `path<k>_priority_share` (of the
-//! priority class's), `path<k>_util` (bytes the link carried gateway → server ÷ its capacity),
+//! priority class's), `path<k>_util` (bytes the link carried gateway → server ÷ its capacity, second by second
+//! as the timeline changes it, from the start of the run),
 //! `path<k>_rtt_ms` (the gateway's mean RTT estimate). Series: `path<k>_rtt_ms`.
 
 use std::net::SocketAddr;
@@ -35,6 +36,23 @@ pub(super) fn check(
 ) -> Result<(), String> {
     host("workloads.gateway", &g.gateway)?;
     host("workloads.server", &g.server)?;
+    if g.gateway == g.server {
+        return Err(format!(
+            "workload '{}': 'gateway' and 'server' are the same host",
+            g.name
+        ));
+    }
+    if g.file_bytes == Some(0) {
+        return Err(format!("workload '{}': 'file_bytes' must be > 0", g.name));
+    }
+    if g.request_timeout_ms
+        .is_some_and(|t| !(t > 0.0 && t <= 3_600_000.0))
+    {
+        return Err(format!(
+            "workload '{}': 'request_timeout_ms' must be in (0, 3600000]",
+            g.name
+        ));
+    }
     if g.paths.is_empty() {
         return Err(format!("workload '{}': 'paths' lists no link", g.name));
     }
@@ -60,6 +78,20 @@ pub(super) fn check(
             g.name
         ));
     }
+    let max_body = GatewayConfig::default().max_body;
+    if g.body_bytes > max_body {
+        return Err(format!(
+            "workload '{}': 'body_bytes' must be at most the gateway's max_body ({max_body})",
+            g.name
+        ));
+    }
+    let max_devices = GatewayConfig::default().max_devices;
+    if g.devices > max_devices || g.pipelining > 64 {
+        return Err(format!(
+            "workload '{}': at most {max_devices} 'devices' (the gateway's max_devices) and 64 'pipelining'",
+            g.name
+        ));
+    }
     if g.body_bytes == 0 || g.pipelining == 0 || g.devices == 0 {
         return Err(format!(
             "workload '{}': 'devices', 'body_bytes' and 'pipelining' must be at least 1",
@@ -80,7 +112,6 @@ struct PathLink {
     id: LinkId,
     /// The gateway → server direction.
     up: Direction,
-    rate_bps: Option<u64>,
 }
 
 /// The server, the gateway and registered devices (with their class), ready to send.
@@ -158,11 +189,7 @@ pub(crate) async fn prepare(
             .bind(gw_host, SocketAddr::new(local, 0))
             .map_err(|e| e.to_string())?;
         builder = builder.with_path(Socket::from(sock), SocketAddr::new(remote, 443));
-        paths.push(PathLink {
-            id: l.id,
-            up,
-            rate_bps: net.params(l.id, up).rate_bps,
-        });
+        paths.push(PathLink { id: l.id, up });
     }
     let running = builder.start().map_err(|e| e.to_string())?;
     // Connect and measure the paths before the devices come.
@@ -291,11 +318,25 @@ impl Prepared {
         let all_sent = async {
             futures_util::future::join_all(sends).await;
             done.store(true, Ordering::Relaxed);
-            clock.t() - g.start_s
+            clock.t()
         };
-        // The paths' RTT estimates once a second until every device is done.
+        let net = self.net.clone();
+        let paths = &self.paths;
+        // A path's capacity now, bit/s (its rate may change on the timeline; down = none).
+        let capacity = move |p: &PathLink| {
+            let params = net.params(p.id, p.up);
+            match (params.up, params.rate_bps) {
+                (false, _) => 0.0,
+                (true, Some(r)) => r as f64,
+                (true, None) => f64::NAN,
+            }
+        };
+        // The paths' RTT estimates, and their capacity summed, once a second until every
+        // device is done.
         let sampler = async {
             let mut series = vec![Vec::new(); n];
+            let mut bits = vec![0.0f64; n];
+            let mut last = 0.0;
             for sec in 1u64.. {
                 let at = clock.start + Duration::from_secs(sec);
                 if at > clock.deadline {
@@ -305,6 +346,10 @@ impl Prepared {
                 if done.load(Ordering::Relaxed) {
                     break;
                 }
+                for (k, p) in paths.iter().enumerate() {
+                    bits[k] += capacity(p);
+                }
+                last = sec as f64;
                 let table = gw.paths().table();
                 for (k, p) in table.paths().iter().enumerate().take(n) {
                     if let Some(rtt) = p.rtt {
@@ -312,9 +357,12 @@ impl Prepared {
                     }
                 }
             }
-            series
+            (series, bits, last)
         };
-        let (elapsed, rtts) = tokio::join!(all_sent, sampler);
+        let (end, (rtts, mut bits, last)) = tokio::join!(all_sent, sampler);
+        for (k, p) in self.paths.iter().enumerate() {
+            bits[k] += capacity(p) * (end - last).max(0.0);
+        }
         let log = std::mem::take(&mut *log.lock().expect("lock"));
         let mut m = Measurements::default();
         let sample = |f: &dyn Fn(&Answer) -> bool| -> Vec<(f64, f64)> {
@@ -331,10 +379,12 @@ impl Prepared {
             .push(("requests".into(), log.answers.len() as f64));
         m.scalars.push(("failed".into(), log.failed as f64));
         m.scalars.push(("unfinished".into(), log.unfinished as f64));
-        if g.file_bytes.is_some() {
-            if let Some(first) = log.first_sent {
-                m.scalars.push(("total_s".into(), log.last_done - first));
-            }
+        if let (true, Some(first), false) = (
+            g.file_bytes.is_some(),
+            log.first_sent,
+            log.answers.is_empty(),
+        ) {
+            m.scalars.push(("total_s".into(), log.last_done - first));
         }
         let answered = log.answers.len().max(1) as f64;
         let prio = log.answers.iter().filter(|a| a.2).count().max(1) as f64;
@@ -346,9 +396,9 @@ impl Prepared {
             m.scalars.push((format!("path{}_share", k + 1), share));
             m.scalars
                 .push((format!("path{}_priority_share", k + 1), pshare));
-            if let Some(rate) = p.rate_bps {
+            if bits[k].is_finite() && bits[k] > 0.0 {
                 let bytes = self.net.stats(p.id, p.up).delivered_bytes - before[k];
-                let util = bytes as f64 * 8.0 / (rate as f64 * elapsed.max(1e-9));
+                let util = bytes as f64 * 8.0 / bits[k];
                 m.scalars.push((format!("path{}_util", k + 1), util));
             }
             let series = rtts[k].clone();

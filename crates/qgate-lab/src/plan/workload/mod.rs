@@ -61,15 +61,24 @@ pub enum Prepared {
     Downloads(Box<downloads::Prepared>),
 }
 
-/// Check a workload's host and link names against the topology.
+/// Check a workload's host and link names against the topology, and its values against the
+/// run's length.
 pub fn check(
     w: &Workload,
+    duration_s: f64,
     host: &dyn Fn(&str, &str) -> Result<(), String>,
     link: &dyn Fn(&str, &str) -> Result<(), String>,
 ) -> Result<(), String> {
+    if w.start_s() >= duration_s {
+        return Err(format!(
+            "workload '{}': 'start_s' ({}) must be before the run ends ('plan.duration_s' = {duration_s})",
+            w.name(),
+            w.start_s()
+        ));
+    }
     match w {
         Workload::Gateway(g) => gateway::check(g, host, link),
-        Workload::Bulk(b) => bulk::check(b, host, link),
+        Workload::Bulk(b) => bulk::check(b, duration_s, host, link),
         Workload::Downloads(d) => downloads::check(d, host),
     }
 }
