@@ -106,32 +106,52 @@ fn aqm_run_is_sane_and_deterministic() {
 
 #[test]
 fn history_series_learns_and_starts_higher() {
-    use qgate_lab::history::{run_series, Scheme, Series, GOOD};
-    let base = Series {
-        experiment: "simple",
-        net: GOOD,
-        bytes: 1_000_000,
-        scheme: Scheme::Default,
-        background: 0,
-        runs: 4,
-        change: None,
-        safeguard: false,
-        seed: 3,
-    };
+    use qgate_lab::plan::{run::run_variant, Options};
+    let plans = qgate_lab::paper002::plans().unwrap();
+    let variants = plans[0]
+        .0
+        .variants(&Options {
+            seeds: Some(1),
+            schemes: vec!["default".into(), "history-ewma".into()],
+            points: Some(vec![0]),
+            set: vec![("workloads.dl.runs".into(), 4.into())],
+            ..Default::default()
+        })
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.point.as_ref().is_some_and(|p| p.sweep == "1MB"))
+        .collect::<Vec<_>>();
+    assert_eq!(variants.len(), 2);
     let t = std::time::Instant::now();
-    let d = run_series(&base);
-    let h = run_series(&Series {
-        scheme: Scheme::Ewma,
-        ..base.clone()
-    });
-    eprintln!("history series: {:?} wall\n{d:?}\n{h:?}", t.elapsed());
-    assert_eq!((d.len(), h.len()), (4, 4));
-    assert!(d.iter().all(|r| !r.from_history));
-    assert!(!h[0].from_history, "the first run has no history");
-    assert!(h[1..]
+    let d = run_variant(&variants[0]).unwrap();
+    let h = run_variant(&variants[1]).unwrap();
+    eprintln!(
+        "history series: {:?} wall\n{:?}\n{:?}",
+        t.elapsed(),
+        d.scalars,
+        h.scalars
+    );
+    assert_eq!(
+        (d.scalars["dl.completed"], h.scalars["dl.completed"]),
+        (4.0, 4.0)
+    );
+    assert_eq!(d.scalars["dl.from_history"], 0.0);
+    assert_eq!(
+        h.scalars["dl.from_history"], 0.75,
+        "every run but the first"
+    );
+    let iw = |r: &qgate_lab::plan::run::Record| r.samples["dl.initial_window_kb"].clone();
+    let default_iw = iw(&d)[0].1;
+    assert!(iw(&d).iter().all(|s| s.1 == default_iw));
+    assert!(
+        iw(&h).iter().all(|s| s.1 > default_iw),
+        "history starts higher: {:?} vs {default_iw}",
+        iw(&h)
+    );
+    assert!(h.samples["dl.latency_s"]
         .iter()
-        .all(|r| r.from_history && r.initial_window > d[0].initial_window));
-    assert!(h.iter().all(|r| r.latency_s > 0.038 && r.loss_ratio < 0.5));
+        .chain(&d.samples["dl.latency_s"])
+        .all(|s| s.1 > 0.038));
 }
 
 #[test]

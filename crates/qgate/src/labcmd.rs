@@ -24,7 +24,8 @@ pub enum Lab {
     Faults(FaultsArgs),
     /// Gain and phase margins of PID-Delay's gains on the linearised model (paper 004 §III).
     Margins(MarginArgs),
-    /// Paper 002: initial congestion window from history (results/history/).
+    /// Paper 002: initial congestion window from history (runs the shipped plans
+    /// lab/plans/paper002-*.toml into results/history/).
     History(HistoryArgs),
     /// Paper 000: the gateway's schedulers over three backhaul paths (runs the shipped plan
     /// lab/plans/paper000-proxy.toml into results/proxy/).
@@ -112,15 +113,21 @@ pub struct ProxyArgs {
 
 #[derive(Args, Debug)]
 pub struct HistoryArgs {
-    /// Smoke run: 5 runs per series, 1 MB only, fewer variants.
+    /// Smoke run: the plans' [plan.quick] (5 downloads per series, 1 MB, fewer variants).
     #[arg(long)]
     quick: bool,
-    /// Downloads per series [default: 50].
+    /// Downloads per series [default: 50; 5 with --quick].
     #[arg(long)]
     runs: Option<usize>,
-    /// Where to write results [default: results/history].
+    /// Seeds per series [default: the plans', 3; 1 with --quick].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Where to write results [default: results/history; dumbbell/ and change/ below it].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Simulations run at once [default: one per core].
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -414,22 +421,38 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
 }
 
 fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
-    use qgate_lab::{history, history_report};
     let runs = a.runs.unwrap_or(if a.quick { 5 } else { 50 });
     if runs < 2 {
         return Err(usage(
             "--runs must be at least 2 (the first run of a series has no history)",
         ));
     }
-    let plan = history::plan(runs, a.quick);
-    scenario(
-        "history",
-        "series",
-        plan.len(),
-        a.out,
-        |tick| history::run_all(&plan, tick),
-        |out, results, command| history_report::write_all(out, &plan, results, command),
-    )
+    let root = a.out.unwrap_or_else(|| PathBuf::from("results/history"));
+    let opts = qgate_lab::plan::Options {
+        seeds: a.seeds,
+        quick: a.quick,
+        set: vec![(
+            "workloads.dl.runs".into(),
+            toml::Value::Integer(runs as i64),
+        )],
+        ..Default::default()
+    };
+    let plans = qgate_lab::paper002::plans().map_err(usage)?;
+    let mut done = Vec::new();
+    for (loaded, sub) in &plans {
+        let out = out_dir(loaded, Some(root.join(sub)))?;
+        done.push((execute(loaded, &opts, a.jobs)?, out));
+    }
+    let extra = qgate_lab::paper002::against_paper(
+        &done[0].0.records,
+        &done[1].0.records,
+        &done[2].0.records,
+    );
+    for (i, ((loaded, _), (ran, out))) in plans.iter().zip(done).enumerate() {
+        let e = if i == 0 { extra.as_str() } else { "" };
+        write_results(loaded, &opts, &ran, out, false, e)?;
+    }
+    Ok(())
 }
 
 /// Run scenario `name` (`total` items of `unit`) with a progress bar (one line per item when

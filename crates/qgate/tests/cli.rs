@@ -497,18 +497,26 @@ fn lab_history_quick_writes_every_result_file() {
         &[
             "results.csv",
             "summary.md",
-            "latency_1MB_good.svg",
-            "latency_1MB_bad.svg",
-            "loss_ratio_1MB.svg",
-            "dumbbell_good.svg",
-            "good_to_bad_latency.svg",
+            "provenance.toml",
+            "lines-dl-latency_s_mean-1MB.svg",
+            "cdf-dl-latency_s-1MB-38.svg",
+            "dumbbell/summary.md",
+            "change/summary.md",
+            "change/series-dl-latency_s.svg",
         ],
     );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
-    // 12 series × 5 runs, minus any run that failed to complete.
-    assert!(csv.lines().count() > 50, "{csv}");
+    for scheme in ["default", "history-mean", "history-ewma"] {
+        assert!(
+            csv.contains(&format!("{scheme},1MB,38,1,dl.latency_s_mean,")),
+            "{scheme}:\n{csv}"
+        );
+    }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    assert!(summary.contains("## Against paper 002") && summary.contains("## Good → bad"));
+    assert!(
+        summary.contains("## Against paper 002") && summary.contains("Good → bad"),
+        "{summary}"
+    );
     let o = run(&home, &["lab", "history", "--runs", "1"]);
     assert_fails(o, 2, "--runs must be at least 2");
 }

@@ -67,6 +67,7 @@ async fn simulate(plan: &Plan, seed: u64) -> Result<Record, String> {
     let clock = Clock {
         start,
         deadline: start + Duration::from_secs_f64(plan.plan.duration_s),
+        finished: Arc::default(),
     };
     let world = Arc::new(world);
     let changes = plan.timeline.clone();
@@ -90,11 +91,41 @@ async fn simulate(plan: &Plan, seed: u64) -> Result<Record, String> {
         })
     };
     let names: Vec<String> = prepared.iter().map(|p| p.0.clone()).collect();
-    let runs = prepared.into_iter().map(|(_, p)| p.run(clock));
-    let results =
-        tokio::time::timeout_at(clock.deadline + GRACE, futures_util::future::join_all(runs))
-            .await
-            .map_err(|_| format!("workloads still running {GRACE:?} after the deadline"))?;
+    let background: Vec<bool> = prepared.iter().map(|p| p.1.is_background()).collect();
+    let mut fg = Vec::new();
+    let mut bg = Vec::new();
+    for (_, p) in prepared {
+        if p.is_background() {
+            bg.push(p.run(clock.clone()));
+        } else {
+            fg.push(p.run(clock.clone()));
+        }
+    }
+    let any_fg = !fg.is_empty();
+    let finished = clock.finished.clone();
+    let fg = async move {
+        let r = futures_util::future::join_all(fg).await;
+        // The run's own work is done: background flows stop (decision X4).
+        if any_fg {
+            finished.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    };
+    let both = async { tokio::join!(fg, futures_util::future::join_all(bg)) };
+    let (fg, bg) = tokio::time::timeout_at(clock.deadline + GRACE, both)
+        .await
+        .map_err(|_| format!("workloads still running {GRACE:?} after the deadline"))?;
+    let (mut fg, mut bg) = (fg.into_iter(), bg.into_iter());
+    let results: Vec<_> = background
+        .iter()
+        .map(|&b| {
+            if b {
+                bg.next().expect("one per background workload")
+            } else {
+                fg.next().expect("one per workload")
+            }
+        })
+        .collect();
     if timeline.is_finished() {
         timeline
             .await

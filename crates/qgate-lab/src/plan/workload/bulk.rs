@@ -1,5 +1,6 @@
 //! `kind = "bulk"`: one endless QUIC upload per source to a sink (paper 004's traffic), with
-//! the queue of one link measured.
+//! the queue of one link measured. Background work: it stops when the run's other workloads
+//! have ended (or at the deadline when it is alone).
 //!
 //! Scalars (after the warm-up): `goodput_mbps` (all flows), `fairness` (Jain's index of the
 //! flows' goodputs), `rtt_ms` (mean of the senders' smoothed RTTs); with `measure`:
@@ -233,7 +234,7 @@ impl Prepared {
         }
         for sec in 1u64.. {
             let at = clock.start + Duration::from_secs(sec);
-            if at > clock.deadline {
+            if at > clock.deadline || clock.finished() {
                 break;
             }
             tokio::time::sleep_until(at).await;

@@ -9,18 +9,111 @@
 //! of runs whose window came from history), `fell_back` (runs the safeguard reset).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use qgate_core::history::{Averaging, HistoryConfig};
 use qgate_netsim::World;
-use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
+use qgate_transport::history::{
+    server_peer_key, Clock as WallClock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR,
+};
 use qgate_transport::{client_config, connect, endpoint, server_config, Socket, TransportOptions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{secs, Clock, Measurements, Setup};
-use crate::history::{serve, virtual_store, Outcome, ALPN};
 use crate::plan::spec::{DownloadLoad, HistoryMode};
+
+/// The protocol: the client asks for a byte count (8 bytes, big endian).
+const ALPN: &[u8] = b"qgate-history";
+
+/// An in-memory history store averaging with `averaging` (none: no history) whose timestamps
+/// follow the tokio clock, so entries age in simulated time.
+fn virtual_store(averaging: Option<Averaging>) -> Option<Arc<HistoryStore>> {
+    let start = Instant::now();
+    let clock: WallClock = Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64);
+    averaging.map(|averaging| {
+        HistoryStore::in_memory(
+            HistoryConfig {
+                averaging,
+                ..Default::default()
+            },
+            clock,
+        )
+    })
+}
+
+/// The server's view of one download.
+struct Outcome {
+    loss_ratio: f64,
+    initial_window: u64,
+    from_history: bool,
+    fell_back: bool,
+}
+
+/// Serve downloads on `ep`: a request is the byte count (8 bytes, big endian; 0 = endless);
+/// each finished download's outcome goes to `tx` with the client's address.
+async fn serve(
+    ep: quinn::Endpoint,
+    base: quinn::ServerConfig,
+    opts: TransportOptions,
+    store: Option<Arc<HistoryStore>>,
+    safeguard: Option<f64>,
+    tx: mpsc::Sender<(SocketAddr, Outcome)>,
+) {
+    while let Some(incoming) = ep.accept().await {
+        let peer = incoming.remote_address();
+        let (connecting, hist) = match &store {
+            Some(store) => {
+                let (cfg, h) = store
+                    .server_config(&base, &opts, &server_peer_key(peer), safeguard)
+                    .expect("valid options");
+                (incoming.accept_with(cfg), Some(h))
+            }
+            None => (incoming.accept(), None),
+        };
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let Ok(connecting) = connecting else { return };
+            let Ok(conn) = connecting.await else { return };
+            let initial_window = conn.congestion_state().initial_window();
+            let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+                return;
+            };
+            let mut req = [0u8; 8];
+            if recv.read_exact(&mut req).await.is_err() {
+                return;
+            }
+            let want = u64::from_be_bytes(req);
+            let chunk = Bytes::from(vec![0x17u8; 64 * 1024]);
+            if want == 0 {
+                // Background flow: send until the connection goes away.
+                while send.write_chunk(chunk.clone()).await.is_ok() {}
+                return;
+            }
+            let mut left = want;
+            while left > 0 {
+                let n = left.min(chunk.len() as u64) as usize;
+                if send.write_chunk(chunk.slice(..n)).await.is_err() {
+                    return;
+                }
+                left -= n as u64;
+            }
+            let _ = send.finish();
+            let _ = send.stopped().await;
+            let st = conn.stats().path;
+            let outcome = Outcome {
+                loss_ratio: st.lost_packets as f64 / st.sent_packets.max(1) as f64,
+                initial_window,
+                from_history: hist.as_ref().is_some_and(|h| h.decision.from_history),
+                fell_back: hist.as_ref().is_some_and(|h| h.fell_back()),
+            };
+            let _ = tx.send((peer, outcome)).await;
+        });
+    }
+}
 
 pub(super) fn check(
     d: &DownloadLoad,

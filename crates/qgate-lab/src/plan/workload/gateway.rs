@@ -262,6 +262,7 @@ struct Log {
 
 impl Prepared {
     pub(super) async fn run(self, clock: Clock) -> Measurements {
+        let clock = &clock;
         let g = &self.spec;
         let begin = clock.start + secs(g.start_s);
         let body = Bytes::from(vec![0x5au8; g.body_bytes]);
@@ -289,7 +290,7 @@ impl Prepared {
                                         log.lock().expect("lock").unfinished += 1;
                                         continue;
                                     }
-                                    send(d, *prio, body.clone(), &log, clock).await;
+                                    send(d, *prio, body.clone(), &log, &clock).await;
                                 }
                             });
                             futures_util::future::join_all(lanes).await;
@@ -304,7 +305,7 @@ impl Prepared {
                                     break;
                                 }
                                 tokio::time::sleep_until(at).await;
-                                send(d, *prio, body.clone(), &log, clock).await;
+                                send(d, *prio, body.clone(), &log, &clock).await;
                                 k += 1;
                             }
                         }
@@ -416,7 +417,7 @@ impl Prepared {
     }
 }
 
-async fn send(d: &Device, prio: bool, body: Bytes, log: &Mutex<Log>, clock: Clock) {
+async fn send(d: &Device, prio: bool, body: Bytes, log: &Mutex<Log>, clock: &Clock) {
     let t = clock.t();
     {
         let mut l = log.lock().expect("lock");

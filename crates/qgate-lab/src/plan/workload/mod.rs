@@ -36,18 +36,27 @@ pub struct Setup {
 }
 
 /// When a run's workloads start and must stop.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Clock {
     /// t = 0.
     pub start: Instant,
     /// No new work after this.
     pub deadline: Instant,
+    /// Set once every workload with an end (devices' files, downloads) has ended: endless
+    /// background workloads (bulk flows) stop then, or at the deadline if the run has only
+    /// background work.
+    pub finished: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Clock {
     /// Seconds since the start.
     pub fn t(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+
+    /// Whether the work this run is about has ended.
+    pub fn finished(&self) -> bool {
+        self.finished.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -98,6 +107,11 @@ pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepa
 }
 
 impl Prepared {
+    /// Whether it runs until the others end (bulk flows) rather than to an end of its own.
+    pub fn is_background(&self) -> bool {
+        matches!(self, Prepared::Bulk(_))
+    }
+
     /// Run until done or the deadline.
     pub async fn run(self, clock: Clock) -> Measurements {
         match self {

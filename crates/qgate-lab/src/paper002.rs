@@ -1,0 +1,226 @@
+//! `qgate lab history`: paper 002's experiments, run from the shipped plans
+//! `lab/plans/paper002-history.toml` (simple topology), `paper002-dumbbell.toml` (competing
+//! flows) and `paper002-change.toml` (good → bad, beyond the paper), with the paper's claims
+//! held against the same runs. The paper's unit is the download, so its comparisons pool the
+//! downloads of every seed (Welch's test over them); the plan tables compare per-seed means.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::plan::run::Record;
+use crate::plan::{Loaded, PlanError};
+use crate::stats::{Summary, Welch};
+
+/// The simple-topology plan.
+pub const PLAN: &str = include_str!("../../../lab/plans/paper002-history.toml");
+/// The dumbbell plan.
+pub const DUMBBELL_PLAN: &str = include_str!("../../../lab/plans/paper002-dumbbell.toml");
+/// The good → bad plan.
+pub const CHANGE_PLAN: &str = include_str!("../../../lab/plans/paper002-change.toml");
+
+/// The three plans, parsed, with the directory each writes below `results/history`.
+pub fn plans() -> Result<Vec<(Loaded, &'static str)>, PlanError> {
+    Ok(vec![
+        (
+            Loaded::parse(PLAN, Path::new("lab/plans/paper002-history.toml"))?,
+            "",
+        ),
+        (
+            Loaded::parse(DUMBBELL_PLAN, Path::new("lab/plans/paper002-dumbbell.toml"))?,
+            "dumbbell",
+        ),
+        (
+            Loaded::parse(CHANGE_PLAN, Path::new("lab/plans/paper002-change.toml"))?,
+            "change",
+        ),
+    ])
+}
+
+/// Every download's value of sample `metric` at (sweep, point index) for `scheme`, all seeds.
+fn pooled(records: &[Record], at: Option<(&str, usize)>, scheme: &str, metric: &str) -> Vec<f64> {
+    records
+        .iter()
+        .filter(|r| r.scheme == scheme)
+        .filter(|r| match (at, &r.point) {
+            (Some((sw, i)), Some(p)) => p.sweep == sw && p.index == i,
+            (None, None) => true,
+            _ => false,
+        })
+        .flat_map(|r| r.samples.get(metric).into_iter().flatten().map(|s| s.1))
+        .collect()
+}
+
+/// "−12.3 % (p = 0.004, n = 147 / 147)" for b against a.
+fn change(a: &[f64], b: &[f64]) -> (f64, Option<Welch>, String) {
+    let (ma, mb) = (Summary::of(a).mean, Summary::of(b).mean);
+    let pct = (mb / ma - 1.0) * 100.0;
+    let w = Welch::test(a, b);
+    let p = match w {
+        Some(w) if w.ci95.0 != w.ci95.1 => format!("p = {:.3}", w.p),
+        Some(_) => "no spread".into(),
+        None => "too few downloads".into(),
+    };
+    (
+        pct,
+        w,
+        format!("{pct:+.1} % ({p}, n = {} / {})", a.len(), b.len()),
+    )
+}
+
+/// A claimed reduction holds if ours is a reduction with p < 0.05; "≈ unchanged" if p ≥ 0.05
+/// or the change is under 5 %.
+fn verdict(claim_pct: f64, pct: f64, w: Option<Welch>) -> &'static str {
+    let significant = w.is_some_and(|w| w.p < 0.05 && w.ci95.0 != w.ci95.1);
+    if claim_pct == 0.0 {
+        if !significant || pct.abs() < 5.0 {
+            "agrees"
+        } else {
+            "**differs**"
+        }
+    } else if pct < 0.0 && significant {
+        if (pct - claim_pct).abs() <= claim_pct.abs() * 0.5 {
+            "agrees"
+        } else {
+            "agrees in direction, **not in size**"
+        }
+    } else if pct < 0.0 {
+        "agrees in direction, **not significant**"
+    } else {
+        "**differs**"
+    }
+}
+
+/// The section appended to the simple plan's summary: each of the paper's claims against the
+/// three plans' runs.
+pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Record]) -> String {
+    let mut s = String::from("## Against paper 002\n\n");
+    let _ = writeln!(
+        s,
+        "Download time of history (EWMA and mean) against the default initial window; every \
+         download after the first of each series, all seeds pooled; Welch's t-test.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| claim | paper | ours: EWMA | ours: mean | verdict (EWMA) |\n|---|---|---|---|---|"
+    );
+    let nets = [(0, "good"), (1, "average"), (2, "bad")];
+    let claims: [(&str, usize, f64); 6] = [
+        ("1MB", 0, -31.0),
+        ("1MB", 1, -38.0),
+        ("1MB", 2, 0.0),
+        ("10MB", 0, -13.0),
+        ("10MB", 1, -9.0),
+        ("10MB", 2, 0.0),
+    ];
+    for (size, i, paper) in claims {
+        let base = pooled(simple, Some((size, i)), "default", "dl.latency_s");
+        if base.is_empty() {
+            continue;
+        }
+        let (pct, w, ewma) = change(
+            &base,
+            &pooled(simple, Some((size, i)), "history-ewma", "dl.latency_s"),
+        );
+        let (_, _, mean) = change(
+            &base,
+            &pooled(simple, Some((size, i)), "history-mean", "dl.latency_s"),
+        );
+        let claim = if paper == 0.0 {
+            "≈ unchanged (history below default)".to_string()
+        } else {
+            format!("{paper:+.0} %")
+        };
+        let _ = writeln!(
+            s,
+            "| {size} {} network | {claim} | {ewma} | {mean} | {} |",
+            nets[i].1,
+            verdict(paper, pct, w)
+        );
+    }
+    for (sweep, paper) in [("good", -22.0), ("average", -31.0)] {
+        for i in 0..4 {
+            let base = pooled(dumbbell, Some((sweep, i)), "default", "dl.latency_s");
+            if base.is_empty() {
+                continue;
+            }
+            let (pct, w, ewma) = change(
+                &base,
+                &pooled(dumbbell, Some((sweep, i)), "history-ewma", "dl.latency_s"),
+            );
+            let (_, _, mean) = change(
+                &base,
+                &pooled(dumbbell, Some((sweep, i)), "history-mean", "dl.latency_s"),
+            );
+            let _ = writeln!(
+                s,
+                "| dumbbell 1MB {sweep}, {} competing flow(s) | {paper:+.0} % | {ewma} | {mean} | {} |",
+                i + 1,
+                verdict(paper, pct, w)
+            );
+        }
+    }
+    s.push('\n');
+    if !change_runs.is_empty() {
+        let loss = |scheme: &str| -> Summary {
+            let v: Vec<f64> = change_runs
+                .iter()
+                .filter(|r| r.scheme == scheme)
+                .filter_map(|r| r.scalars.get("dl.loss_ratio_mean@bad").copied())
+                .collect();
+            Summary::of(&v)
+        };
+        let fell: f64 = change_runs
+            .iter()
+            .filter(|r| r.scheme == "ewma+safeguard")
+            .filter_map(|r| r.scalars.get("dl.fell_back").copied())
+            .sum();
+        let (d, e, g) = (
+            loss("default"),
+            loss("history-ewma"),
+            loss("ewma+safeguard"),
+        );
+        let _ = writeln!(
+            s,
+            "Good → bad (beyond the paper): in the bad phase the loss ratio was {:.4} (default), \
+             {:.4} (EWMA history from the good network) and {:.4} (with the safeguard), means \
+             over {} seeds; the safeguard reset the window to the default on {fell:.0} \
+             connection(s). A loss storm would show as a loss ratio well above the default's.\n",
+            d.mean, e.mean, g.mean, d.n
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shipped_plans_parse() {
+        let p = super::plans().unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[0].0.plan.plan.name, "history");
+    }
+
+    #[test]
+    fn verdicts() {
+        use super::verdict;
+        let w = |p: f64| {
+            Some(crate::stats::Welch {
+                diff: -1.0,
+                ci95: (-2.0, -0.5),
+                p,
+            })
+        };
+        assert_eq!(verdict(-31.0, -35.0, w(0.001)), "agrees");
+        assert_eq!(
+            verdict(-38.0, -10.0, w(0.01)),
+            "agrees in direction, **not in size**"
+        );
+        assert_eq!(
+            verdict(-38.0, -10.0, w(0.2)),
+            "agrees in direction, **not significant**"
+        );
+        assert_eq!(verdict(-13.0, 2.0, w(0.5)), "**differs**");
+        assert_eq!(verdict(0.0, 1.0, w(0.5)), "agrees");
+        assert_eq!(verdict(0.0, -20.0, w(0.001)), "**differs**");
+    }
+}
