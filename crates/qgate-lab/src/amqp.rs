@@ -24,7 +24,7 @@ use qgate_netsim::{Direction, LinkId, LinkParams, LossModel, Network, TraceEvent
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 use tokio::time::Instant;
 
-use crate::usertcp::TcpHost;
+use qgate_netsim::tcp::TcpHost;
 
 /// Paper 003 §4.3's sample message: 138 bytes (used as the body in every case, *decided*).
 pub const MESSAGE_BYTES: usize = 138;
@@ -297,7 +297,7 @@ fn broker() -> Broker {
 impl Bed {
     /// The simulated network: sender and receiver each on a `channel` link to an access point,
     /// the broker wired to it (1 Gbit/s, 0.1 ms). QUIC runs on the simulator's UDP; TCP+TLS on
-    /// a user-space TCP ([`crate::usertcp`]) over the same links.
+    /// a user-space TCP ([`qgate_netsim::tcp`]) over the same links.
     pub fn netsim(channel: Channel, transport: Transport, seed: u64) -> Bed {
         let net = Network::new(seed);
         let ap = net.add_host("ap");

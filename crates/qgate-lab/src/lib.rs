@@ -19,7 +19,6 @@ pub mod plan;
 pub mod pool;
 pub mod stats;
 pub mod svg;
-pub mod usertcp;
 
 /// Run `f` on a single-threaded tokio runtime whose clock is paused: time advances only when
 /// every task waits, straight to the next timer, so simulated minutes take wall-clock

@@ -269,7 +269,7 @@ fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
 
 #[test]
 fn user_space_tcp_carries_bytes_in_order_over_a_lossy_simulated_link() {
-    use qgate_lab::usertcp::TcpHost;
+    use qgate_netsim::tcp::TcpHost;
     use qgate_netsim::{LinkParams, LossModel, Network};
     use std::net::{Ipv4Addr, SocketAddr};
     use std::time::Duration;

@@ -27,6 +27,8 @@ mod link;
 mod loss;
 mod network;
 mod socket;
+#[cfg(feature = "tcp")]
+pub mod tcp;
 pub mod topology;
 mod trace;
 

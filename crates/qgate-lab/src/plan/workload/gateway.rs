@@ -290,7 +290,7 @@ impl Prepared {
                                         log.lock().expect("lock").unfinished += 1;
                                         continue;
                                     }
-                                    send(d, *prio, body.clone(), &log, &clock).await;
+                                    send(d, *prio, body.clone(), &log, clock).await;
                                 }
                             });
                             futures_util::future::join_all(lanes).await;
@@ -305,7 +305,7 @@ impl Prepared {
                                     break;
                                 }
                                 tokio::time::sleep_until(at).await;
-                                send(d, *prio, body.clone(), &log, &clock).await;
+                                send(d, *prio, body.clone(), &log, clock).await;
                                 k += 1;
                             }
                         }
