@@ -8,3 +8,4 @@ pub mod probe;
 pub mod protocol;
 pub mod scheduler;
 pub mod session;
+pub mod units;

@@ -24,9 +24,11 @@ use crate::paths::PathManager;
 use qgate_core::protocol::{self as wire, Registered, PATH_HEADER, REQUEST_ID_HEADER};
 pub use qgate_core::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
 
-/// Gateway limits and timeouts. The defaults live here (and in [`SessionLimits::DEFAULT`] and
-/// [`compact::Limits::DEFAULT`]); the CLI's help reads them from there.
-#[derive(Debug, Clone)]
+/// Gateway limits and timeouts, and the `[gateway]` keys of a config file that set them
+/// (durations as `"5s"`). The defaults live here (and in [`SessionLimits::DEFAULT`] and
+/// [`compact::Limits::DEFAULT`]); the CLI composes this type and its help reads them from here.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// Most devices registered at once.
     pub max_devices: usize,
@@ -37,6 +39,7 @@ pub struct GatewayConfig {
     /// Most sessions registered from one source IP address (decision G10).
     pub max_sessions_per_address: usize,
     /// A session with nothing in flight and no request for this long expires (decision G10).
+    #[serde(with = "qgate_core::units::duration")]
     pub session_idle_timeout: Duration,
     /// Most device handshakes in progress, a budget apart from `max_devices` (decision G12).
     pub max_handshakes: usize,
@@ -44,14 +47,17 @@ pub struct GatewayConfig {
     /// with a QUIC Retry first (decision G12).
     pub retry_above: usize,
     /// A device handshake not finished within this long is closed (decision G12).
+    #[serde(with = "qgate_core::units::duration")]
     pub handshake_timeout: Duration,
     /// Give up on a forwarded request on one path after this long, and retry on another.
+    #[serde(with = "qgate_core::units::duration")]
     pub request_timeout: Duration,
     /// Paths tried per request.
     pub attempts: usize,
     /// Largest request body.
     pub max_body: usize,
-    /// The server's authority in forwarded URIs.
+    /// The server's authority in forwarded URIs, and the name its certificate must carry.
+    #[serde(rename = "server_name")]
     pub server_authority: String,
 }
 

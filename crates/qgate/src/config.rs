@@ -102,8 +102,28 @@ impl Config {
 
     /// Parse and check a config file's `text`; errors name `origin` (the file).
     pub fn parse(text: &str, origin: &str) -> anyhow::Result<Config> {
-        let cfg: Config = toml::from_str(text)
-            .map_err(|e| anyhow::anyhow!("config file {origin}: {}", e.to_string().trim_end()))?;
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            // A key inside a table that flattens a crate's own config is reported at the
+            // table's header: name the key's own line too.
+            let key_line = e.message().split('`').nth(1).and_then(|key| {
+                let from = e
+                    .span()
+                    .map_or(0, |s| text[..s.start].matches('\n').count());
+                text.lines()
+                    .enumerate()
+                    .skip(from)
+                    .find(|(_, l)| {
+                        l.trim_start()
+                            .strip_prefix(key)
+                            .is_some_and(|r| r.trim_start().starts_with('='))
+                    })
+                    .map(|(i, _)| i + 1)
+            });
+            let at = key_line
+                .map(|l| format!(" (the key is on line {l})"))
+                .unwrap_or_default();
+            anyhow::anyhow!("config file {origin}: {}{at}", e.to_string().trim_end())
+        })?;
         cfg.transport
             .validate()
             .map_err(|e| anyhow::anyhow!("config file {origin}: [transport] {e}"))?;
@@ -111,31 +131,7 @@ impl Config {
     }
 }
 
-/// Parse a duration like `250ms`, `10s`, `1.5s`, `2m`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("duration '{s}' needs a unit: ms, s or m (e.g. 10s)"))?;
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("duration '{s}': '{num}' is not a number"))?;
-    let secs = match unit {
-        "ms" => v / 1000.0,
-        "s" => v,
-        "m" | "min" => v * 60.0,
-        _ => {
-            return Err(format!(
-                "duration '{s}': unknown unit '{unit}' (use ms, s or m)"
-            ))
-        }
-    };
-    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
-        return Err(format!("duration '{s}' must be positive and at most a day"));
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
-}
+pub use qgate_core::units::parse_duration;
 
 #[cfg(test)]
 mod tests {
@@ -155,18 +151,6 @@ mod tests {
     }
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("10").unwrap_err().contains("needs a unit"));
-        assert!(parse_duration("10h")
-            .unwrap_err()
-            .contains("unknown unit 'h'"));
-        assert!(parse_duration("0s").unwrap_err().contains("positive"));
-    }
-
-    #[test]
     fn the_shipped_gateway_toml_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/gateway.toml");
         let cfg = Config::load(&path).unwrap();
@@ -176,12 +160,21 @@ mod tests {
         assert_eq!(g.paths[2].server, Some("10.0.3.2:4433".parse().unwrap()));
         assert_eq!(cfg.history.mode, Some(HistoryMode::Ewma));
         assert_eq!(cfg.transport.idle_timeout_ms, 30_000);
+        // The example documents the gateway crate's defaults: it must not drift from them.
+        assert_eq!(
+            g.limits,
+            qgate_gateway::gateway::GatewayConfig::default(),
+            "docs/examples/gateway.toml disagrees with GatewayConfig::default()"
+        );
         // A misspelt key is named, with its place in the file.
         let bad = std::env::temp_dir().join(format!("qgate-gw-{}.toml", std::process::id()));
         std::fs::write(&bad, "[gateway]\nschedular = \"single\"\n").unwrap();
         let e = Config::load(&bad).unwrap_err().to_string();
-        std::fs::remove_file(&bad).ok();
         assert!(e.contains("schedular") && e.contains("line 2"), "{e}");
+        std::fs::write(&bad, "[gateway]\nrequest_timeout = \"5 parsecs\"\n").unwrap();
+        let e = Config::load(&bad).unwrap_err().to_string();
+        std::fs::remove_file(&bad).ok();
+        assert!(e.contains("unknown unit") && e.contains("parsecs"), "{e}");
     }
 
     #[test]

@@ -25,36 +25,18 @@ pub struct GatewaySection {
     pub listen: Option<SocketAddr>,
     /// The server, for paths that do not name their own.
     pub server: Option<SocketAddr>,
-    /// The name on the server's certificate.
-    pub server_name: Option<String>,
     /// CA to trust for the server.
     pub ca: Option<PathBuf>,
     /// adaptive, round-robin or single.
     pub scheduler: Option<String>,
     /// Routine probe period, e.g. "30s".
     pub probe_interval: Option<String>,
-    /// Per-attempt timeout of a forwarded request, e.g. "5s".
-    pub request_timeout: Option<String>,
-    /// Most devices at once.
-    pub max_devices: Option<usize>,
-    /// Most requests in flight per device.
-    pub max_inflight_per_device: Option<usize>,
-    /// Largest request body, bytes.
-    pub max_body: Option<usize>,
-    /// Most sessions one device connection may register.
-    pub max_sessions_per_connection: Option<usize>,
-    /// Most sessions registered from one source IP address.
-    pub max_sessions_per_address: Option<usize>,
-    /// A session idle this long (nothing in flight) expires, e.g. "10m".
-    pub session_idle_timeout: Option<String>,
-    /// Most device handshakes in progress.
-    pub max_handshakes: Option<usize>,
-    /// Handshakes in progress above which new devices must pass a QUIC Retry.
-    pub retry_above: Option<usize>,
-    /// A device handshake not finished within this long is closed, e.g. "10s".
-    pub handshake_timeout: Option<String>,
     /// The backhaul paths.
     pub paths: Vec<PathSection>,
+    /// Limits and timeouts: the gateway crate's own configuration (`server_name`,
+    /// `max_devices`, `request_timeout = "5s"`, …), not a copy of it.
+    #[serde(flatten)]
+    pub limits: GatewayConfig,
 }
 
 /// `[[gateway.paths]]`
@@ -217,46 +199,40 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     {
         pcfg.probe_interval = p;
     }
-    let d = GatewayConfig::default();
-    let gcfg = GatewayConfig {
-        max_devices: a.max_devices.or(g.max_devices).unwrap_or(d.max_devices),
-        max_inflight_per_device: a
-            .max_inflight_per_device
-            .or(g.max_inflight_per_device)
-            .unwrap_or(d.max_inflight_per_device),
-        request_timeout: a
-            .request_timeout
-            .or(dur("request_timeout", &g.request_timeout)?)
-            .unwrap_or(d.request_timeout),
-        max_body: a.max_body.or(g.max_body).unwrap_or(d.max_body),
-        max_sessions_per_connection: a
-            .max_sessions_per_connection
-            .or(g.max_sessions_per_connection)
-            .unwrap_or(d.max_sessions_per_connection),
-        max_sessions_per_address: a
-            .max_sessions_per_address
-            .or(g.max_sessions_per_address)
-            .unwrap_or(d.max_sessions_per_address),
-        session_idle_timeout: a
-            .session_idle_timeout
-            .or(dur("session_idle_timeout", &g.session_idle_timeout)?)
-            .unwrap_or(d.session_idle_timeout),
-        max_handshakes: a
-            .max_handshakes
-            .or(g.max_handshakes)
-            .unwrap_or(d.max_handshakes),
-        retry_above: a.retry_above.or(g.retry_above).unwrap_or(d.retry_above),
-        handshake_timeout: a
-            .handshake_timeout
-            .or(dur("handshake_timeout", &g.handshake_timeout)?)
-            .unwrap_or(d.handshake_timeout),
-        server_authority: a
-            .server_name
-            .clone()
-            .or(g.server_name.clone())
-            .unwrap_or_else(|| "localhost".into()),
-        ..d
-    };
+    // Flags override the config file's values, which override the crate's defaults.
+    let mut gcfg = g.limits.clone();
+    let flags = [
+        (a.max_devices, &mut gcfg.max_devices),
+        (a.max_inflight_per_device, &mut gcfg.max_inflight_per_device),
+        (a.max_body, &mut gcfg.max_body),
+        (
+            a.max_sessions_per_connection,
+            &mut gcfg.max_sessions_per_connection,
+        ),
+        (
+            a.max_sessions_per_address,
+            &mut gcfg.max_sessions_per_address,
+        ),
+        (a.max_handshakes, &mut gcfg.max_handshakes),
+        (a.retry_above, &mut gcfg.retry_above),
+    ];
+    for (flag, field) in flags {
+        if let Some(v) = flag {
+            *field = v;
+        }
+    }
+    for (flag, field) in [
+        (a.request_timeout, &mut gcfg.request_timeout),
+        (a.session_idle_timeout, &mut gcfg.session_idle_timeout),
+        (a.handshake_timeout, &mut gcfg.handshake_timeout),
+    ] {
+        if let Some(v) = flag {
+            *field = v;
+        }
+    }
+    if let Some(n) = a.server_name.clone() {
+        gcfg.server_authority = n;
+    }
     let (trust, pki) = trust(a.ca.or(g.ca.clone()))?;
 
     crate::runtime().block_on(async move {

@@ -1,0 +1,73 @@
+//! Durations as people write them in config files and flags: `250ms`, `1.5s`, `2m` (at most a
+//! day). One parser for the CLI and every crate's serde configuration.
+
+use std::time::Duration;
+
+/// Parse `250ms`, `10s`, `1.5s`, `2m`; positive, at most a day.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("duration '{s}' needs a unit: ms, s or m (e.g. 10s)"))?;
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("duration '{s}': '{num}' is not a number"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" | "min" => v * 60.0,
+        _ => {
+            return Err(format!(
+                "duration '{s}': unknown unit '{unit}' (use ms, s or m)"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
+        return Err(format!("duration '{s}' must be positive and at most a day"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A duration as [`parse_duration`] reads it back (`1.5s`).
+pub fn format_duration(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// `#[serde(with = "qgate_core::units::duration")]`: a `Duration` written as `"10s"`.
+pub mod duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    /// Write as `"1.5s"`.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_duration(*d))
+    }
+
+    /// Read `"250ms"`, `"10s"`, `"2m"`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("10").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration("10h")
+            .unwrap_err()
+            .contains("unknown unit 'h'"));
+        assert!(parse_duration("0s").unwrap_err().contains("positive"));
+        assert_eq!(
+            parse_duration(&format_duration(Duration::from_millis(1500))).unwrap(),
+            Duration::from_millis(1500)
+        );
+    }
+}
