@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use qgate_gateway::builder::RunningGateway;
+use qgate_gateway::builder::{GatewayBuilder, RunningGateway};
 use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
 use qgate_netsim::{LinkId, LinkParams, Network};
 use qgate_server::ServerStats;
@@ -17,6 +17,22 @@ use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
+
+/// A gateway builder with the test PKI on both sides.
+fn builder(
+    cfg: GatewayConfig,
+    sched: &str,
+    pki: &DevPki,
+    opts: &TransportOptions,
+) -> GatewayBuilder {
+    Gateway::builder()
+        .with_config(cfg)
+        .with_scheduler(sched)
+        .unwrap()
+        .with_transport(opts.clone())
+        .with_identity(pki.server.clone())
+        .with_server_trust(pki.trust())
+}
 
 pub struct World {
     pub net: Network,
@@ -113,13 +129,7 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
         }
     };
 
-    let mut builder = Gateway::builder()
-        .with_config(cfg)
-        .with_scheduler(sched)
-        .unwrap()
-        .with_transport(opts.clone())
-        .with_identity(pki.server.clone())
-        .with_server_trust(pki.trust())
+    let mut builder = builder(cfg, sched, &pki, &opts)
         .with_seed(1)
         .with_device_socket(Socket::from(
             net.bind(g, "0.0.0.0:443".parse().unwrap()).unwrap(),
@@ -284,13 +294,7 @@ pub async fn loopback(cfg: GatewayConfig, paths: &[&str], sched: &str) -> Loopba
         None,
     )
     .unwrap();
-    let mut builder = Gateway::builder()
-        .with_config(cfg)
-        .with_scheduler(sched)
-        .unwrap()
-        .with_transport(opts.clone())
-        .with_identity(pki.server.clone())
-        .with_server_trust(pki.trust())
+    let mut builder = builder(cfg, sched, &pki, &opts)
         .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).unwrap());
     for l in paths {
         builder = builder.with_path(Socket::bind_udp(sa(l)).unwrap(), server.addr());
