@@ -16,7 +16,7 @@
 //! records stop at 60; devices retry what is pending for up to 10 s more.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +24,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_netsim::{HostId, LinkId, LinkParams, LossModel, Network};
+use qgate_netsim::topology::{HostSpec, LinkChange, LinkSpec, Topology};
+use qgate_netsim::{HostId, LinkId, LossModel, Network, World};
 use qgate_server::{IngestService, ServerStats, Sink};
 use qgate_transport::http3::{H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
@@ -129,25 +130,43 @@ impl ServerRun {
 /// Run the scenario with `seed`; `quick` has 10 devices instead of 50.
 pub async fn run(seed: u64, quick: bool) -> Outcome {
     let n = if quick { 10 } else { 50 };
-    let net = Network::new(seed);
-    let (g, srv) = (net.add_host("gateway"), net.add_host("server"));
+    // Paper 000's three backhaul paths, built like any plan's network (decision X6).
+    let path = |k: u32, rate: f64| {
+        LinkSpec::new(
+            &format!("p{k}"),
+            "gateway",
+            "server",
+            LinkChange {
+                rate_mbps: Some(rate),
+                delay_ms: Some(10.0 * f64::from(k)),
+                ..Default::default()
+            },
+        )
+    };
+    let topology = Topology {
+        hosts: ["gateway", "server"]
+            .map(|h| HostSpec {
+                name: h.into(),
+                forwarding: false,
+            })
+            .to_vec(),
+        links: vec![path(1, 100.0), path(2, 75.0), path(3, 50.0)],
+    };
+    let mut world = World::build(&topology, seed).expect("a valid topology");
+    let net = world.net.clone();
+    let (g, srv) = (
+        world.host("gateway").expect("built"),
+        world.host("server").expect("built"),
+    );
     let pki = DevPki::generate(&[]).expect("PKI");
     let opts = TransportOptions {
         keep_alive_ms: Some(1000),
         ..Default::default()
     };
-    let mut paths: Vec<LinkId> = Vec::new();
-    for (i, rate) in [100_000_000u64, 75_000_000, 50_000_000].iter().enumerate() {
-        let k = i as u8 + 1;
-        let gi = net
-            .add_interface(g, format!("10.0.{k}.1").parse().expect("addr"))
-            .expect("fresh");
-        let si = net
-            .add_interface(srv, format!("10.0.{k}.2").parse().expect("addr"))
-            .expect("fresh");
-        let params = LinkParams::new(*rate, Duration::from_millis(10 * u64::from(k)));
-        paths.push(net.connect_symmetric(gi, si, params).expect("link"));
-    }
+    let paths: Vec<LinkId> = ["p1", "p2", "p3"]
+        .iter()
+        .map(|p| world.link(p).expect("built").id)
+        .collect();
     let stored: Stored = Arc::default();
     let server = start_server(&net, srv, &pki.server, &opts, &stored, seed).await;
     let mut builder = Gateway::builder()
@@ -174,24 +193,27 @@ pub async fn run(seed: u64, quick: bool) -> Outcome {
     tokio::time::sleep(Duration::from_secs(1)).await; // paths connected and measured
 
     // Devices and the hostile host, each on its own link to the gateway.
-    let access = |name: &str, k: usize| {
+    let mut access = |name: &str, k: usize| {
         let (hi, lo) = (8 + (k / 200) as u8, (k % 200) as u8);
-        let h = net.add_host(name);
-        let di = net
-            .add_interface(h, format!("10.{hi}.{lo}.2").parse().expect("addr"))
-            .expect("fresh");
-        let gi = net
-            .add_interface(g, format!("10.{hi}.{lo}.1").parse().expect("addr"))
-            .expect("fresh");
-        net.connect_symmetric(
-            di,
-            gi,
-            LinkParams::new(1_000_000_000, Duration::from_millis(1)),
+        let mut spec = LinkSpec::new(
+            &format!("access-{name}"),
+            name,
+            "gateway",
+            LinkChange {
+                rate_mbps: Some(1000.0),
+                delay_ms: Some(1.0),
+                ..Default::default()
+            },
+        );
+        spec.a_addr = Some(IpAddr::V4(Ipv4Addr::new(10, hi, lo, 2)));
+        spec.b_addr = Some(IpAddr::V4(Ipv4Addr::new(10, hi, lo, 1)));
+        world.add_host(name, false).expect("fresh");
+        let l = world.add_link(&spec).expect("fresh");
+        (
+            l.a.0,
+            SocketAddr::new(l.a.1, 0),
+            SocketAddr::new(l.b.1, 443),
         )
-        .expect("link");
-        let local: SocketAddr = format!("10.{hi}.{lo}.2:0").parse().expect("addr");
-        let gw_addr: SocketAddr = format!("10.{hi}.{lo}.1:443").parse().expect("addr");
-        (h, local, gw_addr)
     };
     let mut keep = Vec::new();
     let mut devices = Vec::new();
