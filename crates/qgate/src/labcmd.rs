@@ -350,9 +350,11 @@ fn run_plan(
     samples: bool,
     extra: impl Fn(&[qgate_lab::plan::run::Record]) -> String,
 ) -> Result<(), Failure> {
-    let out = out_dir(loaded, out)?;
+    // The summary and figures follow the plan as overridden (--set, --quick).
+    let eff = loaded.overridden(opts).map_err(usage)?;
+    let out = out_dir(&eff, out)?;
     let ran = execute(loaded, opts, jobs)?;
-    write_results(loaded, opts, &ran, out, samples, &extra(&ran.records))
+    write_results(&eff, opts, &ran, out, samples, &extra(&ran.records))
 }
 
 fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
@@ -440,17 +442,18 @@ fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
     let plans = qgate_lab::paper002::plans().map_err(usage)?;
     let mut done = Vec::new();
     for (loaded, sub) in &plans {
-        let out = out_dir(loaded, Some(root.join(sub)))?;
-        done.push((execute(loaded, &opts, a.jobs)?, out));
+        let eff = loaded.overridden(&opts).map_err(usage)?;
+        let out = out_dir(&eff, Some(root.join(sub)))?;
+        done.push((execute(loaded, &opts, a.jobs)?, out, eff));
     }
     let extra = qgate_lab::paper002::against_paper(
         &done[0].0.records,
         &done[1].0.records,
         &done[2].0.records,
     );
-    for (i, ((loaded, _), (ran, out))) in plans.iter().zip(done).enumerate() {
+    for (i, (ran, out, eff)) in done.into_iter().enumerate() {
         let e = if i == 0 { extra.as_str() } else { "" };
-        write_results(loaded, &opts, &ran, out, false, e)?;
+        write_results(&eff, &opts, &ran, out, false, e)?;
     }
     Ok(())
 }
@@ -519,7 +522,8 @@ fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
     if a.no_second_point {
         opts.points = Some(vec![0]);
     }
-    let out = out_dir(&loaded, a.out)?;
+    let eff = loaded.overridden(&opts).map_err(usage)?;
+    let out = out_dir(&eff, a.out)?;
     let ran = execute(&loaded, &opts, a.jobs)?;
     // PID-Delay's τ0 sweep (not with --quick, nor when PID-Delay is left out).
     let mut tau0 = Vec::new();
@@ -535,5 +539,5 @@ fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
     }
     let extra = paper004::sections(&ran.variants, &ran.records, &tau0)
         .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;
-    write_results(&loaded, &opts, &ran, out, false, &extra)
+    write_results(&eff, &opts, &ran, out, false, &extra)
 }

@@ -93,6 +93,15 @@ fn sweep_x(v: &toml::Value, i: usize) -> f64 {
         .unwrap_or(i as f64)
 }
 
+/// Whether a scheme, sweep or phase name can stand in CSV, tables, metric and file names.
+fn valid_label(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 100
+        && !n
+            .chars()
+            .any(|c| c.is_control() || matches!(c, ',' | '/' | '\\' | '|' | '"' | '@' | '`'))
+}
+
 /// Whether a plan name is safe as a directory name under `results/`.
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
@@ -332,6 +341,32 @@ impl Loaded {
             workload::check(w, p.plan.duration_s, &host, &link)
                 .map_err(|m| format!("{context}{m}"))?;
         }
+        let labels = p
+            .schemes
+            .iter()
+            .map(|s| ("schemes.name", &s.name))
+            .chain(p.sweep.iter().map(|s| ("sweep.name", &s.name)))
+            .chain(
+                p.timeline
+                    .iter()
+                    .filter_map(|c| Some(("timeline.phase", c.phase.as_ref()?))),
+            );
+        for (what, n) in labels {
+            if !valid_label(n) {
+                return fail(format!(
+                    "'{what}' '{n}' must be 1–100 characters without , / \\ | \" @ ` or control characters"
+                ));
+            }
+        }
+        for f in &p.figures {
+            if let Some(file) = &f.file {
+                if !valid_name(file) {
+                    return fail(format!(
+                        "'figures.file' '{file}' must be letters, digits, '.', '_' or '-'"
+                    ));
+                }
+            }
+        }
         let mut schemes = Vec::new();
         for s in &p.schemes {
             if schemes.contains(&s.name.as_str()) {
@@ -438,26 +473,45 @@ impl Loaded {
     }
 
     /// Every run: for each sweep point, each scheme, each seed.
-    pub fn variants(&self, opts: &Options) -> Result<Vec<Variant>, PlanError> {
-        let mut base = self.doc.clone();
+    /// The plan with `[plan.quick]` (when asked) and the `--set` overrides applied: what the
+    /// runs, the summary and the figures use (seeds, sweeps, schemes, figures, name included).
+    pub fn overridden(&self, opts: &Options) -> Result<Loaded, PlanError> {
+        let mut doc = self.doc.clone();
         let err = |m: String| self.error(m);
         if opts.quick {
             let q = &self.plan.plan.quick;
             if let Some(d) = q.duration_s {
-                overrides::apply(&mut base, "plan.duration_s", toml::Value::Float(d))
+                overrides::apply(&mut doc, "plan.duration_s", toml::Value::Float(d))
                     .map_err(|m| err(format!("plan.quick.duration_s: {m}")))?;
             }
-            overrides::apply_table(&mut base, &q.set)
+            overrides::apply_table(&mut doc, &q.set)
                 .map_err(|m| err(format!("plan.quick.set: {m}")))?;
         }
         for (k, v) in &opts.set {
-            overrides::apply(&mut base, k, v.clone()).map_err(|m| err(format!("--set: {m}")))?;
+            overrides::apply(&mut doc, k, v.clone()).map_err(|m| err(format!("--set: {m}")))?;
         }
-        let quick = &self.plan.plan.quick;
+        let plan: Plan = toml::Value::Table(doc.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| err(format!("with the overrides: {}", e.message())))?;
+        self.check(&plan, "with the overrides: ").map_err(err)?;
+        Ok(Loaded {
+            file: self.file.clone(),
+            text: self.text.clone(),
+            doc,
+            plan,
+        })
+    }
+
+    /// Every run: for each sweep point, each scheme, each seed.
+    pub fn variants(&self, opts: &Options) -> Result<Vec<Variant>, PlanError> {
+        let eff = self.overridden(opts)?;
+        let base = eff.doc.clone();
+        let err = |m: String| self.error(m);
+        let quick = &eff.plan.plan.quick;
         let seeds = opts.seeds.unwrap_or(if opts.quick {
             quick.seeds.unwrap_or(1)
         } else {
-            self.plan.plan.seeds
+            eff.plan.plan.seeds
         });
         if seeds == 0 || seeds > MAX_SEEDS {
             return Err(err(format!(
@@ -465,7 +519,7 @@ impl Loaded {
             )));
         }
         let mut points: Vec<(Option<At>, toml::Table)> = Vec::new();
-        for s in &self.plan.sweep {
+        for s in &eff.plan.sweep {
             if opts.quick && quick.sweeps.as_ref().is_some_and(|k| !k.contains(&s.name)) {
                 continue;
             }
@@ -494,10 +548,10 @@ impl Loaded {
                 }
             }
         }
-        if self.plan.sweep.is_empty() {
+        if eff.plan.sweep.is_empty() {
             points.push((None, toml::Table::new()));
         }
-        let schemes: Vec<(String, toml::Table)> = if self.plan.schemes.is_empty() {
+        let schemes: Vec<(String, toml::Table)> = if eff.plan.schemes.is_empty() {
             vec![("base".into(), toml::Table::new())]
         } else {
             self.plan
@@ -506,7 +560,7 @@ impl Loaded {
                 .map(|s| (s.name.clone(), s.set.clone()))
                 .collect()
         };
-        let known = self.scheme_names();
+        let known = eff.scheme_names();
         if let Some(bad) = opts.schemes.iter().find(|s| !known.contains(s)) {
             return Err(err(format!(
                 "no scheme '{bad}' (the plan has: {})",
@@ -716,5 +770,30 @@ values = [5, 50]
             ..Default::default()
         });
         assert!(runs.unwrap_err().message.contains("at most 20000"));
+    }
+
+    #[test]
+    fn set_reaches_plan_level_keys() {
+        let l = load(PLAN).unwrap();
+        let opts = Options {
+            set: vec![
+                ("plan.seeds".into(), 1.into()),
+                ("sweep.values".into(), toml::Value::Array(vec![7.into()])),
+            ],
+            ..Default::default()
+        };
+        let v = l.variants(&opts).unwrap();
+        assert_eq!(v.len(), 2, "one point × two schemes × one seed");
+        assert_eq!(v[0].point.as_ref().unwrap().x, 7.0);
+        assert_eq!(l.overridden(&opts).unwrap().plan.plan.seeds, 1);
+        let bad = Options {
+            set: vec![("schemes.ewma.name".into(), "a,b".into())],
+            ..Default::default()
+        };
+        assert!(l
+            .variants(&bad)
+            .unwrap_err()
+            .message
+            .contains("'schemes.name'"));
     }
 }

@@ -98,8 +98,14 @@ impl<'a> Table<'a> {
                 points.push(r.point.clone());
             }
         }
+        // The plan's schemes that ran (a filter such as `--only` leaves some out).
+        let schemes = loaded
+            .scheme_names()
+            .into_iter()
+            .filter(|s| records.iter().any(|r| &r.scheme == s))
+            .collect();
         Table {
-            schemes: loaded.scheme_names(),
+            schemes,
             points,
             records,
         }
@@ -400,6 +406,14 @@ fn file_name(f: &Figure, suffix: &str) -> String {
     drawn_as(f, f.kind, suffix)
 }
 
+/// Figures of one metric and kind for different sweeps get the sweep in their name.
+fn sweep_suffix(f: &Figure) -> String {
+    f.sweep
+        .as_ref()
+        .map(|s| format!("-{s}"))
+        .unwrap_or_default()
+}
+
 /// The file name of a figure drawn as `kind` (lines without a sweep are drawn as bars).
 fn drawn_as(f: &Figure, kind: FigureKind, suffix: &str) -> String {
     let base = f
@@ -517,7 +531,7 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
             }
             if !bars.is_empty() {
                 out.push((
-                    drawn_as(f, FigureKind::Bars, ""),
+                    drawn_as(f, FigureKind::Bars, &sweep_suffix(f)),
                     svg::bar_chart(&format!("{title} (95 % CI)"), &f.metric, &bars),
                 ));
             }

@@ -188,17 +188,22 @@ fn aggregate(
     v.sort_by(f64::total_cmp);
     out.insert(format!("{key}_p50"), quantile(&v, 0.5));
     out.insert(format!("{key}_p99"), quantile(&v, 0.99));
+    // A phase may come back later in the run: its mean covers all of its intervals.
+    let mut by_phase: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for (i, (from, name)) in phases.iter().enumerate() {
         let to = phases.get(i + 1).map_or(f64::INFINITY, |p| p.0);
-        let in_phase: Vec<f64> = samples
-            .iter()
-            .filter(|s| s.0 >= *from && s.0 < to)
-            .map(|s| s.1)
-            .collect();
-        if !in_phase.is_empty() {
+        by_phase.entry(name).or_default().extend(
+            samples
+                .iter()
+                .filter(|s| s.0 >= *from && s.0 < to)
+                .map(|s| s.1),
+        );
+    }
+    for (name, v) in by_phase {
+        if !v.is_empty() {
             out.insert(
                 format!("{key}_mean@{name}"),
-                in_phase.iter().sum::<f64>() / in_phase.len() as f64,
+                v.iter().sum::<f64>() / v.len() as f64,
             );
         }
     }
@@ -228,12 +233,20 @@ mod tests {
     fn aggregates_split_by_phase() {
         let mut out = BTreeMap::new();
         let samples = [(0.5, 1.0), (1.5, 3.0), (2.5, 5.0), (3.5, 7.0)];
-        let phases = vec![(0.0, "a".to_string()), (2.0, "b".to_string())];
+        let phases = vec![
+            (0.0, "a".to_string()),
+            (2.0, "b".to_string()),
+            (3.0, "a".to_string()),
+        ];
         aggregate(&mut out, "w.x", &samples, &phases);
         assert_eq!(out["w.x_mean"], 4.0);
         assert_eq!(out["w.x_p50"], 3.0);
         assert_eq!(out["w.x_p99"], 7.0);
-        assert_eq!(out["w.x_mean@a"], 2.0);
-        assert_eq!(out["w.x_mean@b"], 6.0);
+        assert_eq!(
+            out["w.x_mean@a"],
+            (1.0 + 3.0 + 7.0) / 3.0,
+            "both of a's intervals"
+        );
+        assert_eq!(out["w.x_mean@b"], 5.0);
     }
 }

@@ -227,7 +227,8 @@ impl Prepared {
         // The measured link's capacity over the measured seconds, bits: its rate may change on
         // the timeline, and a down link has none.
         let mut capacity_bits = 0.0f64;
-        if warm <= 0.0 {
+        let mut counting = warm <= 0.0;
+        if counting {
             at_warm = self
                 .measure
                 .map(|(id, d)| (self.net.stats(id, d), self.net.queue_stats(id, d)));
@@ -239,7 +240,9 @@ impl Prepared {
             }
             tokio::time::sleep_until(at).await;
             let t = sec as f64;
-            let after = t > warm;
+            // The second (t − 1, t] counts once it starts after the warm-up, the same
+            // boundary the counters' snapshot below is taken at.
+            let after = counting;
             let mut total = 0u64;
             for (i, r) in received.iter().enumerate() {
                 let now = r.load(Ordering::Relaxed);
@@ -283,15 +286,26 @@ impl Prepared {
                         capacity_bits += p.rate_bps.map_or(f64::NAN, |r| r as f64);
                     }
                 }
-                if at_warm.is_none() && t >= warm {
+                if !counting && t >= warm {
                     at_warm = Some((self.net.stats(id, d), self.net.queue_stats(id, d)));
                 }
             } else if after {
                 measured_s += 1.0;
             }
+            if !counting && t >= warm {
+                counting = true;
+            }
         }
         for w in &writers {
             w.abort();
+        }
+        m.series
+            .push(("goodput_mbps".into(), std::mem::take(&mut goodput)));
+        m.series
+            .push(("rtt_ms".into(), std::mem::take(&mut rtt_series)));
+        if self.measure.is_some() {
+            m.series
+                .push(("qdelay_ms".into(), std::mem::take(&mut qd_series)));
         }
         sink.abort();
         self.server.close(0u32.into(), b"done");
@@ -303,6 +317,10 @@ impl Prepared {
             .collect();
         let sum: f64 = flows.iter().sum();
         let sq: f64 = flows.iter().map(|x| x * x).sum();
+        if measured_s == 0.0 {
+            // The run ended before the warm-up did: nothing was measured (not a zero).
+            return m;
+        }
         m.scalars.push(("goodput_mbps".into(), sum));
         if sq > 0.0 {
             m.scalars
@@ -355,11 +373,6 @@ impl Prepared {
             "flow_goodput_mbps".into(),
             flows.iter().map(|g| (warm, *g)).collect(),
         ));
-        m.series.push(("goodput_mbps".into(), goodput));
-        m.series.push(("rtt_ms".into(), rtt_series));
-        if self.measure.is_some() {
-            m.series.push(("qdelay_ms".into(), qd_series));
-        }
         m
     }
 }

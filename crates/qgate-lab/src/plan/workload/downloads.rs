@@ -133,8 +133,11 @@ pub(super) fn check(
             d.name
         ));
     }
-    if !(d.interval_s.is_finite() && d.interval_s >= 0.0) {
-        return Err(format!("workload '{}': 'interval_s' must be ≥ 0", d.name));
+    if !(0.0..=86_400.0).contains(&d.interval_s) || d.runs > 1_000_000 {
+        return Err(format!(
+            "workload '{}': 'interval_s' must be in [0, 86400] and 'runs' at most 1000000",
+            d.name
+        ));
     }
     Ok(())
 }

@@ -285,10 +285,17 @@ impl Prepared {
                         (Some(n), None) => {
                             let next = AtomicUsize::new(0);
                             let lanes = (0..g.pipelining.min(n.max(1))).map(|_| async {
-                                while next.fetch_add(1, Ordering::Relaxed) < n {
+                                loop {
+                                    let k = next.fetch_add(1, Ordering::Relaxed);
+                                    if k >= n {
+                                        break;
+                                    }
                                     if Instant::now() >= clock.deadline {
-                                        log.lock().expect("lock").unfinished += 1;
-                                        continue;
+                                        // This request and every one not yet claimed.
+                                        let rest =
+                                            n.saturating_sub(next.swap(n, Ordering::Relaxed));
+                                        log.lock().expect("lock").unfinished += 1 + rest;
+                                        break;
                                     }
                                     send(d, *prio, body.clone(), &log, clock).await;
                                 }
@@ -300,7 +307,11 @@ impl Prepared {
                             let mut k = 0u32;
                             loop {
                                 let at = begin + *jitter + every * k;
-                                if at >= clock.deadline || requests.is_some_and(|n| k as usize >= n)
+                                // A device sends at its next slot once its previous request
+                                // is answered (one in flight); nothing after the deadline.
+                                if at >= clock.deadline
+                                    || Instant::now() >= clock.deadline
+                                    || requests.is_some_and(|n| k as usize >= n)
                                 {
                                     break;
                                 }
