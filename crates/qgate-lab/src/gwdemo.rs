@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use qgate_netsim::topology::{HostSpec, LinkChange, LinkSpec, Topology};
+use qgate_netsim::topology::LinkChange;
 use qgate_netsim::{LossModel, World};
 
 use crate::plan::spec::GatewayLoad;
@@ -99,28 +99,7 @@ impl DemoOutcome {
 /// Run the demo; `view` gets a rendered live view once a second.
 pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
     // Paper 000's paths at 10/20/30 ms (paths d, 2d, 3d), built like any plan's.
-    let path = |k: u32, rate: f64| {
-        LinkSpec::new(
-            &format!("p{k}"),
-            "gateway",
-            "server",
-            LinkChange {
-                rate_mbps: Some(rate),
-                delay_ms: Some(10.0 * f64::from(k)),
-                loss: Some(LossModel::Bernoulli { p: cfg.loss }),
-                ..Default::default()
-            },
-        )
-    };
-    let topology = Topology {
-        hosts: ["gateway", "server"]
-            .map(|h| HostSpec {
-                name: h.into(),
-                forwarding: false,
-            })
-            .to_vec(),
-        links: vec![path(1, 100.0), path(2, 75.0), path(3, 50.0)],
-    };
+    let topology = crate::paper000::three_paths(LossModel::Bernoulli { p: cfg.loss });
     let load = GatewayLoad {
         name: "demo".into(),
         start_s: 0.0,

@@ -21,6 +21,35 @@ pub fn plan() -> Result<Loaded, PlanError> {
     Loaded::parse(PLAN, Path::new(PLAN_PATH))
 }
 
+/// Paper 000's gateway and server joined by paths p1–p3 of 100/75/50 Mbit/s at 10/20/30 ms one
+/// way (the heterogeneous paths, d = 10 ms), each losing packets by `loss`: the network of the
+/// gateway demo and of the faults lab.
+pub fn three_paths(loss: qgate_netsim::LossModel) -> qgate_netsim::Topology {
+    use qgate_netsim::topology::{HostSpec, LinkChange, LinkSpec};
+    let path = |k: u32, rate: f64| {
+        LinkSpec::new(
+            &format!("p{k}"),
+            "gateway",
+            "server",
+            LinkChange {
+                rate_mbps: Some(rate),
+                delay_ms: Some(10.0 * f64::from(k)),
+                loss: Some(loss),
+                ..Default::default()
+            },
+        )
+    };
+    qgate_netsim::Topology {
+        hosts: ["gateway", "server"]
+            .map(|h| HostSpec {
+                name: h.into(),
+                forwarding: false,
+            })
+            .to_vec(),
+        links: vec![path(1, 100.0), path(2, 75.0), path(3, 50.0)],
+    }
+}
+
 const SCHEMES: [&str; 3] = ["single", "round-robin", "adaptive"];
 
 fn values(records: &[Record], sweep: &str, index: usize, scheme: &str, metric: &str) -> Vec<f64> {

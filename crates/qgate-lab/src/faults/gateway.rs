@@ -24,7 +24,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_netsim::topology::{HostSpec, LinkChange, LinkSpec, Topology};
+use qgate_netsim::topology::{LinkChange, LinkSpec};
 use qgate_netsim::{HostId, LinkId, LossModel, Network, World};
 use qgate_server::{IngestService, ServerStats, Sink};
 use qgate_transport::http3::{H3Client, Handler, ServeLimits, ALPN_H3};
@@ -131,27 +131,7 @@ impl ServerRun {
 pub async fn run(seed: u64, quick: bool) -> Outcome {
     let n = if quick { 10 } else { 50 };
     // Paper 000's three backhaul paths, built like any plan's network (decision X6).
-    let path = |k: u32, rate: f64| {
-        LinkSpec::new(
-            &format!("p{k}"),
-            "gateway",
-            "server",
-            LinkChange {
-                rate_mbps: Some(rate),
-                delay_ms: Some(10.0 * f64::from(k)),
-                ..Default::default()
-            },
-        )
-    };
-    let topology = Topology {
-        hosts: ["gateway", "server"]
-            .map(|h| HostSpec {
-                name: h.into(),
-                forwarding: false,
-            })
-            .to_vec(),
-        links: vec![path(1, 100.0), path(2, 75.0), path(3, 50.0)],
-    };
+    let topology = crate::paper000::three_paths(LossModel::None);
     let mut world = World::build(&topology, seed).expect("a valid topology");
     let net = world.net.clone();
     let (g, srv) = (
