@@ -12,6 +12,7 @@
 //! - [`transport`]: QUIC / TCP / TCP+TLS streams, listeners and connectors;
 //! - [`broker`]: the broker; [`client`]: senders and receivers.
 
+pub mod artemis;
 pub mod auth;
 pub mod broker;
 pub mod client;

@@ -10,7 +10,7 @@ use qgate_core::path::PathConfig;
 use qgate_core::scheduler::{self, Scheduler};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{
-    client_config, compact, Identity, Socket, TransportError, TransportOptions, TrustRoots,
+    client_config, shared_driver, Identity, Socket, TransportError, TransportOptions, TrustRoots,
 };
 
 use crate::gateway::{Gateway, GatewayConfig};
@@ -199,7 +199,7 @@ pub struct RunningGateway {
     /// The gateway.
     pub gateway: Arc<Gateway>,
     /// The device listener.
-    pub endpoint: compact::Endpoint,
+    pub endpoint: shared_driver::Endpoint,
     task: tokio::task::JoinHandle<()>,
 }
 

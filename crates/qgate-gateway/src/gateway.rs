@@ -14,9 +14,9 @@ use qgate_core::path::PathId;
 use qgate_core::path::PathTable;
 use qgate_core::scheduler::{Priority, Scheduler};
 use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits, SessionTable};
-use qgate_transport::compact::EndpointStats;
+use qgate_transport::shared_driver::EndpointStats;
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
-use qgate_transport::{compact, server_config, Identity, Socket, TransportError, TransportOptions};
+use qgate_transport::{shared_driver, server_config, Identity, Socket, TransportError, TransportOptions};
 use tokio::time::Instant;
 
 use crate::paths::PathManager;
@@ -26,7 +26,7 @@ pub use qgate_core::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
 
 /// Gateway limits and timeouts, and the `[gateway]` keys of a config file that set them
 /// (durations as `"5s"`). The defaults live here (and in [`SessionLimits::DEFAULT`] and
-/// [`compact::Limits::DEFAULT`]); the CLI composes this type and its help reads them from here.
+/// [`shared_driver::Limits::DEFAULT`]); the CLI composes this type and its help reads them from here.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
@@ -64,7 +64,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         let s = SessionLimits::DEFAULT;
-        let h = compact::Limits::DEFAULT;
+        let h = shared_driver::Limits::DEFAULT;
         GatewayConfig {
             max_devices: s.max_devices,
             max_inflight_per_device: s.max_inflight,
@@ -95,7 +95,7 @@ impl GatewayConfig {
     }
 
     /// The device-facing endpoint on `socket`: HTTP/3 with `identity` and the
-    /// [`device_transport`](Self::device_transport) limits, on a [`compact::Endpoint`] (one
+    /// [`device_transport`](Self::device_transport) limits, on a [`shared_driver::Endpoint`] (one
     /// driver task for all device connections, decision G9). It holds at most `max_devices`
     /// plus an eighth (and 16) established connections, room for devices reconnecting while
     /// their old connection times out; more are refused during the handshake. Handshakes have
@@ -106,15 +106,15 @@ impl GatewayConfig {
         identity: &Identity,
         base: &TransportOptions,
         seed: Option<u64>,
-    ) -> Result<compact::Endpoint, TransportError> {
+    ) -> Result<shared_driver::Endpoint, TransportError> {
         let scfg = server_config(identity, &[http3::ALPN_H3], &self.device_transport(base))?;
-        let limits = compact::Limits {
+        let limits = shared_driver::Limits {
             max_connections: self.max_devices + self.max_devices / 8 + 16,
             max_handshakes: self.max_handshakes,
             retry_above: self.retry_above,
             handshake_timeout: self.handshake_timeout,
         };
-        compact::Endpoint::server(socket, scfg, seed, limits)
+        shared_driver::Endpoint::server(socket, scfg, seed, limits)
     }
 
     /// Transport options for the device-facing endpoint: `base` with the QUIC stream limits cut
@@ -281,7 +281,7 @@ impl Gateway {
 
     /// Serve devices on `endpoint` until it closes. A device's sessions are bound to its
     /// connection (not its address, so it may migrate) and end with it; idle ones expire.
-    pub async fn serve_devices(self: Arc<Self>, endpoint: compact::Endpoint) {
+    pub async fn serve_devices(self: Arc<Self>, endpoint: shared_driver::Endpoint) {
         let _ = self.endpoint.set(endpoint.stats());
         let limits = ServeLimits {
             max_body: self.cfg.max_body,
@@ -623,7 +623,7 @@ impl Drop for InFlightSlot<'_> {
 struct DeviceConnection {
     gw: Arc<Gateway>,
     id: ConnId,
-    conn: compact::Connection,
+    conn: shared_driver::Connection,
 }
 
 impl Gateway {

@@ -1,20 +1,18 @@
 //! qgate experiments: scenarios that run the real qgate code on the simulated network in
-//! virtual time, and system benchmarks.
+//! virtual time, and system benchmarks. Split by what things are:
+//! - [`plan`]: the plan runner (a scenario as TOML), its workloads and its reports;
+//! - [`papers`]: the papers' experiments, from shipped plans where the runner covers them;
+//! - [`faults`]: the fault-injection lab (gateway and broker under hostile conditions);
+//! - [`bench`]: benchmarks on real sockets; [`demo`]: demonstrations;
+//! - [`stats`], [`svg`], [`pool`]: statistics, figures and the worker pool the others share.
+//!
+//! The user-space TCP lives beside the simulator (`qgate_netsim::tcp`), the Artemis launcher
+//! with the AMQP crate's test support (`qgate_amqp::artemis`).
 
-pub mod amqp;
-pub mod amqp_report;
-pub mod amqpbench;
-pub mod aqm;
-pub mod aqm_report;
-pub mod artemis;
 pub mod bench;
 pub mod demo;
 pub mod faults;
-pub mod gwbench;
-pub mod gwdemo;
-pub mod paper000;
-pub mod paper002;
-pub mod paper004;
+pub mod papers;
 pub mod plan;
 pub mod pool;
 pub mod stats;

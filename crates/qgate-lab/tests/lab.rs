@@ -1,7 +1,7 @@
 //! The lab's scenarios run and measure what they claim to.
 
-use qgate_lab::bench::{sim_speed, SimSpeedConfig};
-use qgate_lab::demo::{self, DemoConfig};
+use qgate_lab::bench::transport::{sim_speed, SimSpeedConfig};
+use qgate_lab::demo::transport::{self as demo, DemoConfig};
 use qgate_netsim::LossModel;
 
 #[test]
@@ -62,7 +62,7 @@ fn demo_rejects_bad_config_by_name() {
 #[test]
 fn aqm_run_is_sane_and_deterministic() {
     use qgate_lab::plan::{run::run_variant, Options};
-    let plan = qgate_lab::paper004::plan().unwrap();
+    let plan = qgate_lab::papers::paper004::plan().unwrap();
     let v = plan
         .variants(&Options {
             seeds: Some(1),
@@ -79,7 +79,7 @@ fn aqm_run_is_sane_and_deterministic() {
     assert_eq!(v.len(), 1);
     let t = std::time::Instant::now();
     let rec = run_variant(&v[0]).unwrap();
-    let a = qgate_lab::paper004::run_result(&v[0], &rec);
+    let a = qgate_lab::papers::paper004::run_result(&v[0], &rec);
     eprintln!("aqm run: {:?} wall; {a:?}", t.elapsed());
     assert!(a.spec.starts_with("pid-delay"), "{}", a.spec);
     assert!(
@@ -107,7 +107,7 @@ fn aqm_run_is_sane_and_deterministic() {
 #[test]
 fn history_series_learns_and_starts_higher() {
     use qgate_lab::plan::{run::run_variant, Options};
-    let plans = qgate_lab::paper002::plans().unwrap();
+    let plans = qgate_lab::papers::paper002::plans().unwrap();
     let variants = plans[0]
         .0
         .variants(&Options {
@@ -157,7 +157,7 @@ fn history_series_learns_and_starts_higher() {
 #[test]
 fn proxy_point_runs_for_every_scheme() {
     use qgate_lab::plan::{run::run_variant, Options};
-    let plan = qgate_lab::paper000::plan().unwrap();
+    let plan = qgate_lab::papers::paper000::plan().unwrap();
     let variants: Vec<_> = plan
         .variants(&Options {
             quick: true,
@@ -194,7 +194,7 @@ fn proxy_point_runs_for_every_scheme() {
 
 #[test]
 fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
-    use qgate_lab::amqp::{plan, run_all, run_point, Case, PlanSize, Testbed};
+    use qgate_lab::papers::paper003::{plan, run_all, run_point, Case, PlanSize, Testbed};
     let size = PlanSize::quick();
     let points = plan(&size);
     let results = run_all(&points, |_| {});
@@ -218,7 +218,7 @@ fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
             }
         }
     }
-    let netsim = |case: Case, sweep: &str, x: &dyn Fn(&qgate_lab::amqp::Point) -> bool| {
+    let netsim = |case: Case, sweep: &str, x: &dyn Fn(&qgate_lab::papers::paper003::Point) -> bool| {
         points
             .iter()
             .position(|p| {

@@ -229,7 +229,7 @@ pub async fn serve_connection<H: Handler>(
 }
 
 /// [`serve_connection`] on any QUIC connection h3 can use (e.g. a
-/// [`compact`](crate::compact) one).
+/// [`shared_driver`](crate::shared_driver) one).
 pub async fn serve_quic<C, H>(
     quic: C,
     peer: SocketAddr,

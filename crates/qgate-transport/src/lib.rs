@@ -2,7 +2,7 @@
 //! development certificates, one options struct for every transport knob, 0-RTT, and HTTP/3
 //! helpers on h3. The same code runs on a real UDP socket or a `qgate-netsim` interface.
 
-pub mod compact;
+pub mod shared_driver;
 mod endpoint;
 pub mod history;
 pub mod http3;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use qgate_lab::demo::DemoConfig;
+use qgate_lab::demo::transport::DemoConfig;
 use qgate_transport::TransportOptions;
 use serde::Deserialize;
 

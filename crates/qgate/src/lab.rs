@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use qgate_lab::bench::{self, LoopbackConfig, SimSpeedConfig};
-use qgate_lab::demo;
+use qgate_lab::bench::transport::{self as bench, LoopbackConfig, SimSpeedConfig};
+use qgate_lab::demo::transport as demo;
 use qgate_netsim::LossModel;
 
 use crate::config::Config;
@@ -128,7 +128,7 @@ pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
 }
 
 fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
-    use qgate_lab::gwdemo::{self, GatewayDemo};
+    use qgate_lab::demo::gateway::{self as gwdemo, GatewayDemo};
     let mut c = GatewayDemo::default();
     if let Some(n) = a.devices {
         if !(1..=500).contains(&n) {
@@ -242,11 +242,11 @@ fn memory_bench(n: usize) -> Result<(), Failure> {
         .parse()
         .map_err(|_| anyhow::anyhow!("gateway did not report its port: {line}"))?;
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let before = qgate_lab::gwbench::rss_bytes(child.id()).unwrap_or(0);
+    let before = qgate_lab::bench::gateway::rss_bytes(child.id()).unwrap_or(0);
     eprintln!("memory: registering {n} idle devices…");
-    let devices = rt.block_on(qgate_lab::gwbench::idle_devices(gw, &pki.trust(), n));
+    let devices = rt.block_on(qgate_lab::bench::gateway::idle_devices(gw, &pki.trust(), n));
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let after = qgate_lab::gwbench::rss_bytes(child.id()).unwrap_or(0);
+    let after = qgate_lab::bench::gateway::rss_bytes(child.id()).unwrap_or(0);
     let _ = child.kill();
     let _ = child.wait();
     drop(devices);
@@ -368,14 +368,14 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 ));
             }
             eprintln!("bench gateway: {devices} devices × {body} B requests, {seconds} s per measurement, {repeats} pairs");
-            let cfg = qgate_lab::gwbench::BenchConfig {
+            let cfg = qgate_lab::bench::gateway::BenchConfig {
                 devices,
                 body,
                 secs: seconds,
                 repeats,
                 paced_rps: paced_rate,
             };
-            let r = qgate_lab::gwbench::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
+            let r = qgate_lab::bench::gateway::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
             println!("closed loop (each device sends when its last request is answered):");
             println!("via gateway       {:.0} requests/s", r.gateway_rps());
             println!("direct            {:.0} requests/s", r.direct_rps());
@@ -383,7 +383,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 "added p50         {:.3} ms (queueing at saturation)",
                 r.added_p50_ms()
             );
-            let pairs = |via: &[qgate_lab::gwbench::Load], direct: &[qgate_lab::gwbench::Load]| {
+            let pairs = |via: &[qgate_lab::bench::gateway::Load], direct: &[qgate_lab::bench::gateway::Load]| {
                 for (g, d) in via.iter().zip(direct) {
                     println!(
                         "  pair: gateway p50 {:.3} / p99 {:.3} ms; direct p50 {:.3} / p99 {:.3} ms",
@@ -417,16 +417,16 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                     "--messages must be at least 10 and --repeats positive",
                 ));
             }
-            let mut cases = qgate_lab::amqpbench::default_cases();
+            let mut cases = qgate_lab::bench::amqp::default_cases();
             let artemis = match artemis {
                 Some(dir) => {
-                    cases.extend(qgate_lab::amqpbench::artemis_cases());
+                    cases.extend(qgate_lab::bench::amqp::artemis_cases());
                     {
                         eprintln!(
                             "bench amqp: building and starting Artemis from {}",
                             dir.display()
                         );
-                        Some(qgate_lab::artemis::start(&dir).map_err(anyhow::Error::msg)?)
+                        Some(qgate_amqp::artemis::start(&dir).map_err(anyhow::Error::msg)?)
                     }
                 }
                 None => None,
@@ -436,11 +436,11 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 cases.len()
             );
             let addr = artemis.as_ref().map(|a| a.addr);
-            let r = qgate_lab::amqpbench::run(&cases, messages, repeats, addr, |i, n| {
+            let r = qgate_lab::bench::amqp::run(&cases, messages, repeats, addr, |i, n| {
                 eprintln!("  run {i}/{n} done")
             });
             for c in &r {
-                let twin = qgate_lab::amqpbench::Case {
+                let twin = qgate_lab::bench::amqp::Case {
                     artemis: true,
                     ..c.case
                 };

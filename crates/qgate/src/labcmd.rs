@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use qgate_aqm::PidDelayParams;
-use qgate_lab::aqm::AqmConfig;
-use qgate_lab::aqm_report;
+use qgate_lab::papers::paper004_results::AqmConfig;
+use qgate_lab::papers::paper004_report as aqm_report;
 
 use crate::{usage, Failure};
 
@@ -195,8 +195,8 @@ pub fn run(which: Lab) -> Result<(), Failure> {
                     "--mbps, --rtt-ms, --flows and --packet-bytes must be positive",
                 ));
             }
-            let paper = qgate_lab::paper004::plan().map_err(usage)?;
-            let base = qgate_lab::paper004::config(&paper.plan.clone(), vec![1])
+            let paper = qgate_lab::papers::paper004::plan().map_err(usage)?;
+            let base = qgate_lab::papers::paper004::config(&paper.plan.clone(), vec![1])
                 .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;
             let cfg = AqmConfig {
                 key: "custom".into(),
@@ -358,7 +358,7 @@ fn run_plan(
 }
 
 fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
-    use qgate_lab::{amqp, amqp_report};
+    use qgate_lab::papers::{paper003 as amqp, paper003_report as amqp_report};
     let mut size = if a.quick {
         amqp::PlanSize::quick()
     } else {
@@ -410,7 +410,7 @@ fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
 }
 
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
-    use qgate_lab::paper000;
+    use qgate_lab::papers::paper000;
     let loaded = paper000::plan().map_err(usage)?;
     let opts = qgate_lab::plan::Options {
         seeds: a.seeds,
@@ -439,14 +439,14 @@ fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
         )],
         ..Default::default()
     };
-    let plans = qgate_lab::paper002::plans().map_err(usage)?;
+    let plans = qgate_lab::papers::paper002::plans().map_err(usage)?;
     let mut done = Vec::new();
     for (loaded, sub) in &plans {
         let eff = loaded.overridden(&opts).map_err(usage)?;
         let out = out_dir(&eff, Some(root.join(sub)))?;
         done.push((execute(loaded, &opts, a.jobs)?, out, eff));
     }
-    let extra = qgate_lab::paper002::against_paper(
+    let extra = qgate_lab::papers::paper002::against_paper(
         &done[0].0.records,
         &done[1].0.records,
         &done[2].0.records,
@@ -500,7 +500,7 @@ fn scenario<R>(
 }
 
 fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
-    use qgate_lab::paper004;
+    use qgate_lab::papers::paper004;
     let loaded = paper004::plan().map_err(usage)?;
     let mut opts = qgate_lab::plan::Options {
         seeds: a.seeds,

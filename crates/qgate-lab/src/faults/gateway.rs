@@ -131,7 +131,7 @@ impl ServerRun {
 pub async fn run(seed: u64, quick: bool) -> Outcome {
     let n = if quick { 10 } else { 50 };
     // Paper 000's three backhaul paths, built like any plan's network (decision X6).
-    let topology = crate::paper000::three_paths(LossModel::None);
+    let topology = crate::papers::paper000::three_paths(LossModel::None);
     let mut world = World::build(&topology, seed).expect("a valid topology");
     let net = world.net.clone();
     let (g, srv) = (

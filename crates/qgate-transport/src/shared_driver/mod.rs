@@ -1,4 +1,4 @@
-//! A compact QUIC server endpoint: quinn-proto connections without a task or channel each.
+//! A shared-driver QUIC server endpoint: quinn-proto connections without a task or channel each.
 //!
 //! quinn gives each connection its own driver task and an event channel whose first block alone
 //! is ~7 KB; a gateway holding 10 000 mostly idle device connections pays that, a send buffer and
@@ -703,7 +703,7 @@ impl Driver {
                 Poll::Ready(Ok(n)) => n,
                 Poll::Ready(Err(e)) => {
                     // quinn treats these as transient too (e.g. ICMP errors surfacing).
-                    tracing::debug!(error = %e, "compact endpoint: receive error");
+                    tracing::debug!(error = %e, "shared-driver endpoint: receive error");
                     cx.waker().wake_by_ref();
                     return false;
                 }
@@ -885,7 +885,7 @@ fn datagram(
     }
 }
 
-/// A handle on one connection of a compact [`Endpoint`]; the connection closes (code 0) when
+/// A handle on one connection of a shared-driver [`Endpoint`]; the connection closes (code 0) when
 /// the last handle to it, streams included, is dropped.
 pub struct Connection {
     shared: Arc<Shared>,

@@ -11,7 +11,7 @@ use crate::plan::{Loaded, PlanError};
 use crate::stats::{Summary, Welch};
 
 /// The shipped plan (also in `lab/plans/`, where a reader can copy and change it).
-pub const PLAN: &str = include_str!("../../../lab/plans/paper000-proxy.toml");
+pub const PLAN: &str = include_str!("../../../../lab/plans/paper000-proxy.toml");
 
 /// Where the shipped plan lives in the repository (named in errors and provenance).
 pub const PLAN_PATH: &str = "lab/plans/paper000-proxy.toml";

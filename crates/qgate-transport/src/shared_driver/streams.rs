@@ -1,4 +1,4 @@
-//! Stream handles of a compact connection, and h3's QUIC traits on them (RFC 9114 runs on any
+//! Stream handles of a shared-driver connection, and h3's QUIC traits on them (RFC 9114 runs on any
 //! QUIC that offers these: accept/open streams, ordered reads, writes with backpressure).
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::amqp::{
+use crate::papers::paper003::{
     channel_label, Case, Point, Rep, Side, Testbed, Transport, IDLE_AMPS, MESSAGE_BYTES, RX_AMPS,
     TX_AMPS, VOLTS,
 };
@@ -107,14 +107,14 @@ pub fn summary_md(points: &[Point], results: &[Vec<Rep>], command: &str) -> Stri
     let _ = writeln!(
         s,
         "Setup. **netsim** (virtual time): sender and receiver each on a Wi-Fi-like link to an access point ({}; sweeps change it, both directions), the broker wired to the access point (1 Gbit/s, 0.1 ms). **quic**: AMQP 1.0 on one QUIC bidirectional stream per connection (quinn, TLS 1.3, CUBIC, default options), 0-RTT once the client holds a ticket. **tcp-tls13 / tcp-tls12**: AMQP 1.0 over rustls over a user-space TCP (smoltcp 0.14, CUBIC, Nagle off, minimum RTO 1 s, no SACK) whose IP packets cross the same simulated links (the simulator has no kernel TCP); rustls resumes TLS sessions on later connections. **quic-pmtud-off**: QUIC with quinn's path-MTU discovery off at both ends (netsim only). **loopback**: the same clients and broker on 127.0.0.1 with the kernel's TCP, real time, no channel. Every message has a {MESSAGE_BYTES}-byte body and a message-id; at-least-once (the sender waits for the broker's accept, as the paper's Go sender). Per-connection cases use our pipelined clients (SASL, open, begin, attach and the first transfer or credit in one flight, for every transport); the single-connection case sends each message once the one before is accepted. Without loss the simulation has no randomness, so repetitions agree exactly (std dev 0).\n",
-        channel_label(&crate::amqp::Channel::WIFI)
+        channel_label(&crate::papers::paper003::Channel::WIFI)
     );
     let _ = writeln!(
         s,
         "Metrics. Total communication time: first connection start → last connection closed (client clock). Startup latency: connection start → first application payload written (mean over a repetition's connections). RTT: QUIC's smoothed RTT at each connection's end (TCP's is the kernel's and not read). Bytes on the wire: every packet on the device's link, both directions, IP and UDP headers included (those lost on the wire too). Throughput: bytes on the wire × 8 ÷ total time. Energy (sender): {VOLTS} V × (tx {TX_AMPS} A × time its packets serialise + rx {RX_AMPS} A × time packets for it serialise + idle {IDLE_AMPS} A × the rest of the total time), from the packet trace; the radio does not sleep during a run (ns-3's Wi-Fi radio without power save).\n"
     );
 
-    const ALL: [Transport; 4] = crate::amqp::TRANSPORTS;
+    const ALL: [Transport; 4] = crate::papers::paper003::TRANSPORTS;
     let at = |case: Case, testbed: Testbed, t: Transport| {
         find(points, results, |p| {
             p.case == case && p.testbed == testbed && p.transport == t && p.sweep == "default"
@@ -270,8 +270,8 @@ pub fn summary_md(points: &[Point], results: &[Vec<Rep>], command: &str) -> Stri
 }
 
 /// The channels of a sweep, in plan order.
-fn sweep_channels(points: &[Point], sweep: &str) -> Vec<crate::amqp::Channel> {
-    let mut v: Vec<crate::amqp::Channel> = Vec::new();
+fn sweep_channels(points: &[Point], sweep: &str) -> Vec<crate::papers::paper003::Channel> {
+    let mut v: Vec<crate::papers::paper003::Channel> = Vec::new();
     for p in points.iter().filter(|p| p.sweep == sweep) {
         if !v.contains(&p.channel) {
             v.push(p.channel);
@@ -284,7 +284,7 @@ fn sweep_point<'a>(
     points: &[Point],
     results: &'a [Vec<Rep>],
     sweep: &str,
-    c: &crate::amqp::Channel,
+    c: &crate::papers::paper003::Channel,
     t: Transport,
 ) -> Option<&'a [Rep]> {
     find(points, results, |p| {
@@ -372,7 +372,7 @@ fn claims(points: &[Point], results: &[Vec<Rep>]) -> String {
     }
     let ch = sweep_channels(points, "bandwidth");
     let mut wins = Vec::new();
-    let time = |c: &crate::amqp::Channel, t: Transport| {
+    let time = |c: &crate::papers::paper003::Channel, t: Transport| {
         sweep_point(points, results, "bandwidth", c, t)
             .map(|r| summary(r, "send", |x| x.total_s).mean)
     };
@@ -399,7 +399,7 @@ fn claims(points: &[Point], results: &[Vec<Rep>]) -> String {
 
 /// SVG figures.
 pub fn figures(points: &[Point], results: &[Vec<Rep>]) -> Vec<(String, String)> {
-    const ALL: [Transport; 4] = crate::amqp::TRANSPORTS;
+    const ALL: [Transport; 4] = crate::papers::paper003::TRANSPORTS;
     let mut out = Vec::new();
     let at = |case: Case, testbed: Testbed, t: Transport| {
         find(points, results, |p| {
@@ -494,8 +494,8 @@ pub fn figures(points: &[Point], results: &[Vec<Rep>]) -> Vec<(String, String)> 
             "delay",
             "fig12_delay.svg",
             "added one-way delay (ms)",
-            (|c: &crate::amqp::Channel| c.delay.as_secs_f64() * 1e3 - 2.0)
-                as fn(&crate::amqp::Channel) -> f64,
+            (|c: &crate::papers::paper003::Channel| c.delay.as_secs_f64() * 1e3 - 2.0)
+                as fn(&crate::papers::paper003::Channel) -> f64,
         ),
         ("loss", "fig13_loss.svg", "loss (%)", |c| c.loss * 100.0),
         (

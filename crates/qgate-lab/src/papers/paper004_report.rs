@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::aqm::{AqmConfig, RunResult};
+use crate::papers::paper004_results::{AqmConfig, RunResult};
 use crate::stats::Summary;
 
 /// Per-discipline aggregate over seeds.

@@ -8,19 +8,19 @@ use std::time::Duration;
 
 use qgate_aqm::{DisciplineSpec, PidDelayParams};
 
-use crate::aqm::{AqmConfig, RunResult};
-use crate::aqm_report::{self, Aggregate};
+use crate::papers::paper004_results::{AqmConfig, RunResult};
+use crate::papers::paper004_report::{self, Aggregate};
 use crate::plan::run::Record;
 use crate::plan::spec::{Plan, Workload};
 use crate::plan::{Loaded, PlanError, Variant};
 use crate::stats::Summary;
 
 /// The shipped disciplines plan.
-pub const PLAN: &str = include_str!("../../../lab/plans/paper004-aqm.toml");
+pub const PLAN: &str = include_str!("../../../../lab/plans/paper004-aqm.toml");
 /// Its path in the repository.
 pub const PLAN_PATH: &str = "lab/plans/paper004-aqm.toml";
 /// The shipped τ0 plan.
-pub const TAU0_PLAN: &str = include_str!("../../../lab/plans/paper004-tau0.toml");
+pub const TAU0_PLAN: &str = include_str!("../../../../lab/plans/paper004-tau0.toml");
 /// Its path in the repository.
 pub const TAU0_PLAN_PATH: &str = "lab/plans/paper004-tau0.toml";
 
@@ -158,7 +158,7 @@ pub fn sections(
                     .filter(|(v, _)| v.point.as_ref().map_or(0.0, |p| p.x) == x)
                     .map(|(v, r)| run_result(v, r))
                     .collect();
-                aqm_report::aggregate(&runs).pop().map(|a| (x, a))
+                paper004_report::aggregate(&runs).pop().map(|a| (x, a))
             })
             .collect()
     };
@@ -177,9 +177,9 @@ pub fn sections(
         seeds.dedup();
         let cfg = config(&first.plan, seeds)?;
         let runs: Vec<RunResult> = at.iter().map(|(v, r)| run_result(v, r)).collect();
-        let margins = aqm_report::margins_md(&cfg, &PidDelayParams::default());
+        let margins = paper004_report::margins_md(&cfg, &PidDelayParams::default());
         let sw: &[(f64, Aggregate)] = if k == 0 { &sweep } else { &[] };
-        out.push_str(&aqm_report::paper_sections(&cfg, &runs, sw, &margins));
+        out.push_str(&paper004_report::paper_sections(&cfg, &runs, sw, &margins));
     }
     Ok(out)
 }

@@ -12,11 +12,11 @@ use crate::plan::{Loaded, PlanError};
 use crate::stats::{Summary, Welch};
 
 /// The simple-topology plan.
-pub const PLAN: &str = include_str!("../../../lab/plans/paper002-history.toml");
+pub const PLAN: &str = include_str!("../../../../lab/plans/paper002-history.toml");
 /// The dumbbell plan.
-pub const DUMBBELL_PLAN: &str = include_str!("../../../lab/plans/paper002-dumbbell.toml");
+pub const DUMBBELL_PLAN: &str = include_str!("../../../../lab/plans/paper002-dumbbell.toml");
 /// The good → bad plan.
-pub const CHANGE_PLAN: &str = include_str!("../../../lab/plans/paper002-change.toml");
+pub const CHANGE_PLAN: &str = include_str!("../../../../lab/plans/paper002-change.toml");
 
 /// The three plans, parsed, with the directory each writes below `results/history`.
 pub fn plans() -> Result<Vec<(Loaded, &'static str)>, PlanError> {

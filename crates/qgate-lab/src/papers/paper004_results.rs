@@ -1,6 +1,6 @@
 //! `qgate lab aqm`'s data: the operating point of a run and what it measured, in the terms of
 //! paper 004's report. The runs themselves are the shipped plans `lab/plans/paper004-aqm.toml`
-//! and `paper004-tau0.toml` (see [`crate::paper004`]).
+//! and `paper004-tau0.toml` (see [`crate::papers::paper004`]).
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The compact server endpoint (one driver task for all connections) carrying HTTP/3 for quinn
+//! The shared-driver server endpoint (one driver task for all connections) carrying HTTP/3 for quinn
 //! clients: on real loopback UDP, and on the simulated network in virtual time.
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use http::{Request, Response};
 use qgate_netsim::{LinkParams, LossModel, Network};
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
-    client_config, compact, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+    client_config, shared_driver, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
 
 fn sa(s: &str) -> SocketAddr {
@@ -26,7 +26,7 @@ impl Handler for Echo {
     }
 }
 
-fn serve(ep: compact::Endpoint) {
+fn serve(ep: shared_driver::Endpoint) {
     tokio::spawn(async move {
         while let Some(c) = ep.accept().await {
             let peer = c.remote_address();
@@ -68,11 +68,11 @@ async fn h3_client(
 async fn echoes_bodies_through_blocked_windows_on_loopback() {
     let pki = DevPki::generate(&[]).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_H3], &tight()).unwrap();
-    let ep = compact::Endpoint::server(
+    let ep = shared_driver::Endpoint::server(
         Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
         scfg,
         None,
-        compact::Limits::with_connections(16),
+        shared_driver::Limits::with_connections(16),
     )
     .unwrap();
     let addr = ep.local_addr();
@@ -131,10 +131,10 @@ async fn echoes_bodies_through_blocked_windows_on_loopback() {
         .expect("the connection is freed after the client closes");
 }
 
-/// A compact server and `clients` client hosts on the simulated network, each client on its
+/// A shared-driver server and `clients` client hosts on the simulated network, each client on its
 /// own 10 Mbit/s, 10 ms link with `loss`; the clients' HTTP/3 connections are open.
 struct Sim {
-    ep: compact::Endpoint,
+    ep: shared_driver::Endpoint,
     clients: Vec<H3Client>,
     _keep: Vec<quinn::Endpoint>,
 }
@@ -144,11 +144,11 @@ async fn sim(clients: usize, loss: f64, server_opts: &TransportOptions, max: usi
     let s = net.add_host("server");
     let pki = DevPki::generate(&[]).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_H3], server_opts).unwrap();
-    let ep = compact::Endpoint::server(
+    let ep = shared_driver::Endpoint::server(
         Socket::from(net.bind(s, sa("0.0.0.0:443")).unwrap()),
         scfg,
         Some(1),
-        compact::Limits::with_connections(max),
+        shared_driver::Limits::with_connections(max),
     )
     .unwrap();
     serve(ep.clone());
@@ -271,11 +271,11 @@ async fn a_server_close_reaches_the_client_with_its_code() {
     .unwrap();
     let pki = DevPki::generate(&[]).unwrap();
     let scfg = server_config(&pki.server, &[b"test"], &TransportOptions::default()).unwrap();
-    let ep = compact::Endpoint::server(
+    let ep = shared_driver::Endpoint::server(
         Socket::from(net.bind(s, sa(SERVER)).unwrap()),
         scfg,
         Some(1),
-        compact::Limits::with_connections(4),
+        shared_driver::Limits::with_connections(4),
     )
     .unwrap();
     let cep = endpoint(

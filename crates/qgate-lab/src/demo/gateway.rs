@@ -99,7 +99,7 @@ impl DemoOutcome {
 /// Run the demo; `view` gets a rendered live view once a second.
 pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
     // Paper 000's paths at 10/20/30 ms (paths d, 2d, 3d), built like any plan's.
-    let topology = crate::paper000::three_paths(LossModel::Bernoulli { p: cfg.loss });
+    let topology = crate::papers::paper000::three_paths(LossModel::Bernoulli { p: cfg.loss });
     let load = GatewayLoad {
         name: "demo".into(),
         start_s: 0.0,

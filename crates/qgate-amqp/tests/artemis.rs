@@ -1,7 +1,7 @@
 //! Our AMQP sender and receiver against Apache Artemis 2.44 (tools/artemis). `.ci/run` sets
 //! QGATE_INTEROP=1, so a broker that does not build or start fails the suite there.
 
-use qgate_lab::artemis;
+use qgate_amqp::artemis;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_sender_and_receiver_against_apache_artemis() {
