@@ -14,9 +14,11 @@ use qgate_core::path::PathId;
 use qgate_core::path::PathTable;
 use qgate_core::scheduler::{Priority, Scheduler};
 use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits, SessionTable};
-use qgate_transport::shared_driver::EndpointStats;
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
-use qgate_transport::{shared_driver, server_config, Identity, Socket, TransportError, TransportOptions};
+use qgate_transport::shared_driver::EndpointStats;
+use qgate_transport::{
+    server_config, shared_driver, Identity, Socket, TransportError, TransportOptions,
+};
 use tokio::time::Instant;
 
 use crate::paths::PathManager;

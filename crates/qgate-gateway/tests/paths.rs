@@ -35,13 +35,15 @@ async fn measures_detects_death_and_recovery() {
                 .unwrap(),
         );
     }
-    let _server = qgate_server::CountingServer::start(
-        Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
-        &pki.server,
-        &opts,
-        Some(1),
-    )
-    .unwrap();
+    let _server = qgate_server::Server::builder()
+        .socket(Socket::from(
+            net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap(),
+        ))
+        .identity(&pki.server)
+        .transport(opts.clone())
+        .seed(1)
+        .start()
+        .unwrap();
     for i in 1..=3u8 {
         let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
         let remote: SocketAddr = format!("10.0.{i}.2:443").parse().unwrap();
@@ -125,13 +127,15 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
         idle_timeout_ms: 5000,
         ..Default::default()
     };
-    let _server = qgate_server::CountingServer::start(
-        Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap()),
-        &pki.server,
-        &opts,
-        Some(1),
-    )
-    .unwrap();
+    let _server = qgate_server::Server::builder()
+        .socket(Socket::from(
+            net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap(),
+        ))
+        .identity(&pki.server)
+        .transport(opts.clone())
+        .seed(1)
+        .start()
+        .unwrap();
     let start = tokio::time::Instant::now();
     let store = HistoryStore::in_memory(
         HistoryConfig::default(),

@@ -218,14 +218,15 @@ fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
             }
         }
     }
-    let netsim = |case: Case, sweep: &str, x: &dyn Fn(&qgate_lab::papers::paper003::Point) -> bool| {
-        points
-            .iter()
-            .position(|p| {
-                p.case == case && p.sweep == sweep && p.testbed == Testbed::Netsim && x(p)
-            })
-            .expect("point in the plan")
-    };
+    let netsim =
+        |case: Case, sweep: &str, x: &dyn Fn(&qgate_lab::papers::paper003::Point) -> bool| {
+            points
+                .iter()
+                .position(|p| {
+                    p.case == case && p.sweep == sweep && p.testbed == Testbed::Netsim && x(p)
+                })
+                .expect("point in the plan")
+        };
     // The channel matters in the direction it must: slower, longer and lossier cost time.
     let t = |i: usize| results[i][0].send.total_s;
     let slow = netsim(Case::Sweep, "bandwidth", &|p| p.channel.rate_bps == 32_000);

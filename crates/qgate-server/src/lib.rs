@@ -6,6 +6,7 @@
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
 //! - `GET /stats`: counters as JSON. `GET /metrics`: Prometheus text. `GET /health`: `ok`.
 
+mod builder;
 mod dedup;
 mod probe;
 mod sink;
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
+pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
 pub use probe::answer_probes;
 pub use sink::{Sink, SinkError};
 
@@ -285,50 +287,6 @@ fn serde_json_like(s: &StatsSnapshot) -> String {
         "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"duplicates\":{},\"probes\":{},\"bad_probes\":{}}}",
         s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.duplicates, s.probes, s.bad_probes
     )
-}
-
-/// A running count-only ingest server: what experiments, demos, benchmarks and tests start.
-pub struct CountingServer {
-    /// Its QUIC endpoint.
-    pub endpoint: quinn::Endpoint,
-    /// Its counters.
-    pub stats: Arc<ServerStats>,
-    /// The accept loop.
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-impl CountingServer {
-    /// Start an HTTP/3 ingest server that only counts bodies, on `socket`, with `identity` and
-    /// `opts` (`seed` makes quinn's choices reproducible in simulations). Needs a tokio runtime.
-    pub fn start(
-        socket: qgate_transport::Socket,
-        identity: &qgate_transport::Identity,
-        opts: &qgate_transport::TransportOptions,
-        seed: Option<u64>,
-    ) -> Result<CountingServer, qgate_transport::TransportError> {
-        let cfg = qgate_transport::server_config(identity, &[http3::ALPN_H3], opts)?;
-        let endpoint = qgate_transport::endpoint(socket, Some(cfg), seed)?;
-        let service = Arc::new(IngestService::new(Sink::count_only()));
-        let stats = service.stats();
-        let task = tokio::spawn(serve(
-            endpoint.clone(),
-            service,
-            ServeLimits::default(),
-            None,
-        ));
-        Ok(CountingServer {
-            endpoint,
-            stats,
-            task,
-        })
-    }
-
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.endpoint
-            .local_addr()
-            .expect("a bound endpoint has an address")
-    }
 }
 
 /// Congestion-window history on the server side (paper 002): each incoming connection gets a

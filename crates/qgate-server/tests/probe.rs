@@ -25,14 +25,14 @@ async fn probes_are_answered_at_once_beside_http3() {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
     let server_addr: SocketAddr = "10.0.0.2:443".parse().unwrap();
-    let stats = qgate_server::CountingServer::start(
-        Socket::from(net.bind(s, server_addr).unwrap()),
-        &pki.server,
-        &opts,
-        Some(1),
-    )
-    .unwrap()
-    .stats;
+    let stats = qgate_server::Server::builder()
+        .socket(Socket::from(net.bind(s, server_addr).unwrap()))
+        .identity(&pki.server)
+        .transport(opts.clone())
+        .seed(1)
+        .start()
+        .unwrap()
+        .stats;
 
     let cep = endpoint(
         Socket::from(net.bind(g, "10.0.0.1:0".parse().unwrap()).unwrap()),

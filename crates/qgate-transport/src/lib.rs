@@ -2,11 +2,11 @@
 //! development certificates, one options struct for every transport knob, 0-RTT, and HTTP/3
 //! helpers on h3. The same code runs on a real UDP socket or a `qgate-netsim` interface.
 
-pub mod shared_driver;
 mod endpoint;
 pub mod history;
 pub mod http3;
 mod options;
+pub mod shared_driver;
 pub mod tls;
 
 pub use endpoint::{

@@ -10,7 +10,8 @@ use http::{Request, Response};
 use qgate_netsim::{LinkParams, LossModel, Network};
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
-    client_config, shared_driver, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
+    client_config, connect, endpoint, server_config, shared_driver, DevPki, Socket,
+    TransportOptions,
 };
 
 fn sa(s: &str) -> SocketAddr {

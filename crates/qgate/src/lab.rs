@@ -198,12 +198,12 @@ fn memory_bench(n: usize) -> Result<(), Failure> {
     let rt = crate::runtime();
     let server = rt
         .block_on(async {
-            qgate_server::CountingServer::start(
-                qgate_transport::Socket::bind_udp("127.0.0.1:0".parse().expect("addr"))?,
-                &pki.server,
-                &Default::default(),
-                None,
-            )
+            qgate_server::Server::builder()
+                .socket(qgate_transport::Socket::bind_udp(
+                    "127.0.0.1:0".parse().expect("addr"),
+                )?)
+                .identity(&pki.server)
+                .start()
         })
         .map_err(|e| anyhow::anyhow!("starting the ingest server: {e}"))?;
     let server_addr = server.addr();
@@ -383,7 +383,8 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 "added p50         {:.3} ms (queueing at saturation)",
                 r.added_p50_ms()
             );
-            let pairs = |via: &[qgate_lab::bench::gateway::Load], direct: &[qgate_lab::bench::gateway::Load]| {
+            let pairs = |via: &[qgate_lab::bench::gateway::Load],
+                         direct: &[qgate_lab::bench::gateway::Load]| {
                 for (g, d) in via.iter().zip(direct) {
                     println!(
                         "  pair: gateway p50 {:.3} / p99 {:.3} ms; direct p50 {:.3} / p99 {:.3} ms",

@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use qgate_aqm::PidDelayParams;
-use qgate_lab::papers::paper004_results::AqmConfig;
 use qgate_lab::papers::paper004_report as aqm_report;
+use qgate_lab::papers::paper004_results::AqmConfig;
 
 use crate::{usage, Failure};
 

@@ -2,14 +2,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use qgate_server::{IngestService, Sink};
-use qgate_transport::http3::{ServeLimits, ALPN_H3};
-use qgate_transport::{endpoint, server_config, Congestion, DevPki, Identity, Socket};
+use qgate_server::{Server, Sink};
+use qgate_transport::http3::ServeLimits;
+use qgate_transport::{Congestion, DevPki, Identity, Socket};
 
 use crate::config::Config;
 use crate::{default_dev_pki_dir, usage, Failure};
@@ -88,33 +87,27 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             .or(c.max_body)
             .unwrap_or(ServeLimits::default().max_body),
     };
-    let scfg = server_config(&identity, &[ALPN_H3], &transport).map_err(usage)?;
-    let history =
-        crate::history::open(a.history, a.history_store.clone(), cfg)?.map(|(store, safeguard)| {
-            Arc::new(qgate_server::ServerHistory {
-                store,
-                base: scfg.clone(),
-                opts: transport.clone(),
-                safeguard,
-            })
-        });
+    let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;
     crate::runtime().block_on(async move {
-        let socket = Socket::bind_udp(listen).map_err(usage)?;
-        let ep = endpoint(socket, Some(scfg), None)?;
-        let local = ep.local_addr().context("reading the bound address")?;
-        println!("qgate server listening on udp/{local} (HTTP/3)");
+        let mut builder = Server::builder()
+            .socket(Socket::bind_udp(listen).map_err(usage)?)
+            .identity(&identity)
+            .transport(transport)
+            .sink(sink)
+            .limits(limits);
+        if let Some((store, safeguard)) = history {
+            builder = builder.history(store, safeguard);
+        }
+        let server = builder.start().map_err(usage)?;
+        println!("qgate server listening on udp/{} (HTTP/3)", server.addr());
         use std::io::Write;
         std::io::stdout().flush().ok();
-        let service = Arc::new(IngestService::new(sink));
-        let stats = service.stats();
-        let serving = tokio::spawn(qgate_server::serve(ep.clone(), service, limits, history));
+        let stats = server.stats.clone();
         tokio::signal::ctrl_c()
             .await
             .context("waiting for Ctrl-C")?;
         eprintln!("qgate: shutting down");
-        ep.close(0u32.into(), b"server shutting down");
-        let _ = tokio::time::timeout(Duration::from_secs(3), ep.wait_idle()).await;
-        serving.abort();
+        server.shutdown(Duration::from_secs(3)).await;
         let s = stats.snapshot();
         eprintln!(
             "qgate: served {} connections, {} requests, stored {} bodies ({} bytes)",

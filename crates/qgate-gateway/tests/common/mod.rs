@@ -100,7 +100,12 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
     let server_socket = Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap());
     let server = match far {
         Far::Counting => {
-            qgate_server::CountingServer::start(server_socket, &pki.server, &opts, Some(1))
+            qgate_server::Server::builder()
+                .socket(server_socket)
+                .identity(&pki.server)
+                .transport(opts.clone())
+                .seed(1)
+                .start()
                 .unwrap()
                 .stats
         }
@@ -287,13 +292,12 @@ pub async fn loopback(cfg: GatewayConfig, paths: &[&str], sched: &str) -> Loopba
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
     let sa = |s: &str| -> SocketAddr { s.parse().unwrap() };
-    let server = qgate_server::CountingServer::start(
-        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        &pki.server,
-        &opts,
-        None,
-    )
-    .unwrap();
+    let server = qgate_server::Server::builder()
+        .socket(Socket::bind_udp(sa("127.0.0.1:0")).unwrap())
+        .identity(&pki.server)
+        .transport(opts.clone())
+        .start()
+        .unwrap();
     let mut builder = builder(cfg, sched, &pki, &opts)
         .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).unwrap());
     for l in paths {

@@ -195,13 +195,12 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         let pki = DevPki::generate(&[]).expect("PKI");
         let opts = TransportOptions::default();
         let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).expect("config");
-        let server = qgate_server::CountingServer::start(
-            Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
-            &pki.server,
-            &opts,
-            None,
-        )
-        .expect("server");
+        let server = qgate_server::Server::builder()
+            .socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"))
+            .identity(&pki.server)
+            .transport(opts.clone())
+            .start()
+            .expect("server");
         let server_addr = server.addr();
         let mut builder = Gateway::builder()
             .with_transport(opts.clone())

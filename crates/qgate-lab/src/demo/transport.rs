@@ -149,16 +149,16 @@ pub async fn run(config: DemoConfig) -> Result<DemoReport, String> {
 
     let pki = DevPki::generate(&[]).map_err(|e| e.to_string())?;
     let server_addr = SocketAddr::new(addr(10, 0, 0, 2), 443);
-    let server = qgate_server::CountingServer::start(
-        Socket::from(
+    let server = qgate_server::Server::builder()
+        .socket(Socket::from(
             net.bind(server_host, server_addr)
                 .map_err(|e| e.to_string())?,
-        ),
-        &pki.server,
-        &config.transport,
-        Some(config.seed),
-    )
-    .map_err(|e| e.to_string())?;
+        ))
+        .identity(&pki.server)
+        .transport(config.transport.clone())
+        .seed(config.seed)
+        .start()
+        .map_err(|e| e.to_string())?;
     let server_stats = server.stats.clone();
     let ccfg =
         client_config(&pki.trust(), &[ALPN_H3], &config.transport).map_err(|e| e.to_string())?;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use qgate_aqm::{DisciplineSpec, PidDelayParams};
 
-use crate::papers::paper004_results::{AqmConfig, RunResult};
 use crate::papers::paper004_report::{self, Aggregate};
+use crate::papers::paper004_results::{AqmConfig, RunResult};
 use crate::plan::run::Record;
 use crate::plan::spec::{Plan, Workload};
 use crate::plan::{Loaded, PlanError, Variant};

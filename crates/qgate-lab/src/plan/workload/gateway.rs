@@ -20,7 +20,7 @@ use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_netsim::topology::LinkSpec;
 use qgate_netsim::{Direction, LinkId, Network, World};
-use qgate_server::CountingServer;
+use qgate_server::RunningServer;
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions};
 use rand::Rng;
@@ -122,7 +122,7 @@ pub(crate) struct Prepared {
     pub(crate) devices: Vec<(Device, bool)>,
     jitter: Vec<Duration>,
     pub(crate) running: RunningGateway,
-    _server: CountingServer,
+    _server: RunningServer,
     _keep: Vec<quinn::Endpoint>,
 }
 
@@ -145,16 +145,16 @@ pub(crate) async fn prepare(
         keep_alive_ms: Some(1000),
         ..Default::default()
     };
-    let server = CountingServer::start(
-        Socket::from(
+    let server = qgate_server::Server::builder()
+        .socket(Socket::from(
             net.bind(srv_host, SocketAddr::from(([0, 0, 0, 0], 443)))
                 .map_err(|e| e.to_string())?,
-        ),
-        &s.pki.server,
-        &opts,
-        Some(s.seed),
-    )
-    .map_err(|e| e.to_string())?;
+        ))
+        .identity(&s.pki.server)
+        .transport(opts.clone())
+        .seed(s.seed)
+        .start()
+        .map_err(|e| e.to_string())?;
     let mut cfg = GatewayConfig::default();
     if let Some(ms) = g.request_timeout_ms {
         cfg.request_timeout = secs(ms / 1000.0);

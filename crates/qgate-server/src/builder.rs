@@ -1,0 +1,170 @@
+//! `Server::builder()`: the one way an ingest server is put together — by `qgate server`, the
+//! plans, the demos, the benchmarks and the tests alike (decision X10). Every knob has its
+//! default here; a caller sets only what it changes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use qgate_transport::history::HistoryStore;
+use qgate_transport::http3::{ServeLimits, ALPN_H3};
+use qgate_transport::{
+    endpoint, server_config, Identity, Socket, TransportError, TransportOptions,
+};
+
+use crate::{serve, IngestService, ServerHistory, ServerStats, Sink};
+
+/// The ingest server (HTTP/3 over QUIC); see [`Server::builder`].
+pub struct Server;
+
+impl Server {
+    /// A builder with the defaults: count-only sink, [`ServeLimits::default`], default
+    /// transport options, no history, quinn's own randomness.
+    pub fn builder<'a>() -> ServerBuilder<'a> {
+        ServerBuilder {
+            socket: None,
+            identity: None,
+            transport: TransportOptions::default(),
+            sink: Sink::count_only(),
+            limits: ServeLimits::default(),
+            history: None,
+            seed: None,
+        }
+    }
+}
+
+/// What [`ServerBuilder::start`] can fail on.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A required part was not given.
+    #[error("the server needs {0}")]
+    Missing(&'static str),
+    /// The TLS configuration or the endpoint could not be made.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// Assembles a [`RunningServer`].
+pub struct ServerBuilder<'a> {
+    socket: Option<Socket>,
+    identity: Option<&'a Identity>,
+    transport: TransportOptions,
+    sink: Sink,
+    limits: ServeLimits,
+    history: Option<(Arc<HistoryStore>, Option<f64>)>,
+    seed: Option<u64>,
+}
+
+impl<'a> ServerBuilder<'a> {
+    /// The UDP (or simulated) socket to listen on. Required.
+    pub fn socket(mut self, socket: Socket) -> Self {
+        self.socket = Some(socket);
+        self
+    }
+
+    /// The certificate chain and key it presents. Required.
+    pub fn identity(mut self, identity: &'a Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// QUIC transport options.
+    pub fn transport(mut self, transport: TransportOptions) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Where ingested bodies go.
+    pub fn sink(mut self, sink: Sink) -> Self {
+        self.sink = sink;
+        self
+    }
+
+    /// Request limits.
+    pub fn limits(mut self, limits: ServeLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Start each client's connection from its window history in `store` (paper 002), with
+    /// the careful-resume RTT factor `safeguard` if given.
+    pub fn history(mut self, store: Arc<HistoryStore>, safeguard: Option<f64>) -> Self {
+        self.history = Some((store, safeguard));
+        self
+    }
+
+    /// Seed quinn's choices (connection IDs, packet-number skips), so a simulation repeats.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Bind the endpoint and spawn the accept loop. Needs a tokio runtime.
+    pub fn start(self) -> Result<RunningServer, BuildError> {
+        let socket = self.socket.ok_or(BuildError::Missing("a socket"))?;
+        let identity = self.identity.ok_or(BuildError::Missing("an identity"))?;
+        let cfg = server_config(identity, &[ALPN_H3], &self.transport)?;
+        let history = self.history.map(|(store, safeguard)| {
+            Arc::new(ServerHistory {
+                store,
+                base: cfg.clone(),
+                opts: self.transport.clone(),
+                safeguard,
+            })
+        });
+        let endpoint = endpoint(socket, Some(cfg), self.seed)?;
+        let service = Arc::new(IngestService::new(self.sink));
+        let stats = service.stats();
+        let task = tokio::spawn(serve(endpoint.clone(), service, self.limits, history));
+        Ok(RunningServer {
+            endpoint,
+            stats,
+            task,
+        })
+    }
+}
+
+/// A running ingest server.
+pub struct RunningServer {
+    /// Its QUIC endpoint.
+    pub endpoint: quinn::Endpoint,
+    /// Its counters.
+    pub stats: Arc<ServerStats>,
+    /// The accept loop.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint
+            .local_addr()
+            .expect("a bound endpoint has an address")
+    }
+
+    /// Close every connection, wait up to `grace` for the peers to hear it, then stop.
+    pub async fn shutdown(self, grace: Duration) {
+        self.endpoint.close(0u32.into(), b"server shutting down");
+        let _ = tokio::time::timeout(grace, self.endpoint.wait_idle()).await;
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_part_is_named() {
+        let pki = qgate_transport::DevPki::generate(&[]).unwrap();
+        let err = Server::builder()
+            .identity(&pki.server)
+            .start()
+            .err()
+            .unwrap();
+        assert_eq!(err.to_string(), "the server needs a socket");
+        let socket = Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let err = Server::builder().socket(socket).start().err().unwrap();
+        assert_eq!(err.to_string(), "the server needs an identity");
+    }
+}
