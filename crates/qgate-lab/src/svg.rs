@@ -89,19 +89,22 @@ fn frame(out: &mut String, title: &str, x_label: &str, y_label: &str) {
     );
 }
 
+/// A horizontal grid line at `y` with its tick label on the left.
+fn y_gridline(out: &mut String, y: f64, label: &str) {
+    let _ = writeln!(
+        out,
+        r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#e5e5e5"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
+        W - RIGHT,
+        LEFT - 6.0,
+        y + 4.0,
+    );
+}
+
 fn y_axis(out: &mut String, y_lo: f64, y_hi: f64) -> impl Fn(f64) -> f64 {
     let (top, bottom) = (TOP, H - BOTTOM);
     let sy = move |y: f64| bottom - (y - y_lo) / (y_hi - y_lo).max(1e-12) * (bottom - top);
     for t in ticks(y_lo, y_hi, 6) {
-        let y = sy(t);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#e5e5e5"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            W - RIGHT,
-            LEFT - 6.0,
-            y + 4.0,
-            fmt_tick(t)
-        );
+        y_gridline(out, sy(t), &fmt_tick(t));
     }
     let _ = writeln!(
         out,
@@ -338,15 +341,7 @@ pub fn band_chart(
         ticks(y_lo, y_hi, 6)
     };
     for t in yt {
-        let y = sy(t);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#e5e5e5"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            W - RIGHT,
-            LEFT - 6.0,
-            y + 4.0,
-            label(t, scales.log_y)
-        );
+        y_gridline(&mut out, sy(t), &label(t, scales.log_y));
     }
     let xt = if scales.log_x {
         log_ticks(x_lo, x_hi)

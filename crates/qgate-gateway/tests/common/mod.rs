@@ -11,7 +11,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use qgate_gateway::builder::{GatewayBuilder, RunningGateway};
 use qgate_gateway::gateway::{Gateway, GatewayConfig, HASH_ID_HEADER, PRIORITY_HEADER};
-use qgate_netsim::{LinkId, LinkParams, Network};
+use qgate_netsim::topology::{LinkChange, LinkSpec};
+use qgate_netsim::{LinkId, Network, World as SimWorld};
 use qgate_server::ServerStats;
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
@@ -75,28 +76,27 @@ impl Handler for Slow {
 /// backhaul paths of 100/75/50 Mbit/s with 10/20/30 ms one-way delay; the gateway configured
 /// by `cfg` (request timeout 500 ms unless `cfg` says otherwise).
 pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> World {
-    let net = Network::new(7);
-    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
+    // Built through qgate_netsim's World (the plans' assembly path): paths 1–3 get the
+    // automatic addresses 10.0.k.1 (gateway) and 10.0.k.2 (server).
+    let mut sim = SimWorld::new(7);
+    let g = sim.add_host("gateway", false).unwrap();
+    let s = sim.add_host("server", false).unwrap();
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions {
         keep_alive_ms: Some(1000),
         ..Default::default()
     };
     let mut backhaul = Vec::new();
-    for (i, rate) in [100_000_000u64, 75_000_000, 50_000_000].iter().enumerate() {
-        let k = i as u8 + 1;
-        let gi = net
-            .add_interface(g, format!("10.0.{k}.1").parse().unwrap())
-            .unwrap();
-        let si = net
-            .add_interface(s, format!("10.0.{k}.2").parse().unwrap())
-            .unwrap();
-        let delay = Duration::from_millis(10 * k as u64);
-        backhaul.push(
-            net.connect_symmetric(gi, si, LinkParams::new(*rate, delay))
-                .unwrap(),
-        );
+    for (k, rate_mbps) in [(1u8, 100.0), (2, 75.0), (3, 50.0)] {
+        let link = LinkChange {
+            rate_mbps: Some(rate_mbps),
+            delay_ms: Some(10.0 * f64::from(k)),
+            ..Default::default()
+        };
+        let spec = LinkSpec::new(&format!("path{k}"), "gateway", "server", link);
+        backhaul.push(sim.add_link(&spec).unwrap().id);
     }
+    let net = sim.net.clone();
     let server_socket = Socket::from(net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap());
     let server = match far {
         Far::Counting => {
@@ -151,19 +151,17 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
     let dcfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let mut devices = Vec::new();
     for i in 0..n {
-        let h = net.add_host(&format!("dev{i}"));
-        let di = net
-            .add_interface(h, format!("10.8.{i}.2").parse().unwrap())
-            .unwrap();
-        let gi = net
-            .add_interface(g, format!("10.8.{i}.1").parse().unwrap())
-            .unwrap();
-        net.connect_symmetric(
-            di,
-            gi,
-            LinkParams::new(1_000_000_000, Duration::from_millis(1)),
-        )
-        .unwrap();
+        let name = format!("dev{i}");
+        let h = sim.add_host(&name, false).unwrap();
+        let access = LinkChange {
+            rate_mbps: Some(1000.0),
+            delay_ms: Some(1.0),
+            ..Default::default()
+        };
+        let mut spec = LinkSpec::new(&format!("{name}-access"), &name, "gateway", access);
+        spec.a_addr = Some(format!("10.8.{i}.2").parse().unwrap());
+        spec.b_addr = Some(format!("10.8.{i}.1").parse().unwrap());
+        sim.add_link(&spec).unwrap();
         let ep = endpoint(
             Socket::from(
                 net.bind(h, format!("10.8.{i}.2:0").parse().unwrap())

@@ -51,6 +51,22 @@ fn pooled(records: &[Record], at: Option<(&str, usize)>, scheme: &str, metric: &
 }
 
 /// "−12.3 % (p = 0.004, n = 147 / 147)" for b against a.
+/// Download latency of history (EWMA, then mean) against the default window at one sweep point:
+/// the EWMA change in percent, its Welch test, and both cells; `None` if the point did not run.
+fn against_default(
+    records: &[Record],
+    at: (&str, usize),
+) -> Option<(f64, Option<Welch>, String, String)> {
+    let latency = |scheme| pooled(records, Some(at), scheme, "dl.latency_s");
+    let base = latency("default");
+    if base.is_empty() {
+        return None;
+    }
+    let (pct, w, ewma) = change(&base, &latency("history-ewma"));
+    let (_, _, mean) = change(&base, &latency("history-mean"));
+    Some((pct, w, ewma, mean))
+}
+
 fn change(a: &[f64], b: &[f64]) -> (f64, Option<Welch>, String) {
     let (ma, mb) = (Summary::of(a).mean, Summary::of(b).mean);
     let pct = (mb / ma - 1.0) * 100.0;
@@ -114,18 +130,9 @@ pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Reco
         ("10MB", 2, 0.0),
     ];
     for (size, i, paper) in claims {
-        let base = pooled(simple, Some((size, i)), "default", "dl.latency_s");
-        if base.is_empty() {
+        let Some((pct, w, ewma, mean)) = against_default(simple, (size, i)) else {
             continue;
-        }
-        let (pct, w, ewma) = change(
-            &base,
-            &pooled(simple, Some((size, i)), "history-ewma", "dl.latency_s"),
-        );
-        let (_, _, mean) = change(
-            &base,
-            &pooled(simple, Some((size, i)), "history-mean", "dl.latency_s"),
-        );
+        };
         let claim = if paper == 0.0 {
             "≈ unchanged (history below default)".to_string()
         } else {
@@ -140,18 +147,9 @@ pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Reco
     }
     for (sweep, paper) in [("good", -22.0), ("average", -31.0)] {
         for i in 0..4 {
-            let base = pooled(dumbbell, Some((sweep, i)), "default", "dl.latency_s");
-            if base.is_empty() {
+            let Some((pct, w, ewma, mean)) = against_default(dumbbell, (sweep, i)) else {
                 continue;
-            }
-            let (pct, w, ewma) = change(
-                &base,
-                &pooled(dumbbell, Some((sweep, i)), "history-ewma", "dl.latency_s"),
-            );
-            let (_, _, mean) = change(
-                &base,
-                &pooled(dumbbell, Some((sweep, i)), "history-mean", "dl.latency_s"),
-            );
+            };
             let _ = writeln!(
                 s,
                 "| dumbbell 1MB {sweep}, {} competing flow(s) | {paper:+.0} % | {ewma} | {mean} | {} |",

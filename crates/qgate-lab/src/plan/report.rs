@@ -111,6 +111,24 @@ impl<'a> Table<'a> {
         }
     }
 
+    /// One band per scheme at `point`, its points computed by `points` from that scheme's
+    /// runs; `None` when no scheme has any point (nothing to draw).
+    fn bands(
+        &self,
+        point: &Option<At>,
+        points: impl Fn(&[&'a Record]) -> Vec<(f64, f64, f64, f64)>,
+    ) -> Option<Vec<svg::Band>> {
+        let bands: Vec<svg::Band> = self
+            .schemes
+            .iter()
+            .map(|sc| svg::Band {
+                name: sc.clone(),
+                points: points(&self.runs(sc, point)),
+            })
+            .collect();
+        (!bands.iter().all(|b| b.points.is_empty())).then_some(bands)
+    }
+
     fn runs(&self, scheme: &str, point: &Option<At>) -> Vec<&'a Record> {
         self.records
             .iter()
@@ -539,35 +557,27 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
         FigureKind::Series => {
             for p in t.points.iter().filter(|p| in_sweep(f, p)) {
                 let (suffix, title) = per_point(p);
-                let bands: Vec<svg::Band> = t
-                    .schemes
-                    .iter()
-                    .map(|sc| {
-                        let mut by_t: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-                        for r in t.runs(sc, p) {
-                            for (tt, v) in per_second(r, &f.metric) {
-                                by_t.entry(tt.to_bits()).or_default().push(v);
-                            }
+                let Some(bands) = t.bands(p, |runs| {
+                    let mut by_t: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+                    for r in runs {
+                        for (tt, v) in per_second(r, &f.metric) {
+                            by_t.entry(tt.to_bits()).or_default().push(v);
                         }
-                        let mut pts: Vec<(f64, f64, f64, f64)> = by_t
-                            .into_iter()
-                            .map(|(tt, v)| {
-                                let m = Summary::of(&v).mean;
-                                let lo = v.iter().copied().fold(f64::MAX, f64::min);
-                                let hi = v.iter().copied().fold(f64::MIN, f64::max);
-                                (f64::from_bits(tt), m, lo, hi)
-                            })
-                            .collect();
-                        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                        svg::Band {
-                            name: sc.clone(),
-                            points: pts,
-                        }
-                    })
-                    .collect();
-                if bands.iter().all(|b| b.points.is_empty()) {
+                    }
+                    let mut pts: Vec<(f64, f64, f64, f64)> = by_t
+                        .into_iter()
+                        .map(|(tt, v)| {
+                            let m = Summary::of(&v).mean;
+                            let lo = v.iter().copied().fold(f64::MAX, f64::min);
+                            let hi = v.iter().copied().fold(f64::MIN, f64::max);
+                            (f64::from_bits(tt), m, lo, hi)
+                        })
+                        .collect();
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    pts
+                }) else {
                     continue;
-                }
+                };
                 let sc = scales(
                     f,
                     bands.iter().flat_map(|b| b.points.iter().map(|p| p.1)),
@@ -588,39 +598,28 @@ fn figure(f: &Figure, t: &Table, loaded: &Loaded) -> Vec<(String, String)> {
         FigureKind::Cdf => {
             for p in t.points.iter().filter(|p| in_sweep(f, p)) {
                 let (suffix, title) = per_point(p);
-                let bands: Vec<svg::Band> = t
-                    .schemes
-                    .iter()
-                    .map(|sc| {
-                        let mut v: Vec<f64> = t
-                            .runs(sc, p)
-                            .iter()
-                            .flat_map(|r| r.samples.get(&f.metric).into_iter().flatten())
-                            .map(|s| s.1)
-                            .filter(|v| v.is_finite())
-                            .collect();
-                        v.sort_by(f64::total_cmp);
-                        let n = v.len() as f64;
-                        // At most ~400 points per line: every k-th value, and the last.
-                        let step = (v.len() / 400).max(1);
-                        let pts = v
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, _)| i % step == 0 || *i + 1 == v.len())
-                            .map(|(i, x)| {
-                                let y = (i + 1) as f64 / n;
-                                (*x, y, y, y)
-                            })
-                            .collect();
-                        svg::Band {
-                            name: sc.clone(),
-                            points: pts,
-                        }
-                    })
-                    .collect();
-                if bands.iter().all(|b| b.points.is_empty()) {
+                let Some(bands) = t.bands(p, |runs| {
+                    let mut v: Vec<f64> = runs
+                        .iter()
+                        .flat_map(|r| r.samples.get(&f.metric).into_iter().flatten())
+                        .map(|s| s.1)
+                        .filter(|v| v.is_finite())
+                        .collect();
+                    v.sort_by(f64::total_cmp);
+                    let n = v.len() as f64;
+                    // At most ~400 points per line: every k-th value, and the last.
+                    let step = (v.len() / 400).max(1);
+                    v.iter()
+                        .enumerate()
+                        .filter(|(i, _)| i % step == 0 || *i + 1 == v.len())
+                        .map(|(i, x)| {
+                            let y = (i + 1) as f64 / n;
+                            (*x, y, y, y)
+                        })
+                        .collect()
+                }) else {
                     continue;
-                }
+                };
                 let xs: Vec<f64> = bands
                     .iter()
                     .flat_map(|b| b.points.iter().map(|p| p.0))
