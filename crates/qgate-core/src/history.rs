@@ -39,10 +39,15 @@ pub struct HistoryConfig {
     pub capacity: usize,
 }
 
+/// The EWMA weight of the newest sample when none is configured (paper 002 leaves it open).
+pub const DEFAULT_EWMA_WEIGHT: f64 = 0.25;
+
 impl Default for HistoryConfig {
     fn default() -> Self {
         HistoryConfig {
-            averaging: Averaging::Ewma { weight: 0.25 },
+            averaging: Averaging::Ewma {
+                weight: DEFAULT_EWMA_WEIGHT,
+            },
             // 1 MiB: ~85 Mbit/s at 100 ms, beyond which starting at full speed is reckless.
             ceiling_bytes: 1 << 20,
             // A day.

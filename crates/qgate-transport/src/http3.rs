@@ -202,6 +202,10 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Response<Bytes>> + Send;
 }
 
+/// The largest HTTP/3 body accepted when none is configured: a request body on the server, a
+/// response body in `qgate get/post`.
+pub const DEFAULT_MAX_BODY: usize = 16 << 20;
+
 /// Limits a server applies per request.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
@@ -212,7 +216,7 @@ pub struct ServeLimits {
 impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
-            max_body: 16 * 1024 * 1024,
+            max_body: DEFAULT_MAX_BODY,
         }
     }
 }

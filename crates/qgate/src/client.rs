@@ -78,7 +78,7 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
     let max_response = a
         .max_response
         .or(cfg.client.max_response)
-        .unwrap_or(16 << 20);
+        .unwrap_or(qgate_transport::http3::DEFAULT_MAX_BODY);
     let ccfg = client_config(&trust, &[ALPN_H3], &cfg.transport).map_err(usage)?;
     let include = a.include;
     let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;

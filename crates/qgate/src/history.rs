@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_core::history::{Averaging, HistoryConfig, DEFAULT_EWMA_WEIGHT};
 use qgate_transport::history::{system_clock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
 
 use crate::config::{Config, HistoryMode, HistorySection};
@@ -25,7 +25,7 @@ pub fn history_config(mode: HistoryMode, s: &HistorySection) -> Result<HistoryCo
         averaging: match mode {
             HistoryMode::Mean => Averaging::Mean,
             _ => Averaging::Ewma {
-                weight: s.ewma_weight.unwrap_or(0.25),
+                weight: s.ewma_weight.unwrap_or(DEFAULT_EWMA_WEIGHT),
             },
         },
         ceiling_bytes: s.ceiling_bytes.unwrap_or(d.ceiling_bytes),
