@@ -82,6 +82,11 @@ impl LinkChange {
                 return Err(format!("rate_mbps = {r}: must be a non-negative number"));
             }
             let bps = (r * 1e6).round();
+            if r > 0.0 && bps < 1.0 {
+                return Err(format!(
+                    "rate_mbps = {r}: below 1 bit/s (0 means unlimited)"
+                ));
+            }
             p.rate_bps = (bps >= 1.0).then_some(bps as u64);
         }
         if let Some(d) = self.delay_ms {

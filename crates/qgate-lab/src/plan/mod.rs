@@ -102,6 +102,32 @@ fn valid_label(n: &str) -> bool {
             .any(|c| c.is_control() || matches!(c, ',' | '/' | '\\' | '|' | '"' | '@' | '`'))
 }
 
+/// A scheme's or sweep point's `set` changes one run, so it cannot reach keys that shape the
+/// whole plan (its runs, seeds, figures or name): those would be silently ignored.
+fn per_run_keys(set: &toml::Table) -> Result<(), String> {
+    const WHOLE_PLAN: [&str; 3] = ["sweep", "schemes", "figures"];
+    const WHOLE_PLAN_FIELDS: [&str; 4] = ["seeds", "name", "quick", "metrics"];
+    for (key, value) in set {
+        let mut parts = key.split('.');
+        let first = parts.next().unwrap_or_default();
+        let plan_fields: Vec<&str> = match (first, parts.next()) {
+            ("plan", Some(field)) => vec![field],
+            ("plan", None) => value
+                .as_table()
+                .map(|t| t.keys().map(String::as_str).collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        if WHOLE_PLAN.contains(&first) || plan_fields.iter().any(|f| WHOLE_PLAN_FIELDS.contains(f))
+        {
+            return Err(format!(
+                "'{key}' applies to the whole plan, not one run: set it in the plan or with --set"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a plan name is safe as a directory name under `results/`.
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
@@ -340,6 +366,23 @@ impl Loaded {
             }
             workload::check(w, p.plan.duration_s, &host, &link)
                 .map_err(|m| format!("{context}{m}"))?;
+            if let spec::Workload::Bulk(b) = w {
+                // New sources reach the sink through their attach host only if it forwards.
+                let forwards =
+                    |h: &str| p.topology.hosts.iter().any(|x| x.name == h && x.forwarding);
+                if let Some(a) = b
+                    .attach
+                    .as_deref()
+                    .filter(|a| b.sources > 0 && *a != b.sink)
+                {
+                    if !forwards(a) {
+                        return fail(format!(
+                            "workload '{}': 'attach' host '{a}' must be a router (forwarding = true) to carry the new sources' traffic on to '{}'",
+                            b.name, b.sink
+                        ));
+                    }
+                }
+            }
         }
         let labels = p
             .schemes
@@ -554,7 +597,7 @@ impl Loaded {
         let schemes: Vec<(String, toml::Table)> = if eff.plan.schemes.is_empty() {
             vec![("base".into(), toml::Table::new())]
         } else {
-            self.plan
+            eff.plan
                 .schemes
                 .iter()
                 .map(|s| (s.name.clone(), s.set.clone()))
@@ -591,6 +634,9 @@ impl Loaded {
                     Some(p) => format!("scheme '{scheme}' at {p}{with_set}: "),
                     None => format!("scheme '{scheme}'{with_set}: "),
                 };
+                per_run_keys(pset)
+                    .and_then(|_| per_run_keys(sset))
+                    .map_err(|m| err(format!("{at}{m}")))?;
                 let mut doc = base.clone();
                 overrides::apply_table(&mut doc, pset)
                     .and_then(|_| overrides::apply_table(&mut doc, sset))
@@ -732,6 +778,7 @@ values = [5, 50]
         let cases: &[(&str, &str, &str)] = &[
             ("name = \"t\"", "name = \"../x\"", "'plan.name'"),
             ("rate_mbps = 10", "rate_mbps = -1", "rate_mbps = -1"),
+            ("rate_mbps = 10", "rate_mbps = 1e-9", "below 1 bit/s"),
             (
                 "rate_mbps = 10",
                 "rate_mbps = 10\nqueue = \"codle\"",
@@ -795,5 +842,31 @@ values = [5, 50]
             .unwrap_err()
             .message
             .contains("'schemes.name'"));
+        // A scheme renamed with --set runs under its new name (the report reads the same list).
+        let renamed = Options {
+            set: vec![("schemes.ewma.name".into(), "avg".into())],
+            ..Default::default()
+        };
+        let names: Vec<String> = l
+            .variants(&renamed)
+            .unwrap()
+            .iter()
+            .map(|v| v.scheme.clone())
+            .collect();
+        assert!(names.contains(&"avg".to_string()) && !names.contains(&"ewma".to_string()));
+        // A scheme cannot change what shapes the whole plan: it would be ignored.
+        for key in ["plan.seeds", "sweep.values", "figures"] {
+            let l = load(&PLAN.replacen(
+                "set = { \"workloads.dl.history\" = \"ewma\" }",
+                &format!("set = {{ \"{key}\" = 3 }}"),
+                1,
+            ))
+            .unwrap();
+            let e = l.variants(&Options::default()).unwrap_err();
+            assert!(
+                e.message.contains("applies to the whole plan"),
+                "{key}: {e}"
+            );
+        }
     }
 }

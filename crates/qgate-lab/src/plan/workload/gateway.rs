@@ -56,8 +56,14 @@ pub(super) fn check(
     if g.paths.is_empty() {
         return Err(format!("workload '{}': 'paths' lists no link", g.name));
     }
-    for p in &g.paths {
+    for (i, p) in g.paths.iter().enumerate() {
         link("workloads.paths", p)?;
+        if g.paths[..i].contains(p) {
+            return Err(format!(
+                "workload '{}': 'paths' lists link '{p}' twice",
+                g.name
+            ));
+        }
     }
     if let Some(s) = &g.scheduler {
         qgate_core::scheduler::by_name(s)
