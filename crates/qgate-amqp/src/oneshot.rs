@@ -290,6 +290,12 @@ fn body_len(msg: &AmqpMessage) -> u64 {
     }
 }
 
+/// This process's container id: fixed width, so the bytes a connection puts on the wire do
+/// not depend on how many digits the process id has (the lab's numbers must not).
+fn container_id() -> String {
+    format!("qgate-{:010}", std::process::id())
+}
+
 /// Send one message on a fresh connection, pipelined (0-RTT when `connector` holds a ticket),
 /// and wait for the broker's outcome (for a pre-settled message: its attach and flow).
 pub async fn send_one(
@@ -320,7 +326,7 @@ pub async fn send_in_turn(
     timeout: Duration,
 ) -> Result<Report, ClientError> {
     let mut c = Conversation::open(connector, timeout).await?;
-    let container = format!("qgate-{}", std::process::id());
+    let container = container_id();
     let creds = connector.sasl();
     let mut report = Report::default();
     for (i, msg) in msgs.iter().enumerate() {
@@ -383,7 +389,7 @@ pub async fn receive_one(
     timeout: Duration,
 ) -> Result<Report, ClientError> {
     let mut c = Conversation::open(connector, timeout).await?;
-    let container = format!("qgate-{}", std::process::id());
+    let container = container_id();
     let creds = connector.sasl();
     let mut bytes = preamble(
         creds.as_ref().map(|(u, p)| (u.as_str(), p.as_str())),

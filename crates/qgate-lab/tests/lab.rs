@@ -193,24 +193,38 @@ fn proxy_point_runs_for_every_scheme() {
 }
 
 #[test]
-fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
-    use qgate_lab::papers::paper003::{plan, run_all, run_point, Case, PlanSize, Testbed};
-    let size = PlanSize::quick();
-    let points = plan(&size);
-    let results = run_all(&points, |_| {});
-    for (p, reps) in points.iter().zip(&results) {
+fn amqp_quick_plans_deliver_everything_and_netsim_is_deterministic() {
+    use qgate_lab::papers::paper003::{
+        loopback, netsim_points, workload, Case, Point, Rep, Transport, PLANS,
+    };
+    use qgate_lab::plan::run::{run_all, run_variant};
+    use qgate_lab::plan::Options;
+    let opts = Options {
+        quick: true,
+        ..Default::default()
+    };
+    let mut points: Vec<(Point, Vec<Rep>)> = Vec::new();
+    let mut sweep = None;
+    let mut multi = None;
+    for s in &PLANS {
+        let loaded = s.load().unwrap();
+        let variants = loaded.variants(&opts).unwrap();
+        let records = run_all(&variants, 2, |_, _, _| {}).unwrap();
+        points.extend(netsim_points(s.case, &variants, &records).unwrap());
+        match s.case {
+            Case::Sweep => sweep = Some((variants, records)),
+            Case::Multi => multi = Some(loaded.overridden(&opts).unwrap()),
+            _ => {}
+        }
+    }
+    for (p, reps) in &points {
         assert_eq!(reps.len(), p.reps, "{}", p.label());
         for r in reps {
             assert_eq!(r.send.failed, 0, "{}", p.label());
             assert_eq!(r.send.messages, p.messages, "{}", p.label());
             if p.case == Case::Multi {
                 let recv = r.recv.as_ref().expect("the multi case receives");
-                assert_eq!(
-                    recv.messages,
-                    p.messages,
-                    "{}: every message received",
-                    p.label()
-                );
+                assert_eq!(recv.messages, p.messages, "{}: all received", p.label());
             }
             // Per-connection cases resume with 0-RTT after the first connection.
             if p.case != Case::Single && p.transport.name().starts_with("quic") {
@@ -218,54 +232,75 @@ fn amqp_quick_plan_delivers_everything_and_netsim_is_deterministic() {
             }
         }
     }
-    let netsim =
-        |case: Case, sweep: &str, x: &dyn Fn(&qgate_lab::papers::paper003::Point) -> bool| {
-            points
-                .iter()
-                .position(|p| {
-                    p.case == case && p.sweep == sweep && p.testbed == Testbed::Netsim && x(p)
-                })
-                .expect("point in the plan")
-        };
+    let find = |case: Case, sweep: &str, t: Transport, x: &dyn Fn(&Point) -> bool| {
+        points
+            .iter()
+            .find(|(p, _)| p.case == case && p.sweep == sweep && p.transport == t && x(p))
+            .map(|(_, r)| r[0].send.clone())
+            .expect("point in the plan")
+    };
     // The channel matters in the direction it must: slower, longer and lossier cost time.
-    let t = |i: usize| results[i][0].send.total_s;
-    let slow = netsim(Case::Sweep, "bandwidth", &|p| p.channel.rate_bps == 32_000);
-    let fast = netsim(Case::Sweep, "bandwidth", &|p| {
-        p.channel.rate_bps == 1_024_000
+    let q = Transport::Quic;
+    let slow = find(Case::Sweep, "bandwidth", q, &|p| {
+        p.channel.rate_bps == 8_000
     });
-    assert!(t(slow) > 5.0 * t(fast), "{} vs {}", t(slow), t(fast));
-    let near = netsim(Case::Sweep, "delay", &|p| p.channel.delay.as_millis() == 2);
-    let far = netsim(Case::Sweep, "delay", &|p| {
-        p.channel.delay.as_millis() == 202
+    let fast = find(Case::Sweep, "bandwidth", q, &|p| {
+        p.channel.rate_bps == 512_000
     });
-    assert!(t(far) > 10.0 * t(near), "{} vs {}", t(far), t(near));
-    let energy = &results[netsim(Case::Energy, "default", &|_| true)][0].send;
-    assert!(energy.energy_j > 0.0 && energy.wire_bytes > 10.0 * 138.0);
+    assert!(slow.total_s > 5.0 * fast.total_s, "{slow:?} vs {fast:?}");
+    let near = find(Case::Sweep, "delay", q, &|p| {
+        p.channel.delay.as_millis() == 2
+    });
+    let far = find(Case::Sweep, "delay", q, &|p| {
+        p.channel.delay.as_millis() == 602
+    });
+    assert!(far.total_s > 10.0 * near.total_s, "{far:?} vs {near:?}");
+    let lossy = find(Case::Sweep, "loss", q, &|p| p.channel.loss > 0.1);
+    let clean = find(Case::Sweep, "loss", q, &|p| p.channel.loss == 0.0);
+    assert!(lossy.total_s > clean.total_s, "{lossy:?} vs {clean:?}");
+    let energy = |t| find(Case::Energy, "default", t, &|_| true);
+    let e = energy(q);
+    assert!(e.energy_j > 0.0 && e.wire_bytes > 10.0 * 138.0, "{e:?}");
     // The same channel for both transports: 0-RTT QUIC starts sooner than TCP+TLS, which
     // puts fewer bytes on the wire.
-    let by = |t: &str| {
-        let i = points
-            .iter()
-            .position(|p| {
-                p.case == Case::Energy && p.testbed == Testbed::Netsim && p.transport.name() == t
-            })
-            .expect("point");
-        results[i][0].send.clone()
-    };
-    let (q, t) = (by("quic"), by("tcp-tls13"));
+    let t = energy(Transport::TcpTls13);
     assert!(
-        q.startup_ms < t.startup_ms && q.total_s < t.total_s,
-        "{q:?} {t:?}"
+        e.startup_ms < t.startup_ms && e.total_s < t.total_s,
+        "{e:?} {t:?}"
     );
-    assert!(q.wire_bytes > t.wire_bytes, "{q:?} {t:?}");
+    assert!(e.wire_bytes > t.wire_bytes, "{e:?} {t:?}");
     // Path-MTU probes are bytes a one-message connection never profits from.
-    let off = by("quic-pmtud-off");
-    assert!(off.wire_bytes < q.wire_bytes && off.failed == 0, "{off:?}");
-    // Same seed, same numbers.
-    let i = netsim(Case::Sweep, "loss", &|p| p.channel.loss > 0.1);
-    let again = run_point(&points[i]);
-    assert_eq!(again[0].send.total_s, results[i][0].send.total_s);
-    assert_eq!(again[0].send.wire_bytes, results[i][0].send.wire_bytes);
+    let off = energy(Transport::QuicPmtudOff);
+    assert!(off.wire_bytes < e.wire_bytes && off.failed == 0, "{off:?}");
+    // Same variant, same numbers.
+    let (variants, records) = sweep.expect("the sweep plan ran");
+    let i = variants
+        .iter()
+        .position(|v| {
+            v.scheme == "quic"
+                && v.point
+                    .as_ref()
+                    .is_some_and(|a| a.sweep == "loss" && a.x > 10.0)
+        })
+        .expect("the lossy quic run");
+    let again = run_variant(&variants[i]).unwrap();
+    assert_eq!(again.scalars, records[i].scalars);
+    // The same workload on real loopback sockets with the kernel's TCP.
+    let multi = multi.expect("the multi plan ran");
+    let (p, reps) = loopback(
+        Case::Multi,
+        workload(&multi).unwrap(),
+        Transport::TcpTls13,
+        1,
+    );
+    let r = &reps[0];
+    assert_eq!((r.send.messages, r.send.failed), (p.messages, 0), "{r:?}");
+    assert_eq!(
+        r.recv.as_ref().map(|s| s.messages),
+        Some(p.messages),
+        "{r:?}"
+    );
+    assert!(r.send.wire_bytes.is_nan(), "no link to count on loopback");
 }
 
 #[test]

@@ -103,6 +103,8 @@ pub struct LinkStats {
     pub delivered_bytes: u64,
     /// Packets lost on the wire by the loss model.
     pub dropped_loss: u64,
+    /// Bytes of those packets (they took airtime at the sender all the same).
+    pub dropped_loss_bytes: u64,
     /// Packets dropped by the queue discipline (overflow or AQM).
     pub dropped_queue: u64,
     /// Packets dropped because the link was down.

@@ -56,6 +56,14 @@ impl Direction {
     fn index(self) -> usize {
         self as usize
     }
+
+    /// The other direction of the same link.
+    pub fn reverse(self) -> Direction {
+        match self {
+            Direction::AtoB => Direction::BtoA,
+            Direction::BtoA => Direction::AtoB,
+        }
+    }
 }
 
 /// Why a network operation was refused.
@@ -937,6 +945,7 @@ impl SimState {
                 let size = packet.size;
                 if d.loss.lose(&d.params.loss, &mut self.rng) {
                     d.stats.dropped_loss += 1;
+                    d.stats.dropped_loss_bytes += size as u64;
                     self.record(now, link, dir, size, TraceEvent::DropLoss);
                 } else {
                     let d = &mut self.links[link.0].dirs[dir.index()];

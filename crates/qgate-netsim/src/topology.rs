@@ -371,6 +371,20 @@ impl World {
         })
     }
 
+    /// The first link of `host` (in the order links were added) and the direction in which
+    /// `host` transmits on it: a device's radio, for airtime and energy.
+    pub fn uplink(&self, host: HostId) -> Option<(LinkId, Direction)> {
+        self.order.iter().find_map(|l| {
+            if l.a.0 == host {
+                Some((l.id, Direction::AtoB))
+            } else if l.b.0 == host {
+                Some((l.id, Direction::BtoA))
+            } else {
+                None
+            }
+        })
+    }
+
     /// Change the named link now.
     pub fn change(
         &self,

@@ -65,15 +65,16 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct AmqpArgs {
-    /// Smoke run: a few messages, one or two repetitions, two points per sweep.
+    /// Smoke run: each plan's `[plan.quick]` (a few messages, one or two seeds, two points per
+    /// sweep).
     #[arg(long)]
     quick: bool,
-    /// Repetitions of the multi-connection case [default: 30, the paper's].
+    /// Seeds (repetitions) of every plan [default: each plan's own `seeds`].
     #[arg(long)]
-    multi_reps: Option<usize>,
-    /// Repetitions of the energy case [default: 15] and of each sweep point [default: 5].
-    #[arg(long, value_names = ["ENERGY", "SWEEP"], num_args = 2)]
-    reps: Option<Vec<usize>>,
+    seeds: Option<u64>,
+    /// Threads for the simulated runs [default: one per core].
+    #[arg(long)]
+    jobs: Option<usize>,
     /// Skip the real-time loopback baseline (QUIC and TCP+TLS on 127.0.0.1).
     #[arg(long)]
     no_loopback: bool,
@@ -358,31 +359,65 @@ fn run_plan(
 }
 
 fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::{paper003 as amqp, paper003_report as amqp_report};
-    let mut size = if a.quick {
-        amqp::PlanSize::quick()
-    } else {
-        amqp::PlanSize::paper()
+    use qgate_lab::papers::{paper003, paper003_report};
+    let root = a.out.unwrap_or_else(|| PathBuf::from("results/amqp"));
+    let command = std::iter::once("qgate lab amqp".to_string())
+        .chain(std::env::args().skip(3))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let opts = qgate_lab::plan::Options {
+        seeds: a.seeds,
+        quick: a.quick,
+        ..Default::default()
     };
-    if let Some(n) = a.multi_reps {
-        size.multi_reps = n;
+    let wall = std::time::Instant::now();
+    // Every plan is checked before anything runs.
+    let mut plans = Vec::new();
+    for shipped in &paper003::PLANS {
+        let loaded = shipped.load().map_err(usage)?;
+        let eff = loaded.overridden(&opts).map_err(usage)?;
+        let out = out_dir(&eff, Some(root.join(shipped.sub)))?;
+        let seeds = loaded.variants(&opts).map_err(usage)?;
+        let seeds = seeds.iter().map(|v| v.seed).max().unwrap_or(1) as usize;
+        plans.push((shipped, loaded, eff, out, seeds));
     }
-    if let Some(r) = &a.reps {
-        (size.energy_reps, size.sweep_reps) = (r[0], r[1]);
+    // The real-time baseline first, with nothing else running.
+    let mut loopback = Vec::new();
+    if !a.no_loopback {
+        for (shipped, _, eff, _, seeds) in &plans {
+            if !paper003::LOOPBACK_CASES.contains(&shipped.case) {
+                continue;
+            }
+            let w = paper003::workload(eff).map_err(usage)?;
+            for t in paper003::LOOPBACK_TRANSPORTS {
+                eprintln!(
+                    "amqp: loopback {} {} ({seeds} repetitions)",
+                    shipped.case.name(),
+                    t.name()
+                );
+                loopback.push(paper003::loopback(shipped.case, w, t, *seeds));
+            }
+        }
     }
-    if size.multi_reps == 0 || size.energy_reps == 0 || size.sweep_reps == 0 {
-        return Err(usage("--multi-reps and --reps must be at least 1"));
+    let mut points = Vec::new();
+    for (shipped, loaded, eff, out, _) in plans {
+        let ran = execute(&loaded, &opts, a.jobs)?;
+        points.extend(
+            paper003::netsim_points(shipped.case, &ran.variants, &ran.records)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", loaded.file.display()))?,
+        );
+        write_results(&eff, &opts, &ran, out, false, "")?;
     }
-    size.loopback = !a.no_loopback;
-    let plan = amqp::plan(&size);
-    scenario(
-        "amqp",
-        "points",
-        plan.len(),
-        a.out,
-        |tick| amqp::run_all(&plan, tick),
-        |out, results, command| amqp_report::write_all(out, &plan, results, command),
-    )
+    points.extend(loopback);
+    let (points, results): (Vec<_>, Vec<_>) = points.into_iter().unzip();
+    paper003_report::write_all(&root, &points, &results, &command)
+        .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", root.display()))?;
+    eprintln!(
+        "qgate lab amqp: done in {:.1} s; paper report in {}",
+        wall.elapsed().as_secs_f64(),
+        root.join("summary.md").display()
+    );
+    Ok(())
 }
 
 fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {

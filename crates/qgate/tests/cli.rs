@@ -832,6 +832,8 @@ fn lab_amqp_quick_writes_results_and_rejects_zero_repetitions() {
             "fig6-7_multi_total.svg",
             "fig14_bandwidth.svg",
             "loopback_total.svg",
+            "sweep/summary.md",
+            "multi/results.csv",
         ],
     );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
@@ -843,8 +845,8 @@ fn lab_amqp_quick_writes_results_and_rejects_zero_repetitions() {
         summary.contains("## Against the paper's claims"),
         "{summary}"
     );
-    let o = run(&home, &["lab", "amqp", "--reps", "0", "1"]);
-    assert_fails(o, 2, "--multi-reps and --reps must be at least 1");
+    let o = run(&home, &["lab", "amqp", "--seeds", "0"]);
+    assert_fails(o, 2, "seeds must be in 1..=");
 }
 
 #[test]

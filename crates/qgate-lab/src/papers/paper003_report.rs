@@ -4,9 +4,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::papers::paper003::{
-    channel_label, Case, Point, Rep, Side, Testbed, Transport, IDLE_AMPS, MESSAGE_BYTES, RX_AMPS,
-    TX_AMPS, VOLTS,
+    channel_label, Case, Point, Rep, Side, Testbed, Transport, MESSAGE_BYTES,
 };
+use crate::plan::spec::Radio;
 use crate::stats::Summary;
 use crate::svg::{bar_chart, line_chart, Bar, Series as Line};
 
@@ -102,16 +102,22 @@ pub fn summary_md(points: &[Point], results: &[Vec<Rep>], command: &str) -> Stri
         String::from("# qgate lab amqp — AMQP 1.0 over QUIC vs over TCP+TLS (paper 003)\n\n");
     let _ = writeln!(
         s,
-        "Reproduce: `{command}` (the netsim rows are deterministic for the same options; the loopback rows are real-time measurements).\n"
+        "Reproduce: `{command}` (the netsim rows come from `lab/plans/paper003-{{multi,single,energy,sweep}}.toml` and are deterministic for the same options; each plan's own results are in the subdirectory of its name; the loopback rows are real-time measurements).\n"
     );
+    let default_channel = points
+        .iter()
+        .find(|p| p.testbed == Testbed::Netsim && p.sweep == "default")
+        .map_or_else(|| "none ran".to_string(), |p| channel_label(&p.channel));
+    let radio = Radio::default();
     let _ = writeln!(
         s,
         "Setup. **netsim** (virtual time): sender and receiver each on a Wi-Fi-like link to an access point ({}; sweeps change it, both directions), the broker wired to the access point (1 Gbit/s, 0.1 ms). **quic**: AMQP 1.0 on one QUIC bidirectional stream per connection (quinn, TLS 1.3, CUBIC, default options), 0-RTT once the client holds a ticket. **tcp-tls13 / tcp-tls12**: AMQP 1.0 over rustls over a user-space TCP (smoltcp 0.14, CUBIC, Nagle off, minimum RTO 1 s, no SACK) whose IP packets cross the same simulated links (the simulator has no kernel TCP); rustls resumes TLS sessions on later connections. **quic-pmtud-off**: QUIC with quinn's path-MTU discovery off at both ends (netsim only). **loopback**: the same clients and broker on 127.0.0.1 with the kernel's TCP, real time, no channel. Every message has a {MESSAGE_BYTES}-byte body and a message-id; at-least-once (the sender waits for the broker's accept, as the paper's Go sender). Per-connection cases use our pipelined clients (SASL, open, begin, attach and the first transfer or credit in one flight, for every transport); the single-connection case sends each message once the one before is accepted. Without loss the simulation has no randomness, so repetitions agree exactly (std dev 0).\n",
-        channel_label(&crate::papers::paper003::Channel::WIFI)
+        default_channel
     );
     let _ = writeln!(
         s,
-        "Metrics. Total communication time: first connection start → last connection closed (client clock). Startup latency: connection start → first application payload written (mean over a repetition's connections). RTT: QUIC's smoothed RTT at each connection's end (TCP's is the kernel's and not read). Bytes on the wire: every packet on the device's link, both directions, IP and UDP headers included (those lost on the wire too). Throughput: bytes on the wire × 8 ÷ total time. Energy (sender): {VOLTS} V × (tx {TX_AMPS} A × time its packets serialise + rx {RX_AMPS} A × time packets for it serialise + idle {IDLE_AMPS} A × the rest of the total time), from the packet trace; the radio does not sleep during a run (ns-3's Wi-Fi radio without power save).\n"
+        "Metrics. Total communication time: first connection start → last connection closed (client clock). Startup latency: connection start → first application payload written (mean over a repetition's connections). RTT: QUIC's smoothed RTT at each connection's end (TCP's is the kernel's and not read). Bytes on the wire: every packet on the device's link, both directions, IP and UDP headers included (those lost on the wire too). Throughput: bytes on the wire × 8 ÷ total time. Energy (sender): {} V × (tx {} A × time its packets serialise + rx {} A × time packets for it serialise + idle {} A × the rest of the total time), from the link's byte counters; the radio does not sleep during a run (ns-3's Wi-Fi radio without power save).\n",
+        radio.volts, radio.tx_amps, radio.rx_amps, radio.idle_amps
     );
 
     const ALL: [Transport; 4] = crate::papers::paper003::TRANSPORTS;
@@ -225,7 +231,7 @@ pub fn summary_md(points: &[Point], results: &[Vec<Rep>], command: &str) -> Stri
     // Sweeps.
     for (sweep, what) in [
         ("bandwidth", "channel rate"),
-        ("delay", "one-way delay (2 ms + added)"),
+        ("delay", "one-way delay (the channel's own + added)"),
         ("loss", "random loss, each direction"),
     ] {
         let channels = sweep_channels(points, sweep);
@@ -494,18 +500,25 @@ pub fn figures(points: &[Point], results: &[Vec<Rep>]) -> Vec<(String, String)> 
             "delay",
             "fig12_delay.svg",
             "added one-way delay (ms)",
-            (|c: &crate::papers::paper003::Channel| c.delay.as_secs_f64() * 1e3 - 2.0)
-                as fn(&crate::papers::paper003::Channel) -> f64,
+            (|c: &crate::papers::paper003::Channel, base_ms: f64| {
+                c.delay.as_secs_f64() * 1e3 - base_ms
+            }) as fn(&crate::papers::paper003::Channel, f64) -> f64,
         ),
-        ("loss", "fig13_loss.svg", "loss (%)", |c| c.loss * 100.0),
+        ("loss", "fig13_loss.svg", "loss (%)", |c, _| c.loss * 100.0),
         (
             "bandwidth",
             "fig14_bandwidth.svg",
             "channel rate (kbit/s)",
-            |c| c.rate_bps as f64 / 1000.0,
+            |c, _| c.rate_bps as f64 / 1000.0,
         ),
     ] {
         let chs = sweep_channels(points, sweep);
+        // The delay sweep adds to the channel's own delay: its smallest point.
+        let base_ms = chs
+            .iter()
+            .map(|c| c.delay.as_secs_f64() * 1e3)
+            .fold(f64::INFINITY, f64::min);
+        let x_of = |c: &crate::papers::paper003::Channel| x_of(c, base_ms);
         let lines: Vec<Line> = ALL
             .iter()
             .map(|&t| Line {

@@ -869,4 +869,35 @@ values = [5, 50]
             );
         }
     }
+
+    #[test]
+    fn amqp_workloads_are_checked_before_anything_runs() {
+        let amqp = |extra: &str| {
+            PLAN.replace(
+                "kind = \"downloads\"\nname = \"dl\"\nclient = \"c\"\nserver = \"s\"\nbytes = 100000\nruns = 3",
+                &format!("kind = \"amqp\"\nname = \"dl\"\nbroker = \"s\"\nsender = \"c\"\nmessages = 5\n{extra}"),
+            )
+            .replace("set = { \"workloads.dl.history\" = \"ewma\" }", "set = { \"workloads.dl.transport\" = \"tcp-tls13\" }")
+        };
+        let l = load(&amqp("")).unwrap();
+        assert_eq!(l.variants(&Options::default()).unwrap().len(), 8);
+        for (extra, want) in [
+            ("receiver = \"s\"", "must be different hosts"),
+            ("receiver = \"x\"", "'x'"),
+            ("body_bytes = 0", "'body_bytes'"),
+            ("timeout_s = -1", "'timeout_s'"),
+            ("radio = { volts = -3 }", "'radio'"),
+            ("transport = \"udp\"", "unknown variant"),
+        ] {
+            let e = load(&amqp(extra))
+                .and_then(|l| l.variants(&Options::default()).map(|_| ()))
+                .unwrap_err();
+            assert!(e.message.contains(want), "{extra}: {e}");
+        }
+        // Path-MTU discovery is a QUIC setting: the TCP scheme refuses it.
+        let e = load(&amqp("mtu_discovery = false"))
+            .and_then(|l| l.variants(&Options::default()).map(|_| ()))
+            .unwrap_err();
+        assert!(e.message.contains("'mtu_discovery'"), "{e}");
+    }
 }

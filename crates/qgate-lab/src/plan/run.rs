@@ -135,9 +135,17 @@ async fn simulate(plan: &Plan, seed: u64) -> Result<Record, String> {
         timeline.abort();
     }
 
-    let phases = phases(plan);
+    Ok(collect(names.into_iter().zip(results), &phases(plan)))
+}
+
+/// One record of what named workloads measured: metric names prefixed with the workload's,
+/// each sampled metric also aggregated (overall and per phase).
+pub(crate) fn collect(
+    measured: impl IntoIterator<Item = (String, workload::Measurements)>,
+    phases: &[(f64, String)],
+) -> Record {
     let mut rec = Record::default();
-    for (name, m) in names.iter().zip(results) {
+    for (name, m) in measured {
         for (k, v) in m.scalars {
             rec.scalars.insert(format!("{name}.{k}"), v);
         }
@@ -146,11 +154,11 @@ async fn simulate(plan: &Plan, seed: u64) -> Result<Record, String> {
         }
         for (k, v) in m.samples {
             let key = format!("{name}.{k}");
-            aggregate(&mut rec.scalars, &key, &v, &phases);
+            aggregate(&mut rec.scalars, &key, &v, phases);
             rec.samples.insert(key, v);
         }
     }
-    Ok(rec)
+    rec
 }
 
 /// The timeline's phases: (start s, name), in time order.

@@ -173,6 +173,8 @@ pub enum Workload {
     Bulk(BulkLoad),
     /// Sized downloads, one new connection each, with window history (paper 002).
     Downloads(DownloadLoad),
+    /// AMQP 1.0 senders and receivers through a broker, over QUIC or TCP+TLS (paper 003).
+    Amqp(AmqpLoad),
 }
 
 impl Workload {
@@ -182,6 +184,7 @@ impl Workload {
             Workload::Gateway(w) => &w.name,
             Workload::Bulk(w) => &w.name,
             Workload::Downloads(w) => &w.name,
+            Workload::Amqp(w) => &w.name,
         }
     }
 
@@ -191,6 +194,7 @@ impl Workload {
             Workload::Gateway(w) => w.start_s,
             Workload::Bulk(w) => w.start_s,
             Workload::Downloads(w) => w.start_s,
+            Workload::Amqp(w) => w.start_s,
         }
     }
 }
@@ -346,6 +350,109 @@ pub struct DownloadLoad {
 
 fn default_interval() -> f64 {
     2.0
+}
+
+/// The transport under AMQP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AmqpTransport {
+    /// One QUIC bidirectional stream per AMQP connection; 0-RTT once a ticket is held.
+    #[default]
+    Quic,
+    /// TCP + TLS 1.3 (the user-space TCP on the simulated network).
+    TcpTls13,
+    /// TCP + TLS 1.2 (paper 003's baseline).
+    TcpTls12,
+}
+
+/// How the sender's messages map to connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AmqpConnections {
+    /// Each message on a new connection, pipelined with its opening (paper 003 §4.1, §4.3).
+    #[default]
+    PerMessage,
+    /// All messages on one connection, each sent once the one before is accepted (§4.2).
+    One,
+}
+
+/// A radio's supply voltage and currents, for the energy a device spends on its link
+/// (paper 003 §3.2). The defaults are ns-3's `WifiRadioEnergyModel` at 3 V (EXPERIMENTS.md,
+/// *decided*).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Radio {
+    /// Volts.
+    pub volts: f64,
+    /// Amperes while transmitting.
+    pub tx_amps: f64,
+    /// Amperes while receiving.
+    pub rx_amps: f64,
+    /// Amperes otherwise (the Wi-Fi radio listens; it does not sleep without power save).
+    pub idle_amps: f64,
+}
+
+impl Default for Radio {
+    fn default() -> Radio {
+        Radio {
+            volts: 3.0,
+            tx_amps: 0.38,
+            rx_amps: 0.313,
+            idle_amps: 0.273,
+        }
+    }
+}
+
+/// `kind = "amqp"`: a sender puts messages on a queue of the real broker, then (optionally) a
+/// receiver takes them off, each on its own host and link.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpLoad {
+    /// Metric prefix.
+    pub name: String,
+    /// Start, s.
+    #[serde(default)]
+    pub start_s: f64,
+    /// The broker's host.
+    pub broker: String,
+    /// The sending host (its first link is the radio measured).
+    pub sender: String,
+    /// The receiving host, which takes every accepted message once the sender is done (none:
+    /// no receiver).
+    pub receiver: Option<String>,
+    /// Transport under AMQP.
+    #[serde(default)]
+    pub transport: AmqpTransport,
+    /// QUIC path-MTU discovery at both ends (QUIC only).
+    #[serde(default = "yes")]
+    pub mtu_discovery: bool,
+    /// Messages to send.
+    pub messages: usize,
+    /// One connection per message or one for all (the receiver uses one per message).
+    #[serde(default)]
+    pub connections: AmqpConnections,
+    /// Body bytes of each message (paper 003 §4.3's sample message: 138).
+    #[serde(default = "default_amqp_body")]
+    pub body_bytes: usize,
+    /// A connection that takes longer than this fails, s.
+    #[serde(default = "default_amqp_timeout")]
+    pub timeout_s: f64,
+    /// The radio energy model.
+    #[serde(default)]
+    pub radio: Radio,
+}
+
+fn yes() -> bool {
+    true
+}
+/// Paper 003 §4.3's sample message size, the default body (*decided*: every case uses it).
+pub const DEFAULT_AMQP_BODY: usize = 138;
+
+fn default_amqp_body() -> usize {
+    DEFAULT_AMQP_BODY
+}
+fn default_amqp_timeout() -> f64 {
+    300.0
 }
 
 /// What a figure shows.

@@ -2,6 +2,7 @@
 //! connections) before the clock starts, then runs until it is done or the run's deadline, and
 //! returns its measurements: scalars, timed samples and per-second series.
 
+pub(crate) mod amqp;
 mod bulk;
 mod downloads;
 pub(crate) mod gateway;
@@ -68,6 +69,8 @@ pub enum Prepared {
     Bulk(Box<bulk::Prepared>),
     /// See [`downloads`].
     Downloads(Box<downloads::Prepared>),
+    /// See [`amqp`].
+    Amqp(Box<amqp::Prepared>),
 }
 
 /// Check a workload's host and link names against the topology, and its values against the
@@ -89,6 +92,7 @@ pub fn check(
         Workload::Gateway(g) => gateway::check(g, host, link),
         Workload::Bulk(b) => bulk::check(b, duration_s, host, link),
         Workload::Downloads(d) => downloads::check(d, host),
+        Workload::Amqp(a) => amqp::check(a, host),
     }
 }
 
@@ -103,6 +107,7 @@ pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepa
         Workload::Downloads(d) => {
             Prepared::Downloads(Box::new(downloads::prepare(d, world, s).map_err(fail)?))
         }
+        Workload::Amqp(a) => Prepared::Amqp(Box::new(amqp::prepare(a, world, s).map_err(fail)?)),
     })
 }
 
@@ -118,6 +123,7 @@ impl Prepared {
             Prepared::Gateway(p) => p.run(clock).await,
             Prepared::Bulk(p) => p.run(clock).await,
             Prepared::Downloads(p) => p.run(clock).await,
+            Prepared::Amqp(p) => p.run(clock).await,
         }
     }
 }
