@@ -39,19 +39,39 @@ use crate::transport::Stream;
 pub type AmqpMessage = Message<Body<Value>>;
 type Item = Arc<Sendable<Body<Value>>>;
 
-/// One queue declared in the configuration.
-#[derive(Debug, Clone, PartialEq)]
+/// One queue declared in the configuration (`[[broker.queues]]`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct QueueDecl {
     /// Its address.
     pub name: String,
-    /// Its limits.
-    pub limits: Limits,
-    /// Longest a message waits (the message's own header TTL applies if shorter).
+    /// Most messages held [default: the broker's `max_messages`].
+    #[serde(default)]
+    pub max_messages: Option<usize>,
+    /// Most message bytes held [default: the broker's `max_bytes`].
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
+    /// Longest a message waits (the message's own header TTL applies if shorter) [default:
+    /// forever].
+    #[serde(default, with = "qgate_core::units::optional_duration")]
     pub ttl: Option<Duration>,
 }
 
-/// Broker settings.
-#[derive(Debug, Clone)]
+impl QueueDecl {
+    /// Its limits, the broker's `default` where it sets none.
+    pub fn limits(&self, default: Limits) -> Limits {
+        Limits {
+            max_messages: self.max_messages.unwrap_or(default.max_messages),
+            max_bytes: self.max_bytes.unwrap_or(default.max_bytes),
+        }
+    }
+}
+
+/// Broker settings, and the `[broker]` keys of a config file that set them (durations as
+/// `"30s"`, timeouts also `"off"`). The defaults live here and in [`Limits::default`]; the CLI
+/// composes this type and its help reads them from here.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BrokerConfig {
     /// Container id in the broker's open frame.
     pub container_id: String,
@@ -59,12 +79,15 @@ pub struct BrokerConfig {
     pub max_frame_size: u32,
     /// Queues created at start.
     pub queues: Vec<QueueDecl>,
-    /// Create a queue when a link names an unknown address (with `default_limits`); if false,
-    /// such links are refused with `amqp:not-found`.
+    /// Create a queue when a link names an unknown address (with the default limits and
+    /// TTL); if false, such links are refused with `amqp:not-found`.
     pub auto_create: bool,
-    /// Limits of auto-created queues.
-    pub default_limits: Limits,
-    /// TTL of auto-created queues.
+    /// Most messages per queue, unless its declaration says otherwise.
+    pub max_messages: usize,
+    /// Most message bytes per queue, unless its declaration says otherwise.
+    pub max_bytes: usize,
+    /// TTL of auto-created queues (none: forever).
+    #[serde(rename = "ttl", with = "qgate_core::units::optional_duration")]
     pub default_ttl: Option<Duration>,
     /// Most queues (auto-creation stops there).
     pub max_queues: usize,
@@ -77,14 +100,17 @@ pub struct BrokerConfig {
     /// Producers stop getting credit while a queue holds this fraction of `max_messages` or
     /// bytes, and resume below it: a slow consumer slows producers instead of filling memory.
     pub high_water: f64,
-    /// SASL.
+    /// SASL (from a credentials file: not a config key of its own).
+    #[serde(skip)]
     pub credentials: Credentials,
     /// Protocol header → SASL → open must be done within this, a frame held for credit waits
     /// at most this, and so does the broker's close for the peer's (decision M16).
+    #[serde(with = "qgate_core::units::duration")]
     pub handshake_timeout: Duration,
     /// A connection that receives nothing for this long is closed (`amqp:resource-limit-
     /// exceeded`), and one whose peer takes no bytes for this long; half of it is announced as
     /// the broker's idle-time-out (AMQP 1.0 §2.4.5). Zero: never (decision M16).
+    #[serde(with = "qgate_core::units::timeout")]
     pub idle_timeout: Duration,
     /// Most connections from one IP address at once; more are closed on accept (M16).
     pub max_connections_per_address: usize,
@@ -97,12 +123,14 @@ pub struct BrokerConfig {
 
 impl Default for BrokerConfig {
     fn default() -> Self {
+        let limits = Limits::default();
         BrokerConfig {
             container_id: "qgate-broker".into(),
             max_frame_size: 65_536,
             queues: Vec::new(),
             auto_create: true,
-            default_limits: Limits::default(),
+            max_messages: limits.max_messages,
+            max_bytes: limits.max_bytes,
             default_ttl: None,
             max_queues: 10_000,
             store: None,
@@ -119,9 +147,68 @@ impl Default for BrokerConfig {
     }
 }
 
+impl BrokerConfig {
+    /// The limits of a queue that declares none.
+    pub fn default_limits(&self) -> Limits {
+        Limits {
+            max_messages: self.max_messages,
+            max_bytes: self.max_bytes,
+        }
+    }
+
+    /// Refuse settings the broker cannot run with; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_messages", self.max_messages),
+            ("max_bytes", self.max_bytes),
+            ("max_queues", self.max_queues),
+            ("producer_credit", self.producer_credit as usize),
+            ("consumer_window", self.consumer_window),
+            (
+                "max_connections_per_address",
+                self.max_connections_per_address,
+            ),
+            ("max_sessions", self.max_sessions),
+            ("max_frame_size", self.max_frame_size as usize),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{key} must be at least 1"));
+        }
+        // AMQP 1.0 §2.7.1: max-frame-size is at least 512.
+        if self.max_frame_size < 512 {
+            return Err("max_frame_size must be at least 512 (AMQP 1.0 §2.7.1)".into());
+        }
+        if !(self.high_water > 0.0 && self.high_water <= 1.0) {
+            return Err(format!(
+                "high_water must be in (0, 1], not {}",
+                self.high_water
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for q in &self.queues {
+            if q.name.is_empty() {
+                return Err("a declared queue has an empty name".into());
+            }
+            if !names.insert(&q.name) {
+                return Err(format!("queue '{}' is declared twice", q.name));
+            }
+            if q.max_messages == Some(0) || q.max_bytes == Some(0) {
+                return Err(format!(
+                    "queue '{}': max_messages and max_bytes must be at least 1",
+                    q.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Starting the broker failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
+    /// A setting it cannot run with.
+    #[error("broker configuration: {0}")]
+    Config(String),
     /// The store.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -257,6 +344,7 @@ impl Broker {
     /// Open the store (if configured), recover its messages, declare the configured queues and
     /// start the TTL sweeper. Call within a tokio runtime.
     pub fn start(cfg: BrokerConfig) -> Result<Broker, BrokerError> {
+        cfg.validate().map_err(BrokerError::Config)?;
         let (store, recovered) = match &cfg.store {
             Some(p) => {
                 let (s, r) = Store::open(p)?;
@@ -274,8 +362,9 @@ impl Broker {
             cfg,
         });
         let broker = Broker { inner };
+        let limits = broker.inner.cfg.default_limits();
         for d in broker.inner.cfg.queues.clone() {
-            broker.declare(&d);
+            broker.declare(&d.name, d.limits(limits), d.ttl);
         }
         let n = recovered.len();
         for r in recovered {
@@ -286,11 +375,7 @@ impl Broker {
             })?;
             let q = match broker.find(&r.queue) {
                 Some(q) => q,
-                None => broker.declare(&QueueDecl {
-                    name: r.queue.clone(),
-                    limits: broker.inner.cfg.default_limits,
-                    ttl: broker.inner.cfg.default_ttl,
-                }),
+                None => broker.declare(&r.queue, limits, broker.inner.cfg.default_ttl),
             };
             // Recovered messages are admitted whatever the limits: they were accepted once.
             let mut g = q.lock();
@@ -336,14 +421,14 @@ impl Broker {
         self.queues().get(name).cloned()
     }
 
-    fn declare(&self, d: &QueueDecl) -> Arc<QueueState> {
+    fn declare(&self, name: &str, limits: Limits, ttl: Option<Duration>) -> Arc<QueueState> {
         self.queues()
-            .entry(d.name.clone())
+            .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new(QueueState {
-                    name: d.name.clone(),
-                    q: Mutex::new(Queue::new(d.limits)),
-                    ttl: d.ttl,
+                    name: name.to_string(),
+                    q: Mutex::new(Queue::new(limits)),
+                    ttl,
                     arrived: Notify::new(),
                     drained: Notify::new(),
                 })
@@ -385,11 +470,11 @@ impl Broker {
                 format!("queue limit ({}) reached", self.inner.cfg.max_queues),
             ));
         }
-        Ok(self.declare(&QueueDecl {
-            name: name.to_string(),
-            limits: self.inner.cfg.default_limits,
-            ttl: self.inner.cfg.default_ttl,
-        }))
+        Ok(self.declare(
+            name,
+            self.inner.cfg.default_limits(),
+            self.inner.cfg.default_ttl,
+        ))
     }
 
     /// Drop expired messages everywhere (the store forgets them too).

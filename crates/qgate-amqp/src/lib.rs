@@ -15,6 +15,7 @@
 pub mod artemis;
 pub mod auth;
 pub mod broker;
+pub mod builder;
 pub mod client;
 pub mod oneshot;
 pub mod queue;

@@ -325,10 +325,25 @@ pub async fn send_in_turn(
     settled: bool,
     timeout: Duration,
 ) -> Result<Report, ClientError> {
+    let mut report = Report::default();
+    send_in_turn_into(connector, address, msgs, settled, timeout, &mut report).await?;
+    Ok(report)
+}
+
+/// [`send_in_turn`], counting into `report` as the broker settles each message: a connection
+/// that fails part-way still tells how many were accepted before it did (as M20's
+/// `client::send_into`).
+pub async fn send_in_turn_into(
+    connector: &Connector,
+    address: &str,
+    msgs: &[AmqpMessage],
+    settled: bool,
+    timeout: Duration,
+    report: &mut Report,
+) -> Result<(), ClientError> {
     let mut c = Conversation::open(connector, timeout).await?;
     let container = container_id();
     let creds = connector.sasl();
-    let mut report = Report::default();
     for (i, msg) in msgs.iter().enumerate() {
         let id = i as u32;
         let bytes = if i == 0 {
@@ -376,7 +391,8 @@ pub async fn send_in_turn(
             }
         }
     }
-    Ok(c.finish(report).await)
+    *report = c.finish(std::mem::take(report)).await;
+    Ok(())
 }
 
 /// Receive one message on a fresh connection, pipelined: the opening, a receiver attach and

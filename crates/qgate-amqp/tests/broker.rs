@@ -8,15 +8,15 @@ use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
 use qgate_amqp::auth::Credentials;
-use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig, QueueDecl};
+use qgate_amqp::broker::{Broker, BrokerConfig, QueueDecl};
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::{self, Connector, RecvSpec, SendSpec};
-use qgate_amqp::queue::Limits;
 use qgate_amqp::transport::{self, Scheme, TlsVersion, ALPN_AMQP};
-use qgate_transport::{server_config, DevPki, TransportOptions};
+use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
-use common::{connector_to, quic_listener};
+use common::{connector_to, quic_broker_with};
 #[path = "common/raw.rs"]
 mod raw;
 
@@ -26,26 +26,35 @@ struct Running {
     tls: SocketAddr,
     tcp: SocketAddr,
     pki: DevPki,
+    _running: RunningBroker,
 }
 
 async fn start(cfg: BrokerConfig) -> Running {
     let pki = DevPki::generate(&[]).unwrap();
-    let broker = Broker::start(cfg).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
-    let quic = quic_listener(&broker, scfg);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tls = l.local_addr().unwrap();
+    let ep = endpoint(
+        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+        Some(scfg),
+        None,
+    )
+    .unwrap();
+    let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tcfg = transport::tls_server_config(&pki.server, None).unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tcp = l.local_addr().unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), l, None));
+    let running = Broker::builder()
+        .config(cfg)
+        .quic(ep)
+        .tcp(tls, Some(tcfg))
+        .tcp(tcp, None)
+        .start()
+        .unwrap();
     Running {
-        broker,
-        quic,
-        tls,
-        tcp,
+        broker: running.broker().clone(),
+        quic: running.quic_addrs()[0],
+        tls: running.tcp_addrs()[0],
+        tcp: running.tcp_addrs()[1],
         pki,
+        _running: running,
     }
 }
 
@@ -290,10 +299,8 @@ async fn a_full_queue_rejects_with_resource_limit_exceeded() {
     let r = start(BrokerConfig {
         queues: vec![QueueDecl {
             name: "small".into(),
-            limits: Limits {
-                max_messages: 5,
-                max_bytes: 1 << 20,
-            },
+            max_messages: Some(5),
+            max_bytes: Some(1 << 20),
             ttl: None,
         }],
         high_water: 1.0,
@@ -321,10 +328,8 @@ async fn a_slow_consumer_back_pressures_the_producer_and_memory_stays_bounded() 
     let r = start(BrokerConfig {
         queues: vec![QueueDecl {
             name: "bp".into(),
-            limits: Limits {
-                max_messages: 100,
-                max_bytes: 1 << 20,
-            },
+            max_messages: Some(100),
+            max_bytes: Some(1 << 20),
             ttl: None,
         }],
         producer_credit: 10,
@@ -391,7 +396,8 @@ async fn unknown_address_and_wrong_credentials_are_refused_by_name() {
         auto_create: false,
         queues: vec![QueueDecl {
             name: "known".into(),
-            limits: Limits::default(),
+            max_messages: None,
+            max_bytes: None,
             ttl: None,
         }],
         credentials: Credentials::plain(users, false),
@@ -503,11 +509,10 @@ async fn a_broker_can_require_tls_client_certificates() {
     let pki = DevPki::generate(&[]).unwrap();
     let (client_ca, device) = client_pki("device-1");
     let (_, stranger) = client_pki("stranger");
-    let broker = Broker::start(BrokerConfig::default()).unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
     let tcfg = transport::tls_server_config(&pki.server, Some(&client_ca)).unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
+    let running = Broker::builder().tcp(l, Some(tcfg)).start().unwrap();
+    let addr = running.tcp_addrs()[0];
     let base = || connector_to(Scheme::TcpTls(TlsVersion::V13), addr, &pki, None);
     let spec = send_spec("certs", false);
     // No certificate, or one from another CA: refused during the handshake.
@@ -558,7 +563,6 @@ async fn a_quic_broker_can_require_client_certificates() {
     let pki = DevPki::generate(&[]).unwrap();
     let (client_ca, device) = client_pki("device-1");
     let (_, stranger) = client_pki("stranger");
-    let broker = Broker::start(BrokerConfig::default()).unwrap();
     let scfg = qgate_transport::server_config_with_client_auth(
         &pki.server,
         &[ALPN_AMQP],
@@ -566,7 +570,7 @@ async fn a_quic_broker_can_require_client_certificates() {
         Some(&client_ca),
     )
     .unwrap();
-    let addr = quic_listener(&broker, scfg);
+    let (_broker, addr) = quic_broker_with(BrokerConfig::default(), scfg);
     let base = || connector_to(Scheme::Quic, addr, &pki, None);
     let spec = send_spec("quic-certs", false);
     let within = |f| tokio::time::timeout(Duration::from_secs(10), f);

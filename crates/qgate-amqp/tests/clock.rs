@@ -8,7 +8,6 @@ use fe2o3_amqp::types::messaging::DeliveryState;
 use fe2o3_amqp::types::performatives::Performative;
 use qgate_amqp::broker::{encode, Broker, BrokerConfig, QueueDecl};
 use qgate_amqp::client;
-use qgate_amqp::queue::Limits;
 
 #[path = "common/raw.rs"]
 mod raw;
@@ -49,7 +48,8 @@ async fn message_ttl_passes_in_virtual_time() {
     let broker = Broker::start(BrokerConfig {
         queues: vec![QueueDecl {
             name: "short-lived".into(),
-            limits: Limits::default(),
+            max_messages: None,
+            max_bytes: None,
             ttl: Some(Duration::from_secs(10)),
         }],
         ..Default::default()

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use fe2o3_amqp::types::performatives::Performative;
-use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig};
+use qgate_amqp::broker::{Broker, BrokerConfig};
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::wire;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -19,19 +20,26 @@ struct Running {
     broker: Broker,
     tcp: SocketAddr,
     tls: SocketAddr,
+    _running: RunningBroker,
 }
 
 async fn start(cfg: BrokerConfig) -> Running {
     let pki = qgate_transport::DevPki::generate(&[]).unwrap();
-    let broker = Broker::start(cfg).unwrap();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tcp = l.local_addr().unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), l, None));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tls = l.local_addr().unwrap();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tcfg = qgate_amqp::transport::tls_server_config(&pki.server, None).unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
-    Running { broker, tcp, tls }
+    let running = Broker::builder()
+        .config(cfg)
+        .tcp(tcp, None)
+        .tcp(tls, Some(tcfg))
+        .start()
+        .unwrap();
+    Running {
+        broker: running.broker().clone(),
+        tcp: running.tcp_addrs()[0],
+        tls: running.tcp_addrs()[1],
+        _running: running,
+    }
 }
 
 /// Wait until the broker holds `n` connections; false if it does not within `within`.

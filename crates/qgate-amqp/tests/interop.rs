@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-use qgate_amqp::broker::{serve_tcp, Broker, BrokerConfig};
+use qgate_amqp::broker::Broker;
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::transport;
 use qgate_transport::DevPki;
 
@@ -32,6 +33,18 @@ fn have_python_proton() -> bool {
     )
 }
 
+/// A memory broker on loopback: plain TCP first, then TLS with `pki`'s certificate.
+async fn tcp_broker(pki: &DevPki) -> RunningBroker {
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcfg = transport::tls_server_config(&pki.server, None).unwrap();
+    Broker::builder()
+        .tcp(plain, None)
+        .tcp(tls, Some(tcfg))
+        .start()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_qpid_proton_sends_and_receives_over_tcp_and_tls_with_default_link_names() {
     if !have_python_proton() {
@@ -39,14 +52,8 @@ async fn python_qpid_proton_sends_and_receives_over_tcp_and_tls_with_default_lin
     }
     let dir = std::env::temp_dir().join(format!("qgate-interop-{}", std::process::id()));
     let pki = DevPki::load_or_create(&dir).unwrap();
-    let broker = Broker::start(BrokerConfig::default()).unwrap();
-    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let plain_addr = plain.local_addr().unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), plain, None));
-    let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tls_port = tls.local_addr().unwrap().port();
-    let tcfg = transport::tls_server_config(&pki.server, None).unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), tls, Some(tcfg)));
+    let running = tcp_broker(&pki).await;
+    let (plain_addr, tls_port) = (running.tcp_addrs()[0], running.tcp_addrs()[1].port());
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/interop/proton_client.py"
@@ -82,7 +89,7 @@ async fn python_qpid_proton_sends_and_receives_over_tcp_and_tls_with_default_lin
             "proton's default: one name for both links"
         );
     }
-    let s = broker.queue_stats();
+    let s = running.broker().queue_stats();
     assert!(s.iter().all(|q| q.stats.enqueued == 200), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -98,14 +105,8 @@ async fn go_amqp_sends_and_receives_over_tcp_and_tls_and_with_default_options() 
     }
     let dir = std::env::temp_dir().join(format!("qgate-interop-go-{}", std::process::id()));
     let pki = DevPki::load_or_create(&dir).unwrap();
-    let broker = Broker::start(BrokerConfig::default()).unwrap();
-    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let plain_addr = plain.local_addr().unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), plain, None));
-    let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tls_addr = tls.local_addr().unwrap();
-    let tcfg = transport::tls_server_config(&pki.server, None).unwrap();
-    tokio::spawn(serve_tcp(broker.clone(), tls, Some(tcfg)));
+    let running = tcp_broker(&pki).await;
+    let (plain_addr, tls_addr) = (running.tcp_addrs()[0], running.tcp_addrs()[1]);
     let client = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/goamqp");
     let ca = dir.join("ca.pem");
     // go-amqp with default options (`amqp.Dial(ctx, url, nil)`) skips the SASL layer; the
@@ -130,7 +131,7 @@ async fn go_amqp_sends_and_receives_over_tcp_and_tls_and_with_default_options() 
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let s = broker.queue_stats();
+    let s = running.broker().queue_stats();
     assert!(s.iter().all(|q| q.stats.enqueued == 200), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use fe2o3_amqp::types::messaging::{Body, Data, Message, MessageId};
 use fe2o3_amqp::types::primitives::Binary;
-use qgate_amqp::broker::{Broker, BrokerConfig};
+use qgate_amqp::broker::BrokerConfig;
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::{self, Connector};
 use qgate_amqp::oneshot::{receive_one, send_in_turn, send_one};
 use qgate_amqp::transport::{Scheme, ALPN_AMQP};
 use qgate_transport::{server_config, DevPki, TransportOptions};
 
 mod common;
-use common::{connector_to, quic_listener};
+use common::{connector_to, quic_broker_with};
 
 fn metric(m: &str, name: &str) -> u64 {
     m.lines()
@@ -24,13 +25,12 @@ fn metric(m: &str, name: &str) -> u64 {
 
 /// A memory broker on a loopback QUIC listener and a connector to it (one ticket cache, so
 /// the connector's later connections may resume with 0-RTT).
-async fn quic_broker() -> (Broker, Connector) {
+async fn quic_broker() -> (RunningBroker, Connector) {
     let pki = DevPki::generate(&[]).unwrap();
-    let broker = Broker::start(BrokerConfig::default()).unwrap();
     let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
-    let addr = quic_listener(&broker, scfg);
+    let (running, addr) = quic_broker_with(BrokerConfig::default(), scfg);
     let c = connector_to(Scheme::Quic, addr, &pki, None);
-    (broker, c)
+    (running, c)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,9 +65,9 @@ async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped
     let r = send_one(&c, "sensors", &anonymous, false, t).await.unwrap();
     assert_eq!(r.rejected, 1);
     assert!(r.first_error.unwrap().contains("message-id"));
-    let m = broker.metrics();
+    let m = broker.broker().metrics();
     assert_eq!(metric(&m, "qgate_amqp_replays_dropped_total"), 1, "{m}");
-    let q = &broker.queue_stats()[0];
+    let q = &broker.broker().queue_stats()[0];
     assert_eq!((q.name.as_str(), q.depth), ("sensors", 2));
     // The fe2o3-based client over a resumed connection works too (its stream starts in 0-RTT;
     // its message-ids are unique per run).
@@ -88,7 +88,7 @@ async fn a_returning_client_pipelines_everything_in_0rtt_and_replays_are_dropped
         .unwrap();
     assert_eq!(again.messages, 50);
     assert_eq!(
-        broker.queue_stats()[0].depth,
+        broker.broker().queue_stats()[0].depth,
         102,
         "identical bodies in a new run are not replays"
     );
@@ -118,6 +118,7 @@ async fn pipelined_clients_send_in_turn_and_receive_one_per_connection() {
     );
     // Every message was accepted and settled: nothing left, nothing waiting for redelivery.
     let q = broker
+        .broker()
         .queue_stats()
         .into_iter()
         .find(|q| q.name == "turns")

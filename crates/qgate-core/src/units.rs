@@ -34,6 +34,23 @@ pub fn format_duration(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
 }
 
+/// A timeout: a duration, or `off` / `0` for none ([`Duration::ZERO`]).
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match s.trim() {
+        "off" | "0" => Ok(Duration::ZERO),
+        s => parse_duration(s),
+    }
+}
+
+/// A timeout as [`parse_timeout`] reads it back (`off` for none).
+pub fn format_timeout(d: Duration) -> String {
+    if d.is_zero() {
+        "off".into()
+    } else {
+        format_duration(d)
+    }
+}
+
 /// `#[serde(with = "qgate_core::units::duration")]`: a `Duration` written as `"10s"`.
 pub mod duration {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -48,6 +65,47 @@ pub mod duration {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         super::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `#[serde(with = "qgate_core::units::timeout")]`: a `Duration` written as `"10s"`, or
+/// `"off"` for none (zero).
+pub mod timeout {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    /// Write as `"1.5s"` or `"off"`.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_timeout(*d))
+    }
+
+    /// Read `"250ms"`, `"10s"`, `"2m"`, `"off"`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_timeout(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `#[serde(default, with = "qgate_core::units::optional_duration")]`: an optional `Duration`
+/// written as `"10s"` (absent: none).
+pub mod optional_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    /// Write as `"1.5s"` (none is skipped by the caller's `skip_serializing_if`).
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&super::format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Read `"250ms"`, `"10s"`, `"2m"`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_duration(&s)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
     }
 }
 

@@ -304,6 +304,90 @@ fn amqp_quick_plans_deliver_everything_and_netsim_is_deterministic() {
 }
 
 #[test]
+fn amqp_plan_reaches_a_multi_homed_broker_and_counts_what_a_failed_connection_settled() {
+    use qgate_lab::plan::run::run_all;
+    use qgate_lab::plan::{Loaded, Options};
+    // The broker has a link to each client: each must use the broker's address facing it.
+    let plan = r#"
+[plan]
+name = "t"
+duration_s = 600
+seeds = 1
+[topology]
+hosts = [{ name = "broker" }, { name = "dev" }, { name = "rx" }]
+[[topology.links]]
+name = "radio"
+a = "dev"
+b = "broker"
+rate_mbps = 1
+delay_ms = 20
+[[topology.links]]
+name = "rxl"
+a = "rx"
+b = "broker"
+rate_mbps = 1
+delay_ms = 20
+[[workloads]]
+kind = "amqp"
+name = "m"
+broker = "broker"
+sender = "dev"
+receiver = "rx"
+messages = 4
+[[schemes]]
+name = "quic"
+[[schemes]]
+name = "tcp"
+set = { "workloads.m.transport" = "tcp-tls13" }
+"#;
+    let l = Loaded::parse(plan, std::path::Path::new("t.toml")).unwrap();
+    let v = l.variants(&Options::default()).unwrap();
+    let r = run_all(&v, 2, |_, _, _| {}).unwrap();
+    for rec in &r {
+        let get = |k: &str| rec.scalars[&format!("m.{k}")];
+        assert_eq!(
+            get("send_messages"),
+            4.0,
+            "{}: {:?}",
+            rec.scheme,
+            rec.scalars
+        );
+        assert_eq!(
+            get("recv_messages"),
+            4.0,
+            "{}: {:?}",
+            rec.scheme,
+            rec.scalars
+        );
+        assert_eq!(get("recv_missing") + get("send_missing"), 0.0);
+    }
+    // One connection for 50 messages; the radio goes down after some were settled and stays
+    // down: the settled ones count, the rest are missing, the connection failed.
+    let down = format!(
+        "{}\n[[timeline]]\nat_s = 0.5\nlink = \"radio\"\nset = {{ up = false }}\n",
+        plan.replace(
+            "messages = 4",
+            "messages = 50\nconnections = \"one\"\ntimeout_s = 60"
+        )
+        .replace("receiver = \"rx\"\n", "")
+    );
+    let l = Loaded::parse(&down, std::path::Path::new("t.toml")).unwrap();
+    let v = l.variants(&Options::default()).unwrap();
+    for rec in run_all(&v, 2, |_, _, _| {}).unwrap() {
+        let get = |k: &str| rec.scalars[&format!("m.{k}")];
+        let (sent, missing) = (get("send_messages"), get("send_missing"));
+        assert!(
+            sent > 0.0 && missing > 0.0,
+            "{}: {:?}",
+            rec.scheme,
+            rec.scalars
+        );
+        assert_eq!(sent + missing, 50.0);
+        assert_eq!(get("send_failed"), 1.0);
+    }
+}
+
+#[test]
 fn user_space_tcp_carries_bytes_in_order_over_a_lossy_simulated_link() {
     use qgate_netsim::tcp::TcpHost;
     use qgate_netsim::{LinkParams, LossModel, Network};
@@ -364,7 +448,7 @@ fn user_space_tcp_carries_bytes_in_order_over_a_lossy_simulated_link() {
 fn the_fe2o3_client_closes_in_virtual_time() {
     // fe2o3-amqp's engines busy-loop while waiting for the peer's end/close; with the client's
     // read side ended after its close, a paused clock still advances and the run finishes.
-    use qgate_amqp::broker::{serve_quic, Broker, BrokerConfig};
+    use qgate_amqp::broker::Broker;
     use qgate_amqp::client::{self, Connector, RecvSpec, SendSpec};
     use qgate_amqp::transport::ALPN_AMQP;
     use qgate_netsim::{LinkParams, Network};
@@ -393,8 +477,7 @@ fn the_fe2o3_client_closes_in_virtual_time() {
                 Some(1),
             )
             .unwrap();
-            let broker = Broker::start(BrokerConfig::default()).unwrap();
-            tokio::spawn(serve_quic(broker, ep));
+            let _broker = Broker::builder().quic(ep).start().unwrap();
             let cep = endpoint(
                 Socket::from(net.bind(a, "10.0.0.1:0".parse().unwrap()).unwrap()),
                 None,

@@ -255,6 +255,7 @@ pub struct World {
     /// The network.
     pub net: Network,
     hosts: BTreeMap<String, HostId>,
+    forwarding: std::collections::BTreeSet<HostId>,
     links: BTreeMap<String, BuiltLink>,
     order: Vec<BuiltLink>,
     next_link: u32,
@@ -266,6 +267,7 @@ impl World {
         World {
             net: Network::new(seed),
             hosts: BTreeMap::new(),
+            forwarding: Default::default(),
             links: BTreeMap::new(),
             order: Vec::new(),
             next_link: 1,
@@ -292,6 +294,9 @@ impl World {
         }
         let h = self.net.add_host(name);
         self.net.set_forwarding(h, forwarding);
+        if forwarding {
+            self.forwarding.insert(h);
+        }
         self.hosts.insert(name.into(), h);
         Ok(h)
     }
@@ -371,6 +376,39 @@ impl World {
         })
     }
 
+    /// The address of `target` that `from` should send to: `target`'s end of the last link on
+    /// a shortest path from `from` through forwarding hosts (the path the simulator routes).
+    /// A multi-homed server's replies leave by the interface of the address they come from, so
+    /// a client must use the address facing it. None if no path leads there.
+    pub fn address_toward(&self, target: HostId, from: HostId) -> Option<IpAddr> {
+        if target == from {
+            return self.address_of(target);
+        }
+        let mut seen = std::collections::BTreeSet::from([from]);
+        let mut frontier = vec![from];
+        while !frontier.is_empty() {
+            let mut next = Vec::new();
+            for &h in &frontier {
+                if h != from && !self.forwarding.contains(&h) {
+                    continue;
+                }
+                for l in &self.order {
+                    for (near, far) in [(l.a, l.b), (l.b, l.a)] {
+                        if near.0 != h || !seen.insert(far.0) {
+                            continue;
+                        }
+                        if far.0 == target {
+                            return Some(far.1);
+                        }
+                        next.push(far.0);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        None
+    }
+
     /// The first link of `host` (in the order links were added) and the direction in which
     /// `host` transmits on it: a device's radio, for airtime and energy.
     pub fn uplink(&self, host: HostId) -> Option<(LinkId, Direction)> {
@@ -427,6 +465,35 @@ mod tests {
 
     fn parse(s: &str) -> Topology {
         toml::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn a_multi_homed_host_is_addressed_by_the_link_facing_the_sender() {
+        rt().block_on(async {
+            let t = parse(
+                r#"
+                hosts = [{ name = "s" }, { name = "r", forwarding = true }, { name = "c" }, { name = "d" }, { name = "x" }]
+                links = [
+                  { name = "one", a = "s", b = "r" },
+                  { name = "two", a = "d", b = "s" },
+                  { name = "three", a = "c", b = "r" },
+                  { name = "four", a = "x", b = "d" },
+                ]
+                "#,
+            );
+            let w = World::build(&t, 1).unwrap();
+            let h = |n: &str| w.host(n).unwrap();
+            let end = |l: &str, b: bool| {
+                let l = w.link(l).unwrap();
+                if b { l.b.1 } else { l.a.1 }
+            };
+            // Through the router: s's end of link one; directly: s's end of link two.
+            assert_eq!(w.address_toward(h("s"), h("c")), Some(end("one", false)));
+            assert_eq!(w.address_toward(h("s"), h("d")), Some(end("two", true)));
+            assert_eq!(w.address_toward(h("c"), h("s")), Some(end("three", false)));
+            // d does not forward: nothing reaches s from x.
+            assert_eq!(w.address_toward(h("s"), h("x")), None);
+        });
     }
 
     #[test]

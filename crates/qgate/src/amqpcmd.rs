@@ -9,9 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use qgate_amqp::auth::Credentials;
-use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, QueueDecl};
+use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::client::{self, Connector, RecvSpec, Report, SendSpec};
-use qgate_amqp::queue::Limits;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
 use qgate_transport::{
     endpoint, server_config_with_client_auth, DevPki, Identity, Socket, TrustRoots,
@@ -21,7 +20,8 @@ use serde::Deserialize;
 use crate::config::{parse_duration, Config};
 use crate::{default_dev_pki_dir, usage, Failure};
 
-/// `[broker]` in the config file.
+/// `[broker]` in the config file: where it listens and its certificates, plus the broker
+/// crate's own configuration (limits, timeouts, queues, store), not a copy of it.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BrokerSection {
@@ -31,28 +31,12 @@ pub struct BrokerSection {
     pub tls: Option<SocketAddr>,
     /// TCP address for plain AMQP.
     pub tcp: Option<SocketAddr>,
-    /// Durable store file.
-    pub store: Option<PathBuf>,
     /// Keep queues in memory only.
     pub memory: Option<bool>,
     /// SASL PLAIN credentials file.
     pub credentials: Option<PathBuf>,
     /// Admit SASL ANONYMOUS.
     pub anonymous: Option<bool>,
-    /// Create unknown queues on attach.
-    pub auto_create: Option<bool>,
-    /// Limits of auto-created queues.
-    pub max_messages: Option<usize>,
-    /// Bytes per auto-created queue.
-    pub max_bytes: Option<usize>,
-    /// TTL of auto-created queues, e.g. "10m".
-    pub ttl: Option<String>,
-    /// Producer link credit.
-    pub producer_credit: Option<u32>,
-    /// Unsettled deliveries per consumer link.
-    pub consumer_window: Option<usize>,
-    /// Back-pressure threshold, fraction of a queue's limits.
-    pub high_water: Option<f64>,
     /// Certificate chain and key (PEM); without them the development certificate.
     pub cert: Option<PathBuf>,
     /// Key for `cert`.
@@ -61,35 +45,10 @@ pub struct BrokerSection {
     pub client_ca: Option<PathBuf>,
     /// Prometheus text on plain HTTP/1.1 at this TCP address.
     pub metrics: Option<SocketAddr>,
-    /// Header → SASL → open deadline, e.g. "30s".
-    pub handshake_timeout: Option<String>,
-    /// Close connections that receive nothing this long ("off": never).
-    pub idle_timeout: Option<String>,
-    /// Most connections from one IP address.
-    pub max_connections_per_address: Option<usize>,
-    /// Most sessions per connection.
-    pub max_sessions: Option<usize>,
-    /// Accept AMQP without the SASL layer while ANONYMOUS is admitted.
-    pub plain_amqp: Option<bool>,
-    /// Queues declared at start.
-    pub queues: Vec<QueueSection>,
-}
-
-/// `[[broker.queues]]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QueueSection {
-    /// Address.
-    pub name: String,
-    /// Most messages held.
-    #[serde(default)]
-    pub max_messages: Option<usize>,
-    /// Most bytes held.
-    #[serde(default)]
-    pub max_bytes: Option<usize>,
-    /// Longest a message waits, e.g. "30s".
-    #[serde(default)]
-    pub ttl: Option<String>,
+    /// `store`, `max_messages`, `ttl = "10m"`, `idle_timeout = "off"`, `[[broker.queues]]`, …:
+    /// [`BrokerConfig`]'s keys.
+    #[serde(flatten)]
+    pub config: BrokerConfig,
 }
 
 #[derive(Args, Debug)]
@@ -122,15 +81,15 @@ pub struct BrokerArgs {
     /// Refuse links to queues not declared in [[broker.queues]] (amqp:not-found).
     #[arg(long)]
     no_auto_create: bool,
-    #[arg(long, help = dflt("Most messages per auto-created queue", BrokerConfig::default().default_limits.max_messages))]
+    #[arg(long, help = dflt("Most messages per auto-created queue", BrokerConfig::default().max_messages))]
     max_messages: Option<usize>,
-    #[arg(long, value_name = "BYTES", help = dflt("Most bytes per auto-created queue", BrokerConfig::default().default_limits.max_bytes))]
+    #[arg(long, value_name = "BYTES", help = dflt("Most bytes per auto-created queue", BrokerConfig::default().max_bytes))]
     max_bytes: Option<usize>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
         "Protocol header, SASL and open must be done within this (TLS included); a frame held for credit, and the wait for a peer's close, are bounded by it too",
         secs(BrokerConfig::default().handshake_timeout)))]
     handshake_timeout: Option<Duration>,
-    #[arg(long, value_name = "DURATION|off", value_parser = parse_timeout, help = dflt(
+    #[arg(long, value_name = "DURATION|off", value_parser = qgate_core::units::parse_timeout, help = dflt(
         "Close a connection that receives nothing (or takes no bytes) this long; half is announced as AMQP idle-time-out, and empty frames are sent as often as a peer asks",
         secs(BrokerConfig::default().idle_timeout)))]
     idle_timeout: Option<Duration>,
@@ -160,122 +119,43 @@ fn dflt(help: &str, default: impl std::fmt::Display) -> String {
     format!("{help} [default: {default}]")
 }
 
-/// A duration as `parse_duration` reads it back.
+/// A duration as the flags read it back (`off` for none).
 fn secs(d: Duration) -> String {
-    if d.is_zero() {
-        "off".into()
-    } else {
-        format!("{}s", d.as_secs_f64())
-    }
+    qgate_core::units::format_timeout(d)
 }
 
-/// A timeout: a duration, or "off" / "0" for none.
-fn parse_timeout(s: &str) -> Result<Duration, String> {
-    match s.trim() {
-        "off" | "0" => Ok(Duration::ZERO),
-        s => parse_duration(s),
-    }
-}
-
-fn timeout(what: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
-    v.as_deref()
-        .map(parse_timeout)
-        .transpose()
-        .map_err(|e| usage(format!("{what}: {e}")))
-}
-
-fn duration(what: &str, v: &Option<String>) -> Result<Option<Duration>, Failure> {
-    v.as_deref()
-        .map(parse_duration)
-        .transpose()
-        .map_err(|e| usage(format!("{what}: {e}")))
-}
-
+/// The section's broker configuration with the flags over it; the broker validates it.
 fn broker_config(a: &BrokerArgs, b: &BrokerSection) -> Result<BrokerConfig, Failure> {
-    let d = BrokerConfig::default();
+    let mut c = b.config.clone();
     let anonymous = a.anonymous || b.anonymous.unwrap_or(false);
-    let credentials = match a.credentials.clone().or(b.credentials.clone()) {
+    c.credentials = match a.credentials.clone().or(b.credentials.clone()) {
         Some(f) => Credentials::load(&f, anonymous).map_err(usage)?,
         None => Credentials::anonymous(),
     };
-    let default_limits = Limits {
-        max_messages: a
-            .max_messages
-            .or(b.max_messages)
-            .unwrap_or(d.default_limits.max_messages),
-        max_bytes: a
-            .max_bytes
-            .or(b.max_bytes)
-            .unwrap_or(d.default_limits.max_bytes),
-    };
-    if default_limits.max_messages == 0 || default_limits.max_bytes == 0 {
-        return Err(usage("max_messages and max_bytes must be positive"));
-    }
-    let mut queues = Vec::new();
-    for q in &b.queues {
-        if q.name.is_empty() {
-            return Err(usage("[[broker.queues]]: a queue has an empty name"));
-        }
-        queues.push(QueueDecl {
-            name: q.name.clone(),
-            limits: Limits {
-                max_messages: q.max_messages.unwrap_or(default_limits.max_messages),
-                max_bytes: q.max_bytes.unwrap_or(default_limits.max_bytes),
-            },
-            ttl: duration(&format!("[[broker.queues]] '{}' ttl", q.name), &q.ttl)?,
-        });
-    }
-    let high_water = b.high_water.unwrap_or(d.high_water);
-    if !(high_water > 0.0 && high_water <= 1.0) {
-        return Err(usage("[broker] high_water must be in (0, 1]"));
-    }
-    let memory = a.memory || b.memory.unwrap_or(false);
-    let store = if memory {
+    c.max_messages = a.max_messages.unwrap_or(c.max_messages);
+    c.max_bytes = a.max_bytes.unwrap_or(c.max_bytes);
+    c.default_ttl = a.ttl.or(c.default_ttl);
+    c.handshake_timeout = a.handshake_timeout.unwrap_or(c.handshake_timeout);
+    c.idle_timeout = a.idle_timeout.unwrap_or(c.idle_timeout);
+    c.max_connections_per_address = a
+        .max_connections_per_address
+        .unwrap_or(c.max_connections_per_address);
+    c.max_sessions = a.max_sessions.unwrap_or(c.max_sessions);
+    c.plain_amqp &= !a.no_plain_amqp;
+    c.auto_create &= !a.no_auto_create;
+    c.store = if a.memory || b.memory.unwrap_or(false) {
         None
     } else {
-        Some(a.store.clone().or(b.store.clone()).unwrap_or_else(|| {
+        Some(a.store.clone().or(c.store).unwrap_or_else(|| {
             default_dev_pki_dir()
                 .parent()
                 .map(|p| p.join("broker.redb"))
                 .unwrap_or_else(|| PathBuf::from("broker.redb"))
         }))
     };
-    let max_connections_per_address = a
-        .max_connections_per_address
-        .or(b.max_connections_per_address)
-        .unwrap_or(d.max_connections_per_address);
-    let max_sessions = a.max_sessions.or(b.max_sessions).unwrap_or(d.max_sessions);
-    if max_connections_per_address == 0 || max_sessions == 0 {
-        return Err(usage(
-            "max_connections_per_address and max_sessions must be positive",
-        ));
-    }
-    Ok(BrokerConfig {
-        handshake_timeout: a
-            .handshake_timeout
-            .or(duration(
-                "[broker] handshake_timeout",
-                &b.handshake_timeout,
-            )?)
-            .unwrap_or(d.handshake_timeout),
-        idle_timeout: a
-            .idle_timeout
-            .or(timeout("[broker] idle_timeout", &b.idle_timeout)?)
-            .unwrap_or(d.idle_timeout),
-        max_connections_per_address,
-        max_sessions,
-        plain_amqp: !a.no_plain_amqp && b.plain_amqp.unwrap_or(d.plain_amqp),
-        queues,
-        auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
-        default_limits,
-        default_ttl: a.ttl.or(duration("[broker] ttl", &b.ttl)?),
-        store,
-        producer_credit: b.producer_credit.unwrap_or(d.producer_credit).max(1),
-        consumer_window: b.consumer_window.unwrap_or(d.consumer_window).max(1),
-        high_water,
-        credentials,
-        ..d
-    })
+    c.validate()
+        .map_err(|e| usage(format!("[broker] or its flags: {e}")))?;
+    Ok(c)
 }
 
 pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
@@ -305,8 +185,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
     let metrics = a.metrics.or(b.metrics);
     let store_path = bcfg.store.clone();
     crate::runtime().block_on(async move {
-        let broker = Broker::start(bcfg).map_err(usage)?;
-        let mut listening = Vec::new();
+        let mut builder = Broker::builder().config(bcfg);
         if let Some(addr) = quic {
             let scfg = server_config_with_client_auth(
                 &identity,
@@ -315,30 +194,40 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
                 client_ca.as_ref(),
             )
             .map_err(usage)?;
-            let ep = endpoint(Socket::bind_udp(addr).map_err(usage)?, Some(scfg), None)?;
-            listening.push(format!("quic udp/{}", ep.local_addr()?));
-            tokio::spawn(serve_quic(broker.clone(), ep));
+            builder = builder.quic(endpoint(
+                Socket::bind_udp(addr).map_err(usage)?,
+                Some(scfg),
+                None,
+            )?);
         }
-        if let Some(addr) = tls {
-            let l = tokio::net::TcpListener::bind(addr)
+        let bind = |addr: SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("binding tcp/{addr}"))?;
+                .with_context(|| format!("binding tcp/{addr}"))
+        };
+        if let Some(addr) = tls {
             let tcfg =
                 transport::tls_server_config(&identity, client_ca.as_ref()).map_err(usage)?;
-            listening.push(format!("tcp-tls tcp/{}", l.local_addr()?));
-            tokio::spawn(serve_tcp(broker.clone(), l, Some(tcfg)));
+            builder = builder.tcp(bind(addr).await?, Some(tcfg));
         }
         if let Some(addr) = tcp {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding tcp/{addr}"))?;
-            listening.push(format!("tcp tcp/{}", l.local_addr()?));
-            tokio::spawn(serve_tcp(broker.clone(), l, None));
+            builder = builder.tcp(bind(addr).await?, None);
         }
+        let running = builder.start().map_err(usage)?;
+        let broker = running.broker().clone();
+        let mut listening: Vec<String> = running
+            .quic_addrs()
+            .iter()
+            .map(|a| format!("quic udp/{a}"))
+            .collect();
+        // TCP listeners in the order given: TLS first.
+        let mut tcp_addrs = running.tcp_addrs().iter();
+        if tls.is_some() {
+            listening.extend(tcp_addrs.next().map(|a| format!("tcp-tls tcp/{a}")));
+        }
+        listening.extend(tcp_addrs.map(|a| format!("tcp tcp/{a}")));
         if let Some(addr) = metrics {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding tcp/{addr}"))?;
+            let l = bind(addr).await?;
             listening.push(format!("metrics http://{}/metrics", l.local_addr()?));
             tokio::spawn(serve_metrics(broker.clone(), l));
         }

@@ -151,6 +151,53 @@ mod tests {
     }
 
     #[test]
+    fn broker_section_is_the_broker_crates_config_plus_listeners() {
+        let text = r#"
+[broker]
+quic = "127.0.0.1:5671"
+memory = true
+max_messages = 50
+ttl = "10m"
+idle_timeout = "off"
+high_water = 0.5
+
+[[broker.queues]]
+name = "telemetry"
+max_bytes = 4096
+
+[[broker.queues]]
+name = "alarms"
+max_messages = 7
+ttl = "30s"
+"#;
+        let cfg = Config::parse(text, "b.toml").unwrap();
+        let b = &cfg.broker;
+        assert_eq!(b.quic, Some("127.0.0.1:5671".parse().unwrap()));
+        let c = &b.config;
+        assert_eq!(c.default_ttl, Some(std::time::Duration::from_secs(600)));
+        assert_eq!(c.idle_timeout, std::time::Duration::ZERO);
+        // A declared queue without its own limit takes the section's, not the crate default.
+        let d = c.default_limits();
+        assert_eq!(c.queues[0].limits(d).max_messages, 50);
+        assert_eq!(c.queues[0].limits(d).max_bytes, 4096);
+        assert_eq!(c.queues[1].limits(d).max_messages, 7);
+        assert_eq!(c.queues[1].ttl, Some(std::time::Duration::from_secs(30)));
+        // Keys the crate does not know are refused, with their line.
+        let e = Config::parse("[broker]\nmemory = true\nmax_mesages = 5\n", "b.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_mesages") && e.contains("line 3"), "{e}");
+        let e = Config::parse("[[broker.queues]]\nname = \"q\"\nlimit = 5\n", "b.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limit"), "{e}");
+        let e = Config::parse("[broker]\nidle_timeout = \"soon\"\n", "b.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("soon"), "{e}");
+    }
+
+    #[test]
     fn the_shipped_gateway_toml_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/gateway.toml");
         let cfg = Config::load(&path).unwrap();

@@ -2,7 +2,8 @@
 
 use std::net::SocketAddr;
 
-use qgate_amqp::broker::{serve_quic, Broker};
+use qgate_amqp::broker::{Broker, BrokerConfig};
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::Scheme;
 use qgate_transport::{endpoint, DevPki, Socket, TransportOptions};
@@ -26,15 +27,19 @@ pub fn connector_to(
     .unwrap()
 }
 
-/// `broker` on a loopback QUIC listener with `scfg`; its address.
-pub fn quic_listener(broker: &Broker, scfg: quinn::ServerConfig) -> SocketAddr {
+/// A broker with `cfg` on a loopback QUIC listener with `scfg`, and its address (the broker
+/// stops when the returned value is dropped).
+pub fn quic_broker_with(
+    cfg: BrokerConfig,
+    scfg: quinn::ServerConfig,
+) -> (RunningBroker, SocketAddr) {
     let ep = endpoint(
         Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
         Some(scfg),
         None,
     )
     .unwrap();
-    let addr = ep.local_addr().unwrap();
-    tokio::spawn(serve_quic(broker.clone(), ep));
-    addr
+    let running = Broker::builder().config(cfg).quic(ep).start().unwrap();
+    let addr = running.quic_addrs()[0];
+    (running, addr)
 }

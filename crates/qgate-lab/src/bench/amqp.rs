@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig};
+use qgate_amqp::broker::{Broker, BrokerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -150,13 +150,16 @@ async fn one(
     artemis: Option<SocketAddr>,
 ) -> f64 {
     let pki = DevPki::generate(&[]).expect("PKI");
-    let broker = Broker::start(BrokerConfig {
+    let builder = Broker::builder().config(BrokerConfig {
         store,
         ..Default::default()
-    })
-    .expect("broker");
-    let addr: SocketAddr = match c.scheme {
-        _ if c.artemis => artemis.expect("an Artemis address for Artemis cases"),
+    });
+    // Held to the end: dropping it stops the broker.
+    let (_running, addr) = match c.scheme {
+        _ if c.artemis => (
+            builder.start().expect("broker"),
+            artemis.expect("an Artemis address for Artemis cases"),
+        ),
         Scheme::Quic => {
             let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default())
                 .expect("config");
@@ -166,17 +169,17 @@ async fn one(
                 None,
             )
             .expect("endpoint");
-            let a = ep.local_addr().expect("bound");
-            tokio::spawn(serve_quic(broker.clone(), ep));
-            a
+            let r = builder.quic(ep).start().expect("broker");
+            let a = r.quic_addrs()[0];
+            (r, a)
         }
         _ => {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
-            let a = l.local_addr().expect("bound");
-            tokio::spawn(serve_tcp(broker.clone(), l, None));
-            a
+            let r = builder.tcp(l, None).start().expect("broker");
+            let a = r.tcp_addrs()[0];
+            (r, a)
         }
     };
     let connector = Connector::new(

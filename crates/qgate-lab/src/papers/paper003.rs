@@ -13,7 +13,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use qgate_amqp::broker::{serve_quic, serve_tcp, Broker, BrokerConfig};
+use qgate_amqp::broker::Broker;
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::{self, Scheme, TlsVersion, ALPN_AMQP};
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
@@ -401,11 +402,12 @@ pub fn loopback(case: Case, a: &AmqpLoad, transport: Transport, reps: usize) -> 
             let t0 = Instant::now();
             let sent = amqp::send(&bed.sender, &spec, amqp_tag(rep), start, far).await;
             let span = t0.elapsed().as_secs_f64();
-            let n = amqp::record("send", &sent, span, None, &mut m);
+            let n = amqp::record("send", spec.messages, &sent, span, None, &mut m);
             if spec.receiver.is_some() {
                 let t0 = Instant::now();
                 let got = amqp::receive(&bed.receiver, &spec, n, start, far).await;
-                amqp::record("recv", &got, t0.elapsed().as_secs_f64(), None, &mut m);
+                let span = t0.elapsed().as_secs_f64();
+                amqp::record("recv", n, &got, span, None, &mut m);
             }
             let mut r = collect([(WORKLOAD.to_string(), m)], &[]);
             r.seed = rep as u64 + 1;
@@ -438,7 +440,7 @@ fn amqp_tag(rep: usize) -> u64 {
 struct LoopBed {
     sender: Connector,
     receiver: Connector,
-    _broker: Broker,
+    _broker: RunningBroker,
 }
 
 impl LoopBed {
@@ -448,8 +450,7 @@ impl LoopBed {
             mtu_discovery: transport != Transport::QuicPmtudOff,
             ..Default::default()
         };
-        let b = Broker::start(BrokerConfig::default()).expect("a memory broker starts");
-        let addr = match transport {
+        let running = match transport {
             Transport::Quic | Transport::QuicPmtudOff => {
                 let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).expect("server config");
                 let ep = endpoint(
@@ -458,20 +459,24 @@ impl LoopBed {
                     None,
                 )
                 .expect("endpoint");
-                let a = ep.local_addr().expect("bound");
-                tokio::spawn(serve_quic(b.clone(), ep));
-                a
+                Broker::builder().quic(ep).start()
             }
             Transport::TcpTls13 | Transport::TcpTls12 => {
                 let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
                     .expect("TCP listener");
-                let a = l.local_addr().expect("bound");
                 let tls = transport::tls_server_config(&pki.server, None).expect("TLS config");
-                tokio::spawn(serve_tcp(b.clone(), l, Some(tls)));
-                a
+                Broker::builder().tcp(l, Some(tls)).start()
             }
-        };
+        }
+        .expect("a memory broker starts");
+        let addr = running
+            .quic_addrs()
+            .iter()
+            .chain(running.tcp_addrs())
+            .copied()
+            .next()
+            .expect("one listener");
         let client = || {
             let sock = (transport.scheme() == Scheme::Quic).then(|| {
                 Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("UDP socket")
@@ -490,7 +495,7 @@ impl LoopBed {
         LoopBed {
             sender: client(),
             receiver: client(),
-            _broker: b,
+            _broker: running,
         }
     }
 }

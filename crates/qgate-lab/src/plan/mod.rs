@@ -268,7 +268,7 @@ impl Loaded {
                 Ok(())
             } else {
                 Err(format!(
-                    "{context}'{what}' names host '{h}', which is not in topology.hosts"
+                    "'{what}' names host '{h}', which is not in topology.hosts"
                 ))
             }
         };
@@ -277,7 +277,7 @@ impl Loaded {
                 Ok(())
             } else {
                 Err(format!(
-                    "{context}'{what}' names link '{l}', which is not in topology.links"
+                    "'{what}' names link '{l}', which is not in topology.links"
                 ))
             }
         };
@@ -298,8 +298,8 @@ impl Loaded {
             if links[..i].contains(&l.name.as_str()) {
                 return fail(format!("'topology.links.name' '{}' is used twice", l.name));
             }
-            host("topology.links.a", &l.a)?;
-            host("topology.links.b", &l.b)?;
+            host("topology.links.a", &l.a).or_else(fail)?;
+            host("topology.links.b", &l.b).or_else(fail)?;
             for d in [qgate_netsim::Direction::AtoB, qgate_netsim::Direction::BtoA] {
                 l.params(d)
                     .map_err(|e| format!("{context}link '{}': {e}", l.name))?;
@@ -317,7 +317,7 @@ impl Loaded {
             }
             match &c.link {
                 Some(l) => {
-                    link("timeline.link", l)?;
+                    link("timeline.link", l).or_else(fail)?;
                     let mut probe = qgate_netsim::LinkParams::default();
                     for o in [Some(&c.set), c.a_to_b.as_ref(), c.b_to_a.as_ref()]
                         .into_iter()
@@ -364,8 +364,14 @@ impl Loaded {
                     w.name()
                 ));
             }
-            workload::check(w, p.plan.duration_s, &host, &link)
-                .map_err(|m| format!("{context}{m}"))?;
+            let named = |m: String| format!("workload '{}': {m}", w.name());
+            workload::check(
+                w,
+                p.plan.duration_s,
+                &|what, h| host(what, h).map_err(named),
+                &|what, l| link(what, l).map_err(named),
+            )
+            .or_else(fail)?;
             if let spec::Workload::Bulk(b) = w {
                 // New sources reach the sink through their attach host only if it forwards.
                 let forwards =
@@ -899,5 +905,26 @@ values = [5, 50]
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))
             .unwrap_err();
         assert!(e.message.contains("'mtu_discovery'"), "{e}");
+    }
+
+    #[test]
+    fn the_readme_example_plan_is_valid_as_written_and_quick() {
+        let readme = include_str!("../../../../README.md");
+        let from = readme.find("## Plan files").expect("the section");
+        let block = readme[from..]
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("a complete example");
+        let l = load(block).unwrap();
+        for quick in [false, true] {
+            let v = l
+                .variants(&Options {
+                    quick,
+                    ..Default::default()
+                })
+                .unwrap_or_else(|e| panic!("quick = {quick}: {e}"));
+            assert!(!v.is_empty());
+        }
     }
 }

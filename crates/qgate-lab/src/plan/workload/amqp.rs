@@ -4,7 +4,8 @@
 //! simulator's UDP, TCP+TLS on the user-space TCP ([`qgate_netsim::tcp`]) over the same links.
 //!
 //! Per side (`send_`, `recv_`): scalars `total_s` (first connection start → last closed),
-//! `messages` (accepted by the broker, or received), `failed` (connections), `zero_rtt`
+//! `messages` (accepted by the broker, or received, also on a connection that failed later),
+//! `missing` (the rest: failed, or cut by the run's deadline), `failed` (connections), `zero_rtt`
 //! (connections that used it), `wire_bytes` (the host's first link, both directions, IP headers
 //! and lost packets included) and `energy_j` (its radio over `total_s`: transmitting while its
 //! packets serialise, lost ones too, receiving while packets for it serialise, idle otherwise);
@@ -16,14 +17,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fe2o3_amqp::types::messaging::MessageId;
-use qgate_amqp::broker::{serve_quic, AmqpMessage, Broker, BrokerConfig};
+use qgate_amqp::broker::{AmqpMessage, Broker};
+use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::{self, Connector, Report};
-use qgate_amqp::oneshot::{receive_one, send_in_turn, send_one};
+use qgate_amqp::oneshot::{receive_one, send_in_turn_into, send_one};
 use qgate_amqp::transport::{self, BoxStream, Dialer, Scheme, TlsVersion, ALPN_AMQP};
 use qgate_netsim::tcp::TcpHost;
 use qgate_netsim::{Direction, LinkId, Network, World};
 use qgate_transport::{endpoint, server_config, Socket, TransportOptions};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{secs, Clock, Measurements, Setup};
@@ -132,19 +133,19 @@ pub(crate) struct Prepared {
     tag: u64,
     sender: (Connector, Probe),
     receiver: Option<(Connector, Probe)>,
-    _broker: Broker,
-    serving: JoinHandle<()>,
-}
-
-impl Drop for Prepared {
-    fn drop(&mut self) {
-        self.serving.abort();
-    }
+    _broker: RunningBroker,
 }
 
 /// Makes the connector (and the radio probe) of a named client host; the number tells the
 /// sides' endpoint seeds apart.
 type ClientFn<'a> = dyn Fn(&str, u64) -> Result<(Connector, Probe), String> + 'a;
+
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
 
 fn v4(ip: IpAddr, what: &str) -> Result<std::net::Ipv4Addr, String> {
     match ip {
@@ -155,29 +156,40 @@ fn v4(ip: IpAddr, what: &str) -> Result<std::net::Ipv4Addr, String> {
 
 pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared, String> {
     let net = world.net.clone();
-    let on = |name: &str| -> Result<(qgate_netsim::HostId, IpAddr, Probe), String> {
+    let port = PORT + s.index as u16;
+    let bh = world
+        .host(&a.broker)
+        .ok_or_else(|| format!("no host '{}'", a.broker))?;
+    // A client and the broker each use their address on the path between them: a multi-homed
+    // host's packets leave by the interface of their source address.
+    let on = |name: &str| -> Result<(qgate_netsim::HostId, IpAddr, SocketAddr, Probe), String> {
         let h = world
             .host(name)
             .ok_or_else(|| format!("no host '{name}'"))?;
-        let ip = world
-            .address_of(h)
-            .ok_or_else(|| format!("host '{name}' has no link"))?;
-        let (link, tx) = world.uplink(h).expect("a host with an address has a link");
+        let (Some(ip), Some(to)) = (world.address_toward(h, bh), world.address_toward(bh, h))
+        else {
+            return Err(format!(
+                "no path from '{name}' to the broker '{}' (through forwarding hosts)",
+                a.broker
+            ));
+        };
+        let (link, tx) = world.uplink(h).expect("a host on a path has a link");
         let probe = Probe {
             net: world.net.clone(),
             link,
             tx,
             radio: a.radio,
         };
-        Ok((h, ip, probe))
+        Ok((h, ip, SocketAddr::new(to, port), probe))
     };
-    let (bh, bip, _) = on(&a.broker)?;
-    let baddr = SocketAddr::new(bip, PORT + s.index as u16);
+    let targets: Vec<SocketAddr> = std::iter::once(&a.sender)
+        .chain(a.receiver.as_ref())
+        .map(|n| on(n).map(|x| x.2))
+        .collect::<Result<_, _>>()?;
     let opts = TransportOptions {
         mtu_discovery: a.mtu_discovery,
         ..Default::default()
     };
-    let broker = Broker::start(BrokerConfig::default()).map_err(|e| e.to_string())?;
     let trust = s.pki.trust();
     // Client endpoints' seeds: distinct per run, per workload and per side.
     let seed = |side: u64| {
@@ -186,16 +198,21 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
             .wrapping_add(side)
             .wrapping_add(s.index as u64 * 1000)
     };
-    let (serving, client): (JoinHandle<()>, Box<ClientFn<'_>>) = match a.transport {
+    let (broker, client): (RunningBroker, Box<ClientFn<'_>>) = match a.transport {
         AmqpTransport::Quic => {
             let scfg =
                 server_config(&s.pki.server, &[ALPN_AMQP], &opts).map_err(|e| e.to_string())?;
-            let sock = net.bind(bh, baddr).map_err(|e| e.to_string())?;
+            // Any of its addresses: each client reaches it by the one facing it.
+            let any = SocketAddr::new(unspecified(targets[0].ip()), port);
+            let sock = net.bind(bh, any).map_err(|e| e.to_string())?;
             let ep = endpoint(Socket::from(sock), Some(scfg), Some(s.seed))
                 .map_err(|e| e.to_string())?;
-            let serving = tokio::spawn(serve_quic(broker.clone(), ep));
+            let broker = Broker::builder()
+                .quic(ep)
+                .start()
+                .map_err(|e| e.to_string())?;
             let client = move |name: &str, side: u64| {
-                let (h, ip, probe) = on(name)?;
+                let (h, ip, baddr, probe) = on(name)?;
                 let sock = net
                     .bind(h, SocketAddr::new(ip, 0))
                     .map_err(|e| e.to_string())?;
@@ -205,7 +222,7 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                     .map_err(|e| e.to_string())?;
                 Ok((c, probe))
             };
-            (serving, Box::new(client))
+            (broker, Box::new(client))
         }
         AmqpTransport::TcpTls13 | AmqpTransport::TcpTls12 => {
             let version = if a.transport == AmqpTransport::TcpTls13 {
@@ -213,22 +230,24 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
             } else {
                 TlsVersion::V12
             };
-            let stack = TcpHost::new(&net, bh, v4(bip, "broker")?).map_err(|e| e.to_string())?;
-            let listener = stack.listen(baddr.port()).map_err(|e| e.to_string())?;
+            // A user-space TCP stack has one address: one per address the clients reach.
+            let mut addrs: Vec<IpAddr> = targets.iter().map(|t| t.ip()).collect();
+            addrs.dedup();
             let tls =
                 transport::tls_server_config(&s.pki.server, None).map_err(|e| e.to_string())?;
-            let served = broker.clone();
-            let serving = tokio::spawn(async move {
-                let mut conns = tokio::task::JoinSet::new();
-                loop {
-                    let s = listener.accept().await;
-                    let (b, tls) = (served.clone(), tls.clone());
-                    conns.spawn(async move { b.serve_tls(s, tls).await });
-                    while conns.try_join_next().is_some() {}
-                }
-            });
+            let mut builder = Broker::builder();
+            for ip in addrs {
+                let stack = TcpHost::new(&net, bh, v4(ip, "broker")?).map_err(|e| e.to_string())?;
+                let listener = stack.listen(port).map_err(|e| e.to_string())?;
+                let incoming = futures_util::stream::unfold(listener, |l| async move {
+                    let s = l.accept().await;
+                    Some((s, l))
+                });
+                builder = builder.accepted(incoming, tls.clone());
+            }
+            let broker = builder.start().map_err(|e| e.to_string())?;
             let client = move |name: &str, _side: u64| {
-                let (h, ip, probe) = on(name)?;
+                let (h, ip, baddr, probe) = on(name)?;
                 let host = TcpHost::new(&net, h, v4(ip, name)?).map_err(|e| e.to_string())?;
                 let dial: Dialer = Arc::new(move |addr| {
                     let host = host.clone();
@@ -249,7 +268,7 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                 .with_dialer(dial);
                 Ok((c, probe))
             };
-            (serving, Box::new(client))
+            (broker, Box::new(client))
         }
     };
     let sender = client(&a.sender, 1)?;
@@ -260,7 +279,6 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
         sender,
         receiver,
         _broker: broker,
-        serving,
     })
 }
 
@@ -274,8 +292,13 @@ fn message(tag: u64, i: usize, body_bytes: usize) -> AmqpMessage {
     client::message_with_id(MessageId::String(format!("{tag:x}-{i}")), b)
 }
 
-/// One connection's outcome, with its start (s from `start`).
-pub(crate) type Outcome = (f64, Result<Report, String>);
+/// One connection: when it started (s from `start`), what the broker settled on it, and why
+/// it failed (if it did).
+pub(crate) struct Outcome {
+    at: f64,
+    report: Report,
+    error: Option<String>,
+}
 
 impl Prepared {
     pub(super) async fn run(self, clock: Clock) -> Measurements {
@@ -283,12 +306,12 @@ impl Prepared {
         tokio::time::sleep_until(clock.start + secs(a.start_s)).await;
         let mut m = Measurements::default();
         let (conn, probe) = &self.sender;
-        let sent = measure(probe, "send", &mut m, async {
+        let sent = measure(probe, "send", a.messages, &mut m, async {
             send(conn, a, self.tag, clock.start, clock.deadline).await
         })
         .await;
         if let Some((conn, probe)) = &self.receiver {
-            measure(probe, "recv", &mut m, async {
+            measure(probe, "recv", sent, &mut m, async {
                 receive(conn, a, sent, clock.start, clock.deadline).await
             })
             .await;
@@ -297,7 +320,13 @@ impl Prepared {
     }
 }
 
-/// Send `a.messages` as `a.connections` says; no new connection after `deadline`.
+/// A connection's time limit: `timeout_s`, cut at `deadline`; none once it has passed.
+fn limit(a: &AmqpLoad, deadline: Instant) -> Option<Duration> {
+    let left = deadline.checked_duration_since(Instant::now())?;
+    (!left.is_zero()).then(|| secs(a.timeout_s).min(left))
+}
+
+/// Send `a.messages` as `a.connections` says; nothing runs past `deadline`.
 pub(crate) async fn send(
     conn: &Connector,
     a: &AmqpLoad,
@@ -305,34 +334,44 @@ pub(crate) async fn send(
     start: Instant,
     deadline: Instant,
 ) -> Vec<Outcome> {
-    let timeout = secs(a.timeout_s);
     let t = || start.elapsed().as_secs_f64();
     let mut out = Vec::new();
     match a.connections {
         AmqpConnections::PerMessage => {
             for i in 0..a.messages {
-                if Instant::now() >= deadline {
+                let Some(timeout) = limit(a, deadline) else {
                     break;
-                }
+                };
                 let msg = message(tag, i, a.body_bytes);
                 let at = t();
-                let r = send_one(conn, QUEUE, &msg, false, timeout).await;
-                out.push((at, r.map_err(|e| e.to_string())));
+                let (report, error) = match send_one(conn, QUEUE, &msg, false, timeout).await {
+                    Ok(r) => (r, None),
+                    Err(e) => (Report::default(), Some(e.to_string())),
+                };
+                out.push(Outcome { at, report, error });
             }
         }
         AmqpConnections::One => {
+            let Some(timeout) = limit(a, deadline) else {
+                return out;
+            };
             let msgs: Vec<_> = (0..a.messages)
                 .map(|i| message(tag, i, a.body_bytes))
                 .collect();
             let at = t();
-            let r = send_in_turn(conn, QUEUE, &msgs, false, timeout).await;
-            out.push((at, r.map_err(|e| e.to_string())));
+            let mut report = Report::default();
+            let r = send_in_turn_into(conn, QUEUE, &msgs, false, timeout, &mut report).await;
+            out.push(Outcome {
+                at,
+                report,
+                error: r.err().map(|e| e.to_string()),
+            });
         }
     }
     out
 }
 
-/// Receive `n` messages, each on a new connection; none started after `deadline`.
+/// Receive `n` messages, each on a new connection; nothing runs past `deadline`.
 pub(crate) async fn receive(
     conn: &Connector,
     a: &AmqpLoad,
@@ -342,12 +381,15 @@ pub(crate) async fn receive(
 ) -> Vec<Outcome> {
     let mut out = Vec::new();
     for _ in 0..n {
-        if Instant::now() >= deadline {
+        let Some(timeout) = limit(a, deadline) else {
             break;
-        }
+        };
         let at = start.elapsed().as_secs_f64();
-        let r = receive_one(conn, QUEUE, secs(a.timeout_s)).await;
-        out.push((at, r.map_err(|e| e.to_string())));
+        let (report, error) = match receive_one(conn, QUEUE, timeout).await {
+            Ok(r) => (r, None),
+            Err(e) => (Report::default(), Some(e.to_string())),
+        };
+        out.push(Outcome { at, report, error });
     }
     out
 }
@@ -357,6 +399,7 @@ pub(crate) async fn receive(
 async fn measure(
     probe: &Probe,
     side: &str,
+    wanted: usize,
     m: &mut Measurements,
     run: impl std::future::Future<Output = Vec<Outcome>>,
 ) -> usize {
@@ -364,31 +407,32 @@ async fn measure(
     let outcomes = run.await;
     let span = t0.elapsed().as_secs_f64();
     let wire = probe.account(c0, probe.count(), span);
-    record(side, &outcomes, span, Some(wire), m)
+    record(side, wanted, &outcomes, span, Some(wire), m)
 }
 
-/// Record one side's `<side>_…` metrics (`wire`: bytes on its link and its radio's energy,
-/// when measured) into `m`; returns how many messages made it.
+/// Record one side's `<side>_…` metrics (`wanted`: messages it was to move; `wire`: bytes on
+/// its link and its radio's energy, when measured) into `m`; returns how many made it.
 pub(crate) fn record(
     side: &str,
+    wanted: usize,
     outcomes: &[Outcome],
     span: f64,
     wire: Option<(f64, f64)>,
     m: &mut Measurements,
 ) -> usize {
-    let ok: Vec<(f64, &Report)> = outcomes
-        .iter()
-        .filter_map(|(t, r)| Some((*t, r.as_ref().ok()?)))
-        .collect();
-    let messages: usize = ok.iter().map(|(_, r)| r.messages as usize).sum();
+    // Messages settled on a connection that failed later still made it.
+    let messages: usize = outcomes.iter().map(|o| o.report.messages as usize).sum();
+    let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
     let key = |k: &str| format!("{side}_{k}");
     m.scalars.push((key("total_s"), span));
     m.scalars.push((key("messages"), messages as f64));
     m.scalars
+        .push((key("missing"), wanted.saturating_sub(messages) as f64));
+    m.scalars
         .push((key("failed"), (outcomes.len() - ok.len()) as f64));
     m.scalars.push((
         key("zero_rtt"),
-        ok.iter().filter(|(_, r)| r.zero_rtt).count() as f64,
+        ok.iter().filter(|o| o.report.zero_rtt).count() as f64,
     ));
     if let Some((bytes, joules)) = wire {
         m.scalars.push((key("wire_bytes"), bytes));
@@ -397,11 +441,11 @@ pub(crate) fn record(
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     m.samples.push((
         key("startup_ms"),
-        ok.iter().map(|(t, r)| (*t, ms(r.startup))).collect(),
+        ok.iter().map(|o| (o.at, ms(o.report.startup))).collect(),
     ));
     let rtt: Vec<(f64, f64)> = ok
         .iter()
-        .filter_map(|(t, r)| Some((*t, ms(r.rtt?))))
+        .filter_map(|o| Some((o.at, ms(o.report.rtt?))))
         .collect();
     if !rtt.is_empty() {
         m.samples.push((key("rtt_ms"), rtt));

@@ -1,0 +1,136 @@
+//! [`Broker::builder`]: the one way a broker is assembled with what it serves (decision X12).
+//! `qgate broker`, the lab's AMQP workload and loopback baseline, the AMQP benchmark and the
+//! tests all go through it: a [`BrokerConfig`] and any number of listeners — QUIC endpoints
+//! (real or simulated sockets), TCP listeners with or without TLS, and streams of already
+//! accepted byte streams (a user-space TCP on the simulated network) served over TLS.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::{Stream as Incoming, StreamExt};
+use tokio::task::JoinSet;
+
+use crate::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, BrokerError};
+use crate::transport::{BoxStream, Stream};
+
+/// Accepted connections of some transport, each to be served over TLS.
+type Accepted = Pin<Box<dyn Incoming<Item = BoxStream> + Send>>;
+
+/// What a broker serves, and with which settings; [`BrokerBuilder::start`] runs it.
+#[derive(Default)]
+pub struct BrokerBuilder {
+    config: BrokerConfig,
+    quic: Vec<quinn::Endpoint>,
+    tcp: Vec<(tokio::net::TcpListener, Option<Arc<rustls::ServerConfig>>)>,
+    accepted: Vec<(Accepted, Arc<rustls::ServerConfig>)>,
+}
+
+impl Broker {
+    /// A broker with [`BrokerConfig::default`] serving nothing yet.
+    pub fn builder() -> BrokerBuilder {
+        BrokerBuilder::default()
+    }
+}
+
+impl BrokerBuilder {
+    /// Its settings (limits, timeouts, queues, store, credentials).
+    pub fn config(mut self, config: BrokerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Serve AMQP on every bidirectional stream of every connection this endpoint accepts
+    /// (0-RTT included, decision M2).
+    pub fn quic(mut self, endpoint: quinn::Endpoint) -> Self {
+        self.quic.push(endpoint);
+        self
+    }
+
+    /// Serve AMQP on every TCP connection this listener accepts, over TLS when `tls` is given.
+    pub fn tcp(
+        mut self,
+        listener: tokio::net::TcpListener,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
+        self.tcp.push((listener, tls));
+        self
+    }
+
+    /// Serve AMQP over TLS on every byte stream `incoming` yields (connections some other
+    /// transport accepted, e.g. the simulated network's user-space TCP).
+    pub fn accepted<S: Stream + 'static>(
+        mut self,
+        incoming: impl Incoming<Item = S> + Send + 'static,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> Self {
+        let boxed: Accepted = Box::pin(incoming.map(|s| Box::new(s) as BoxStream));
+        self.accepted.push((boxed, tls));
+        self
+    }
+
+    /// Start the broker (open its store, recover, declare queues) and serve every listener.
+    /// Call within a tokio runtime.
+    pub fn start(self) -> Result<RunningBroker, BrokerError> {
+        let broker = Broker::start(self.config)?;
+        let mut tasks = JoinSet::new();
+        let mut quic = Vec::new();
+        for ep in self.quic {
+            quic.extend(ep.local_addr().ok());
+            tasks.spawn(serve_quic(broker.clone(), ep));
+        }
+        let mut tcp = Vec::new();
+        for (l, tls) in self.tcp {
+            tcp.extend(l.local_addr().ok());
+            tasks.spawn(serve_tcp(broker.clone(), l, tls));
+        }
+        for (mut incoming, tls) in self.accepted {
+            let b = broker.clone();
+            tasks.spawn(async move {
+                let mut conns = JoinSet::new();
+                while let Some(s) = incoming.next().await {
+                    let (b, tls) = (b.clone(), tls.clone());
+                    conns.spawn(async move { b.serve_tls(s, tls).await });
+                    while conns.try_join_next().is_some() {}
+                }
+            });
+        }
+        Ok(RunningBroker {
+            broker,
+            quic,
+            tcp,
+            tasks,
+        })
+    }
+}
+
+/// A broker serving its listeners until dropped or shut down.
+pub struct RunningBroker {
+    broker: Broker,
+    quic: Vec<SocketAddr>,
+    tcp: Vec<SocketAddr>,
+    tasks: JoinSet<()>,
+}
+
+impl RunningBroker {
+    /// The broker (queues, statistics, metrics).
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Local addresses of its QUIC endpoints, in the order given.
+    pub fn quic_addrs(&self) -> &[SocketAddr] {
+        &self.quic
+    }
+
+    /// Local addresses of its TCP listeners, in the order given.
+    pub fn tcp_addrs(&self) -> &[SocketAddr] {
+        &self.tcp
+    }
+
+    /// Stop accepting: every listener's task ends (connections in progress end with their
+    /// peers or timeouts).
+    pub fn shutdown(mut self) {
+        self.tasks.abort_all();
+    }
+}
