@@ -67,6 +67,9 @@ impl QueueDecl {
     }
 }
 
+/// The largest `max_frame_size` a broker may announce (1 MiB).
+pub const MAX_FRAME_SIZE: u32 = 1 << 20;
+
 /// Broker settings, and the `[broker]` keys of a config file that set them (durations as
 /// `"30s"`, timeouts also `"off"`). The defaults live here and in [`Limits::default`]; the CLI
 /// composes this type and its help reads them from here.
@@ -174,9 +177,13 @@ impl BrokerConfig {
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{key} must be at least 1"));
         }
-        // AMQP 1.0 §2.7.1: max-frame-size is at least 512.
-        if self.max_frame_size < 512 {
-            return Err("max_frame_size must be at least 512 (AMQP 1.0 §2.7.1)".into());
+        // AMQP 1.0 §2.7.1: max-frame-size is at least 512. Messages larger than a frame span
+        // several, so a bigger frame buys nothing but a bigger buffer a peer can fill.
+        if !(shim::MIN_MAX_FRAME_SIZE..=MAX_FRAME_SIZE).contains(&self.max_frame_size) {
+            return Err(format!(
+                "max_frame_size must be in [{}, {MAX_FRAME_SIZE}] (AMQP 1.0 §2.7.1)",
+                shim::MIN_MAX_FRAME_SIZE
+            ));
         }
         if !(self.high_water > 0.0 && self.high_water <= 1.0) {
             return Err(format!(

@@ -99,6 +99,10 @@ impl FrameError {
     }
 }
 
+/// The largest frame either side may send before the open frames have settled the
+/// connection's max-frame-size (AMQP 1.0 §2.7.1).
+pub const MIN_MAX_FRAME_SIZE: u32 = 512;
+
 /// Parses one direction's byte stream into protocol headers and frames, renaming attaches.
 #[derive(Debug)]
 pub struct Rewriter {
@@ -242,11 +246,16 @@ impl Rewriter {
             }
             let size = u32::from_be_bytes([input[0], input[1], input[2], input[3]]);
             let (doff, kind) = (input[4], input[5]);
-            if size < 8 || size > self.max_frame {
-                return Err(FrameError::Size {
-                    size,
-                    max: self.max_frame,
-                });
+            // Until the open has passed no peer frame may exceed 512 bytes (AMQP 1.0 §2.7.1,
+            // §5.3.1 for SASL frames): a peer cannot make the broker buffer a large frame
+            // before it has even said who it is.
+            let max = if self.opened || self.dir == Direction::Outbound {
+                self.max_frame
+            } else {
+                self.max_frame.min(MIN_MAX_FRAME_SIZE)
+            };
+            if size < 8 || size > max {
+                return Err(FrameError::Size { size, max });
             }
             if doff < 2 || doff as u32 * 4 > size {
                 return Err(FrameError::Offset { doff, size });
@@ -1089,11 +1098,16 @@ mod tests {
         ));
         let h = b"AMQP\x00\x01\x00\x00".to_vec();
         let with = |f: &[u8]| [h.clone(), f.to_vec()].concat();
+        // Before the open, no frame may exceed 512 bytes, whatever max-frame-size says.
         assert_eq!(
             run(Direction::Inbound, &with(&[0, 0, 0, 4, 2, 0, 0, 0])),
+            Err(FrameError::Size { size: 4, max: 512 })
+        );
+        assert_eq!(
+            run(Direction::Inbound, &with(&[0, 0, 3, 232, 2, 0, 0, 0])),
             Err(FrameError::Size {
-                size: 4,
-                max: 65536
+                size: 1000,
+                max: 512
             })
         );
         assert!(matches!(
@@ -1255,6 +1269,8 @@ mod tests {
     #[test]
     fn unfinished_deliveries_are_bounded() {
         let mut rw = inbound();
+        rw.opened = true; // frames beyond 512 bytes come after the open
+
         let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
         let piece = transfer_frame(true, &[0u8; 60_000]);
         for _ in 0..(MAX_PARTIAL / 60_000 + 2) {

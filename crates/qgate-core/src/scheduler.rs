@@ -139,6 +139,9 @@ impl Scheduler for Single {
     }
 }
 
+/// The scheduler a gateway runs unless told: paper 000's.
+pub const DEFAULT_SCHEDULER: &str = "adaptive";
+
 /// A scheduler by name: `adaptive`, `round-robin` or `single`.
 pub fn by_name(name: &str) -> Result<Box<dyn Scheduler>, String> {
     match name {

@@ -148,7 +148,9 @@ impl GatewayBuilder {
             .ok_or(BuildError::Missing("the server trust roots"))?;
         let scheduler = match self.scheduler {
             Some(s) => s,
-            None => scheduler::by_name("adaptive").map_err(BuildError::Scheduler)?,
+            None => {
+                scheduler::by_name(scheduler::DEFAULT_SCHEDULER).map_err(BuildError::Scheduler)?
+            }
         };
         // Seeds per endpoint and for Hash IDs (decision X6).
         let seed = self.seed;

@@ -24,6 +24,35 @@ pub struct Topology {
     pub links: Vec<LinkSpec>,
 }
 
+impl Topology {
+    /// Whether packets from host `from` can reach host `to`: a chain of links through hosts
+    /// that forward (the route the simulator would find), checked by name before anything is
+    /// built.
+    pub fn connects(&self, from: &str, to: &str) -> bool {
+        let forwards = |h: &str| self.hosts.iter().any(|x| x.name == h && x.forwarding);
+        let mut seen = vec![from];
+        let mut i = 0;
+        while i < seen.len() {
+            let h = seen[i];
+            i += 1;
+            if h != from && !forwards(h) {
+                continue;
+            }
+            for l in &self.links {
+                for (near, far) in [(&l.a, &l.b), (&l.b, &l.a)] {
+                    if near == h && !seen.contains(&far.as_str()) {
+                        if far == to {
+                            return true;
+                        }
+                        seen.push(far);
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
 /// A host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -493,6 +522,7 @@ mod tests {
             assert_eq!(w.address_toward(h("c"), h("s")), Some(end("three", false)));
             // d does not forward: nothing reaches s from x.
             assert_eq!(w.address_toward(h("s"), h("x")), None);
+            assert!(t.connects("c", "s") && t.connects("x", "d") && !t.connects("x", "s"));
         });
     }
 

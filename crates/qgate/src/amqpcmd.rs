@@ -18,7 +18,7 @@ use qgate_transport::{
 use serde::Deserialize;
 
 use crate::config::{parse_duration, Config};
-use crate::{default_dev_pki_dir, usage, Failure};
+use crate::{default_dev_pki_dir, dflt, usage, Failure};
 
 /// `[broker]` in the config file: where it listens and its certificates, plus the broker
 /// crate's own configuration (limits, timeouts, queues, store), not a copy of it.
@@ -112,11 +112,6 @@ pub struct BrokerArgs {
     /// Clients (QUIC and TLS) must present a certificate signed by this CA (PEM).
     #[arg(long, value_name = "FILE")]
     client_ca: Option<PathBuf>,
-}
-
-/// `help` followed by the default, read from where the default lives (one source of truth).
-fn dflt(help: &str, default: impl std::fmt::Display) -> String {
-    format!("{help} [default: {default}]")
 }
 
 /// A duration as the flags read it back (`off` for none).

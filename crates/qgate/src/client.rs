@@ -13,6 +13,9 @@ use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TrustRoo
 use crate::config::{parse_duration, Config};
 use crate::{default_dev_pki_dir, usage, Failure, EXIT_HTTP_STATUS};
 
+/// How long `qgate get/post` waits for the server's handshake unless told.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Args, Debug)]
 pub struct ClientArgs {
     /// https://HOST[:PORT]/PATH (port 443 if omitted).
@@ -20,11 +23,12 @@ pub struct ClientArgs {
     /// CA certificate(s) to trust, PEM [default: the development CA, if this machine has one].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
-    /// Give up if the server has not answered the handshake within this time [default: 10s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = crate::dflt(
+        "Give up if the server has not answered the handshake within this time",
+        qgate_core::units::format_duration(DEFAULT_CONNECT_TIMEOUT)))]
     connect_timeout: Option<Duration>,
-    /// Largest response body accepted, bytes [default: 16777216].
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", help = crate::dflt(
+        "Largest response body accepted, bytes", qgate_transport::http3::DEFAULT_MAX_BODY))]
     max_response: Option<usize>,
     /// Print the status line and headers to standard error.
     #[arg(short, long)]
@@ -73,7 +77,7 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
         (None, Some(s)) => {
             parse_duration(s).map_err(|e| usage(format!("[client] connect_timeout: {e}")))?
         }
-        (None, None) => Duration::from_secs(10),
+        (None, None) => DEFAULT_CONNECT_TIMEOUT,
     };
     let max_response = a
         .max_response

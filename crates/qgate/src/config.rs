@@ -41,24 +41,26 @@ pub enum HistoryMode {
     Ewma,
 }
 
-/// `[history]`
+/// `[history]`: the keys people write (`mode`, `ewma_weight`, `max_age_s`), turned into the
+/// core crate's [`qgate_core::history::HistoryConfig`] by `history::history_config`; every
+/// default is read from there (and from `DEFAULT_SAFEGUARD_FACTOR`), not repeated here.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
-    /// off, mean or ewma [default: off for get/post/server].
+    /// off, mean or ewma [default: off for get/post, on (EWMA) for services, decision H6].
     pub mode: Option<HistoryMode>,
     /// The database file [default: $QGATE_HOME/history.redb].
     pub store: Option<PathBuf>,
-    /// Fall back to the default window when the first RTT exceeds this × the recorded one
-    /// [default: 2.0]; 0 turns the safeguard off.
+    /// Fall back to the default window when the first RTT exceeds this × the recorded one;
+    /// 0 turns the safeguard off.
     pub safeguard: Option<f64>,
-    /// EWMA weight of the newest sample [default: 0.25].
+    /// EWMA weight of the newest sample.
     pub ewma_weight: Option<f64>,
-    /// Never start above this many bytes [default: 1048576].
+    /// Never start above this many bytes.
     pub ceiling_bytes: Option<u64>,
-    /// Forget a peer not seen for this many seconds [default: 86400].
+    /// Forget a peer not seen for this many seconds.
     pub max_age_s: Option<u64>,
-    /// At most this many peers [default: 10000].
+    /// At most this many peers.
     pub capacity: Option<usize>,
 }
 

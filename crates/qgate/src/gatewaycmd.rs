@@ -15,7 +15,7 @@ use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TrustRoo
 use serde::Deserialize;
 
 use crate::config::{parse_duration, Config};
-use crate::{default_dev_pki_dir, usage, Failure};
+use crate::{default_dev_pki_dir, dflt, usage, Failure};
 
 /// `[gateway]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -50,10 +50,12 @@ pub struct PathSection {
     pub server: Option<SocketAddr>,
 }
 
+/// Where `qgate gateway` listens for devices unless told.
+const DEFAULT_LISTEN: &str = "0.0.0.0:4443";
+
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
-    /// Device-facing UDP address [default: 0.0.0.0:4443].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", help = dflt("Device-facing UDP address", DEFAULT_LISTEN))]
     listen: Option<SocketAddr>,
     /// The server's address, for paths that do not name their own.
     #[arg(long, value_name = "ADDR")]
@@ -61,11 +63,11 @@ pub struct GatewayArgs {
     /// A backhaul path: LOCAL_ADDR or LOCAL_ADDR=SERVER_ADDR (repeat; replaces the config's).
     #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
     paths: Vec<String>,
-    /// Path choice: adaptive, round-robin or single [default: adaptive].
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", help = dflt(
+        "Path choice: adaptive, round-robin or single", qgate_core::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
-    /// Routine probe period [default: 30s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
+        "Routine probe period", secs(PathConfig::default().probe_interval)))]
     probe_interval: Option<Duration>,
     /// CA certificate(s) of the server, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
@@ -105,11 +107,6 @@ pub struct GatewayArgs {
     history_store: Option<PathBuf>,
 }
 
-/// Help text with the default the code uses (one source of truth: `GatewayConfig::default`).
-fn dflt(what: &str, v: impl std::fmt::Display) -> String {
-    format!("{what} [default: {v}]")
-}
-
 fn secs(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
 }
@@ -135,7 +132,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     let listen = a
         .listen
         .or(g.listen)
-        .unwrap_or_else(|| "0.0.0.0:4443".parse().expect("valid"));
+        .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid"));
     let default_server = a.server.or(g.server);
     let mut paths: Vec<(SocketAddr, SocketAddr)> = Vec::new();
     if a.paths.is_empty() {
@@ -191,7 +188,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     let sched_name = a
         .scheduler
         .or(g.scheduler.clone())
-        .unwrap_or_else(|| "adaptive".into());
+        .unwrap_or_else(|| qgate_core::scheduler::DEFAULT_SCHEDULER.into());
     let mut pcfg = PathConfig::default();
     if let Some(p) = a
         .probe_interval

@@ -13,10 +13,13 @@ use qgate_transport::{Congestion, DevPki, Identity, Socket};
 use crate::config::Config;
 use crate::{default_dev_pki_dir, usage, Failure};
 
+/// Where `qgate server` listens unless told.
+const DEFAULT_LISTEN: &str = "0.0.0.0:4433";
+
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// UDP address to listen on [default: 0.0.0.0:4433; port 0 picks a free port].
-    #[arg(short, long, value_name = "ADDR")]
+    #[arg(short, long, value_name = "ADDR", help = crate::dflt(
+        "UDP address to listen on (port 0 picks a free port)", DEFAULT_LISTEN))]
     listen: Option<SocketAddr>,
     /// PEM certificate chain (with --key); without both, a development certificate is used.
     #[arg(long, value_name = "FILE", requires = "key")]
@@ -32,8 +35,8 @@ pub struct ServerArgs {
     /// without it bodies are only counted.
     #[arg(long, value_name = "DIR")]
     sink: Option<PathBuf>,
-    /// Largest request body in bytes; larger ones get 413 [default: 16777216].
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", help = crate::dflt(
+        "Largest request body in bytes; larger ones get 413", ServeLimits::default().max_body))]
     max_body: Option<usize>,
     /// Congestion controller: cubic, new-reno or bbr [default: cubic].
     #[arg(long, value_name = "NAME")]
@@ -52,7 +55,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
     let listen = a
         .listen
         .or(c.listen)
-        .unwrap_or_else(|| "0.0.0.0:4433".parse().expect("valid"));
+        .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid"));
     let mut transport = cfg.transport.clone();
     if let Some(cc) = a.congestion {
         transport.congestion = cc;

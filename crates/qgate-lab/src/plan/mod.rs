@@ -368,6 +368,7 @@ impl Loaded {
             workload::check(
                 w,
                 p.plan.duration_s,
+                &p.topology,
                 &|what, h| host(what, h).map_err(named),
                 &|what, l| link(what, l).map_err(named),
             )
@@ -900,6 +901,19 @@ values = [5, 50]
                 .unwrap_err();
             assert!(e.message.contains(want), "{extra}: {e}");
         }
+        // A client the broker cannot be reached from (x's only link goes to c, which does
+        // not forward).
+        let island = amqp("receiver = \"x\"")
+            .replace(
+                "hosts = [{ name = \"c\" }, { name = \"s\" }]",
+                "hosts = [{ name = \"c\" }, { name = \"s\" }, { name = \"x\" }]",
+            )
+            .replace(
+                "[[workloads]]",
+                "[[topology.links]]\nname = \"xc\"\na = \"x\"\nb = \"c\"\n\n[[workloads]]",
+            );
+        let e = load(&island).unwrap_err();
+        assert!(e.message.contains("no path from 'x'"), "{e}");
         // Path-MTU discovery is a QUIC setting: the TCP scheme refuses it.
         let e = load(&amqp("mtu_discovery = false"))
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))
@@ -926,5 +940,15 @@ values = [5, 50]
                 .unwrap_or_else(|e| panic!("quick = {quick}: {e}"));
             assert!(!v.is_empty());
         }
+        // A backhaul path must join the gateway and the server.
+        let stray = block
+            .replace("paths = [\"p1\", \"p2\"]", "paths = [\"p1\", \"p3\"]")
+            .replacen(
+                "[[timeline]]",
+                "[[topology.links]]\nname = \"p3\"\na = \"gateway\"\nb = \"router\"\n\n[[timeline]]",
+                1,
+            );
+        let e = load(&stray).unwrap_err();
+        assert!(e.message.contains("path 'p3' joins"), "{e}");
     }
 }

@@ -23,6 +23,7 @@ use qgate_amqp::client::{self, Connector, Report};
 use qgate_amqp::oneshot::{receive_one, send_in_turn_into, send_one};
 use qgate_amqp::transport::{self, BoxStream, Dialer, Scheme, TlsVersion, ALPN_AMQP};
 use qgate_netsim::tcp::TcpHost;
+use qgate_netsim::topology::Topology;
 use qgate_netsim::{Direction, LinkId, Network, World};
 use qgate_transport::{endpoint, server_config, Socket, TransportOptions};
 use tokio::time::Instant;
@@ -41,6 +42,7 @@ const MAX_MESSAGES: usize = 1_000_000;
 
 pub(super) fn check(
     a: &AmqpLoad,
+    topology: &Topology,
     host: &dyn Fn(&str, &str) -> Result<(), String>,
 ) -> Result<(), String> {
     let fail = |e: &str| Err(format!("workload '{}': {e}", a.name));
@@ -54,6 +56,14 @@ pub(super) fn check(
     hosts.sort();
     if hosts.windows(2).any(|w| w[0] == w[1]) {
         return fail("'broker', 'sender' and 'receiver' must be different hosts");
+    }
+    for client in std::iter::once(&a.sender).chain(&a.receiver) {
+        if !topology.connects(client, &a.broker) {
+            return fail(&format!(
+                "no path from '{client}' to the broker '{}' (links through forwarding hosts)",
+                a.broker
+            ));
+        }
     }
     if !(1..=MAX_MESSAGES).contains(&a.messages) {
         return fail(&format!("'messages' must be in [1, {MAX_MESSAGES}]"));

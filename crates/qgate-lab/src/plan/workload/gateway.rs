@@ -18,7 +18,7 @@ use bytes::Bytes;
 use qgate_gateway::builder::RunningGateway;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
-use qgate_netsim::topology::LinkSpec;
+use qgate_netsim::topology::{LinkSpec, Topology};
 use qgate_netsim::{Direction, LinkId, Network, World};
 use qgate_server::RunningServer;
 use qgate_transport::http3::{H3Client, ALPN_H3};
@@ -31,6 +31,7 @@ use crate::plan::spec::GatewayLoad;
 
 pub(super) fn check(
     g: &GatewayLoad,
+    topology: &Topology,
     host: &dyn Fn(&str, &str) -> Result<(), String>,
     link: &dyn Fn(&str, &str) -> Result<(), String>,
 ) -> Result<(), String> {
@@ -58,6 +59,15 @@ pub(super) fn check(
     }
     for (i, p) in g.paths.iter().enumerate() {
         link("workloads.paths", p)?;
+        if let Some(l) = topology.links.iter().find(|l| l.name == *p) {
+            let ends = [l.a.as_str(), l.b.as_str()];
+            if !(ends.contains(&g.gateway.as_str()) && ends.contains(&g.server.as_str())) {
+                return Err(format!(
+                    "workload '{}': path '{p}' joins '{}' and '{}', not the gateway '{}' and the server '{}'",
+                    g.name, l.a, l.b, g.gateway, g.server
+                ));
+            }
+        }
         if g.paths[..i].contains(p) {
             return Err(format!(
                 "workload '{}': 'paths' lists link '{p}' twice",

@@ -9,6 +9,7 @@ pub(crate) mod gateway;
 
 use std::sync::Arc;
 
+use qgate_netsim::topology::Topology;
 use qgate_netsim::World;
 use qgate_transport::DevPki;
 use tokio::time::Instant;
@@ -78,6 +79,7 @@ pub enum Prepared {
 pub fn check(
     w: &Workload,
     duration_s: f64,
+    topology: &Topology,
     host: &dyn Fn(&str, &str) -> Result<(), String>,
     link: &dyn Fn(&str, &str) -> Result<(), String>,
 ) -> Result<(), String> {
@@ -89,10 +91,10 @@ pub fn check(
         ));
     }
     match w {
-        Workload::Gateway(g) => gateway::check(g, host, link),
+        Workload::Gateway(g) => gateway::check(g, topology, host, link),
         Workload::Bulk(b) => bulk::check(b, duration_s, host, link),
         Workload::Downloads(d) => downloads::check(d, host),
-        Workload::Amqp(a) => amqp::check(a, host),
+        Workload::Amqp(a) => amqp::check(a, topology, host),
     }
 }
 
