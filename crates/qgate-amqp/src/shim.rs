@@ -248,7 +248,7 @@ impl Rewriter {
             let (doff, kind) = (input[4], input[5]);
             // Until the open has passed no peer frame may exceed 512 bytes (AMQP 1.0 §2.7.1,
             // §5.3.1 for SASL frames): a peer cannot make the broker buffer a large frame
-            // before it has even said who it is.
+            // before it has even said who it is (decision M22).
             let max = if self.opened || self.dir == Direction::Outbound {
                 self.max_frame
             } else {
