@@ -128,8 +128,9 @@ impl RunningBroker {
         &self.tcp
     }
 
-    /// Stop accepting: every listener's task ends (connections in progress end with their
-    /// peers or timeouts).
+    /// Stop accepting: every listener's task ends. QUIC and TCP connections in progress end
+    /// with their peers or timeouts; connections from [`BrokerBuilder::accepted`] streams end
+    /// now (dropping the `RunningBroker` does the same).
     pub fn shutdown(mut self) {
         self.tasks.abort_all();
     }

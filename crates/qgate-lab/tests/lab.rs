@@ -385,6 +385,25 @@ set = { "workloads.m.transport" = "tcp-tls13" }
         assert_eq!(sent + missing, 50.0);
         assert_eq!(get("send_failed"), 1.0);
     }
+    // One connection that would need ~40 s (1000 messages, one 40 ms round trip each) in a
+    // 5 s run: it is cut at the deadline, not 30 s after it (which would fail the run).
+    let short = plan
+        .replace("duration_s = 600", "duration_s = 5")
+        .replace("messages = 4", "messages = 1000\nconnections = \"one\"")
+        .replace("receiver = \"rx\"\n", "");
+    let l = Loaded::parse(&short, std::path::Path::new("t.toml")).unwrap();
+    let v = l.variants(&Options::default()).unwrap();
+    for rec in run_all(&v, 2, |_, _, _| {}).unwrap() {
+        let get = |k: &str| rec.scalars[&format!("m.{k}")];
+        assert!(
+            get("send_total_s") <= 5.0,
+            "{}: {:?}",
+            rec.scheme,
+            rec.scalars
+        );
+        assert!(get("send_messages") > 10.0 && get("send_missing") > 0.0);
+        assert_eq!(get("send_messages") + get("send_missing"), 1000.0);
+    }
 }
 
 #[test]

@@ -438,13 +438,13 @@ impl World {
         None
     }
 
-    /// The first link of `host` (in the order links were added) and the direction in which
-    /// `host` transmits on it: a device's radio, for airtime and energy.
-    pub fn uplink(&self, host: HostId) -> Option<(LinkId, Direction)> {
+    /// The link whose end has address `ip`, and the direction in which that end transmits:
+    /// a host's radio on the path it uses.
+    pub fn link_at(&self, ip: IpAddr) -> Option<(LinkId, Direction)> {
         self.order.iter().find_map(|l| {
-            if l.a.0 == host {
+            if l.a.1 == ip {
                 Some((l.id, Direction::AtoB))
-            } else if l.b.0 == host {
+            } else if l.b.1 == ip {
                 Some((l.id, Direction::BtoA))
             } else {
                 None

@@ -126,12 +126,12 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
     }
 }
 
-/// A usage/config error (exit 2).
 /// `help` followed by the default, read from where the default lives (one source of truth).
 pub(crate) fn dflt(help: &str, default: impl std::fmt::Display) -> String {
     format!("{help} [default: {default}]")
 }
 
+/// A usage/config error (exit 2).
 pub fn usage(msg: impl std::fmt::Display) -> Failure {
     Failure {
         status: EXIT_USAGE,

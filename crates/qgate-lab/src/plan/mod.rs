@@ -347,6 +347,26 @@ impl Loaded {
             }
         }
         let mut names = Vec::new();
+        // A host has one user-space TCP stack: two TCP+TLS amqp workloads cannot share one.
+        let mut tcp_hosts: Vec<&str> = Vec::new();
+        for w in &p.workloads {
+            if let spec::Workload::Amqp(a) = w {
+                if a.transport != spec::AmqpTransport::Quic {
+                    for h in [Some(&a.broker), Some(&a.sender), a.receiver.as_ref()]
+                        .into_iter()
+                        .flatten()
+                    {
+                        if tcp_hosts.contains(&h.as_str()) {
+                            return fail(format!(
+                                "workload '{}': host '{h}' already runs another TCP+TLS amqp workload (one user-space TCP stack per host)",
+                                a.name
+                            ));
+                        }
+                        tcp_hosts.push(h);
+                    }
+                }
+            }
+        }
         for w in &p.workloads {
             if names.contains(&w.name()) {
                 return fail(format!("'workloads.name' '{}' is used twice", w.name()));
@@ -914,6 +934,15 @@ values = [5, 50]
             );
         let e = load(&island).unwrap_err();
         assert!(e.message.contains("no path from 'x'"), "{e}");
+        // Two TCP+TLS workloads cannot share a host's user-space TCP stack.
+        let twice = amqp("").replace(
+            "[[schemes]]",
+            "[[workloads]]\nkind = \"amqp\"\nname = \"dl2\"\nbroker = \"s\"\nsender = \"c\"\nmessages = 1\ntransport = \"tcp-tls12\"\n\n[[schemes]]",
+        );
+        let e = load(&twice)
+            .and_then(|l| l.variants(&Options::default()).map(|_| ()))
+            .unwrap_err();
+        assert!(e.message.contains("one user-space TCP stack"), "{e}");
         // Path-MTU discovery is a QUIC setting: the TCP scheme refuses it.
         let e = load(&amqp("mtu_discovery = false"))
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))

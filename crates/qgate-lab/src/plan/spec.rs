@@ -415,7 +415,7 @@ pub struct AmqpLoad {
     pub start_s: f64,
     /// The broker's host.
     pub broker: String,
-    /// The sending host (its first link is the radio measured).
+    /// The sending host (its link toward the broker is the radio measured).
     pub sender: String,
     /// The receiving host, which takes every accepted message once the sender is done (none:
     /// no receiver).

@@ -6,7 +6,7 @@
 //! Per side (`send_`, `recv_`): scalars `total_s` (first connection start → last closed),
 //! `messages` (accepted by the broker, or received, also on a connection that failed later),
 //! `missing` (the rest: failed, or cut by the run's deadline), `failed` (connections), `zero_rtt`
-//! (connections that used it), `wire_bytes` (the host's first link, both directions, IP headers
+//! (connections that used it), `wire_bytes` (the host's link toward the broker, both directions, IP headers
 //! and lost packets included) and `energy_j` (its radio over `total_s`: transmitting while its
 //! packets serialise, lost ones too, receiving while packets for it serialise, idle otherwise);
 //! samples (t = the connection's start) `startup_ms` (start → first message written) and, for
@@ -87,7 +87,7 @@ pub(super) fn check(
     Ok(())
 }
 
-/// A host's radio: its first link, the direction it transmits on, and its energy model.
+/// A host's radio: its link toward the broker, the direction it transmits on, and its energy model.
 struct Probe {
     net: Network,
     link: LinkId,
@@ -183,7 +183,8 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                 a.broker
             ));
         };
-        let (link, tx) = world.uplink(h).expect("a host on a path has a link");
+        // Its radio: the link it reaches the broker by.
+        let (link, tx) = world.link_at(ip).expect("an address is a link's end");
         let probe = Probe {
             net: world.net.clone(),
             link,
@@ -336,6 +337,19 @@ fn limit(a: &AmqpLoad, deadline: Instant) -> Option<Duration> {
     (!left.is_zero()).then(|| secs(a.timeout_s).min(left))
 }
 
+/// One connection's whole life bounded by `limit`: its handshake, every message, its close
+/// (the client bounds each wait on its own; this bounds their sum).
+async fn bounded<F>(limit: Duration, f: F) -> Option<String>
+where
+    F: std::future::Future<Output = Result<(), qgate_amqp::client::ClientError>>,
+{
+    match tokio::time::timeout(limit, f).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("the connection took longer than {limit:?}")),
+    }
+}
+
 /// Send `a.messages` as `a.connections` says; nothing runs past `deadline`.
 pub(crate) async fn send(
     conn: &Connector,
@@ -354,10 +368,12 @@ pub(crate) async fn send(
                 };
                 let msg = message(tag, i, a.body_bytes);
                 let at = t();
-                let (report, error) = match send_one(conn, QUEUE, &msg, false, timeout).await {
-                    Ok(r) => (r, None),
-                    Err(e) => (Report::default(), Some(e.to_string())),
-                };
+                let mut report = Report::default();
+                let error = bounded(timeout, async {
+                    report = send_one(conn, QUEUE, &msg, false, timeout).await?;
+                    Ok(())
+                })
+                .await;
                 out.push(Outcome { at, report, error });
             }
         }
@@ -370,12 +386,13 @@ pub(crate) async fn send(
                 .collect();
             let at = t();
             let mut report = Report::default();
-            let r = send_in_turn_into(conn, QUEUE, &msgs, false, timeout, &mut report).await;
-            out.push(Outcome {
-                at,
-                report,
-                error: r.err().map(|e| e.to_string()),
-            });
+            // What was settled before a failure or the limit stays counted in `report`.
+            let error = bounded(
+                timeout,
+                send_in_turn_into(conn, QUEUE, &msgs, false, timeout, &mut report),
+            )
+            .await;
+            out.push(Outcome { at, report, error });
         }
     }
     out
@@ -395,10 +412,12 @@ pub(crate) async fn receive(
             break;
         };
         let at = start.elapsed().as_secs_f64();
-        let (report, error) = match receive_one(conn, QUEUE, timeout).await {
-            Ok(r) => (r, None),
-            Err(e) => (Report::default(), Some(e.to_string())),
-        };
+        let mut report = Report::default();
+        let error = bounded(timeout, async {
+            report = receive_one(conn, QUEUE, timeout).await?;
+            Ok(())
+        })
+        .await;
         out.push(Outcome { at, report, error });
     }
     out
