@@ -23,8 +23,6 @@
 //! # Ok(()) }
 //! ```
 
-mod link;
-mod loss;
 mod network;
 mod socket;
 #[cfg(feature = "tcp")]
@@ -32,12 +30,11 @@ pub mod tcp;
 pub mod topology;
 mod trace;
 
-pub use link::{delay_from_ms, LinkParams, LinkStats, MAX_DELAY_MS};
-pub use loss::LossModel;
 pub use network::{
     Direction, HostDrops, HostId, InterfaceId, LinkId, NetError, Network, SojournLog,
     DEFAULT_SOCKET_RX_LIMIT, IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD,
 };
+pub use qgate_link::{delay_from_ms, LinkParams, LinkStats, LossModel, TraceEvent, MAX_DELAY_MS};
 pub use socket::{Received, SimSocket};
 pub use topology::{Topology, World};
-pub use trace::{Trace, TraceEvent, TraceRecord};
+pub use trace::{Trace, TraceRecord};

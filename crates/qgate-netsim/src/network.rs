@@ -12,17 +12,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
 
-use qgate_aqm::{
-    BuildContext, DropReason, Dropped, Ecn, Packet, QueueDiscipline, QueueStats, Verdict,
-};
-use rand::{Rng, SeedableRng};
+use qgate_aqm::{Ecn, Packet, QueueStats};
+use qgate_link::LinkModel;
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::loss::LossState;
 use crate::socket::SimSocket;
-use crate::trace::{Trace, TraceEvent, TraceRecord};
+use crate::trace::{Trace, TraceRecord};
 use crate::{LinkParams, LinkStats};
 
 /// IPv4 + UDP header bytes added to every datagram's payload when it occupies a link.
@@ -116,19 +114,11 @@ struct Interface {
     link: Option<(LinkId, Direction)>,
 }
 
+/// One direction of a link: the shared link model, and when the event queue will next wake it.
 struct LinkDir {
-    params: LinkParams,
-    queue: Box<dyn QueueDiscipline<Datagram>>,
-    /// The packet being clocked onto the wire.
-    tx: Option<Packet<Datagram>>,
-    loss: LossState,
-    /// Arrival time of the last packet put on the wire: later packets never arrive before it.
-    last_arrival: Instant,
-    /// Bumped when the link goes down, so events scheduled before are recognised as lost.
-    epoch: u64,
-    stats: LinkStats,
-    /// Queueing delay of each dequeued packet, when an experiment asks for it.
-    sojourns: Option<SojournLog>,
+    model: LinkModel<Datagram>,
+    /// The earliest wake-up for this direction in the event queue, if any.
+    wake_at: Option<Instant>,
 }
 
 /// Queueing delays (time in queue, excluding transmission) of the packets a link direction
@@ -139,7 +129,6 @@ pub struct SojournLog {
     pub samples: Vec<(Duration, Duration)>,
     /// Samples not kept because the limit was reached.
     pub truncated: u64,
-    limit: usize,
 }
 
 struct Link {
@@ -156,24 +145,12 @@ pub(crate) struct SocketSlot {
     pub(crate) dropped_rx: u64,
 }
 
-enum EventKind {
-    TxDone {
-        link: LinkId,
-        dir: Direction,
-        epoch: u64,
-    },
-    Arrive {
-        link: LinkId,
-        dir: Direction,
-        epoch: u64,
-        packet: Packet<Datagram>,
-    },
-}
-
+/// A link direction to wake at `at`.
 struct Event {
     at: Instant,
     seq: u64,
-    kind: EventKind,
+    link: LinkId,
+    dir: Direction,
 }
 
 impl PartialEq for Event {
@@ -219,7 +196,6 @@ pub(crate) struct SimState {
     events: BinaryHeap<Event>,
     seq: u64,
     rng: ChaCha8Rng,
-    drops: Vec<Dropped<Datagram>>,
     wake: Vec<Waker>,
     trace: Option<Trace>,
     start: Instant,
@@ -291,14 +267,11 @@ impl std::fmt::Debug for Network {
     }
 }
 
-/// The seed and rate a link direction's queue discipline is built with: the network seed mixed
-/// with the link and direction, so every queue has its own reproducible random stream.
-fn queue_context(seed: u64, link: LinkId, dir: Direction, params: &LinkParams) -> BuildContext {
+/// The seed a link direction's queue discipline is built with: the network seed mixed with the
+/// link and direction, so every queue has its own reproducible random stream.
+fn queue_seed(seed: u64, link: LinkId, dir: Direction) -> u64 {
     let salt = (link.0 as u64 * 2 + dir.index() as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    BuildContext {
-        seed: seed ^ salt,
-        link_rate_bps: params.rate_bps,
-    }
+    seed ^ salt
 }
 
 /// The unspecified address of `ip`'s family.
@@ -348,7 +321,6 @@ impl Network {
                 events: BinaryHeap::new(),
                 seq: 0,
                 rng: ChaCha8Rng::seed_from_u64(seed),
-                drops: Vec::new(),
                 wake: Vec::new(),
                 trace: None,
                 start: now,
@@ -423,22 +395,21 @@ impl Network {
             }
         }
         let id = LinkId(st.links.len());
-        let now = Instant::now();
         let seed = st.seed;
-        let dir = |params: LinkParams, d: Direction| LinkDir {
-            queue: params.queue.build(queue_context(seed, id, d, &params)),
-            params,
-            tx: None,
-            loss: LossState::default(),
-            last_arrival: now,
-            epoch: 0,
-            stats: LinkStats::default(),
-            sojourns: None,
+        let dir = |params: LinkParams, d: Direction| -> Result<LinkDir, NetError> {
+            Ok(LinkDir {
+                model: LinkModel::new(params, queue_seed(seed, id, d))
+                    .map_err(NetError::BadParams)?,
+                wake_at: None,
+            })
         };
-        st.links.push(Link {
-            ends: [a, b],
-            dirs: [dir(a_to_b, Direction::AtoB), dir(b_to_a, Direction::BtoA)],
-        });
+        let mut dirs = [dir(a_to_b, Direction::AtoB)?, dir(b_to_a, Direction::BtoA)?];
+        if st.trace.is_some() {
+            for d in dirs.iter_mut() {
+                d.model.observe(true);
+            }
+        }
+        st.links.push(Link { ends: [a, b], dirs });
         st.interfaces[a.0].link = Some((id, Direction::AtoB));
         st.interfaces[b.0].link = Some((id, Direction::BtoA));
         st.routes.clear();
@@ -515,7 +486,10 @@ impl Network {
 
     /// The parameters of one direction of a link.
     pub fn params(&self, link: LinkId, dir: Direction) -> LinkParams {
-        self.lock().links[link.0].dirs[dir.index()].params.clone()
+        self.lock().links[link.0].dirs[dir.index()]
+            .model
+            .params()
+            .clone()
     }
 
     /// Change one direction of a link while the network runs. A new rate or delay applies to
@@ -530,7 +504,12 @@ impl Network {
         params.validate().map_err(NetError::BadParams)?;
         let mut st = self.lock();
         let now = Instant::now();
-        st.set_params(link, dir, params, now);
+        st.run_due(now);
+        st.links[link.0].dirs[dir.index()]
+            .model
+            .set_params(now.into_std(), params)
+            .map_err(NetError::BadParams)?;
+        st.after_link(link, dir);
         self.inner.shared.after_change(st);
         Ok(())
     }
@@ -555,49 +534,46 @@ impl Network {
 
     /// Counters of one direction of a link.
     pub fn stats(&self, link: LinkId, dir: Direction) -> LinkStats {
-        self.lock().links[link.0].dirs[dir.index()].stats
+        self.lock().links[link.0].dirs[dir.index()].model.stats()
     }
 
     /// The queue discipline's own counters for one direction of a link.
     pub fn queue_stats(&self, link: LinkId, dir: Direction) -> QueueStats {
-        self.lock().links[link.0].dirs[dir.index()].queue.stats()
+        self.lock().links[link.0].dirs[dir.index()]
+            .model
+            .queue_stats()
     }
 
-    /// Packets queued or being transmitted, in flight on the wire, across the network.
+    /// Packets queued, being transmitted or on the wire, across the network.
     pub fn in_flight(&self) -> usize {
         let st = self.lock();
-        st.events.len()
-            + st.links
-                .iter()
-                .flat_map(|l| l.dirs.iter())
-                .map(|d| d.queue.backlog().packets)
-                .sum::<usize>()
+        st.links
+            .iter()
+            .flat_map(|l| l.dirs.iter())
+            .map(|d| d.model.in_flight())
+            .sum::<usize>()
     }
 
     /// Start logging the queueing delay of every packet this link direction dequeues (at most
     /// `limit` samples).
     pub fn log_sojourns(&self, link: LinkId, dir: Direction, limit: usize) {
-        self.lock().links[link.0].dirs[dir.index()].sojourns = Some(SojournLog {
-            limit,
-            ..Default::default()
-        });
+        self.lock().links[link.0].dirs[dir.index()]
+            .model
+            .log_sojourns(limit);
     }
 
     /// Take the queueing delays logged so far (logging continues).
     pub fn take_sojourns(&self, link: LinkId, dir: Direction) -> SojournLog {
         let mut st = self.lock();
-        match st.links[link.0].dirs[dir.index()].sojourns.as_mut() {
-            Some(log) => {
-                let limit = log.limit;
-                std::mem::replace(
-                    log,
-                    SojournLog {
-                        limit,
-                        ..Default::default()
-                    },
-                )
-            }
-            None => SojournLog::default(),
+        let start = st.start.into_std();
+        let log = st.links[link.0].dirs[dir.index()].model.take_sojourns();
+        SojournLog {
+            samples: log
+                .samples
+                .into_iter()
+                .map(|(at, d)| (at.saturating_duration_since(start), d))
+                .collect(),
+            truncated: log.truncated,
         }
     }
 
@@ -609,7 +585,11 @@ impl Network {
     /// Start recording a packet trace of at most `limit` records (older records are kept;
     /// later ones are counted as truncated).
     pub fn enable_trace(&self, limit: usize) {
-        self.lock().trace = Some(Trace::new(limit));
+        let mut st = self.lock();
+        st.trace = Some(Trace::new(limit));
+        for d in st.links.iter_mut().flat_map(|l| l.dirs.iter_mut()) {
+            d.model.observe(true);
+        }
     }
 
     /// Take the trace recorded so far (recording continues into a fresh one).
@@ -666,27 +646,44 @@ impl SimState {
         }
     }
 
-    fn push_event(&mut self, at: Instant, kind: EventKind) {
-        self.seq += 1;
-        self.events.push(Event {
-            at,
-            seq: self.seq,
-            kind,
-        });
+    /// After anything touched a link direction: copy its observed events into the trace and
+    /// make sure the event queue wakes it when it next has work.
+    fn after_link(&mut self, link: LinkId, dir: Direction) {
+        let d = &mut self.links[link.0].dirs[dir.index()];
+        if let Some(trace) = self.trace.as_mut() {
+            let start = self.start.into_std();
+            while let Some(e) = d.model.poll_event() {
+                trace.push(TraceRecord {
+                    at: e.at.saturating_duration_since(start),
+                    link,
+                    dir,
+                    size: e.size,
+                    event: e.event,
+                    queue_packets: e.queue_packets,
+                    queue_bytes: e.queue_bytes,
+                });
+            }
+        }
+        if let Some(t) = d.model.poll_timeout().map(Instant::from_std) {
+            if d.wake_at.is_none_or(|w| t < w) {
+                d.wake_at = Some(t);
+                self.seq += 1;
+                self.events.push(Event {
+                    at: t,
+                    seq: self.seq,
+                    link,
+                    dir,
+                });
+            }
+        }
     }
 
-    fn record(&mut self, at: Instant, link: LinkId, dir: Direction, size: usize, ev: TraceEvent) {
-        if let Some(trace) = self.trace.as_mut() {
-            let backlog = self.links[link.0].dirs[dir.index()].queue.backlog();
-            trace.push(TraceRecord {
-                at: at - self.start,
-                link,
-                dir,
-                size,
-                event: ev,
-                queue_packets: backlog.packets,
-                queue_bytes: backlog.bytes,
-            });
+    /// Process every event due by `now`, in (time, insertion) order, each at its own time: a
+    /// send at `now` then finds every link as it is at `now`.
+    pub(crate) fn run_due(&mut self, now: Instant) {
+        while self.events.peek().is_some_and(|e| e.at <= now) {
+            let ev = self.events.pop().expect("peeked");
+            self.handle(ev);
         }
     }
 
@@ -759,6 +756,7 @@ impl SimState {
         now: Instant,
         raw: bool,
     ) -> std::io::Result<()> {
+        self.run_due(now);
         let slot = self.sockets[socket]
             .as_ref()
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))?;
@@ -832,170 +830,33 @@ impl SimState {
         }
     }
 
-    /// Offer a packet to a link direction's queue at `now`.
+    /// Offer a packet to a link direction at `now`.
     fn transmit(&mut self, link: LinkId, dir: Direction, packet: Packet<Datagram>, now: Instant) {
-        let size = packet.size;
-        let d = &mut self.links[link.0].dirs[dir.index()];
-        d.stats.sent += 1;
-        d.stats.sent_bytes += size as u64;
-        if !d.params.up {
-            d.stats.dropped_down += 1;
-            self.record(now, link, dir, size, TraceEvent::DropDown);
-            return;
-        }
-        let mut drops = std::mem::take(&mut self.drops);
-        let verdict = d.queue.enqueue(now.into_std(), packet, &mut drops);
-        if verdict == Verdict::Marked {
-            d.stats.marked += 1;
-        }
-        let backlog = d.queue.backlog();
-        d.stats.max_queue_packets = d.stats.max_queue_packets.max(backlog.packets);
-        d.stats.max_queue_bytes = d.stats.max_queue_bytes.max(backlog.bytes);
-        let idle = d.tx.is_none();
-        if !matches!(verdict, Verdict::Dropped(_)) {
-            self.record(now, link, dir, size, TraceEvent::Enqueue);
-        }
-        self.count_queue_drops(link, dir, &mut drops, now);
-        self.drops = drops;
-        if idle {
-            self.start_next(link, dir, now);
-        }
+        self.links[link.0].dirs[dir.index()]
+            .model
+            .send(now.into_std(), packet);
+        self.after_link(link, dir);
     }
 
-    fn count_queue_drops(
-        &mut self,
-        link: LinkId,
-        dir: Direction,
-        drops: &mut Vec<Dropped<Datagram>>,
-        now: Instant,
-    ) {
-        for dropped in drops.drain(..) {
-            self.links[link.0].dirs[dir.index()].stats.dropped_queue += 1;
-            let ev = match dropped.reason {
-                DropReason::Overflow => TraceEvent::DropOverflow,
-                DropReason::Aqm => TraceEvent::DropAqm,
-            };
-            self.record(now, link, dir, dropped.packet.size, ev);
-        }
-    }
-
-    /// Put the next queued packet on the transmitter, if any.
-    fn start_next(&mut self, link: LinkId, dir: Direction, now: Instant) {
-        let mut drops = std::mem::take(&mut self.drops);
-        let d = &mut self.links[link.0].dirs[dir.index()];
-        let next = d.queue.dequeue(now.into_std(), &mut drops);
-        if let (Some(p), Some(log)) = (next.as_ref(), d.sojourns.as_mut()) {
-            if log.samples.len() < log.limit {
-                log.samples
-                    .push((now - self.start, p.sojourn(now.into_std())));
-            } else {
-                log.truncated += 1;
-            }
-        }
-        let epoch = d.epoch;
-        let done = next.as_ref().map(|p| now + d.params.serialisation(p.size));
-        d.tx = next;
-        self.count_queue_drops(link, dir, &mut drops, now);
-        self.drops = drops;
-        if let Some(done) = done {
-            self.push_event(done, EventKind::TxDone { link, dir, epoch });
-        }
-    }
-
-    fn set_params(&mut self, link: LinkId, dir: Direction, params: LinkParams, now: Instant) {
-        let d = &mut self.links[link.0].dirs[dir.index()];
-        let going_down = d.params.up && !params.up;
-        let new_queue = d.params.queue != params.queue;
-        d.params = params;
-        if going_down {
-            d.epoch += 1;
-            let mut lost = d.tx.take().into_iter().count() as u64;
-            let mut drops = std::mem::take(&mut self.drops);
-            let d = &mut self.links[link.0].dirs[dir.index()];
-            while d.queue.dequeue(now.into_std(), &mut drops).is_some() {
-                lost += 1;
-            }
-            d.stats.dropped_down += lost;
-            self.count_queue_drops(link, dir, &mut drops, now);
-            self.drops = drops;
-        } else if new_queue {
-            let ctx = queue_context(self.seed, link, dir, &d.params);
-            let mut old = std::mem::replace(&mut d.queue, d.params.queue.build(ctx));
-            let mut drops = std::mem::take(&mut self.drops);
-            while let Some(mut p) = old.dequeue(now.into_std(), &mut drops) {
-                p.enqueued_at = None;
-                let d = &mut self.links[link.0].dirs[dir.index()];
-                d.queue.enqueue(now.into_std(), p, &mut drops);
-            }
-            self.count_queue_drops(link, dir, &mut drops, now);
-            self.drops = drops;
-        }
-    }
-
-    /// Process one event at its scheduled time.
+    /// Wake one link direction at its scheduled time: finish its transmissions and hand what
+    /// reached the far end to that host.
     fn handle(&mut self, ev: Event) {
         let now = ev.at;
-        match ev.kind {
-            EventKind::TxDone { link, dir, epoch } => {
-                let d = &mut self.links[link.0].dirs[dir.index()];
-                if epoch != d.epoch {
-                    return; // The link went down while this packet was on the transmitter.
-                }
-                let Some(packet) = d.tx.take() else { return };
-                let size = packet.size;
-                if d.loss.lose(&d.params.loss, &mut self.rng) {
-                    d.stats.dropped_loss += 1;
-                    d.stats.dropped_loss_bytes += size as u64;
-                    self.record(now, link, dir, size, TraceEvent::DropLoss);
-                } else {
-                    let d = &mut self.links[link.0].dirs[dir.index()];
-                    let mut arrive = now + d.params.delay;
-                    let j = d.params.jitter.as_nanos() as i64;
-                    if j > 0 {
-                        let offset = self.rng.random_range(-j..=j);
-                        let shift = Duration::from_nanos(offset.unsigned_abs());
-                        arrive = if offset >= 0 {
-                            arrive + shift
-                        } else {
-                            arrive.checked_sub(shift).unwrap_or(now).max(now)
-                        };
-                    }
-                    // Jitter never reorders: a packet leaves the wire no earlier than the last.
-                    arrive = arrive.max(d.last_arrival);
-                    d.last_arrival = arrive;
-                    let epoch = d.epoch;
-                    self.push_event(
-                        arrive,
-                        EventKind::Arrive {
-                            link,
-                            dir,
-                            epoch,
-                            packet,
-                        },
-                    );
-                }
-                self.start_next(link, dir, now);
-            }
-            EventKind::Arrive {
-                link,
-                dir,
-                epoch,
-                packet,
-            } => {
-                let size = packet.size;
-                let d = &mut self.links[link.0].dirs[dir.index()];
-                if epoch != d.epoch {
-                    d.stats.dropped_down += 1;
-                    self.record(now, link, dir, size, TraceEvent::DropDown);
-                    return;
-                }
-                d.stats.delivered += 1;
-                d.stats.delivered_bytes += size as u64;
-                self.record(now, link, dir, size, TraceEvent::Deliver);
-                let far = self.links[link.0].ends[1 - dir.index()];
-                let host = self.interfaces[far.0].host;
-                self.arrive_at_host(host, packet, now);
-            }
+        let (link, dir) = (ev.link, ev.dir);
+        let d = &mut self.links[link.0].dirs[dir.index()];
+        if d.wake_at == Some(now) {
+            d.wake_at = None;
+        }
+        d.model.handle_timeout(now.into_std(), &mut self.rng);
+        let mut arrived = Vec::new();
+        while let Some((_, packet)) = d.model.poll_deliver(now.into_std()) {
+            arrived.push(packet);
+        }
+        self.after_link(link, dir);
+        let far = self.links[link.0].ends[1 - dir.index()];
+        let host = self.interfaces[far.0].host;
+        for packet in arrived {
+            self.arrive_at_host(host, packet, now);
         }
     }
 
@@ -1055,10 +916,7 @@ async fn drive(shared: Arc<Shared>) {
         let next = {
             let mut st = shared.lock();
             let now = Instant::now();
-            while st.events.peek().is_some_and(|e| e.at <= now) {
-                let ev = st.events.pop().expect("peeked");
-                st.handle(ev);
-            }
+            st.run_due(now);
             let next = st.events.peek().map(|e| e.at);
             st.driver_wake_at = next;
             let wakers = std::mem::take(&mut st.wake);

@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use qgate_aqm::DisciplineSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::{delay_from_ms, Direction, HostId, LinkId, LinkParams, LossModel, NetError, Network};
+pub use qgate_link::{LinkChange, QueueSpec};
+
+use crate::{Direction, HostId, LinkId, LinkParams, NetError, Network};
 
 /// A network: hosts, and point-to-point links between them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -62,92 +63,6 @@ pub struct HostSpec {
     /// Whether it forwards packets between its interfaces (a router).
     #[serde(default)]
     pub forwarding: bool,
-}
-
-/// A queue discipline written as a spec string (`"pie:limit=500"`) or a table
-/// (`{ kind = "pie", limit = 500 }`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum QueueSpec {
-    /// `kind` or `kind:key=value,…`.
-    Text(String),
-    /// The tagged table form.
-    Table(DisciplineSpec),
-}
-
-impl QueueSpec {
-    /// The discipline it names.
-    pub fn discipline(&self) -> Result<DisciplineSpec, String> {
-        match self {
-            QueueSpec::Text(s) => s.parse().map_err(|e: qgate_aqm::SpecError| e.to_string()),
-            QueueSpec::Table(d) => Ok(d.clone()),
-        }
-    }
-}
-
-/// A change to one or both directions of a link; every field is optional.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LinkChange {
-    /// Rate, Mbit/s (0 = unlimited).
-    pub rate_mbps: Option<f64>,
-    /// One-way propagation delay, ms.
-    pub delay_ms: Option<f64>,
-    /// Uniform jitter on the delay, ms (never reorders).
-    pub jitter_ms: Option<f64>,
-    /// Random loss on the wire.
-    pub loss: Option<LossModel>,
-    /// The queue in front of the transmitter.
-    pub queue: Option<QueueSpec>,
-    /// Whether the link carries traffic.
-    pub up: Option<bool>,
-}
-
-impl LinkChange {
-    /// Apply to `p`; the message names the bad field.
-    pub fn apply(&self, p: &mut LinkParams) -> Result<(), String> {
-        if let Some(r) = self.rate_mbps {
-            if !(r.is_finite() && r >= 0.0) {
-                return Err(format!("rate_mbps = {r}: must be a non-negative number"));
-            }
-            let bps = (r * 1e6).round();
-            if r > 0.0 && bps < 1.0 {
-                return Err(format!(
-                    "rate_mbps = {r}: below 1 bit/s (0 means unlimited)"
-                ));
-            }
-            p.rate_bps = (bps >= 1.0).then_some(bps as u64);
-        }
-        if let Some(d) = self.delay_ms {
-            p.delay = delay_from_ms(d).map_err(|e| format!("delay_ms: {e}"))?;
-        }
-        if let Some(j) = self.jitter_ms {
-            p.jitter = delay_from_ms(j).map_err(|e| format!("jitter_ms: {e}"))?;
-        }
-        if let Some(l) = self.loss {
-            l.validate().map_err(|e| format!("loss: {e}"))?;
-            p.loss = l;
-        }
-        if let Some(q) = &self.queue {
-            p.queue = q.discipline().map_err(|e| format!("queue: {e}"))?;
-        }
-        if let Some(u) = self.up {
-            p.up = u;
-        }
-        p.validate()
-    }
-
-    /// `other`'s fields where it has them, else this one's.
-    pub fn then(&self, other: &LinkChange) -> LinkChange {
-        LinkChange {
-            rate_mbps: other.rate_mbps.or(self.rate_mbps),
-            delay_ms: other.delay_ms.or(self.delay_ms),
-            jitter_ms: other.jitter_ms.or(self.jitter_ms),
-            loss: other.loss.or(self.loss),
-            queue: other.queue.clone().or_else(|| self.queue.clone()),
-            up: other.up.or(self.up),
-        }
-    }
 }
 
 /// A point-to-point link between two hosts.
@@ -482,6 +397,8 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LossModel;
+    use qgate_aqm::DisciplineSpec;
     use std::time::Duration;
 
     fn rt() -> tokio::runtime::Runtime {

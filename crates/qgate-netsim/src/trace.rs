@@ -4,25 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::{Direction, LinkId};
-
-/// What happened to a packet at a link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TraceEvent {
-    /// Entered the link's queue.
-    Enqueue,
-    /// Reached the far end of the link.
-    Deliver,
-    /// Dropped by the queue at its limit.
-    DropOverflow,
-    /// Dropped by the queue's AQM.
-    DropAqm,
-    /// Lost on the wire by the loss model.
-    DropLoss,
-    /// Lost because the link was down.
-    DropDown,
-}
+use crate::{Direction, LinkId, TraceEvent};
 
 /// One trace record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -78,14 +60,7 @@ impl Trace {
     pub fn write_csv(&self, mut w: impl std::io::Write) -> std::io::Result<()> {
         writeln!(w, "at_ns,link,dir,size,event,queue_packets,queue_bytes")?;
         for r in &self.records {
-            let ev = match r.event {
-                TraceEvent::Enqueue => "enqueue",
-                TraceEvent::Deliver => "deliver",
-                TraceEvent::DropOverflow => "drop-overflow",
-                TraceEvent::DropAqm => "drop-aqm",
-                TraceEvent::DropLoss => "drop-loss",
-                TraceEvent::DropDown => "drop-down",
-            };
+            let ev = r.event.as_str();
             let dir = match r.dir {
                 Direction::AtoB => "a-b",
                 Direction::BtoA => "b-a",

@@ -27,6 +27,8 @@ pub struct Config {
     pub gateway: crate::gatewaycmd::GatewaySection,
     /// `[broker]` and `[[broker.queues]]` (AMQP).
     pub broker: crate::amqpcmd::BrokerSection,
+    /// `[linkem]`, `[[linkem.path]]`, `[[linkem.timeline]]`: real-time link emulation.
+    pub linkem: qgate_linkem::LinkemConfig,
 }
 
 /// Whether and how new connections start from the congestion window of earlier ones.

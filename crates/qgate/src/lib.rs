@@ -9,6 +9,7 @@ mod gatewaycmd;
 mod history;
 mod lab;
 mod labcmd;
+mod linkemcmd;
 mod server;
 pub mod url;
 
@@ -39,7 +40,7 @@ struct Cli {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// TOML configuration file (tables [server], [client], [transport], [demo], [history],
-    /// [gateway], [broker]; e.g. docs/examples/gateway.toml); flags override it.
+    /// [gateway], [broker], [linkem]; e.g. docs/examples/gateway.toml); flags override it.
     #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -77,6 +78,9 @@ enum Command {
     Send(amqpcmd::SendArgs),
     /// Receive messages from an AMQP queue and report the same.
     Recv(amqpcmd::RecvArgs),
+    /// Run a program across emulated links in real time (rate, delay, loss, any queue
+    /// discipline), in network namespaces it creates and removes (Linux, root).
+    Linkem(linkemcmd::LinkemArgs),
 }
 
 #[derive(Args, Debug)]
@@ -166,6 +170,7 @@ pub fn run() -> ExitCode {
         Command::Broker(a) => amqpcmd::broker(a, &config),
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),
+        Command::Linkem(a) => linkemcmd::run(a, &config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -99,13 +99,13 @@ impl LossModel {
 
 /// The running state of a loss model (the Gilbert–Elliott chain's current state).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct LossState {
+pub struct LossState {
     bad: bool,
 }
 
 impl LossState {
     /// Decide the fate of one packet; advances the chain.
-    pub(crate) fn lose(&mut self, model: &LossModel, rng: &mut impl Rng) -> bool {
+    pub fn lose(&mut self, model: &LossModel, rng: &mut impl Rng) -> bool {
         match *model {
             LossModel::None => false,
             LossModel::Bernoulli { p } => p > 0.0 && rng.random::<f64>() < p,

@@ -1,4 +1,4 @@
-//! Link parameters and the per-direction state of a point-to-point link.
+//! The parameters and counters of one direction of a link.
 
 use std::time::Duration;
 

@@ -1,0 +1,343 @@
+//! The relay: one thread per path direction moves packets from one namespace's TUN device
+//! through a [`LinkModel`] into the other's, on the real clock.
+//!
+//! The loop is the link model's polling order (see `qgate_link::LinkModel`): finish what is due,
+//! write what has arrived, read what is waiting, then sleep in `ppoll` until the model's next
+//! deadline or a packet or a control message. How late each write is against the model's
+//! schedule is recorded, so a run on a busy machine says whether it can be trusted.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use qgate_aqm::{Packet, QueueStats};
+use qgate_link::{LinkChange, LinkModel, LinkParams, LinkStats};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::config::Way;
+use crate::ip::IpView;
+use crate::tun::Tun;
+
+/// The longest a relay sleeps without a deadline, so a stop is never missed for long.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+/// The real-time priority asked for (SCHED_FIFO), as `chrt -f 50` in the references.
+const RT_PRIORITY: libc::c_int = 50;
+/// Queue-delay samples taken from the model at a time before they go into the histogram.
+const SOJOURN_BATCH: usize = 4096;
+
+/// What the controlling thread tells a relay.
+#[derive(Default)]
+struct Control {
+    changes: Vec<LinkChange>,
+}
+
+/// A handle to a running relay thread.
+pub struct RelayHandle {
+    control: Arc<Mutex<Control>>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+    thread: std::thread::JoinHandle<RelayReport>,
+}
+
+impl RelayHandle {
+    /// Apply a change to this direction's parameters as soon as the relay wakes (at once).
+    pub fn change(&self, change: LinkChange) {
+        self.control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .changes
+            .push(change);
+        self.wake.signal();
+    }
+
+    /// Stop the relay and collect its report.
+    pub fn finish(self) -> RelayReport {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.signal();
+        self.thread.join().expect("relay thread panicked")
+    }
+}
+
+/// What one direction measured.
+pub struct RelayReport {
+    /// Path number, from 1.
+    pub path: usize,
+    /// Which way.
+    pub way: Way,
+    /// The link's counters.
+    pub stats: LinkStats,
+    /// The queue discipline's counters.
+    pub queue: QueueStats,
+    /// Time in queue of each dequeued packet, µs.
+    pub queue_delay_us: Histogram<u64>,
+    /// How late each packet was written against the model's schedule, µs.
+    pub lateness_us: Histogram<u64>,
+    /// Why real-time priority is not in effect, if it is not.
+    pub realtime: Result<(), String>,
+    /// CPU time the thread used.
+    pub cpu: Duration,
+    /// How long the relay ran.
+    pub elapsed: Duration,
+    /// Packets the far namespace refused (write errors).
+    pub write_errors: u64,
+    /// The trace file's write error, if the trace could not be written.
+    pub trace_error: Option<String>,
+}
+
+/// A Linux eventfd: the way to wake a relay sleeping in `ppoll`.
+struct EventFd(libc::c_int);
+
+impl EventFd {
+    fn new() -> std::io::Result<EventFd> {
+        // SAFETY: plain syscall; the fd is owned by the returned value.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(EventFd(fd))
+    }
+
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64.
+        unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
+    }
+
+    fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64.
+        unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl Drop for EventFd {
+    fn drop(&mut self) {
+        // SAFETY: we own the fd.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// Where a relay writes its per-packet trace.
+pub type TraceSink = std::io::BufWriter<std::fs::File>;
+
+/// Everything a relay thread needs.
+pub struct RelaySpec {
+    /// Path number, from 1.
+    pub path: usize,
+    /// Which way.
+    pub way: Way,
+    /// The link's parameters at the start.
+    pub params: LinkParams,
+    /// Seed of the loss and jitter draws (and the queue's).
+    pub seed: u64,
+    /// Read packets here…
+    pub from: Arc<Tun>,
+    /// … and write them here.
+    pub to: Arc<Tun>,
+    /// The run's time zero (trace times count from it).
+    pub epoch: Instant,
+    /// A per-packet trace, when asked for.
+    pub trace: Option<TraceSink>,
+    /// Ask for real-time priority.
+    pub realtime: bool,
+}
+
+/// Start a relay thread.
+pub fn start(spec: RelaySpec) -> Result<RelayHandle, String> {
+    let model = LinkModel::new(spec.params.clone(), spec.seed ^ 0x5eed)?;
+    let control = Arc::new(Mutex::new(Control::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let wake = Arc::new(EventFd::new().map_err(|e| format!("eventfd: {e}"))?);
+    let name = format!("linkem-p{}-{}", spec.path, spec.way.as_str());
+    let thread = {
+        let (control, stop, wake) = (control.clone(), stop.clone(), wake.clone());
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run(spec, model, &control, &stop, &wake))
+            .map_err(|e| format!("cannot start a relay thread: {e}"))?
+    };
+    Ok(RelayHandle {
+        control,
+        stop,
+        wake,
+        thread,
+    })
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+/// SCHED_FIFO for this thread and a 1 ns timer slack, or why not.
+fn go_realtime() -> Result<(), String> {
+    // SAFETY: plain syscalls on the calling thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        let param = libc::sched_param {
+            sched_priority: RT_PRIORITY,
+        };
+        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) != 0 {
+            return Err(format!(
+                "SCHED_FIFO refused: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn run(
+    mut spec: RelaySpec,
+    mut model: LinkModel<Vec<u8>>,
+    control: &Mutex<Control>,
+    stop: &AtomicBool,
+    wake: &EventFd,
+) -> RelayReport {
+    let realtime = if spec.realtime {
+        go_realtime()
+    } else {
+        Err("not asked for (--no-realtime)".into())
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
+    model.log_sojourns(SOJOURN_BATCH);
+    model.observe(spec.trace.is_some());
+    let mut queue_delay = histogram();
+    let mut lateness = histogram();
+    let mut write_errors = 0u64;
+    let mut trace_error = None;
+    let mut buf = vec![0u8; 65_536];
+    let started = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        model.handle_timeout(now, &mut rng);
+        let changes =
+            std::mem::take(&mut control.lock().unwrap_or_else(|e| e.into_inner()).changes);
+        for c in changes {
+            let mut p = model.params().clone();
+            // Changes were validated before the run; a failure here would be a bug.
+            if c.apply(&mut p).is_ok() {
+                let _ = model.set_params(now, p);
+            }
+        }
+        let now = Instant::now();
+        model.handle_timeout(now, &mut rng);
+        while let Some((at, mut packet)) = model.poll_deliver(now) {
+            if packet.ecn == qgate_aqm::Ecn::Ce {
+                IpView::new(&mut packet.payload[..]).set_ce();
+            }
+            if spec.to.write(&packet.payload).is_err() {
+                write_errors += 1;
+            }
+            let late = Instant::now().saturating_duration_since(at);
+            let _ = lateness.record((late.as_micros() as u64).max(1));
+        }
+        loop {
+            match spec.from.read(&mut buf) {
+                Ok(Some(n)) => {
+                    let t = Instant::now();
+                    model.handle_timeout(t, &mut rng);
+                    let data = buf[..n].to_vec();
+                    let view = IpView::new(&data[..]);
+                    let mut p = Packet::new(n, view.flow(), Vec::new());
+                    p.ecn = view.ecn();
+                    p.payload = data;
+                    model.send(t, p);
+                }
+                Ok(None) => break,
+                Err(_) => break,
+            }
+        }
+        let log = model.take_sojourns();
+        for (_, d) in log.samples {
+            let _ = queue_delay.record((d.as_micros() as u64).max(1));
+        }
+        if let Some(trace) = spec.trace.as_mut() {
+            while let Some(e) = model.poll_event() {
+                if trace_error.is_none() {
+                    if let Err(err) = write_trace(trace, spec.epoch, &e) {
+                        trace_error = Some(err.to_string());
+                    }
+                }
+            }
+        }
+        let wait = match model.poll_timeout() {
+            Some(t) => t.saturating_duration_since(Instant::now()).min(IDLE_WAIT),
+            None => IDLE_WAIT,
+        };
+        if wait.is_zero() {
+            continue;
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: spec.from.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.0,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ts = libc::timespec {
+            tv_sec: wait.as_secs() as libc::time_t,
+            tv_nsec: wait.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: fds and ts are valid for the call.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+        if fds[1].revents != 0 {
+            wake.clear();
+        }
+    }
+    if let Some(mut t) = spec.trace.take() {
+        use std::io::Write;
+        if let Err(e) = t.flush() {
+            trace_error.get_or_insert(e.to_string());
+        }
+    }
+    RelayReport {
+        path: spec.path,
+        way: spec.way,
+        stats: model.stats(),
+        queue: model.queue_stats(),
+        queue_delay_us: queue_delay,
+        lateness_us: lateness,
+        realtime,
+        cpu: thread_cpu(),
+        elapsed: started.elapsed(),
+        write_errors,
+        trace_error,
+    }
+}
+
+/// The header of a per-direction trace file.
+pub const TRACE_HEADER: &str = "at_ns,size,event,queue_packets,queue_bytes";
+
+fn write_trace(
+    w: &mut TraceSink,
+    epoch: Instant,
+    e: &qgate_link::LinkEvent,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    writeln!(
+        w,
+        "{},{},{},{},{}",
+        e.at.saturating_duration_since(epoch).as_nanos(),
+        e.size,
+        e.event.as_str(),
+        e.queue_packets,
+        e.queue_bytes
+    )
+}

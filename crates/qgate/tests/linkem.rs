@@ -1,0 +1,411 @@
+//! `qgate linkem` as a user runs it (as root, as CI does): accuracy of delay, rate, loss and
+//! queueing against the simulator, multi-path routing, timelines, teardown, clear errors.
+//!
+//! Traffic comes from `tests/linkem/tools.py` (UDP echo/ping, a TCP source and receiver, UDP
+//! constant bit rate). Runs are serialised: their timing is what is tested, on 2 cores.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn tools() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/linkem/tools.py")
+}
+
+fn root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+        && Path::new("/dev/net/tun").exists()
+}
+
+/// Skip (with a note) where linkem cannot run; CI runs as root, so there it always runs.
+macro_rules! needs_root {
+    () => {
+        if !root() {
+            eprintln!("skipped: qgate linkem needs root and /dev/net/tun");
+            return;
+        }
+    };
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qgate-linkem-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn linkem(args: &[&str], command: &str) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_qgate"))
+        .arg("linkem")
+        .args(args)
+        .args(["--", "sh", "-c", command])
+        .env_remove("QGATE_CONFIG")
+        .current_dir(tools().parent().unwrap())
+        .output()
+        .unwrap();
+    eprintln!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// A number from the tool's one-line JSON output.
+fn field(out: &Output, key: &str) -> f64 {
+    let s = String::from_utf8_lossy(&out.stdout);
+    let at = s
+        .find(&format!("\"{key}\": "))
+        .unwrap_or_else(|| panic!("no {key} in {s}"));
+    let rest = &s[at + key.len() + 4..];
+    let end = rest.find([',', '}', ']']).unwrap();
+    rest[..end].trim().parse().unwrap()
+}
+
+/// A row of a CSV file as (header → value).
+fn csv_rows(path: &Path) -> Vec<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .cloned()
+                .zip(l.split(',').map(String::from))
+                .collect()
+        })
+        .collect()
+}
+
+fn num(row: &std::collections::HashMap<String, String>, key: &str) -> f64 {
+    row[key].parse().unwrap()
+}
+
+fn our_namespaces_left() -> Vec<String> {
+    std::fs::read_dir("/var/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("qgate-le-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_25ms_each_way_link_gives_a_50ms_round_trip() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let o = linkem(
+        &[
+            "--link",
+            "rate=100mbit,delay=25ms",
+            "--outside",
+            "python3 tools.py echo 7000",
+        ],
+        "python3 tools.py ping $QGATE_LINKEM_PEER 7000 100 20",
+    );
+    assert!(o.status.success());
+    assert_eq!(field(&o, "received"), 100.0);
+    let median = field(&o, "median_ms");
+    assert!((median - 50.0).abs() <= 1.0, "median RTT {median} ms");
+}
+
+#[test]
+fn kernel_tcp_fills_95_percent_of_a_10mbit_link() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let o = linkem(
+        &[
+            "--link",
+            "rate=10mbit,delay=10ms,queue=droptail:packets=64",
+            "--outside",
+            "python3 tools.py source 5001",
+        ],
+        "python3 tools.py recv $QGATE_LINKEM_PEER 5001 8 2",
+    );
+    assert!(o.status.success());
+    let goodput = field(&o, "goodput_mbps");
+    assert!(goodput >= 9.5, "TCP goodput {goodput} Mbit/s");
+    assert!(goodput <= 10.0, "faster than the link: {goodput} Mbit/s");
+}
+
+#[test]
+fn loss_is_within_statistical_bounds_and_counted() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = tmp("loss");
+    let p = 0.05;
+    let o = linkem(
+        &[
+            "--link",
+            "rate=100mbit,delay=1ms,loss=5%",
+            "--seed",
+            "7",
+            "--out",
+            out.to_str().unwrap(),
+            "--outside",
+            "python3 tools.py echo 7000",
+        ],
+        "python3 tools.py ping $QGATE_LINKEM_PEER 7000 4000 1",
+    );
+    assert!(o.status.success());
+    let rows = csv_rows(&out.join("counters.csv"));
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        let (sent, lost) = (num(row, "sent"), num(row, "dropped_loss"));
+        assert!(sent >= 3500.0, "{row:?}");
+        let se = (p * (1.0 - p) / sent).sqrt();
+        let rate = lost / sent;
+        assert!((rate - p).abs() < 4.0 * se, "loss {rate} vs {p} ± {se}");
+    }
+    // Round trips survive both directions: (1 − p)².
+    let survived = field(&o, "received") / 4000.0;
+    let q = (1.0 - p) * (1.0 - p);
+    let se = (q * (1.0 - q) / 4000.0).sqrt();
+    assert!(
+        (survived - q).abs() < 4.0 * se,
+        "survived {survived} vs {q}"
+    );
+}
+
+#[test]
+fn each_path_has_its_own_addresses_delay_and_timeline() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Path 1: 5 ms each way, 40 ms from 1.5 s on. Path 2: 30 ms each way. A probe sent from
+    // path 2's address to path 1's far address still crosses path 2 (policy routing).
+    let o = linkem(
+        &[
+            "--link",
+            "rate=20mbit,delay=5ms",
+            "--link",
+            "rate=5mbit,delay=30ms",
+            "--at",
+            "at 1.5s path 1 delay=40ms",
+            "--outside",
+            "python3 tools.py echo 7000",
+        ],
+        "python3 tools.py ping $QGATE_LINKEM_PEER 7000 10 50 && \
+         python3 tools.py ping $QGATE_LINKEM_PEER_2 7000 10 50 && \
+         python3 tools.py ping $QGATE_LINKEM_PEER 7000 10 50 $QGATE_LINKEM_ADDR_2 && \
+         sleep 1 && python3 tools.py ping $QGATE_LINKEM_PEER 7000 10 50",
+    );
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    let medians: Vec<f64> = s
+        .lines()
+        .map(|l| {
+            let at = l.find("\"median_ms\": ").unwrap() + 13;
+            l[at..]
+                .split([',', '}'])
+                .next()
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let expect = [10.0, 60.0, 60.0, 80.0];
+    for (got, want) in medians.iter().zip(expect) {
+        assert!(
+            (got - want).abs() < 2.0,
+            "RTTs {medians:?}, expected {expect:?}"
+        );
+    }
+}
+
+#[test]
+fn namespaces_go_away_on_exit_failure_and_sigterm() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let o = linkem(&["--link", "rate=1mbit", "-q"], "exit 3");
+    assert_eq!(o.status.code(), Some(3), "COMMAND's status is linkem's");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qgate"))
+        .args(["linkem", "--link", "rate=1mbit", "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    while !our_namespaces_left()
+        .iter()
+        .any(|n| n.starts_with(&format!("qgate-le-{pid}-")))
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "never set up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc_kill(pid as i32, 15) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(start.elapsed() < Duration::from_secs(15));
+    let left: Vec<String> = our_namespaces_left()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("qgate-le-{pid}-")))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (args, says) in [
+        (vec!["--link", "rate=10mbit", "--"], "no COMMAND"),
+        (vec!["--link", "delay=5ms", "--", "true"], "needs a rate"),
+        (vec!["--link", "rate=10mbps", "--", "true"], "ambiguous"),
+        (
+            vec!["--link", "rate=1mbit,colour=red", "--", "true"],
+            "colour",
+        ),
+        (vec!["--", "true"], "no path"),
+        (
+            vec![
+                "--link",
+                "rate=1mbit",
+                "--at",
+                "at 1s path 2 down",
+                "--",
+                "true",
+            ],
+            "no path 2",
+        ),
+        (
+            vec!["--link", "rate=1mbit", "--trace", "--", "true"],
+            "--out",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_qgate"))
+            .arg("linkem")
+            .args(&args)
+            .env_remove("QGATE_CONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: expected '{says}' in {err}");
+    }
+    if root() && Path::new("/usr/bin/setpriv").exists() {
+        let o = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_qgate"))
+            .args(["linkem", "--link", "rate=1mbit", "--", "true"])
+            .env_remove("QGATE_CONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("needs root"), "{err}");
+    }
+}
+
+/// Median queueing delay of the same constant-bit-rate overload (1200-byte UDP payloads at
+/// 12 Mbit/s into 10 Mbit/s, sent in 2 ms steps for `secs`) on the simulator with `seed`, µs.
+fn netsim_median_queue_delay_us(queue: &str, secs: u64, seed: u64) -> f64 {
+    use qgate_netsim::{Direction, LinkParams, Network};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let net = Network::new(seed);
+        let (a, b) = (net.add_host("a"), net.add_host("b"));
+        let ia = net.add_interface(a, "10.0.0.1".parse().unwrap()).unwrap();
+        let ib = net.add_interface(b, "10.0.0.2".parse().unwrap()).unwrap();
+        let params = LinkParams::new(10_000_000, Duration::from_millis(10))
+            .with_queue(queue.parse().unwrap());
+        let link = net.connect_symmetric(ia, ib, params).unwrap();
+        net.log_sojourns(link, Direction::AtoB, 1_000_000);
+        let _sink = net.bind_with_buffer(b, "10.0.0.2:9000".parse().unwrap(), 1 << 20);
+        let tx = net.bind(a, "10.0.0.1:0".parse().unwrap()).unwrap();
+        let dst = "10.0.0.2:9000".parse().unwrap();
+        let rate = 12e6 / (1200.0 * 8.0);
+        let start = tokio::time::Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < Duration::from_secs(secs) {
+            let due = (start.elapsed().as_secs_f64() * rate) as u64;
+            while n < due {
+                tx.send_to(&[0u8; 1200], dst).unwrap();
+                n += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut d: Vec<u128> = net
+            .take_sojourns(link, Direction::AtoB)
+            .samples
+            .iter()
+            .map(|(_, s)| s.as_micros())
+            .collect();
+        d.sort_unstable();
+        d[d.len() / 2] as f64
+    })
+}
+
+#[test]
+fn each_discipline_queues_as_on_the_simulator() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let secs = 5;
+    let mut report = Vec::new();
+    for queue in [
+        "droptail:packets=100",
+        "red",
+        "pie",
+        "codel",
+        "fq-codel",
+        "pid-delay",
+    ] {
+        let out = tmp(&queue.replace([':', '='], "-"));
+        let link = format!("rate=10mbit,delay=10ms,queue={queue}");
+        let o = linkem(
+            &[
+                "--link",
+                &link,
+                "--out",
+                out.to_str().unwrap(),
+                "--outside",
+                "python3 tools.py drain 9000",
+            ],
+            &format!("python3 tools.py cbr $QGATE_LINKEM_PEER 9000 12 {secs}"),
+        );
+        assert!(o.status.success());
+        let real = csv_rows(&out.join("queue_delay.csv"))
+            .into_iter()
+            .find(|r| r["way"] == "uplink" && r["percentile"] == "50")
+            .map(|r| num(&r, "queue_delay_us"))
+            .unwrap();
+        // One real run against the simulator's spread over seeds: PID-Delay's median is
+        // bimodal across seeds on the simulator itself (~5 ms or ~50 ms), so one simulated
+        // run is not "the" answer.
+        let sims: Vec<f64> = (1..=6)
+            .map(|seed| netsim_median_queue_delay_us(queue, secs, seed))
+            .collect();
+        report.push((queue, real, sims));
+    }
+    eprintln!("median queue delay, µs (linkem, netsim seeds 1-6): {report:?}");
+    for (queue, real, sims) in &report {
+        // Stated tolerance: inside the simulator's range over 6 seeds, widened by 25 % and
+        // 2 ms on each side.
+        let lo = sims.iter().cloned().fold(f64::MAX, f64::min) * 0.75 - 2000.0;
+        let hi = sims.iter().cloned().fold(0.0, f64::max) * 1.25 + 2000.0;
+        assert!(
+            (lo..=hi).contains(real),
+            "{queue}: linkem {real} µs vs netsim {sims:?} (accepted {lo}..{hi})"
+        );
+    }
+}
