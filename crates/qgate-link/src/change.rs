@@ -95,6 +95,65 @@ impl LinkChange {
     }
 }
 
+/// A link change as the compact text (`"rate=20mbit,delay=5ms"`) or as a table of
+/// [`LinkChange`] fields (`{ rate_mbps = 20, delay_ms = 5 }`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ChangeSpec {
+    /// The compact text form.
+    Text(String),
+    /// The table form.
+    Table(Box<LinkChange>),
+}
+
+/// By hand rather than `untagged`, so a bad key in the table form is named in the error
+/// instead of "did not match any variant".
+impl<'de> Deserialize<'de> for ChangeSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ChangeSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a link as text (\"rate=20mbit,delay=5ms\") or a table")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ChangeSpec, E> {
+                Ok(ChangeSpec::Text(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<ChangeSpec, A::Error> {
+                LinkChange::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|c| ChangeSpec::Table(Box::new(c)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl ChangeSpec {
+    /// The change it describes; the message names the problem.
+    pub fn change(&self) -> Result<LinkChange, String> {
+        match self {
+            ChangeSpec::Text(s) => s.parse(),
+            ChangeSpec::Table(c) => {
+                c.apply(&mut LinkParams::default())?;
+                Ok((**c).clone())
+            }
+        }
+    }
+}
+
+impl ChangeSpec {
+    /// The parameters it gives a default link (the form of a complete description, such as
+    /// a shaper's `rate` and `queue`).
+    pub fn params(&self) -> Result<LinkParams, String> {
+        let mut p = LinkParams::default();
+        self.change()?.apply(&mut p)?;
+        Ok(p)
+    }
+}
+
 /// The keys of the compact form; any other `key=value` after `queue=` belongs to the queue.
 const KEYS: &[&str] = &[
     "rate", "delay", "jitter", "loss", "burst", "queue", "up", "down",

@@ -13,7 +13,7 @@ mod loss;
 mod model;
 mod params;
 
-pub use change::{parse_ms, parse_rate_mbps, LinkChange, QueueSpec};
+pub use change::{parse_ms, parse_rate_mbps, ChangeSpec, LinkChange, QueueSpec};
 pub use loss::{LossModel, LossState};
 pub use model::{LinkEvent, LinkModel, SojournLog, TraceEvent};
 pub use params::{delay_from_ms, LinkParams, LinkStats, MAX_DELAY_MS};

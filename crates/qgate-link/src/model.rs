@@ -94,6 +94,8 @@ pub struct LinkModel<P> {
     wire: VecDeque<(Instant, Packet<P>)>,
     loss: LossState,
     stats: LinkStats,
+    /// CE marks made by queues this link has replaced (the current queue counts its own).
+    marked_before: u64,
     sojourns: Option<SojournLog>,
     /// Events not yet taken by [`LinkModel::poll_event`], when observing.
     events: Option<VecDeque<LinkEvent>>,
@@ -126,6 +128,7 @@ impl<P: Send + 'static> LinkModel<P> {
             wire: VecDeque::new(),
             loss: LossState::default(),
             stats: LinkStats::default(),
+            marked_before: 0,
             sojourns: None,
             events: None,
             drops: Vec::new(),
@@ -157,6 +160,7 @@ impl<P: Send + 'static> LinkModel<P> {
                 link_rate_bps: self.params.rate_bps,
             };
             let mut old = std::mem::replace(&mut self.queue, self.params.queue.build(ctx));
+            self.marked_before += old.stats().marked;
             while let Some(mut p) = old.dequeue(now, &mut self.drops) {
                 p.enqueued_at = None;
                 self.queue.enqueue(now, p, &mut self.drops);
@@ -176,9 +180,6 @@ impl<P: Send + 'static> LinkModel<P> {
             return;
         }
         let verdict = self.queue.enqueue(now, packet, &mut self.drops);
-        if verdict == Verdict::Marked {
-            self.stats.marked += 1;
-        }
         let backlog = self.queue.backlog();
         self.stats.max_queue_packets = self.stats.max_queue_packets.max(backlog.packets);
         self.stats.max_queue_bytes = self.stats.max_queue_bytes.max(backlog.bytes);
@@ -194,6 +195,24 @@ impl<P: Send + 'static> LinkModel<P> {
     /// When the link next needs [`LinkModel::handle_timeout`] or has a packet to deliver.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let tx = self.tx.as_ref().map(|(_, done)| *done);
+        let wire = self.wire.front().map(|(at, _)| *at);
+        match (tx, wire) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The earliest a packet can reach the far end: a lower bound on the next delivery. A
+    /// caller that only delivers (the real-time relay) may sleep until this instead of
+    /// [`LinkModel::poll_timeout`]: transmissions finished late are finished at their scheduled
+    /// instants all the same, so the schedule is identical with one wake-up per delivery
+    /// instead of two per packet.
+    pub fn poll_delivery_timeout(&self) -> Option<Instant> {
+        let tx = self.tx.as_ref().map(|(_, done)| {
+            (*done + self.params.delay)
+                .checked_sub(self.params.jitter)
+                .map_or(*done, |t| t.max(*done))
+        });
         let wire = self.wire.front().map(|(at, _)| *at);
         match (tx, wire) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -256,7 +275,12 @@ impl<P: Send + 'static> LinkModel<P> {
 
     /// The link's counters.
     pub fn stats(&self) -> LinkStats {
-        self.stats
+        LinkStats {
+            // Marks happen at enqueue (RED, PIE) or dequeue (CoDel, FQ-CoDel): the queue counts
+            // both.
+            marked: self.marked_before + self.queue.stats().marked,
+            ..self.stats
+        }
     }
 
     /// The queue discipline's own counters.

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use qgate_link::{parse_ms, LinkChange, LinkParams};
+pub use qgate_link::ChangeSpec;
+use qgate_link::{parse_ms, LinkParams};
 use serde::{Deserialize, Serialize};
 
 /// The most paths one run emulates (addresses are 10.77.N.1/2, one TUN pair per path).
@@ -35,30 +36,6 @@ impl Way {
         match self {
             Way::Uplink => "uplink",
             Way::Downlink => "downlink",
-        }
-    }
-}
-
-/// A link change as the compact text (`"rate=20mbit,delay=5ms"`) or as a table of
-/// [`LinkChange`] fields (`{ rate_mbps = 20, delay_ms = 5 }`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum ChangeSpec {
-    /// The compact text form.
-    Text(String),
-    /// The table form.
-    Table(Box<LinkChange>),
-}
-
-impl ChangeSpec {
-    /// The change it describes; the message names the problem.
-    pub fn change(&self) -> Result<LinkChange, String> {
-        match self {
-            ChangeSpec::Text(s) => s.parse(),
-            ChangeSpec::Table(c) => {
-                c.apply(&mut LinkParams::default())?;
-                Ok((**c).clone())
-            }
         }
     }
 }

@@ -2,9 +2,10 @@
 //! through a [`LinkModel`] into the other's, on the real clock.
 //!
 //! The loop is the link model's polling order (see `qgate_link::LinkModel`): finish what is due,
-//! write what has arrived, read what is waiting, then sleep in `ppoll` until the model's next
-//! deadline or a packet or a control message. How late each write is against the model's
-//! schedule is recorded, so a run on a busy machine says whether it can be trusted.
+//! write what has arrived, read what is waiting, then sleep in `ppoll` until the next possible
+//! delivery (`poll_delivery_timeout`), a packet or a control message. How late each write is
+//! against the model's schedule is recorded, so a run on a busy machine says whether it can be
+//! trusted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -272,7 +273,7 @@ fn run(
                 }
             }
         }
-        let wait = match model.poll_timeout() {
+        let wait = match model.poll_delivery_timeout() {
             Some(t) => t.saturating_duration_since(Instant::now()).min(IDLE_WAIT),
             None => IDLE_WAIT,
         };

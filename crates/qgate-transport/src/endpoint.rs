@@ -35,6 +35,9 @@ pub enum TransportError {
         /// Why.
         source: quinn::ConnectError,
     },
+    /// Egress shaping parameters that cannot be used.
+    #[error("shaping: {0}")]
+    Shape(String),
     /// The connection failed or was closed.
     #[error("connection to {addr} failed: {source}")]
     Connection {
@@ -144,6 +147,32 @@ impl Socket {
                 addr: addr.to_string(),
                 source,
             })
+    }
+}
+
+impl Socket {
+    /// This socket with its sending shaped to `params` (a rate and a queue discipline,
+    /// [`crate::shaped`]); `seed` seeds the queue's random choices. Must be called inside a
+    /// tokio runtime. The handle reads the shaper's counters.
+    pub fn shaped(
+        self,
+        params: qgate_link::LinkParams,
+        seed: u64,
+    ) -> Result<(Socket, crate::shaped::ShapeHandle), TransportError> {
+        let inner: Arc<dyn AsyncUdpSocket> = match self {
+            Socket::Udp(s) => {
+                let addr = s
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| "?".into());
+                quinn::Runtime::wrap_udp_socket(&TokioRuntime, s)
+                    .map_err(|source| TransportError::Io { addr, source })?
+            }
+            Socket::Abstract(s) => s,
+        };
+        let (shaped, handle) =
+            crate::shaped::ShapedSocket::new(inner, params, seed).map_err(TransportError::Shape)?;
+        Ok((Socket::Abstract(shaped), handle))
     }
 }
 

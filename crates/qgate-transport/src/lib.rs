@@ -6,6 +6,7 @@ mod endpoint;
 pub mod history;
 pub mod http3;
 mod options;
+pub mod shaped;
 pub mod shared_driver;
 pub mod tls;
 

@@ -209,6 +209,10 @@ ttl = "30s"
         assert_eq!(g.scheduler.as_deref(), Some("adaptive"));
         assert_eq!(g.paths.len(), 3);
         assert_eq!(g.paths[2].server, Some("10.0.3.2:4433".parse().unwrap()));
+        let shape = g.paths[0].shape.as_ref().unwrap().params().unwrap();
+        assert_eq!(shape.rate_bps, Some(19_000_000));
+        qgate_transport::shaped::validate_shape(&shape).unwrap();
+        assert!(g.paths[1].shape.is_none());
         assert_eq!(cfg.history.mode, Some(HistoryMode::Ewma));
         assert_eq!(cfg.transport.idle_timeout_ms, 30_000);
         // The example documents the gateway crate's defaults: it must not drift from them.

@@ -48,6 +48,11 @@ pub struct PathSection {
     /// The server's address on this path [default: gateway.server].
     #[serde(default)]
     pub server: Option<SocketAddr>,
+    /// Shape this path's egress to a rate through a queue discipline, so the standing queue
+    /// forms here under an AQM instead of in a bloated modem:
+    /// `shape = "rate=19mbit,queue=pid-delay"` or `{ rate_mbps = 19, queue = "fq-codel" }`.
+    #[serde(default)]
+    pub shape: Option<qgate_link::ChangeSpec>,
 }
 
 /// Where `qgate gateway` listens for devices unless told.
@@ -135,8 +140,21 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid"));
     let default_server = a.server.or(g.server);
     let mut paths: Vec<(SocketAddr, SocketAddr)> = Vec::new();
+    // Egress shaping per path (config only), checked before anything binds.
+    let mut shapes: Vec<Option<qgate_link::LinkParams>> = Vec::new();
     if a.paths.is_empty() {
         for p in &g.paths {
+            let shape = match &p.shape {
+                Some(spec) => {
+                    let params = spec
+                        .params()
+                        .and_then(|p| qgate_transport::shaped::validate_shape(&p).map(|()| p))
+                        .map_err(|e| usage(format!("path {}: shape: {e}", p.local)))?;
+                    Some(params)
+                }
+                None => None,
+            };
+            shapes.push(shape);
             let server = p.server.or(default_server).ok_or_else(|| {
                 usage(format!(
                     "path {}: no server address (set gateway.server or the path's server)",
@@ -167,6 +185,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
                 })?,
             };
             paths.push((local, server));
+            shapes.push(None);
         }
     }
     if paths.is_empty() {
@@ -243,8 +262,16 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             .with_identity(pki.server.clone())
             .with_server_trust(trust)
             .with_device_socket(Socket::bind_udp(listen).map_err(usage)?);
-        for (local, server) in &paths {
-            builder = builder.with_path(Socket::bind_udp(*local).map_err(usage)?, *server);
+        for (i, ((local, server), shape)) in paths.iter().zip(&shapes).enumerate() {
+            let mut socket = Socket::bind_udp(*local).map_err(usage)?;
+            if let Some(params) = shape {
+                // Its counters reach no metric yet: /metrics has no per-path shaper section.
+                socket = socket
+                    .shaped(params.clone(), i as u64 + 1)
+                    .map_err(usage)?
+                    .0;
+            }
+            builder = builder.with_path(socket, *server);
         }
         let running = builder.start()?;
         let local = running.addr();

@@ -296,6 +296,10 @@ pub enum Bench {
         /// saturation (0 skips it).
         #[arg(long, default_value_t = 2000.0)]
         paced_rate: f64,
+        /// Shape each backhaul path's egress, e.g. 'rate=1gbit,queue=pid-delay' (the cost of
+        /// shaping: compare CPU per request with and without).
+        #[arg(long, value_name = "SPEC")]
+        shape: Option<String>,
     },
     /// AMQP broker throughput on loopback, 100-byte messages: 1→1 and 10→10, pre-settled and
     /// unsettled, QUIC and TCP, plus durable (interleaved repeats, one run).
@@ -354,7 +358,16 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             repeats,
             memory_devices,
             paced_rate,
+            shape,
         } => {
+            let shape = shape
+                .map(|spec| {
+                    qgate_link::ChangeSpec::Text(spec.clone())
+                        .params()
+                        .and_then(|p| qgate_transport::shaped::validate_shape(&p).map(|()| p))
+                        .map_err(|e| usage(format!("--shape '{spec}': {e}")))
+                })
+                .transpose()?;
             if devices == 0
                 || repeats == 0
                 || !seconds.is_finite()
@@ -374,6 +387,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 secs: seconds,
                 repeats,
                 paced_rps: paced_rate,
+                shape,
             };
             let r = qgate_lab::bench::gateway::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
             println!("closed loop (each device sends when its last request is answered):");

@@ -890,3 +890,25 @@ fn bench_gateway_reports_throughput_cpu_latency_and_memory() {
         .unwrap_or_else(|| panic!("no per-device memory in:\n{out}"));
     assert!(kib > 0.0 && kib < 500.0, "{kib} KiB per device:\n{out}");
 }
+
+#[test]
+fn a_gateway_path_shape_it_cannot_do_is_refused_before_anything_binds() {
+    let home = tmp("shape");
+    for (shape, says) in [
+        ("\"delay=5ms\"", "shaping needs a rate"),
+        ("\"rate=10mbit,loss=1%\"", "rate and a queue only"),
+        ("\"rate=10mbps\"", "ambiguous"),
+        ("{ rate_mbps = 10, colour = 1 }", "colour"),
+    ] {
+        let cfg = home.join("gw.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[gateway]\nserver = \"127.0.0.1:9\"\n[[gateway.paths]]\nlocal = \"127.0.0.1:0\"\nshape = {shape}\n"
+            ),
+        )
+        .unwrap();
+        let o = run(&home, &["-c", cfg.to_str().unwrap(), "gateway"]);
+        assert_fails(o, 2, says);
+    }
+}

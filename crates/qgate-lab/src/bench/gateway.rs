@@ -41,7 +41,7 @@ pub struct GatewayBench {
 }
 
 /// What the devices send.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BenchConfig {
     /// Concurrent devices.
     pub devices: usize,
@@ -55,6 +55,8 @@ pub struct BenchConfig {
     /// Closed-loop latency at saturation is queueing (Little's law: devices / throughput), not
     /// the gateway's cost; the gateway's added latency is measured below saturation (G8).
     pub paced_rps: f64,
+    /// Shape each backhaul path's egress with these parameters (rate and queue discipline).
+    pub shape: Option<qgate_link::LinkParams>,
 }
 
 impl GatewayBench {
@@ -185,6 +187,7 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         secs,
         repeats,
         paced_rps,
+        shape,
     } = cfg;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -207,8 +210,12 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             .with_identity(pki.server.clone())
             .with_server_trust(pki.trust())
             .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
-        for l in ["127.0.0.2:0", "127.0.0.3:0"] {
-            builder = builder.with_path(Socket::bind_udp(sa(l)).expect("bind"), server_addr);
+        for (i, l) in ["127.0.0.2:0", "127.0.0.3:0"].into_iter().enumerate() {
+            let mut socket = Socket::bind_udp(sa(l)).expect("bind");
+            if let Some(params) = &shape {
+                socket = socket.shaped(params.clone(), i as u64).expect("shape").0;
+            }
+            builder = builder.with_path(socket, server_addr);
         }
         let running = builder.start().expect("gateway");
         let (gw, gw_addr) = (running.gateway.clone(), running.addr());

@@ -89,6 +89,52 @@ fn a_late_caller_gets_the_same_schedule() {
 }
 
 #[test]
+fn waking_only_for_deliveries_gives_the_same_schedule() {
+    let t0 = Instant::now();
+    let params = LinkParams::new(2_000_000, 5 * MS)
+        .with_jitter(2 * MS)
+        .with_loss(LossModel::Bernoulli { p: 0.1 })
+        .with_queue("pie".parse().unwrap());
+    let run = |lazy: bool| {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut link = LinkModel::new(params.clone(), 3).unwrap();
+        let mut out = Vec::new();
+        let mut wakes = 0;
+        let mut now = t0;
+        let mut next_send = 0u32;
+        loop {
+            let send_at = (next_send < 300).then(|| t0 + next_send * Duration::from_micros(1700));
+            let wake = if lazy {
+                link.poll_delivery_timeout()
+            } else {
+                link.poll_timeout()
+            };
+            let Some(t) = [send_at, wake].into_iter().flatten().min() else {
+                break;
+            };
+            assert!(t >= now);
+            now = t;
+            wakes += 1;
+            link.handle_timeout(now, &mut rng);
+            while let Some((at, p)) = link.poll_deliver(now) {
+                out.push((at, p.payload));
+            }
+            if send_at == Some(now) {
+                link.send(now, packet(next_send, 1000));
+                next_send += 1;
+            }
+        }
+        (out, wakes, link.stats())
+    };
+    let (exact, exact_wakes, exact_stats) = run(false);
+    let (lazy, lazy_wakes, lazy_stats) = run(true);
+    assert!(exact.len() > 200);
+    assert_eq!(lazy, exact);
+    assert_eq!(lazy_stats, exact_stats);
+    assert!(lazy_wakes < exact_wakes, "{lazy_wakes} vs {exact_wakes}");
+}
+
+#[test]
 fn jitter_stays_in_bounds_and_never_reorders() {
     let t0 = Instant::now();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
