@@ -170,12 +170,25 @@ impl FromStr for LinkChange {
         let mut c = LinkChange::default();
         let (mut loss, mut burst) = (None, None);
         let mut queue: Option<String> = None;
+        let mut seen: Vec<String> = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = match part.split_once('=') {
                 Some((k, v)) => (k.trim(), Some(v.trim())),
                 None => (part, None),
             };
             let key_l = key.to_ascii_lowercase();
+            if KEYS.contains(&key_l.as_str()) {
+                // `up` and `down` are one setting.
+                let slot = if key_l == "down" {
+                    "up".to_string()
+                } else {
+                    key_l.clone()
+                };
+                if seen.contains(&slot) {
+                    return Err(format!("'{key}' is given twice"));
+                }
+                seen.push(slot);
+            }
             if !KEYS.contains(&key_l.as_str()) {
                 match queue.as_mut() {
                     Some(q) => {
@@ -244,39 +257,38 @@ pub fn parse_rate_mbps(s: &str) -> Result<f64, String> {
         return Ok(0.0);
     }
     let t = t.strip_suffix("/s").unwrap_or(&t);
-    let split = t
-        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let scale = match unit.trim() {
-        "gbit" => 1e3,
-        "mbit" => 1.0,
-        "kbit" => 1e-3,
-        "bit" => 1e-6,
-        "" => {
-            return Err(format!(
-                "rate '{s}' has no unit: write e.g. 20mbit, 512kbit"
-            ))
-        }
-        u if u.ends_with("bps") => {
-            return Err(format!(
-                "rate '{s}': '{u}' is ambiguous (tc reads bps as bytes/s): write kbit, mbit or gbit"
-            ))
-        }
-        u => {
-            return Err(format!(
-                "rate '{s}': unknown unit '{u}' (bit, kbit, mbit, gbit)"
-            ))
-        }
-    };
+    if t.ends_with("bps") {
+        return Err(format!(
+            "rate '{s}': bps is ambiguous (tc reads it as bytes/s): write kbit, mbit or gbit"
+        ));
+    }
+    let (num, scale) = [("gbit", 1e3), ("mbit", 1.0), ("kbit", 1e-3), ("bit", 1e-6)]
+        .iter()
+        .find_map(|(unit, scale)| t.strip_suffix(unit).map(|n| (n, *scale)))
+        .ok_or_else(|| {
+            if t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                format!("rate '{s}' has no unit: write e.g. 20mbit, 512kbit")
+            } else {
+                format!("rate '{s}': unknown unit (bit, kbit, mbit, gbit)")
+            }
+        })?;
     let v: f64 = num
+        .trim()
         .parse()
         .map_err(|_| format!("rate '{s}': '{num}' is not a number"))?;
-    if !(v.is_finite() && v >= 0.0) {
+    let mbps = v * scale;
+    if !(mbps.is_finite() && mbps >= 0.0) {
         return Err(format!("rate '{s}' must be a non-negative number"));
     }
-    Ok(v * scale)
+    if mbps > MAX_RATE_MBPS {
+        return Err(format!("rate '{s}' is above 1 Tbit/s"));
+    }
+    Ok(mbps)
 }
+
+/// The fastest rate a link description accepts, Mbit/s (1 Tbit/s: far above anything emulated,
+/// far below where conversions to bit/s lose meaning).
+pub const MAX_RATE_MBPS: f64 = 1e6;
 
 /// A duration such as `5ms`, `250us`, `1.5s`, in milliseconds.
 pub fn parse_ms(s: &str) -> Result<f64, String> {
@@ -371,6 +383,10 @@ mod tests {
             ("rate=20mbps", "ambiguous"),
             ("rate=fast", "unknown unit"),
             ("rate=.mbit", "not a number"),
+            ("rate=-5mbit", "non-negative"),
+            ("rate=1e30gbit", "above 1 Tbit/s"),
+            ("rate=10mbit,rate=20mbit", "twice"),
+            ("down,up", "twice"),
             ("delay=5", "no unit"),
             ("delay=-5ms", "non-negative"),
             ("loss=2", "probability"),

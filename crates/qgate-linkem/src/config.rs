@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 /// The most paths one run emulates (addresses are 10.77.N.1/2, one TUN pair per path).
 pub const MAX_PATHS: usize = 16;
 
+/// The most bytes one link direction may hold on its wire (rate × (delay + jitter)): packets in
+/// flight live in the relay's memory, beyond any queue limit.
+pub const MAX_WIRE_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
+
 /// The default seed of the loss and jitter draws.
 pub const DEFAULT_SEED: u64 = 1;
 
@@ -76,16 +80,32 @@ impl PathConfig {
         }
         let mut p = LinkParams::default();
         change.apply(&mut p)?;
-        if p.rate_bps.is_none() {
-            // An "unlimited" real link is limited by the relay's CPU, unpredictably.
-            return Err(
-                "every path needs a rate (rate=…): an unlimited link would run at \
-                        whatever speed the relay's CPU allows"
-                    .into(),
-            );
-        }
+        check_emulable(&p)?;
         Ok(p)
     }
+}
+
+/// What a real-time link must be: rate-limited, and not holding more than [`MAX_WIRE_BYTES`]
+/// in flight.
+pub fn check_emulable(p: &LinkParams) -> Result<(), String> {
+    let Some(rate) = p.rate_bps else {
+        // An "unlimited" real link is limited by the relay's CPU, unpredictably.
+        return Err(
+            "every path needs a rate (rate=…): an unlimited link would run at \
+                    whatever speed the relay's CPU allows"
+                .into(),
+        );
+    };
+    let wire = rate as f64 / 8.0 * (p.delay + p.jitter).as_secs_f64();
+    if wire > MAX_WIRE_BYTES {
+        return Err(format!(
+            "rate × delay holds {:.0} MiB in flight; at most {:.0} MiB (the relay keeps packets \
+             in flight in memory)",
+            wire / 1048576.0,
+            MAX_WIRE_BYTES / 1048576.0
+        ));
+    }
+    Ok(())
 }
 
 /// A change to one path at a time since the start.
@@ -182,6 +202,10 @@ pub struct LinkemConfig {
     /// Seed of the loss and jitter draws.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Counters, queue delay and lateness cover only what happens this long after COMMAND
+    /// starts (`"10s"`): the warm-up is left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<String>,
     /// Directory for counters.csv, queue_delay.csv, lateness.csv (and traces with `trace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out: Option<PathBuf>,
@@ -210,7 +234,15 @@ impl LinkemConfig {
                 p.params(way).map_err(|e| format!("path {}: {e}", i + 1))?;
             }
         }
-        for t in &self.timeline {
+        // Each path's parameters as the timeline changes them, in time order.
+        let mut state: Vec<[LinkParams; 2]> = self
+            .paths
+            .iter()
+            .map(|p| Ok([p.params(Way::Uplink)?, p.params(Way::Downlink)?]))
+            .collect::<Result<_, String>>()?;
+        let mut ordered: Vec<&TimedChange> = self.timeline.iter().collect();
+        ordered.sort_by_key(|t| t.at().unwrap_or_default());
+        for t in ordered {
             t.at()?;
             if t.path == 0 || t.path > self.paths.len() {
                 return Err(format!(
@@ -220,11 +252,20 @@ impl LinkemConfig {
                     self.paths.len()
                 ));
             }
-            t.change
+            let change = t
+                .change
                 .change()
                 .map_err(|e| format!("timeline at {}: {e}", t.at))?;
+            for way in t.ways() {
+                let p = &mut state[t.path - 1][usize::from(*way == Way::Downlink)];
+                change
+                    .apply(p)
+                    .and_then(|()| check_emulable(p))
+                    .map_err(|e| format!("timeline at {}, path {}: {e}", t.at, t.path))?;
+            }
         }
         self.settle()?;
+        self.warmup()?;
         Ok(())
     }
 
@@ -236,6 +277,18 @@ impl LinkemConfig {
                 parse_ms(s).map_err(|e| format!("settle: {e}"))? / 1000.0,
             )),
         }
+    }
+
+    /// The warm-up left out of the statistics.
+    pub fn warmup(&self) -> Result<Option<Duration>, String> {
+        self.warmup
+            .as_deref()
+            .map(|w| {
+                parse_ms(w)
+                    .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+                    .map_err(|e| format!("warmup: {e}"))
+            })
+            .transpose()
     }
 
     /// The seed of the loss and jitter draws.

@@ -53,6 +53,41 @@ pub struct Outcome {
     pub interrupted_by: Option<i32>,
     /// What each path direction measured, path 1 uplink first.
     pub reports: Vec<RelayReport>,
+    /// Why the CSV files could not be written, if they could not (the run itself stands).
+    pub csv_error: Option<String>,
+    /// The outside command's exit status, if it ended before COMMAND did (a server that
+    /// failed to start, usually).
+    pub outside_ended_early: Option<i32>,
+}
+
+/// Where a program name resolves on PATH (or the path given), if it exists and is executable.
+fn find_program(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if name.contains('/') {
+        return executable(std::path::Path::new(name));
+    }
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|d| executable(&d.join(name))))
+        .unwrap_or(false)
+}
+
+/// A child that dies with linkem, even if linkem is SIGKILLed. (The signal follows the thread
+/// that spawned the child: linkem spawns from the thread that runs the emulation, which lives
+/// until the end.)
+fn die_with_parent(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child being started.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
 }
 
 /// The last termination signal received (0 = none).
@@ -197,13 +232,23 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
                 .into(),
         ));
     }
+    if command[0].is_empty() || !find_program(&command[0]) {
+        return Err(Error::Config(format!(
+            "COMMAND '{}' is not an executable program (not found on PATH?)",
+            command[0]
+        )));
+    }
+    if let Some(dir) = &cfg.out {
+        // Checked before the run, so a long experiment does not lose its results at the end.
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join("counters.csv"), ""))
+            .map_err(|e| {
+                Error::Config(format!("--out {}: cannot write there: {e}", dir.display()))
+            })?;
+    }
     preflight()?;
     catch_signals();
     let paths = cfg.paths.len();
-    if let Some(dir) = &cfg.out {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Setup(format!("cannot create {}: {e}", dir.display())))?;
-    }
     let ns = Namespaces::create(paths)?;
     let epoch = Instant::now();
     let mut running = Running {
@@ -257,10 +302,14 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
     }
     if let Some(cmd) = &cfg.outside {
         use std::os::unix::process::CommandExt;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &running.ns.outside, "sh", "-c", cmd])
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &running.ns.outside, "sh", "-c", cmd])
             .envs(environment(paths, false))
-            .process_group(0)
+            // COMMAND reads standard input, not the server.
+            .stdin(std::process::Stdio::null())
+            .process_group(0);
+        die_with_parent(&mut c);
+        let child = c
             .spawn()
             .map_err(|e| Error::Setup(format!("cannot start the outside command: {e}")))?;
         running.outside = Some(child);
@@ -275,18 +324,28 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
     timeline.sort_by_key(|(at, _)| *at);
     let mut next_change = 0;
     let mut interrupted_by = None;
+    let mut outside_ended_early = None;
     let exit_code = if SIGNAL.load(Ordering::SeqCst) != 0 {
         interrupted_by = Some(SIGNAL.load(Ordering::SeqCst));
         128 + interrupted_by.unwrap_or(0)
     } else {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &running.ns.inside])
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &running.ns.inside])
             .args(command)
-            .envs(environment(paths, true))
+            .envs(environment(paths, true));
+        die_with_parent(&mut c);
+        let mut child = c
             .spawn()
             .map_err(|e| Error::Setup(format!("cannot start '{}': {e}", command[0])))?;
         let start = Instant::now();
+        let mut warmup = cfg.warmup().map_err(Error::Config)?;
         loop {
+            if warmup.is_some_and(|w| start.elapsed() >= w) {
+                for r in &running.relays {
+                    r.restart_stats();
+                }
+                warmup = None;
+            }
             let sig = SIGNAL.load(Ordering::SeqCst);
             if sig != 0 {
                 interrupted_by = Some(sig);
@@ -294,6 +353,13 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
             }
             if let Ok(Some(status)) = child.try_wait() {
                 break exit_code(status);
+            }
+            if outside_ended_early.is_none() {
+                if let Some(Ok(Some(status))) = running.outside.as_mut().map(|o| o.try_wait()) {
+                    let code = exit_code(status);
+                    eprintln!("linkem: the outside command ended early (status {code})");
+                    outside_ended_early = Some(code);
+                }
             }
             while let Some((at, t)) = timeline.get(next_change) {
                 if start.elapsed() < *at {
@@ -310,13 +376,20 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
         }
     };
     let reports = running.finish();
-    if let Some(dir) = &cfg.out {
+    let csv_error = cfg.out.as_ref().and_then(|dir| {
         report::write_csv(dir, &reports)
-            .map_err(|e| Error::Setup(format!("cannot write to {}: {e}", dir.display())))?;
-    }
+            .err()
+            .map(|e| format!("cannot write results to {}: {e}", dir.display()))
+    });
     Ok(Outcome {
         exit_code,
         interrupted_by,
         reports,
+        csv_error,
+        outside_ended_early,
     })
 }
+
+/// The traffic tools the accuracy tests and the kernel-flow labs run on either side of an
+/// emulation (Python 3; `python3 traffic.py --help` lists them).
+pub const TRAFFIC_PY: &str = include_str!("../tools/traffic.py");

@@ -5,7 +5,12 @@
 //! Path N is the TUN pair `pN`: 10.77.N.1 inside, 10.77.N.2 outside, point-to-point. Policy
 //! routing inside sends every packet with source 10.77.N.1 out of `pN`, so a multi-homed program
 //! that binds to a path's address uses that path whatever the destination (as a phone with
-//! Wi-Fi and cellular does); the inside default route is path 1.
+//! Wi-Fi and cellular does); the inside default route is path 1. IPv4 only: IPv6 is off in both
+//! namespaces (it would only add router solicitations to the links).
+//!
+//! Each namespace gets its own /etc/hosts (`ip netns exec` mounts /etc/netns/NAME/hosts over
+//! it): `qgate.test` and `linkem-peer` name path 1's far end, `linkem-peer-N` path N's, so
+//! qgate's development certificate (valid for `qgate.test`) verifies across the emulation.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -66,16 +71,19 @@ impl Namespaces {
             outside: format!("{PREFIX}{pid}-out"),
             created: Vec::new(),
         };
-        for name in [ns.inside.clone(), ns.outside.clone()] {
+        for (name, peer_side) in [(ns.inside.clone(), 2), (ns.outside.clone(), 1)] {
             ip(&["netns", "add", &name])?;
             ns.created.push(name.clone());
+            write_hosts(&name, paths, peer_side)?;
             ip(&["-n", &name, "link", "set", "lo", "up"])?;
             // Asymmetric routes (a path's packets answered on another) are the point of
             // multi-homing; reverse-path filtering would drop them.
             in_ns(
                 &name,
                 "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter; \
-                 echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter",
+                 echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter; \
+                 echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; \
+                 echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6",
             )?;
         }
         for path in 1..=paths {
@@ -121,11 +129,66 @@ impl Namespaces {
 impl Drop for Namespaces {
     fn drop(&mut self) {
         for name in self.created.drain(..) {
-            if let Err(e) = ip(&["netns", "del", &name]) {
-                eprintln!("linkem: could not remove namespace {name}: {e}");
-            }
+            remove(&name);
         }
     }
+}
+
+/// The /etc/hosts a namespace sees: the far end of each path by name.
+fn write_hosts(name: &str, paths: usize, peer_side: u8) -> Result<(), Error> {
+    let dir = std::path::Path::new("/etc/netns").join(name);
+    let mut hosts = String::from("127.0.0.1 localhost\n");
+    hosts.push_str(&format!(
+        "{} qgate.test linkem-peer\n",
+        address(1, peer_side)
+    ));
+    for path in 1..=paths {
+        hosts.push_str(&format!(
+            "{} linkem-peer-{path}\n",
+            address(path, peer_side)
+        ));
+    }
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join("hosts"), hosts))
+        .map_err(|e| Error::Setup(format!("cannot write {}: {e}", dir.display())))
+}
+
+/// The processes still inside a namespace (they keep it, and its devices, alive).
+fn pids(name: &str) -> Vec<libc::pid_t> {
+    Command::new("ip")
+        .args(["netns", "pids", name])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// End every process left in a namespace (SIGTERM, then SIGKILL after a second), then delete
+/// it and its hosts file: a background job of COMMAND would otherwise keep the namespace and
+/// its TUN devices alive, invisible to `ip netns list`.
+fn remove(name: &str) {
+    for (sig, wait) in [(libc::SIGTERM, 1000), (libc::SIGKILL, 500)] {
+        let left = pids(name);
+        if left.is_empty() {
+            break;
+        }
+        for pid in &left {
+            // SAFETY: signalling processes inside our own namespace.
+            unsafe { libc::kill(*pid, sig) };
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(wait);
+        while std::time::Instant::now() < until && !pids(name).is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    if let Err(e) = ip(&["netns", "del", name]) {
+        eprintln!("linkem: could not remove namespace {name}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
 }
 
 /// Remove namespaces left by a linkem that was killed (SIGKILL cannot be caught): those named
@@ -143,7 +206,7 @@ fn remove_stale() {
             continue;
         };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ip(&["netns", "del", &name]);
+            remove(&name);
         }
     }
 }

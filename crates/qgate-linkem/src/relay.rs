@@ -32,6 +32,8 @@ const SOJOURN_BATCH: usize = 4096;
 #[derive(Default)]
 struct Control {
     changes: Vec<LinkChange>,
+    /// Start the statistics afresh (the end of a warm-up).
+    restart_stats: bool,
 }
 
 /// A handle to a running relay thread.
@@ -50,6 +52,15 @@ impl RelayHandle {
             .unwrap_or_else(|e| e.into_inner())
             .changes
             .push(change);
+        self.wake.signal();
+    }
+
+    /// Start the statistics afresh: the report then covers only what follows (a warm-up ends).
+    pub fn restart_stats(&self) {
+        self.control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .restart_stats = true;
         self.wake.signal();
     }
 
@@ -85,6 +96,11 @@ pub struct RelayReport {
     pub write_errors: u64,
     /// The trace file's write error, if the trace could not be written.
     pub trace_error: Option<String>,
+    /// Why the relay stopped early (its TUN device failed, e.g. was deleted), if it did.
+    pub failure: Option<String>,
+    /// Packets still queued, transmitting or on the wire when the run ended (counted nowhere
+    /// else: `sent` = delivered + the drops + these).
+    pub in_flight_at_end: usize,
 }
 
 /// A Linux eventfd: the way to wake a relay sleeping in `ppoll`.
@@ -218,13 +234,28 @@ fn run(
     let mut lateness = histogram();
     let mut write_errors = 0u64;
     let mut trace_error = None;
+    let mut failure = None;
     let mut buf = vec![0u8; 65_536];
-    let started = Instant::now();
+    let mut started = Instant::now();
+    let mut baseline = LinkStats::default();
+    let mut cpu_base = thread_cpu();
     while !stop.load(Ordering::SeqCst) {
         let now = Instant::now();
         model.handle_timeout(now, &mut rng);
-        let changes =
-            std::mem::take(&mut control.lock().unwrap_or_else(|e| e.into_inner()).changes);
+        let (changes, restart) = {
+            let mut c = control.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                std::mem::take(&mut c.changes),
+                std::mem::take(&mut c.restart_stats),
+            )
+        };
+        if restart {
+            baseline = model.stats();
+            started = Instant::now();
+            cpu_base = thread_cpu();
+            queue_delay.reset();
+            lateness.reset();
+        }
         for c in changes {
             let mut p = model.params().clone();
             // Changes were validated before the run; a failure here would be a bug.
@@ -257,8 +288,14 @@ fn run(
                     model.send(t, p);
                 }
                 Ok(None) => break,
-                Err(_) => break,
+                Err(e) => {
+                    failure = Some(format!("reading the TUN device failed: {e}"));
+                    break;
+                }
             }
+        }
+        if failure.is_some() {
+            break;
         }
         let log = model.take_sojourns();
         for (_, d) in log.samples {
@@ -301,6 +338,11 @@ fn run(
         if fds[1].revents != 0 {
             wake.clear();
         }
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            // The device is gone: stop rather than spin on a descriptor that is always ready.
+            failure = Some("the TUN device failed or disappeared".into());
+            break;
+        }
     }
     if let Some(mut t) = spec.trace.take() {
         use std::io::Write;
@@ -311,15 +353,34 @@ fn run(
     RelayReport {
         path: spec.path,
         way: spec.way,
-        stats: model.stats(),
+        stats: since(model.stats(), &baseline),
         queue: model.queue_stats(),
         queue_delay_us: queue_delay,
         lateness_us: lateness,
         realtime,
-        cpu: thread_cpu(),
+        cpu: thread_cpu().saturating_sub(cpu_base),
         elapsed: started.elapsed(),
         write_errors,
         trace_error,
+        failure,
+        in_flight_at_end: model.in_flight(),
+    }
+}
+
+/// Counters accumulated since `base` (the largest queue is the largest seen since it).
+fn since(now: LinkStats, base: &LinkStats) -> LinkStats {
+    LinkStats {
+        sent: now.sent - base.sent,
+        sent_bytes: now.sent_bytes - base.sent_bytes,
+        delivered: now.delivered - base.delivered,
+        delivered_bytes: now.delivered_bytes - base.delivered_bytes,
+        dropped_loss: now.dropped_loss - base.dropped_loss,
+        dropped_loss_bytes: now.dropped_loss_bytes - base.dropped_loss_bytes,
+        dropped_queue: now.dropped_queue - base.dropped_queue,
+        dropped_down: now.dropped_down - base.dropped_down,
+        marked: now.marked - base.marked,
+        max_queue_packets: now.max_queue_packets,
+        max_queue_bytes: now.max_queue_bytes,
     }
 }
 

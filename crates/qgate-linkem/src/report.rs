@@ -41,7 +41,7 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
         "path,way,elapsed_s,sent,sent_bytes,delivered,delivered_bytes,dropped_loss,\
          dropped_queue,dropped_down,marked,max_queue_packets,max_queue_bytes,delivered_mbps,\
          queue_delay_p50_us,queue_delay_p99_us,lateness_p50_us,lateness_p99_us,\
-         lateness_max_us,cpu_ns_per_packet,realtime,write_errors\n",
+         lateness_max_us,cpu_ns_per_packet,realtime,write_errors,in_flight_at_end\n",
     );
     let mut delay = String::from("path,way,percentile,queue_delay_us\n");
     let mut late = String::from("path,way,percentile,lateness_us\n");
@@ -49,7 +49,7 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
         let s = &r.stats;
         let _ = writeln!(
             counters,
-            "{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{:.0},{},{}",
+            "{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{:.0},{},{},{}",
             r.path,
             r.way.as_str(),
             r.elapsed.as_secs_f64(),
@@ -72,6 +72,7 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
             cpu_per_packet_ns(r),
             r.realtime.is_ok(),
             r.write_errors,
+            r.in_flight_at_end,
         );
         for &p in PERCENTILES {
             let _ = writeln!(
@@ -95,19 +96,22 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
     std::fs::write(dir.join("lateness.csv"), late)
 }
 
+/// Fewer packets than this make a percentile or a per-packet cost meaningless: not judged.
+const MIN_SAMPLES: u64 = 100;
+
 /// The lateness p99 above which a summary warns that the run's timing is not to be trusted.
 pub const LATENESS_WARN_US: u64 = 1000;
 
 /// A summary for the terminal: one line per direction, then warnings.
 pub fn summary(reports: &[RelayReport]) -> String {
     let mut out = String::from(
-        "linkem: path way      sent  delivered  lost  q-drop  down  Mbit/s  qdelay p50/p99 ms  late p50/p99 µs  cpu ns/pkt\n",
+        "linkem: path way      sent  delivered  lost  q-drop  down  at-end  Mbit/s  qdelay p50/p99 ms  late p50/p99 µs  cpu ns/pkt\n",
     );
     for r in reports {
         let s = &r.stats;
         let _ = writeln!(
             out,
-            "linkem: {:>4} {:<8} {:>6} {:>10} {:>5} {:>7} {:>5} {:>7.2} {:>8.2}/{:<8.2} {:>7}/{:<7} {:>10.0}",
+            "linkem: {:>4} {:<8} {:>6} {:>10} {:>5} {:>7} {:>5} {:>7} {:>7.2} {:>8.2}/{:<8.2} {:>7}/{:<7} {:>10}",
             r.path,
             r.way.as_str(),
             s.sent,
@@ -115,12 +119,17 @@ pub fn summary(reports: &[RelayReport]) -> String {
             s.dropped_loss,
             s.dropped_queue,
             s.dropped_down,
+            r.in_flight_at_end,
             delivered_mbps(r),
             pct(&r.queue_delay_us, 50.0) as f64 / 1000.0,
             pct(&r.queue_delay_us, 99.0) as f64 / 1000.0,
             pct(&r.lateness_us, 50.0),
             pct(&r.lateness_us, 99.0),
-            cpu_per_packet_ns(r),
+            if s.sent >= MIN_SAMPLES {
+                format!("{:.0}", cpu_per_packet_ns(r))
+            } else {
+                "–".into()
+            },
         );
     }
     if let Some(Err(why)) = reports.first().map(|r| &r.realtime) {
@@ -128,6 +137,7 @@ pub fn summary(reports: &[RelayReport]) -> String {
     }
     let worst = reports
         .iter()
+        .filter(|r| r.lateness_us.len() >= MIN_SAMPLES)
         .map(|r| pct(&r.lateness_us, 99.0))
         .max()
         .unwrap_or(0);
@@ -146,6 +156,14 @@ pub fn summary(reports: &[RelayReport]) -> String {
                 r.path,
                 r.way.as_str(),
                 r.write_errors
+            );
+        }
+        if let Some(e) = &r.failure {
+            let _ = writeln!(
+                out,
+                "linkem: path {} {} stopped early: {e}",
+                r.path,
+                r.way.as_str()
             );
         }
         if let Some(e) = &r.trace_error {

@@ -17,6 +17,10 @@ pub enum Lab {
     Amqp(AmqpArgs),
     /// Paper 004: six queue disciplines under QUIC bulk flows (results/aqm/).
     Aqm(AqmArgs),
+    /// Paper 004's point with kernel TCP flows (CUBIC, BBR) through `qgate linkem` in real
+    /// time, all six disciplines (results/aqm-kernel/). Needs root; about a minute per
+    /// (cc, discipline, repetition) with the defaults.
+    AqmKernel(AqmKernelArgs),
     /// The gateway and the broker under faults and hostile peers at once: path flaps, loss
     /// bursts, server and broker restarts, cut connections, registration floods, garbage
     /// datagrams; accepted, delivered, lost (must be 0), duplicated, recovery times
@@ -157,6 +161,30 @@ pub struct AqmArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct AqmKernelArgs {
+    /// Smoke run: CUBIC only, 8 s runs with 2 s warm-up, one repetition, 4 flows.
+    #[arg(long)]
+    quick: bool,
+    /// Congestion controls, comma-separated [default: cubic,bbr].
+    #[arg(long, value_delimiter = ',')]
+    cc: Vec<String>,
+    /// Only these disciplines (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    #[arg(long, help = crate::dflt("Repetitions of each run", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().reps))]
+    reps: Option<u64>,
+    #[arg(long, help = crate::dflt("Seconds of traffic per run, warm-up included", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().seconds))]
+    seconds: Option<u64>,
+    #[arg(long, help = crate::dflt("Seconds left out of the statistics at the start", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().warmup))]
+    warmup: Option<u64>,
+    #[arg(long, help = crate::dflt("Bulk TCP flows", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().flows))]
+    flows: Option<usize>,
+    /// Where to write results [default: results/aqm-kernel].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct MarginArgs {
     /// Bottleneck rate, Mbit/s.
     #[arg(long, default_value_t = 10.0)]
@@ -185,6 +213,7 @@ fn progress(total: u64, what: &str) -> ProgressBar {
 pub fn run(which: Lab) -> Result<(), Failure> {
     match which {
         Lab::Aqm(a) => aqm_cmd(a),
+        Lab::AqmKernel(a) => aqm_kernel_cmd(a),
         Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
@@ -531,6 +560,78 @@ fn scenario<R>(
         wall.elapsed().as_secs_f64(),
         out.display()
     );
+    Ok(())
+}
+
+fn aqm_kernel_cmd(a: AqmKernelArgs) -> Result<(), Failure> {
+    use qgate_lab::papers::paper004_kernel::{self as k, KernelAqmConfig};
+    let mut cfg = KernelAqmConfig::default();
+    if a.quick {
+        cfg.ccs = vec!["cubic".into()];
+        cfg.seconds = 8;
+        cfg.warmup = 2;
+        cfg.reps = 1;
+        cfg.flows = 4;
+    }
+    if !a.cc.is_empty() {
+        cfg.ccs = a.cc.clone();
+    }
+    if !a.only.is_empty() {
+        for d in &a.only {
+            if !k::DISCIPLINES.contains(&d.as_str()) {
+                return Err(usage(format!(
+                    "--only: unknown discipline '{d}' (known: {})",
+                    k::DISCIPLINES.join(", ")
+                )));
+            }
+        }
+        cfg.disciplines = a.only.clone();
+    }
+    cfg.reps = a.reps.unwrap_or(cfg.reps);
+    cfg.seconds = a.seconds.unwrap_or(cfg.seconds);
+    cfg.warmup = a.warmup.unwrap_or(cfg.warmup);
+    cfg.flows = a.flows.unwrap_or(cfg.flows);
+    if cfg.reps == 0 || cfg.flows == 0 || cfg.warmup >= cfg.seconds {
+        return Err(usage(
+            "--reps and --flows must be positive and --warmup shorter than --seconds",
+        ));
+    }
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    for cc in &cfg.ccs {
+        if !available.split_whitespace().any(|c| c == cc) {
+            return Err(usage(format!(
+                "congestion control '{cc}' is not available in this kernel (available: {})",
+                available.trim()
+            )));
+        }
+    }
+    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
+    let out = a.out.unwrap_or_else(|| PathBuf::from("results/aqm-kernel"));
+    let total = cfg.ccs.len() * cfg.disciplines.len() * cfg.reps as usize;
+    eprintln!(
+        "lab aqm-kernel: {total} runs of {} s ({} flows), about {} min",
+        cfg.seconds,
+        cfg.flows,
+        (total as u64 * (cfg.seconds + 2)).div_ceil(60)
+    );
+    let runs = k::run(&cfg, &out.join("work"), |r, i, n| {
+        eprintln!(
+            "  [{i}/{n}] {} {} rep {}: utilisation {:.3}, queue delay {:.2} ms (p99 {:.1}), lateness p99 {} µs",
+            r.cc, r.discipline, r.rep, r.utilisation, r.queue_delay_mean_ms, r.queue_delay_p99_ms, r.lateness_p99_us
+        )
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    std::fs::remove_dir_all(out.join("work")).ok();
+    let mut command = String::from("sudo qgate lab aqm-kernel");
+    for (flag, on) in [(" --quick", a.quick)] {
+        if on {
+            command.push_str(flag);
+        }
+    }
+    std::fs::write(out.join("results.csv"), k::csv(&runs))?;
+    std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
+    eprintln!("lab aqm-kernel: results in {}", out.display());
     Ok(())
 }
 

@@ -42,6 +42,9 @@ pub struct LinkemArgs {
     settle: Option<String>,
     #[arg(long, help = dflt("Seed of the loss and jitter draws", DEFAULT_SEED))]
     seed: Option<u64>,
+    /// Leave this much of the start out of the statistics (e.g. 10s: slow start is over).
+    #[arg(long, value_name = "DURATION")]
+    warmup: Option<String>,
     /// Write counters.csv, queue_delay.csv and lateness.csv here.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -71,6 +74,7 @@ fn merged(a: &LinkemArgs, config: &Config) -> Result<LinkemConfig, Failure> {
     c.outside = a.outside.clone().or(c.outside);
     c.settle = a.settle.clone().or(c.settle);
     c.seed = a.seed.or(c.seed);
+    c.warmup = a.warmup.clone().or(c.warmup);
     c.out = a.out.clone().or(c.out);
     c.trace |= a.trace;
     c.no_realtime |= a.no_realtime;
@@ -95,11 +99,17 @@ pub fn run(a: LinkemArgs, config: &Config) -> Result<(), Failure> {
     })?;
     if !a.quiet {
         eprint!("{}", qgate_linkem::report::summary(&outcome.reports));
-        if let Some(dir) = &c.out {
+        if let (Some(dir), None) = (&c.out, &outcome.csv_error) {
             eprintln!(
                 "linkem: counters, queue delay and lateness in {}",
                 dir.display()
             );
+        }
+    }
+    if let Some(e) = &outcome.csv_error {
+        eprintln!("linkem: error: {e}");
+        if outcome.exit_code == 0 {
+            return Err(Failure::from(anyhow::anyhow!("{e}")));
         }
     }
     if let Some(sig) = outcome.interrupted_by {

@@ -1,7 +1,7 @@
 //! `qgate linkem` as a user runs it (as root, as CI does): accuracy of delay, rate, loss and
 //! queueing against the simulator, multi-path routing, timelines, teardown, clear errors.
 //!
-//! Traffic comes from `tests/linkem/tools.py` (UDP echo/ping, a TCP source and receiver, UDP
+//! Traffic comes from `crates/qgate-linkem/tools/traffic.py` (UDP echo/ping, a TCP source and receiver, UDP
 //! constant bit rate). Runs are serialised: their timing is what is tested, on 2 cores.
 
 use std::path::{Path, PathBuf};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn tools() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/linkem/tools.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../qgate-linkem/tools/traffic.py")
 }
 
 fn root() -> bool {
@@ -109,9 +109,9 @@ fn a_25ms_each_way_link_gives_a_50ms_round_trip() {
             "--link",
             "rate=100mbit,delay=25ms",
             "--outside",
-            "python3 tools.py echo 7000",
+            "python3 traffic.py echo 7000",
         ],
-        "python3 tools.py ping $QGATE_LINKEM_PEER 7000 100 20",
+        "python3 traffic.py ping $QGATE_LINKEM_PEER 7000 100 20",
     );
     assert!(o.status.success());
     assert_eq!(field(&o, "received"), 100.0);
@@ -128,9 +128,9 @@ fn kernel_tcp_fills_95_percent_of_a_10mbit_link() {
             "--link",
             "rate=10mbit,delay=10ms,queue=droptail:packets=64",
             "--outside",
-            "python3 tools.py source 5001",
+            "python3 traffic.py source 5001",
         ],
-        "python3 tools.py recv $QGATE_LINKEM_PEER 5001 8 2",
+        "python3 traffic.py recv $QGATE_LINKEM_PEER 5001 8 2",
     );
     assert!(o.status.success());
     let goodput = field(&o, "goodput_mbps");
@@ -153,9 +153,9 @@ fn loss_is_within_statistical_bounds_and_counted() {
             "--out",
             out.to_str().unwrap(),
             "--outside",
-            "python3 tools.py echo 7000",
+            "python3 traffic.py echo 7000",
         ],
-        "python3 tools.py ping $QGATE_LINKEM_PEER 7000 4000 1",
+        "python3 traffic.py ping $QGATE_LINKEM_PEER 7000 4000 1",
     );
     assert!(o.status.success());
     let rows = csv_rows(&out.join("counters.csv"));
@@ -192,12 +192,12 @@ fn each_path_has_its_own_addresses_delay_and_timeline() {
             "--at",
             "at 1.5s path 1 delay=40ms",
             "--outside",
-            "python3 tools.py echo 7000",
+            "python3 traffic.py echo 7000",
         ],
-        "python3 tools.py ping $QGATE_LINKEM_PEER 7000 10 50 && \
-         python3 tools.py ping $QGATE_LINKEM_PEER_2 7000 10 50 && \
-         python3 tools.py ping $QGATE_LINKEM_PEER 7000 10 50 $QGATE_LINKEM_ADDR_2 && \
-         sleep 1 && python3 tools.py ping $QGATE_LINKEM_PEER 7000 10 50",
+        "python3 traffic.py ping $QGATE_LINKEM_PEER 7000 10 50 && \
+         python3 traffic.py ping $QGATE_LINKEM_PEER_2 7000 10 50 && \
+         python3 traffic.py ping $QGATE_LINKEM_PEER 7000 10 50 $QGATE_LINKEM_ADDR_2 && \
+         sleep 1 && python3 traffic.py ping $QGATE_LINKEM_PEER 7000 10 50",
     );
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
@@ -229,6 +229,20 @@ fn namespaces_go_away_on_exit_failure_and_sigterm() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let o = linkem(&["--link", "rate=1mbit", "-q"], "exit 3");
     assert_eq!(o.status.code(), Some(3), "COMMAND's status is linkem's");
+    // A background job left by COMMAND is stopped, not left holding the namespace.
+    let o = linkem(
+        &["--link", "rate=1mbit", "-q"],
+        "sleep 31.25 >/dev/null 2>&1 & exit 0",
+    );
+    assert!(o.status.success());
+    let stragglers: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("31.25"))
+        .collect();
+    assert!(stragglers.is_empty(), "left running: {stragglers:?}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_qgate"))
         .args(["linkem", "--link", "rate=1mbit", "--", "sleep", "30"])
         .stderr(Stdio::piped())
@@ -287,6 +301,36 @@ fn bad_input_gets_a_clear_error() {
         (
             vec!["--link", "rate=1mbit", "--trace", "--", "true"],
             "--out",
+        ),
+        (
+            vec![
+                "--link",
+                "rate=1mbit",
+                "--at",
+                "at 1s path 1 rate=0",
+                "--",
+                "true",
+            ],
+            "needs a rate",
+        ),
+        (
+            vec!["--link", "rate=1gbit,delay=3600s", "--", "true"],
+            "in flight",
+        ),
+        (
+            vec!["--link", "rate=1mbit", "--", "no-such-program-x"],
+            "not an executable",
+        ),
+        (
+            vec![
+                "--link",
+                "rate=1mbit",
+                "--out",
+                "/proc/version/x",
+                "--",
+                "true",
+            ],
+            "cannot write there",
         ),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_qgate"))
@@ -379,9 +423,9 @@ fn each_discipline_queues_as_on_the_simulator() {
                 "--out",
                 out.to_str().unwrap(),
                 "--outside",
-                "python3 tools.py drain 9000",
+                "python3 traffic.py drain 9000",
             ],
-            &format!("python3 tools.py cbr $QGATE_LINKEM_PEER 9000 12 {secs}"),
+            &format!("python3 traffic.py cbr $QGATE_LINKEM_PEER 9000 12 {secs}"),
         );
         assert!(o.status.success());
         let real = csv_rows(&out.join("queue_delay.csv"))
@@ -408,4 +452,39 @@ fn each_discipline_queues_as_on_the_simulator() {
             "{queue}: linkem {real} µs vs netsim {sims:?} (accepted {lo}..{hi})"
         );
     }
+}
+
+#[test]
+fn the_readme_example_posts_through_an_emulated_link() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tmp("readme");
+    let q = env!("CARGO_BIN_EXE_qgate");
+    let o = Command::new(q)
+        .args([
+            "linkem",
+            "--link",
+            "rate=10mbit,delay=25ms,queue=pid-delay",
+            "--outside",
+            &format!("{q} server --listen 0.0.0.0:4433"),
+            "--settle",
+            "1s",
+            "--",
+            q,
+            "post",
+            "https://qgate.test:4433/ingest",
+            "--data",
+            "hello",
+        ])
+        .env("QGATE_HOME", &home)
+        .env_remove("QGATE_CONFIG")
+        .current_dir(&home)
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("\"bytes\":5"), "{out}\n{err}");
 }

@@ -6,7 +6,11 @@
     recv HOST PORT SECONDS SKIP     TCP client: goodput over [SKIP, SECONDS] s
     cbr HOST PORT MBIT SECONDS      UDP constant bit rate, 1200-byte datagrams
     drain PORT                      UDP sink
+    sink PORT                       TCP sink: accepts connections and discards what they send
+    flows HOST PORT N SECONDS CC    N bulk TCP flows with congestion control CC (cubic, bbr,
+                                    reno), started 10 ms apart, for SECONDS
 """
+import threading
 import json
 import socket
 import statistics
@@ -118,6 +122,64 @@ def drain(port):
         s.recvfrom(65536)
 
 
+def sink(port):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", int(port)))
+    srv.listen(64)
+
+    def discard(c):
+        with c:
+            while c.recv(1 << 20):
+                pass
+
+    while True:
+        c, _ = srv.accept()
+        threading.Thread(target=discard, args=(c,), daemon=True).start()
+
+
+def flows(host, port, n, seconds, cc):
+    n, seconds = int(n), float(seconds)
+    end = time.monotonic() + seconds
+    chunk = b"f" * 65536
+    sent = [0] * n
+
+    def run(i):
+        time.sleep(0.01 * i)
+        c = None
+        for _ in range(50):
+            try:
+                c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+                c.connect((host, int(port)))
+                break
+            except OSError:
+                c.close()
+                c = None
+                time.sleep(0.1)
+        if c is None:
+            return
+        c.settimeout(0.5)
+        while time.monotonic() < end:
+            try:
+                sent[i] += c.send(chunk)
+            except socket.timeout:
+                pass
+            except OSError:
+                break
+        c.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"flows": n, "cc": cc, "sent_bytes": sum(sent)}), flush=True)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) >= 2 else 2)
     {"echo": echo, "ping": ping, "source": source, "recv": recv, "cbr": cbr,
-     "drain": drain}[sys.argv[1]](*sys.argv[2:])
+     "drain": drain, "sink": sink, "flows": flows}[sys.argv[1]](*sys.argv[2:])
