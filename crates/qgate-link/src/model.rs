@@ -135,9 +135,13 @@ impl<P: Send + 'static> LinkModel<P> {
         })
     }
 
-    /// Change the parameters at `now`. A new rate or delay applies to packets that start
-    /// transmitting afterwards; taking the link down loses everything queued, being transmitted
-    /// and on the wire; a new queue discipline takes over the queued packets.
+    /// Change the parameters at `now`. A new rate applies to packets that start transmitting
+    /// afterwards; a new delay, jitter or loss to packets that finish transmitting afterwards.
+    /// Taking the link down loses everything queued, being transmitted and on the wire (as
+    /// `dropped_down`) and starts the queue discipline afresh (its control state described a
+    /// link that is gone). A new queue discipline takes over the queued packets; they leave the
+    /// old one through its dequeue, so an AQM may drop some of them on the way (counted as
+    /// queue drops).
     pub fn set_params(&mut self, now: Instant, params: LinkParams) -> Result<(), String> {
         params.validate()?;
         let going_down = self.params.up && !params.up;
@@ -150,24 +154,44 @@ impl<P: Send + 'static> LinkModel<P> {
             while let Some((_, p)) = self.wire.pop_front() {
                 self.lose_down(now, p.size);
             }
-            while let Some(p) = self.queue.dequeue(now, &mut self.drops) {
+            // Empty the old discipline into the void: whatever it hands out or drops on the
+            // way is lost to the outage, not to its AQM (and its marks no longer count).
+            let fresh = self.build_queue();
+            let mut old = std::mem::replace(&mut self.queue, fresh);
+            self.marked_before += old.stats().marked;
+            let mut dropped = Vec::new();
+            while let Some(p) = old.dequeue(now, &mut dropped) {
                 self.lose_down(now, p.size);
             }
-            self.count_queue_drops(now);
+            for d in dropped {
+                self.lose_down(now, d.packet.size);
+            }
         } else if new_queue {
-            let ctx = BuildContext {
-                seed: self.queue_seed,
-                link_rate_bps: self.params.rate_bps,
-            };
-            let mut old = std::mem::replace(&mut self.queue, self.params.queue.build(ctx));
-            self.marked_before += old.stats().marked;
+            let fresh = self.build_queue();
+            let mut old = std::mem::replace(&mut self.queue, fresh);
             while let Some(mut p) = old.dequeue(now, &mut self.drops) {
                 p.enqueued_at = None;
                 self.queue.enqueue(now, p, &mut self.drops);
             }
+            self.marked_before += old.stats().marked;
             self.count_queue_drops(now);
         }
         Ok(())
+    }
+
+    /// A fresh queue discipline from the current parameters.
+    fn build_queue(&self) -> Box<dyn QueueDiscipline<P>> {
+        self.params.queue.build(BuildContext {
+            seed: self.queue_seed,
+            link_rate_bps: self.params.rate_bps,
+        })
+    }
+
+    /// Start the largest-queue counters afresh from the current backlog (a warm-up ended).
+    pub fn restart_peaks(&mut self) {
+        let b = self.queue.backlog();
+        self.stats.max_queue_packets = b.packets;
+        self.stats.max_queue_bytes = b.bytes;
     }
 
     /// Offer a packet to the link at `now` (call [`LinkModel::handle_timeout`] for `now` first).

@@ -83,8 +83,13 @@ fn die_with_parent(c: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: prctl is async-signal-safe and touches only the child being started.
     unsafe {
-        c.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        let parent = libc::getpid();
+        c.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            // linkem may have died between fork and prctl: then nothing would ever come.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
             Ok(())
         });
     }
@@ -376,6 +381,8 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
         }
     };
     let reports = running.finish();
+    // Handled: the next run in this process (a lab's) starts with no signal pending.
+    SIGNAL.store(0, Ordering::SeqCst);
     let csv_error = cfg.out.as_ref().and_then(|dir| {
         report::write_csv(dir, &reports)
             .err()

@@ -205,7 +205,9 @@ fn remove_stale() {
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        // Our own PID's are stale too: this process has not made its namespaces yet (a dead
+        // run's PID can be reused, in a container especially).
+        if pid == std::process::id() || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             remove(&name);
         }
     }

@@ -5,7 +5,9 @@
 //! write what has arrived, read what is waiting, then sleep in `ppoll` until the next possible
 //! delivery (`poll_delivery_timeout`), a packet or a control message. How late each write is
 //! against the model's schedule is recorded, so a run on a busy machine says whether it can be
-//! trusted.
+//! trusted. (That is the write side: a packet is stamped when the relay reads it, so time it
+//! spent in the TUN's queue before the read is not seen; reads are prompt while the relay keeps
+//! up, which the write lateness shows.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +27,12 @@ use crate::tun::Tun;
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 /// The real-time priority asked for (SCHED_FIFO), as `chrt -f 50` in the references.
 const RT_PRIORITY: libc::c_int = 50;
-/// Queue-delay samples taken from the model at a time before they go into the histogram.
-const SOJOURN_BATCH: usize = 4096;
+/// Queue-delay samples the model keeps between two passes of the loop (drained every pass; a
+/// pass after a long stall at gigabit rates dequeues thousands).
+const SOJOURN_BATCH: usize = 1 << 20;
+/// Packets read per pass at most, so a flood cannot keep the relay from writing, or from
+/// seeing a stop.
+const READ_BATCH: usize = 64;
 
 /// What the controlling thread tells a relay.
 #[derive(Default)]
@@ -98,8 +104,12 @@ pub struct RelayReport {
     pub trace_error: Option<String>,
     /// Why the relay stopped early (its TUN device failed, e.g. was deleted), if it did.
     pub failure: Option<String>,
-    /// Packets still queued, transmitting or on the wire when the run ended (counted nowhere
-    /// else: `sent` = delivered + the drops + these).
+    /// Packets already queued, transmitting or on the wire when the statistics started (a
+    /// warm-up's end; 0 without one).
+    pub in_flight_at_start: usize,
+    /// Packets still queued, transmitting or on the wire when the run ended. With the above:
+    /// `in_flight_at_start + sent = delivered + the drops + in_flight_at_end`. (`delivered`
+    /// counts packets the relay handed to the far TUN, `write_errors` among them.)
     pub in_flight_at_end: usize,
 }
 
@@ -238,6 +248,7 @@ fn run(
     let mut buf = vec![0u8; 65_536];
     let mut started = Instant::now();
     let mut baseline = LinkStats::default();
+    let mut in_flight_at_start = 0;
     let mut cpu_base = thread_cpu();
     while !stop.load(Ordering::SeqCst) {
         let now = Instant::now();
@@ -250,7 +261,9 @@ fn run(
             )
         };
         if restart {
+            model.restart_peaks();
             baseline = model.stats();
+            in_flight_at_start = model.in_flight();
             started = Instant::now();
             cpu_base = thread_cpu();
             queue_delay.reset();
@@ -275,7 +288,7 @@ fn run(
             let late = Instant::now().saturating_duration_since(at);
             let _ = lateness.record((late.as_micros() as u64).max(1));
         }
-        loop {
+        for _ in 0..READ_BATCH {
             match spec.from.read(&mut buf) {
                 Ok(Some(n)) => {
                     let t = Instant::now();
@@ -363,11 +376,13 @@ fn run(
         write_errors,
         trace_error,
         failure,
+        in_flight_at_start,
         in_flight_at_end: model.in_flight(),
     }
 }
 
-/// Counters accumulated since `base` (the largest queue is the largest seen since it).
+/// Counters accumulated since `base` (the largest queue is the largest seen since the model's
+/// peaks were restarted with it).
 fn since(now: LinkStats, base: &LinkStats) -> LinkStats {
     LinkStats {
         sent: now.sent - base.sent,

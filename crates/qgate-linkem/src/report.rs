@@ -41,7 +41,8 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
         "path,way,elapsed_s,sent,sent_bytes,delivered,delivered_bytes,dropped_loss,\
          dropped_queue,dropped_down,marked,max_queue_packets,max_queue_bytes,delivered_mbps,\
          queue_delay_p50_us,queue_delay_p99_us,lateness_p50_us,lateness_p99_us,\
-         lateness_max_us,cpu_ns_per_packet,realtime,write_errors,in_flight_at_end\n",
+         lateness_max_us,cpu_ns_per_packet,realtime,write_errors,in_flight_at_start,\
+         in_flight_at_end\n",
     );
     let mut delay = String::from("path,way,percentile,queue_delay_us\n");
     let mut late = String::from("path,way,percentile,lateness_us\n");
@@ -49,7 +50,7 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
         let s = &r.stats;
         let _ = writeln!(
             counters,
-            "{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{:.0},{},{},{}",
+            "{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{:.0},{},{},{},{}",
             r.path,
             r.way.as_str(),
             r.elapsed.as_secs_f64(),
@@ -72,6 +73,7 @@ pub fn write_csv(dir: &Path, reports: &[RelayReport]) -> std::io::Result<()> {
             cpu_per_packet_ns(r),
             r.realtime.is_ok(),
             r.write_errors,
+            r.in_flight_at_start,
             r.in_flight_at_end,
         );
         for &p in PERCENTILES {

@@ -113,6 +113,9 @@ pub fn validate_shape(params: &LinkParams) -> Result<(), String> {
     if params.rate_bps.is_none() {
         return Err("shaping needs a rate (e.g. rate = \"20mbit\")".into());
     }
+    if !params.up {
+        return Err("a shaped path cannot be 'down' (it would drop everything)".into());
+    }
     if !params.delay.is_zero() || !params.jitter.is_zero() || params.loss.mean_loss() > 0.0 {
         return Err("shaping takes a rate and a queue only, not delay, jitter or loss".into());
     }

@@ -168,6 +168,13 @@ async fn shaping_refuses_what_it_cannot_do() {
             LinkParams::new(1_000_000, Duration::from_millis(5)),
             "rate and a queue only",
         ),
+        (
+            LinkParams {
+                up: false,
+                ..LinkParams::new(1_000_000, Duration::ZERO)
+            },
+            "cannot be 'down'",
+        ),
     ] {
         let socket = Socket::from(net.bind(h, sa("10.0.0.1:0")).unwrap());
         let e = socket.shaped(bad, 1).err().unwrap().to_string();

@@ -108,6 +108,9 @@ pub fn run(
                     ),
                 ];
                 let outcome = qgate_linkem::run(&linkem, &command).map_err(|e| e.to_string())?;
+                if let Some(sig) = outcome.interrupted_by {
+                    return Err(format!("interrupted by signal {sig}"));
+                }
                 if outcome.exit_code != 0 {
                     return Err(format!(
                         "{cc} / {d}: the flows exited with status {}",

@@ -219,6 +219,51 @@ fn going_down_loses_everything_and_sending_while_down_is_counted() {
 }
 
 #[test]
+fn down_with_a_new_queue_loses_the_backlog_to_the_outage_and_comes_back_with_the_new_queue() {
+    let t0 = Instant::now();
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let params = LinkParams::new(1_000_000, MS).with_queue("codel".parse().unwrap());
+    let mut link = LinkModel::new(params.clone(), 1).unwrap();
+    // A standing queue long enough for CoDel to be dropping when the link goes down.
+    for i in 0..400u32 {
+        let now = t0 + Duration::from_micros(i as u64 * 1000);
+        link.handle_timeout(now, &mut rng);
+        while link.poll_deliver(now).is_some() {}
+        link.send(now, packet(i, 250));
+    }
+    let at = t0 + Duration::from_millis(400);
+    link.handle_timeout(at, &mut rng);
+    let before = link.stats();
+    let queued = link.in_flight() as u64;
+    let down = LinkParams {
+        up: false,
+        queue: "droptail:packets=3".parse().unwrap(),
+        ..params.clone()
+    };
+    link.set_params(at, down.clone()).unwrap();
+    let after = link.stats();
+    assert_eq!(
+        after.dropped_down - before.dropped_down,
+        queued,
+        "all lost to the outage"
+    );
+    assert_eq!(
+        after.dropped_queue, before.dropped_queue,
+        "none blamed on the AQM"
+    );
+    link.set_params(at, LinkParams { up: true, ..down })
+        .unwrap();
+    for i in 0..10 {
+        link.send(at, packet(1000 + i, 250));
+    }
+    assert_eq!(
+        link.backlog().packets,
+        3,
+        "the new drop-tail:3 queue is in force"
+    );
+}
+
+#[test]
 fn a_new_queue_takes_over_the_backlog() {
     let t0 = Instant::now();
     let mut rng = ChaCha8Rng::seed_from_u64(6);
