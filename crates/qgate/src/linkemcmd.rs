@@ -14,11 +14,13 @@ use crate::{dflt, usage, Failure};
     after_help = "Path N joins 10.77.N.1 (inside, where COMMAND runs) and 10.77.N.2 (outside). \
                   COMMAND and the --outside command find the addresses in their environment: \
                   QGATE_LINKEM_PEER (the far end of path 1), QGATE_LINKEM_PEER_2, …, \
-                  QGATE_LINKEM_ADDR, QGATE_LINKEM_ADDR_2, … (their own), QGATE_LINKEM_PATHS. \
-                  A packet from 10.77.N.1 always leaves on path N (policy routing).\n\n\
+                  QGATE_LINKEM_ADDR, QGATE_LINKEM_ADDR_2, … (their own), QGATE_LINKEM_PATHS; \
+                  and by name: qgate.test and linkem-peer (path 1's far end; qgate's \
+                  development certificate is valid for qgate.test), linkem-peer-N. A packet \
+                  from 10.77.N.1 always leaves on path N (policy routing). IPv4 only.\n\n\
                   Example: qgate linkem --link rate=10mbit,delay=25ms,queue=pid-delay \
                   --outside 'qgate server --listen 0.0.0.0:4433' -- \
-                  sh -c 'qgate post https://$QGATE_LINKEM_PEER:4433/ingest --data hi'\n\n\
+                  qgate post https://qgate.test:4433/ingest --data hi\n\n\
                   Needs root and /dev/net/tun. Exit status: COMMAND's (128 + signal if a \
                   signal ended it); 2 for a usage error."
 )]

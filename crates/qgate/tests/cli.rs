@@ -48,6 +48,8 @@ fn help_everywhere() {
         vec!["bench", "--help"],
         vec!["bench", "sim", "--help"],
         vec!["bench", "loopback", "--help"],
+        vec!["linkem", "--help"],
+        vec!["lab", "aqm-kernel", "--help"],
     ] {
         let o = qgate(&home).args(&args).output().unwrap();
         assert!(o.status.success(), "{args:?}");
