@@ -40,7 +40,7 @@ pub struct GatewayBuilder {
     scheduler: Option<Box<dyn Scheduler>>,
     path_config: PathConfig,
     transport: TransportOptions,
-    paths: Vec<(Socket, SocketAddr)>,
+    paths: Vec<(Socket, SocketAddr, Option<qgate_link::LinkParams>)>,
     device_socket: Option<Socket>,
     identity: Option<Identity>,
     trust: Option<TrustRoots>,
@@ -96,7 +96,20 @@ impl GatewayBuilder {
     /// Add a backhaul path: a socket bound to the path's local address, and the server's
     /// address on that path. Paths are numbered in the order added.
     pub fn with_path(mut self, socket: Socket, server: SocketAddr) -> Self {
-        self.paths.push((socket, server));
+        self.paths.push((socket, server, None));
+        self
+    }
+
+    /// Add a backhaul path whose egress is shaped to `shape` (a rate and a queue discipline,
+    /// decision L8): the standing queue forms in the gateway, under the discipline, instead of
+    /// in a bloated modem. `/metrics` reports the shaper's drops, marks and backlog.
+    pub fn with_shaped_path(
+        mut self,
+        socket: Socket,
+        server: SocketAddr,
+        shape: qgate_link::LinkParams,
+    ) -> Self {
+        self.paths.push((socket, server, Some(shape)));
         self
     }
 
@@ -156,8 +169,20 @@ impl GatewayBuilder {
         let seed = self.seed;
         let ccfg = client_config(&trust, &[ALPN_H3], &self.transport)?;
         let mut backhaul = Vec::with_capacity(self.paths.len());
-        for (k, (sock, server)) in (1u64..).zip(self.paths) {
+        let mut shapers = Vec::with_capacity(self.paths.len());
+        for (k, (sock, server, shape)) in (1u64..).zip(self.paths) {
             let path_seed = seed.map(|s| s * 10 + k);
+            let sock = match shape {
+                Some(params) => {
+                    let (sock, handle) = sock.shaped(params, path_seed.unwrap_or(k))?;
+                    shapers.push(Some(handle));
+                    sock
+                }
+                None => {
+                    shapers.push(None);
+                    sock
+                }
+            };
             backhaul.push(Backhaul::new(
                 sock,
                 server,
@@ -177,7 +202,9 @@ impl GatewayBuilder {
         let endpoint =
             self.config
                 .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;
-        let gateway = Arc::new(Gateway::new(paths, scheduler, self.config, hash_seed));
+        let mut gateway = Gateway::new(paths, scheduler, self.config, hash_seed);
+        gateway.shapers = shapers;
+        let gateway = Arc::new(gateway);
         let task = tokio::spawn(gateway.clone().serve_devices(endpoint.clone()));
         Ok(RunningGateway {
             gateway,

@@ -234,6 +234,8 @@ pub struct Gateway {
     pub per_path: Vec<AtomicU64>,
     /// Request body bytes forwarded per path.
     pub per_path_bytes: Vec<AtomicU64>,
+    /// Each path's egress shaper, if it has one (set by the builder).
+    pub(crate) shapers: Vec<Option<qgate_transport::shaped::ShapeHandle>>,
 }
 
 /// A path's HTTP/3 client and the id of the QUIC connection it runs on.
@@ -270,6 +272,7 @@ impl Gateway {
             next_rid: AtomicU64::new(1),
             per_path: (0..n).map(|_| AtomicU64::new(0)).collect(),
             per_path_bytes: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            shapers: Vec::new(),
             stats: GatewayStats::default(),
             cfg,
             paths,
@@ -677,6 +680,47 @@ impl Gateway {
                 "qgate_gateway_path_bytes_total{{path=\"{i}\"}} {}",
                 n.load(Ordering::Relaxed)
             );
+        }
+        let shaped: Vec<(usize, qgate_link::LinkStats, usize)> = self
+            .shapers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|h| (i, h.stats(), h.backlog_packets())))
+            .collect();
+        if !shaped.is_empty() {
+            for (name, help, kind) in [
+                (
+                    "dropped_total",
+                    "packets the path's egress shaper dropped (queue limit or AQM)",
+                    "counter",
+                ),
+                (
+                    "marked_total",
+                    "packets the path's egress shaper marked CE",
+                    "counter",
+                ),
+                (
+                    "sent_total",
+                    "packets offered to the path's egress shaper",
+                    "counter",
+                ),
+                (
+                    "queue_packets",
+                    "packets queued in the path's egress shaper",
+                    "gauge",
+                ),
+            ] {
+                let _ = writeln!(o, "# HELP qgate_gateway_shaper_{name} {help}\n# TYPE qgate_gateway_shaper_{name} {kind}");
+                for (i, s, backlog) in &shaped {
+                    let v = match name {
+                        "dropped_total" => s.dropped_queue,
+                        "marked_total" => s.marked,
+                        "sent_total" => s.sent,
+                        _ => *backlog as u64,
+                    };
+                    let _ = writeln!(o, "qgate_gateway_shaper_{name}{{path=\"{i}\"}} {v}");
+                }
+            }
         }
         let (sessions, (conns, addrs)) = {
             let t = lock(&self.sessions);

@@ -44,3 +44,57 @@ async fn forwards_over_two_loopback_paths() {
     assert!(paths.contains(&0) && paths.contains(&1), "{paths:?}");
     assert_eq!(lb.stats.snapshot().ingested, 10);
 }
+
+/// Shaped backhaul paths forward as before, and `/metrics` reports each shaper (decision L8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shaped_paths_forward_and_report_their_shapers() {
+    let mut shape = qgate_link::LinkParams::default();
+    "rate=50mbit,queue=pid-delay"
+        .parse::<qgate_link::LinkChange>()
+        .unwrap()
+        .apply(&mut shape)
+        .unwrap();
+    let lb = common::loopback_shaped(
+        GatewayConfig::default(),
+        &["127.0.0.2:0", "127.0.0.3:0"],
+        "round-robin",
+        Some(shape),
+    )
+    .await;
+    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let run = async {
+        let dev = endpoint(
+            Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+            None,
+            None,
+        )
+        .unwrap();
+        let conn = connect(&dev, &ccfg, lb.addr, "localhost", false)
+            .await
+            .unwrap();
+        let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
+        let hash = common::register(&h3, 1).await;
+        for _ in 0..10 {
+            assert_eq!(common::send(&h3, &hash).await.0, 201);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("forwarded through the shapers within 30 s");
+    let m = lb.gw.metrics();
+    for path in ["0", "1"] {
+        let sent: u64 = m
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "qgate_gateway_shaper_sent_total{{path=\"{path}\"}} "
+                ))?
+                .parse()
+                .ok()
+            })
+            .unwrap_or_else(|| panic!("no shaper line for path {path} in:\n{m}"));
+        assert!(sent > 0, "path {path}: nothing went through its shaper");
+    }
+    assert!(m.contains("qgate_gateway_shaper_dropped_total{path=\"0\"} "));
+    assert!(m.contains("qgate_gateway_shaper_queue_packets{path=\"1\"} "));
+}

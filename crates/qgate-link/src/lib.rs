@@ -16,4 +16,6 @@ mod params;
 pub use change::{parse_ms, parse_rate_mbps, ChangeSpec, LinkChange, QueueSpec};
 pub use loss::{LossModel, LossState};
 pub use model::{LinkEvent, LinkModel, SojournLog, TraceEvent};
-pub use params::{delay_from_ms, LinkParams, LinkStats, MAX_DELAY_MS};
+pub use params::{
+    delay_from_ms, LinkParams, LinkStats, IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD, MAX_DELAY_MS,
+};

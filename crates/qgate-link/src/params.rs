@@ -117,6 +117,12 @@ pub struct LinkStats {
     pub max_queue_bytes: usize,
 }
 
+/// IPv4 + UDP header bytes added to a datagram's payload when it occupies a link (decision N3:
+/// link rates are IP-level).
+pub const IPV4_UDP_OVERHEAD: usize = 28;
+/// IPv6 + UDP header bytes.
+pub const IPV6_UDP_OVERHEAD: usize = 48;
+
 /// The longest one-way delay a link takes, ms (an hour): a longer one is refused with an error
 /// rather than overflowing the conversion (found by the `config` fuzz target).
 pub const MAX_DELAY_MS: f64 = 3_600_000.0;

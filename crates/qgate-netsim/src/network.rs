@@ -23,10 +23,7 @@ use crate::socket::SimSocket;
 use crate::trace::{Trace, TraceRecord};
 use crate::{LinkParams, LinkStats};
 
-/// IPv4 + UDP header bytes added to every datagram's payload when it occupies a link.
-pub const IPV4_UDP_OVERHEAD: usize = 28;
-/// IPv6 + UDP header bytes.
-pub const IPV6_UDP_OVERHEAD: usize = 48;
+pub use qgate_link::{IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD};
 /// Datagrams a socket buffers before it drops arrivals (like a kernel receive buffer).
 pub const DEFAULT_SOCKET_RX_LIMIT: usize = 4096;
 

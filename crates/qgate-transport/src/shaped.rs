@@ -14,18 +14,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use qgate_aqm::{Ecn, Packet, QueueStats};
-use qgate_link::{LinkModel, LinkParams, LinkStats};
+use qgate_link::{LinkModel, LinkParams, LinkStats, IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD};
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-
-/// IPv4 + UDP header bytes counted with each datagram against the shaping rate (decision N3).
-const IPV4_UDP_OVERHEAD: usize = 28;
-/// IPv6 + UDP header bytes.
-const IPV6_UDP_OVERHEAD: usize = 48;
 
 /// A datagram waiting in the shaper.
 struct Datagram {
@@ -64,6 +59,11 @@ impl ShapeHandle {
     /// The queue discipline's own counters.
     pub fn queue_stats(&self) -> QueueStats {
         self.lock().model.queue_stats()
+    }
+
+    /// Packets queued now.
+    pub fn backlog_packets(&self) -> usize {
+        self.lock().model.backlog().packets
     }
 }
 

@@ -262,16 +262,12 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             .with_identity(pki.server.clone())
             .with_server_trust(trust)
             .with_device_socket(Socket::bind_udp(listen).map_err(usage)?);
-        for (i, ((local, server), shape)) in paths.iter().zip(&shapes).enumerate() {
-            let mut socket = Socket::bind_udp(*local).map_err(usage)?;
-            if let Some(params) = shape {
-                // Its counters reach no metric yet: /metrics has no per-path shaper section.
-                socket = socket
-                    .shaped(params.clone(), i as u64 + 1)
-                    .map_err(usage)?
-                    .0;
-            }
-            builder = builder.with_path(socket, *server);
+        for ((local, server), shape) in paths.iter().zip(&shapes) {
+            let socket = Socket::bind_udp(*local).map_err(usage)?;
+            builder = match shape {
+                Some(params) => builder.with_shaped_path(socket, *server, params.clone()),
+                None => builder.with_path(socket, *server),
+            };
         }
         let running = builder.start()?;
         let local = running.addr();

@@ -287,6 +287,16 @@ pub struct Loopback {
 /// [`Loopback`] with one backhaul path per address in `paths` (e.g. "127.0.0.2:0") and scheduler
 /// `sched`; returns once every path is connected and measured.
 pub async fn loopback(cfg: GatewayConfig, paths: &[&str], sched: &str) -> Loopback {
+    loopback_shaped(cfg, paths, sched, None).await
+}
+
+/// [`loopback`] with every path's egress shaped to `shape`, if given.
+pub async fn loopback_shaped(
+    cfg: GatewayConfig,
+    paths: &[&str],
+    sched: &str,
+    shape: Option<qgate_link::LinkParams>,
+) -> Loopback {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
     let sa = |s: &str| -> SocketAddr { s.parse().unwrap() };
@@ -299,7 +309,11 @@ pub async fn loopback(cfg: GatewayConfig, paths: &[&str], sched: &str) -> Loopba
     let mut builder = builder(cfg, sched, &pki, &opts)
         .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).unwrap());
     for l in paths {
-        builder = builder.with_path(Socket::bind_udp(sa(l)).unwrap(), server.addr());
+        let socket = Socket::bind_udp(sa(l)).unwrap();
+        builder = match &shape {
+            Some(p) => builder.with_shaped_path(socket, server.addr(), p.clone()),
+            None => builder.with_path(socket, server.addr()),
+        };
     }
     let running = builder.start().unwrap();
     assert!(running.paths_measured(Duration::from_secs(10)).await);

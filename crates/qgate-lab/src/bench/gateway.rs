@@ -210,12 +210,12 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             .with_identity(pki.server.clone())
             .with_server_trust(pki.trust())
             .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
-        for (i, l) in ["127.0.0.2:0", "127.0.0.3:0"].into_iter().enumerate() {
-            let mut socket = Socket::bind_udp(sa(l)).expect("bind");
-            if let Some(params) = &shape {
-                socket = socket.shaped(params.clone(), i as u64).expect("shape").0;
-            }
-            builder = builder.with_path(socket, server_addr);
+        for l in ["127.0.0.2:0", "127.0.0.3:0"] {
+            let socket = Socket::bind_udp(sa(l)).expect("bind");
+            builder = match &shape {
+                Some(params) => builder.with_shaped_path(socket, server_addr, params.clone()),
+                None => builder.with_path(socket, server_addr),
+            };
         }
         let running = builder.start().expect("gateway");
         let (gw, gw_addr) = (running.gateway.clone(), running.addr());
