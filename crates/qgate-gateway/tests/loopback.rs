@@ -9,6 +9,30 @@ use qgate_gateway::gateway::GatewayConfig;
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions};
 
+/// One device on 127.0.0.1 registers and sends ten requests, each answered 201; the path the
+/// gateway names for each.
+async fn ten_requests(lb: &common::Loopback) -> Vec<Option<usize>> {
+    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let dev = endpoint(
+        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+        None,
+        None,
+    )
+    .unwrap();
+    let conn = connect(&dev, &ccfg, lb.addr, "localhost", false)
+        .await
+        .unwrap();
+    let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
+    let hash = common::register(&h3, 1).await;
+    let mut paths = Vec::new();
+    for _ in 0..10 {
+        let (status, path) = common::send(&h3, &hash).await;
+        assert_eq!(status, 201);
+        paths.push(path);
+    }
+    paths
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_over_two_loopback_paths() {
     let lb = common::loopback(
@@ -17,30 +41,12 @@ async fn forwards_over_two_loopback_paths() {
         "round-robin",
     )
     .await;
-    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
-    let run = async {
-        let dev = endpoint(
-            Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-            None,
-            None,
-        )
-        .unwrap();
-        let conn = connect(&dev, &ccfg, lb.addr, "localhost", false)
-            .await
-            .unwrap();
-        let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
-        let hash = common::register(&h3, 1).await;
-        let mut paths = Vec::new();
-        for _ in 0..10 {
-            let (status, path) = common::send(&h3, &hash).await;
-            assert_eq!(status, 201);
-            paths.push(path.expect("the gateway names the path"));
-        }
-        paths
-    };
-    let paths = tokio::time::timeout(Duration::from_secs(30), run)
+    let paths: Vec<usize> = tokio::time::timeout(Duration::from_secs(30), ten_requests(&lb))
         .await
-        .expect("loopback run timed out");
+        .expect("loopback run timed out")
+        .into_iter()
+        .map(|p| p.expect("the gateway names the path"))
+        .collect();
     assert!(paths.contains(&0) && paths.contains(&1), "{paths:?}");
     assert_eq!(lb.stats.snapshot().ingested, 10);
 }
@@ -61,24 +67,7 @@ async fn shaped_paths_forward_and_report_their_shapers() {
         Some(shape),
     )
     .await;
-    let ccfg = client_config(&lb.trust, &[ALPN_H3], &TransportOptions::default()).unwrap();
-    let run = async {
-        let dev = endpoint(
-            Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-            None,
-            None,
-        )
-        .unwrap();
-        let conn = connect(&dev, &ccfg, lb.addr, "localhost", false)
-            .await
-            .unwrap();
-        let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
-        let hash = common::register(&h3, 1).await;
-        for _ in 0..10 {
-            assert_eq!(common::send(&h3, &hash).await.0, 201);
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), run)
+    tokio::time::timeout(Duration::from_secs(30), ten_requests(&lb))
         .await
         .expect("forwarded through the shapers within 30 s");
     let m = lb.gw.metrics();
