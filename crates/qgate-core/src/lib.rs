@@ -9,3 +9,4 @@ pub mod protocol;
 pub mod scheduler;
 pub mod session;
 pub mod units;
+pub mod upload;

@@ -109,9 +109,59 @@ pub mod optional_duration {
     }
 }
 
+/// Parse a byte count: `65536`, `64KiB`, `64k`, `1.5MB`, `2MiB`, `1GB` (k/KB = 1000,
+/// KiB = 1024, and so on; at most 2^62).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("size '{t}': '{num}' is not a number"))?;
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "k" | "K" | "kB" | "KB" => 1e3,
+        "KiB" | "Ki" => 1024.0,
+        "M" | "MB" => 1e6,
+        "MiB" | "Mi" => 1024.0 * 1024.0,
+        "G" | "GB" => 1e9,
+        "GiB" | "Gi" => 1024.0 * 1024.0 * 1024.0,
+        u => {
+            return Err(format!(
+                "size '{t}': unknown unit '{u}' (use B, KB, KiB, MB, MiB, GB or GiB)"
+            ))
+        }
+    };
+    let bytes = v * scale;
+    if !bytes.is_finite() || bytes > (1u64 << 62) as f64 || bytes.fract() != 0.0 {
+        return Err(format!(
+            "size '{t}' must be a whole number of bytes up to 2^62"
+        ));
+    }
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("65536"), Ok(65536));
+        assert_eq!(parse_bytes("64KiB"), Ok(65536));
+        assert_eq!(parse_bytes("64k"), Ok(64_000));
+        assert_eq!(parse_bytes("1.5MB"), Ok(1_500_000));
+        assert_eq!(parse_bytes("2 MiB"), Ok(2 << 20));
+        assert_eq!(parse_bytes("1GB"), Ok(1_000_000_000));
+        assert!(parse_bytes("1.5").unwrap_err().contains("whole number"));
+        assert!(parse_bytes("10mb")
+            .unwrap_err()
+            .contains("unknown unit 'mb'"));
+        assert!(parse_bytes("x").unwrap_err().contains("not a number"));
+        assert!(parse_bytes("9999999999GiB").is_err());
+    }
 
     #[test]
     fn durations() {

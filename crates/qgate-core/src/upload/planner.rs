@@ -1,0 +1,298 @@
+//! The two-ended chunk planner (paper 001 Algorithms 1 and 2), sans-IO: which chunk each lane
+//! (one connection per interface) sends next, and when the lanes have met.
+//!
+//! With two lanes it is the paper's scheme exactly: lane 0 sends chunks 0, 1, 2, … and lane 1
+//! sends n−1, n−2, …; each stops where the other has been, so every chunk is sent once and each
+//! lane's chunks arrive in the order they are written (no reordering buffer at the receiver).
+//! The general rule (decision U2) covers more lanes, resumes and failed lanes with the same
+//! code: a lane keeps walking in its direction over free chunks (skipping chunks the receiver
+//! already holds) and, when it meets a chunk another lane has taken (or starts, or its walk
+//! ends), it picks a new start:
+//! 1. the largest run of free chunks with an end no lane is walking toward: it takes that end
+//!    (its first chunk walking forward, or its last walking backward);
+//! 2. otherwise the largest run of at least two free chunks, split in the middle: it walks
+//!    forward from the middle, leaving the first half's back end open for the next lane.
+//!
+//! So k lanes work ⌈k/2⌉ segments, each from both ends. A failed lane's taken-but-unconfirmed
+//! chunks become free again, to be picked up by the lane walking toward them (or anyone
+//! re-planning). Every step is O(1) except re-planning, which scans the chunk table once.
+
+use super::Layout;
+
+/// Most lanes (interfaces) one upload uses.
+pub const MAX_LANES: usize = 16;
+
+/// A chunk's state in the planner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nobody has it yet.
+    Free,
+    /// Lane `.0` has taken it and not yet had it confirmed.
+    Taken(u8),
+    /// The receiver holds it.
+    Done,
+}
+
+/// The direction a lane walks in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Increasing chunk index.
+    Forward,
+    /// Decreasing chunk index.
+    Backward,
+}
+
+/// One lane's walk: the chunk it will take next and its direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Walk {
+    next: usize,
+    dir: Direction,
+}
+
+#[derive(Debug, Clone)]
+struct Lane {
+    up: bool,
+    walk: Option<Walk>,
+    taken: usize,
+}
+
+/// Why the planner refused a call: the shell asked for something impossible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// No such lane.
+    #[error("lane {0} does not exist")]
+    NoLane(usize),
+    /// No such chunk.
+    #[error("chunk {0} is outside the file")]
+    NoChunk(usize),
+    /// The lane count is 0 or above [`MAX_LANES`].
+    #[error("an upload needs 1 to {MAX_LANES} lanes, not {0}")]
+    Lanes(usize),
+}
+
+/// Decides which chunk goes on which lane. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    layout: Layout,
+    state: Vec<State>,
+    lanes: Vec<Lane>,
+    done: usize,
+}
+
+impl Planner {
+    /// A plan for `layout` over `lanes` lanes, all up, nothing held yet.
+    pub fn new(layout: Layout, lanes: usize) -> Result<Planner, PlanError> {
+        if lanes == 0 || lanes > MAX_LANES {
+            return Err(PlanError::Lanes(lanes));
+        }
+        let mut p = Planner {
+            layout,
+            state: vec![State::Free; layout.chunks()],
+            lanes: vec![
+                Lane {
+                    up: true,
+                    walk: None,
+                    taken: 0,
+                };
+                lanes
+            ],
+            done: 0,
+        };
+        // Every lane gets its start now, in lane order, so the roles do not depend on which
+        // lane asks first: lane 0 the front, lane 1 the back, lane 2 the middle, …
+        for l in 0..lanes {
+            p.lanes[l].walk = p.replan();
+        }
+        Ok(p)
+    }
+
+    /// The file's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// How many lanes.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Chunks the receiver holds.
+    pub fn done(&self) -> usize {
+        self.done
+    }
+
+    /// Whether the receiver holds every chunk.
+    pub fn is_complete(&self) -> bool {
+        self.done == self.state.len()
+    }
+
+    /// Chunks `lane` has taken and not had confirmed.
+    pub fn taken_by(&self, lane: usize) -> usize {
+        self.lanes.get(lane).map_or(0, |l| l.taken)
+    }
+
+    /// Whether `chunk` is held by the receiver.
+    pub fn is_done(&self, chunk: usize) -> bool {
+        self.state.get(chunk) == Some(&State::Done)
+    }
+
+    /// The chunk `lane` should send next, now taken by it; `None` when there is nothing it can
+    /// take (the lane is down, or every free chunk is taken; ask again after
+    /// [`Planner::fail`] of another lane, since that frees chunks).
+    pub fn next(&mut self, lane: usize) -> Result<Option<usize>, PlanError> {
+        let l = self.lanes.get(lane).ok_or(PlanError::NoLane(lane))?;
+        if !l.up {
+            return Ok(None);
+        }
+        // Continue the walk over free chunks, skipping those already held.
+        if let Some(mut w) = l.walk {
+            loop {
+                match self.state.get(w.next) {
+                    Some(State::Free) => return Ok(Some(self.take(lane, w))),
+                    Some(State::Done) => match step(w, self.state.len()) {
+                        Some(n) => w = n,
+                        None => break,
+                    },
+                    // Met another lane (or the end).
+                    _ => break,
+                }
+            }
+        }
+        self.lanes[lane].walk = None;
+        Ok(self.replan().map(|w| self.take(lane, w)))
+    }
+
+    /// The receiver confirmed it holds `chunk` (whoever sent it; also for chunks it held before
+    /// the upload resumed).
+    pub fn confirm(&mut self, chunk: usize) -> Result<(), PlanError> {
+        let s = self.state.get_mut(chunk).ok_or(PlanError::NoChunk(chunk))?;
+        match *s {
+            State::Done => return Ok(()),
+            State::Taken(l) => self.lanes[l as usize].taken -= 1,
+            State::Free => {}
+        }
+        *s = State::Done;
+        self.done += 1;
+        Ok(())
+    }
+
+    /// `lane` gives `chunk` back unsent or unconfirmed (its request failed); another lane (or
+    /// this one) may take it again. A chunk the lane does not hold is left alone.
+    pub fn release(&mut self, lane: usize, chunk: usize) -> Result<(), PlanError> {
+        self.lanes.get(lane).ok_or(PlanError::NoLane(lane))?;
+        let s = self.state.get_mut(chunk).ok_or(PlanError::NoChunk(chunk))?;
+        if *s == State::Taken(lane as u8) {
+            *s = State::Free;
+            let l = &mut self.lanes[lane];
+            l.taken -= 1;
+            // It resends this one next, then re-plans where its walk left off.
+            let dir = l.walk.map_or(Direction::Forward, |w| w.dir);
+            l.walk = Some(Walk { next: chunk, dir });
+        }
+        Ok(())
+    }
+
+    /// `lane` is down (its connection failed on every interface): everything it had taken and
+    /// not had confirmed is free again, and it takes nothing until [`Planner::restore`].
+    pub fn fail(&mut self, lane: usize) -> Result<(), PlanError> {
+        let l = self.lanes.get_mut(lane).ok_or(PlanError::NoLane(lane))?;
+        l.up = false;
+        l.walk = None;
+        if l.taken > 0 {
+            l.taken = 0;
+            for s in &mut self.state {
+                if *s == State::Taken(lane as u8) {
+                    *s = State::Free;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `lane` can send again; it re-plans at its next [`Planner::next`].
+    pub fn restore(&mut self, lane: usize) -> Result<(), PlanError> {
+        self.lanes.get_mut(lane).ok_or(PlanError::NoLane(lane))?.up = true;
+        Ok(())
+    }
+
+    fn take(&mut self, lane: usize, w: Walk) -> usize {
+        debug_assert_eq!(self.state[w.next], State::Free);
+        self.state[w.next] = State::Taken(lane as u8);
+        let l = &mut self.lanes[lane];
+        l.taken += 1;
+        l.walk = step(w, self.state.len()).or(Some(Walk {
+            // Walked off the end: the next call re-plans.
+            next: usize::MAX,
+            dir: w.dir,
+        }));
+        w.next
+    }
+
+    /// Where a lane with no walk starts (the rules in the module documentation). Runs of free
+    /// chunks are cut where a lane's walk begins, so a run's ends are each approached by at
+    /// most one lane.
+    fn replan(&self) -> Option<Walk> {
+        let n = self.state.len();
+        let walks: Vec<Walk> = self.lanes.iter().filter_map(|l| l.walk).collect();
+        let forward_at = |i: usize| {
+            walks.contains(&Walk {
+                next: i,
+                dir: Direction::Forward,
+            })
+        };
+        let backward_at = |i: usize| {
+            walks.contains(&Walk {
+                next: i,
+                dir: Direction::Backward,
+            })
+        };
+        let free = |i: usize| self.state[i] == State::Free;
+        let mut open: Option<(usize, Walk)> = None;
+        let mut split: Option<(usize, usize)> = None;
+        let mut i = 0;
+        while i < n {
+            if !free(i) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while !backward_at(i) && i + 1 < n && free(i + 1) && !forward_at(i + 1) {
+                i += 1;
+            }
+            let end = i;
+            i += 1;
+            let len = end - start + 1;
+            let front = !forward_at(start);
+            let back = !backward_at(end);
+            if (front || back) && open.is_none_or(|(l, _)| len > l) {
+                let walk = if front {
+                    Walk {
+                        next: start,
+                        dir: Direction::Forward,
+                    }
+                } else {
+                    Walk {
+                        next: end,
+                        dir: Direction::Backward,
+                    }
+                };
+                open = Some((len, walk));
+            }
+            if len >= 2 && split.is_none_or(|(l, _)| len > l) {
+                split = Some((len, start + len / 2));
+            }
+        }
+        open.map(|(_, w)| w).or(split.map(|(_, mid)| Walk {
+            next: mid,
+            dir: Direction::Forward,
+        }))
+    }
+}
+
+fn step(w: Walk, n: usize) -> Option<Walk> {
+    let next = match w.dir {
+        Direction::Forward => w.next.checked_add(1).filter(|&i| i < n)?,
+        Direction::Backward => w.next.checked_sub(1)?,
+    };
+    Some(Walk { next, ..w })
+}

@@ -1,0 +1,425 @@
+//! The planner in an in-memory harness: lanes with in-order pipes that deliver (confirm) their
+//! oldest chunk, fail (losing what is in flight) and come back, in every order.
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// Lanes with at most `window` chunks in flight each, delivered in order.
+struct Sim {
+    p: Planner,
+    window: usize,
+    pipes: Vec<VecDeque<usize>>,
+    confirmed: Vec<bool>,
+    sent: usize,
+    lost_in_flight: usize,
+    order: Vec<Vec<usize>>,
+}
+
+impl Sim {
+    fn new(chunks: usize, lanes: usize, window: usize) -> Sim {
+        let layout = Layout::new(chunks as u64 * MIN_CHUNK, MIN_CHUNK).unwrap();
+        Sim {
+            p: Planner::new(layout, lanes).unwrap(),
+            window,
+            pipes: vec![VecDeque::new(); lanes],
+            confirmed: vec![false; chunks],
+            sent: 0,
+            lost_in_flight: 0,
+            order: vec![Vec::new(); lanes],
+        }
+    }
+
+    /// Lane `l` fills its pipe; returns whether it took anything.
+    fn fill(&mut self, l: usize) -> bool {
+        let mut any = false;
+        while self.pipes[l].len() < self.window {
+            let Some(c) = self.p.next(l).unwrap() else {
+                break;
+            };
+            assert!(
+                !self.confirmed[c],
+                "chunk {c} handed out after it was confirmed"
+            );
+            for (o, pipe) in self.pipes.iter().enumerate() {
+                assert!(
+                    !pipe.contains(&c),
+                    "chunk {c} given to lane {l} while lane {o} has it"
+                );
+            }
+            self.pipes[l].push_back(c);
+            self.order[l].push(c);
+            self.sent += 1;
+            any = true;
+        }
+        any
+    }
+
+    /// Lane `l`'s oldest chunk arrives.
+    fn deliver(&mut self, l: usize) -> bool {
+        let Some(c) = self.pipes[l].pop_front() else {
+            return false;
+        };
+        assert!(!self.confirmed[c], "chunk {c} delivered twice");
+        self.confirmed[c] = true;
+        self.p.confirm(c).unwrap();
+        true
+    }
+
+    fn fail(&mut self, l: usize) {
+        self.lost_in_flight += self.pipes[l].len();
+        self.pipes[l].clear();
+        self.p.fail(l).unwrap();
+        assert_eq!(self.p.taken_by(l), 0);
+    }
+
+    /// Restore every lane and run round-robin to the end.
+    fn finish(&mut self) {
+        for l in 0..self.pipes.len() {
+            self.p.restore(l).unwrap();
+        }
+        for _ in 0..100_000 {
+            let mut progress = false;
+            for l in 0..self.pipes.len() {
+                progress |= self.fill(l);
+                progress |= self.deliver(l);
+            }
+            if !progress {
+                break;
+            }
+        }
+        self.check_complete();
+    }
+
+    fn check_complete(&self) {
+        assert!(
+            self.p.is_complete(),
+            "incomplete: {} of {}",
+            self.p.done(),
+            self.confirmed.len()
+        );
+        assert!(self.confirmed.iter().all(|&c| c));
+        // A chunk is sent again only if it was lost in flight with a failed lane.
+        assert_eq!(self.sent, self.confirmed.len() + self.lost_in_flight);
+        for l in 0..self.pipes.len() {
+            assert_eq!(self.p.taken_by(l), 0);
+        }
+    }
+}
+
+#[test]
+fn layouts_cover_the_file_exactly() {
+    for chunk in [MIN_CHUNK, 1500, 4096] {
+        for size in (0..=20_000u64).chain([chunk * 1000, chunk * 1000 + 1]) {
+            let l = Layout::new(size, chunk).unwrap();
+            let mut at = 0;
+            for i in 0..l.chunks() {
+                let (off, len) = l.range(i).unwrap();
+                assert_eq!(off, at);
+                assert!(len > 0 && len as u64 <= chunk);
+                at += len as u64;
+            }
+            assert_eq!(at, size);
+            assert_eq!(l.range(l.chunks()), None);
+        }
+    }
+    assert_eq!(
+        Layout::new(10, MIN_CHUNK - 1),
+        Err(UploadError::Chunk(MIN_CHUNK - 1))
+    );
+    assert_eq!(
+        Layout::new(10, MAX_CHUNK + 1),
+        Err(UploadError::Chunk(MAX_CHUNK + 1))
+    );
+    assert!(Layout::new(MAX_CHUNKS * MIN_CHUNK, MIN_CHUNK).is_ok());
+    assert!(matches!(
+        Layout::new(MAX_CHUNKS * MIN_CHUNK + 1, MIN_CHUNK),
+        Err(UploadError::TooManyChunks { .. })
+    ));
+    assert_eq!(
+        Layout::new(MAX_CHUNKS * MAX_CHUNK, MAX_CHUNK)
+            .unwrap()
+            .range(usize::MAX),
+        None
+    );
+}
+
+/// Paper 001 Alg. 1: with two lanes and no failure, lane 0 sends 0, 1, …, m−1 and lane 1 sends
+/// n−1, n−2, …, m, whatever the relative speeds and windows.
+#[test]
+fn two_lanes_send_from_both_ends_and_meet_once() {
+    for n in 0..=120 {
+        for window in [1, 2, 5] {
+            for seed in 0..8u64 {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+                let speed: f64 = rng.random_range(0.05..0.95);
+                let mut s = Sim::new(n, 2, window);
+                while !s.p.is_complete() {
+                    let l = usize::from(!rng.random_bool(speed));
+                    s.fill(l);
+                    s.deliver(l);
+                }
+                s.check_complete();
+                let m = s.order[0].len();
+                assert_eq!(s.order[0], (0..m).collect::<Vec<_>>(), "n {n} seed {seed}");
+                assert_eq!(
+                    s.order[1],
+                    (m..n).rev().collect::<Vec<_>>(),
+                    "n {n} seed {seed}"
+                );
+            }
+        }
+    }
+}
+
+/// With k lanes each lane's chunks form at most a few monotone runs, and nothing is sent twice.
+#[test]
+fn more_lanes_split_the_file_into_segments_worked_from_both_ends() {
+    for lanes in 1..=MAX_LANES {
+        for n in [0, 1, 2, 3, 7, 64, 333] {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n as u64 * 31 + lanes as u64);
+            let mut s = Sim::new(n, lanes, 3);
+            while !s.p.is_complete() {
+                let l = rng.random_range(0..lanes);
+                s.fill(l);
+                s.deliver(l);
+            }
+            s.check_complete();
+        }
+        // At equal speeds everyone gets work.
+        let mut s = Sim::new(8 * lanes, lanes, 1);
+        s.finish();
+        assert!(s.order.iter().all(|o| !o.is_empty()), "{lanes} lanes");
+    }
+    // Four lanes at equal speed: two segments, each met in its middle.
+    let mut s = Sim::new(100, 4, 1);
+    for _ in 0..200 {
+        for l in 0..4 {
+            s.fill(l);
+            s.deliver(l);
+        }
+    }
+    s.check_complete();
+    assert_eq!(s.order[0][..5], [0, 1, 2, 3, 4]);
+    assert_eq!(s.order[1][..5], [99, 98, 97, 96, 95]);
+    assert_eq!(s.order[2][..5], [50, 51, 52, 53, 54]);
+    assert_eq!(s.order[3][..5], [49, 48, 47, 46, 45]);
+}
+
+/// A lane fails at every step of every small upload (and comes back at a later step, or never
+/// while another lane is up): every chunk arrives, and only chunks lost in flight are resent.
+#[test]
+fn a_failure_at_every_step_loses_nothing_and_resends_only_what_was_in_flight() {
+    for lanes in 1..=3 {
+        for n in 0..=24 {
+            for window in [1, 3] {
+                // Steps of a failure-free run, to place the failure at each.
+                let mut steps = 0;
+                let mut s = Sim::new(n, lanes, window);
+                while !s.p.is_complete() {
+                    let l = steps % lanes;
+                    s.fill(l);
+                    s.deliver(l);
+                    steps += 1;
+                }
+                for fail_at in 0..=steps {
+                    for back_after in [Some(0), Some(3), None] {
+                        let victim = fail_at % lanes;
+                        let mut s = Sim::new(n, lanes, window);
+                        let mut step = 0;
+                        let mut down_since = None;
+                        while !s.p.is_complete() && step < 10 * steps + 100 {
+                            if step == fail_at {
+                                s.fail(victim);
+                                down_since = Some(step);
+                            }
+                            let back = match (down_since, back_after) {
+                                (Some(d), Some(a)) => step >= d + a,
+                                // With one lane, it must come back for the upload to finish.
+                                (Some(_), None) => lanes == 1 && step > fail_at + 5,
+                                (None, _) => false,
+                            };
+                            if back && down_since.is_some() {
+                                s.p.restore(victim).unwrap();
+                                down_since = None;
+                            }
+                            let l = step % lanes;
+                            s.fill(l);
+                            s.deliver(l);
+                            step += 1;
+                        }
+                        s.finish();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn resuming_skips_what_the_receiver_holds() {
+    for n in 1..=40usize {
+        for pattern in 0..6u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(pattern * 1000 + n as u64);
+            let held = Held::from_fn(n, |_| false);
+            assert_eq!(held.count(), 0);
+            let has: Vec<bool> = (0..n).map(|_| rng.random_bool(0.5)).collect();
+            let held = Held::from_fn(n, |i| has[i]);
+            let mut s = Sim::new(n, 2, 2);
+            for i in held.iter() {
+                s.p.confirm(i).unwrap();
+                s.confirmed[i] = true;
+            }
+            let before = held.count();
+            s.sent = before; // held chunks count as sent once
+            s.finish();
+            for (l, order) in s.order.iter().enumerate() {
+                for c in order {
+                    assert!(!has[*c], "lane {l} resent chunk {c} the receiver held");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_calls_are_refused() {
+    let l = Layout::new(10 * MIN_CHUNK, MIN_CHUNK).unwrap();
+    assert_eq!(Planner::new(l, 0).err(), Some(PlanError::Lanes(0)));
+    assert_eq!(
+        Planner::new(l, MAX_LANES + 1).err(),
+        Some(PlanError::Lanes(MAX_LANES + 1))
+    );
+    let mut p = Planner::new(l, 2).unwrap();
+    assert_eq!(p.next(2), Err(PlanError::NoLane(2)));
+    assert_eq!(p.confirm(10), Err(PlanError::NoChunk(10)));
+    assert_eq!(p.fail(5), Err(PlanError::NoLane(5)));
+    // Releasing a chunk a lane does not hold changes nothing.
+    let c = p.next(0).unwrap().unwrap();
+    p.release(1, c).unwrap();
+    assert_eq!(p.taken_by(0), 1);
+    p.release(0, c).unwrap();
+    assert_eq!(p.taken_by(0), 0);
+    assert_eq!(p.next(1).unwrap(), Some(9));
+    assert_eq!(
+        p.next(0).unwrap(),
+        Some(0),
+        "a released chunk is taken again"
+    );
+    // A down lane takes nothing.
+    p.fail(1).unwrap();
+    assert_eq!(p.next(1).unwrap(), None);
+}
+
+#[test]
+fn file_info_headers_round_trip_and_refuse_bad_values() {
+    let info = FileInfo {
+        layout: Layout::new(12_345, 4096).unwrap(),
+        sha256: [0xa5; 32],
+    };
+    let h = info.headers();
+    let get = |name: &str| {
+        h.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_bytes())
+    };
+    assert_eq!(FileInfo::parse(get), Ok(info));
+    let with = |name: &'static str, v: &'static str| {
+        let mut h = info.headers().map(|(n, v)| (n, v.clone()));
+        h.iter_mut().find(|(n, _)| *n == name).unwrap().1 = v.into();
+        h
+    };
+    for (name, v, want) in [
+        (SIZE_HEADER, "-1", UploadError::Number(SIZE_HEADER)),
+        (
+            SIZE_HEADER,
+            "99999999999999999999999",
+            UploadError::Number(SIZE_HEADER),
+        ),
+        (CHUNK_HEADER, "0", UploadError::Chunk(0)),
+        (CHUNK_HEADER, "1e3", UploadError::Number(CHUNK_HEADER)),
+        (SHA256_HEADER, "AB", UploadError::Sha256),
+    ] {
+        let h = with(name, v);
+        let get = |n: &str| h.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_bytes());
+        assert_eq!(FileInfo::parse(get), Err(want), "{name}: {v}");
+    }
+    assert_eq!(
+        FileInfo::parse(|_| None),
+        Err(UploadError::Missing(SIZE_HEADER))
+    );
+    let upper = "A5".repeat(32);
+    assert_eq!(parse_sha256(upper.as_bytes()), Err(UploadError::Sha256));
+}
+
+#[test]
+fn held_lists() {
+    let h = Held::from_fn(20, |i| matches!(i, 0..=4 | 7 | 9..=12 | 19));
+    assert_eq!(h.to_string(), "0-4,7,9-12,19");
+    assert_eq!(Held::parse(h.to_string().as_bytes(), 20), Ok(h.clone()));
+    assert_eq!(h.count(), 11);
+    assert_eq!(Held::parse(b"", 0), Ok(Held::default()));
+    for bad in [
+        &b"0-4,3"[..],
+        b"5-4",
+        b"20",
+        b"0-4,5",
+        b"1,,2",
+        b"a",
+        b"-1",
+        b"1-",
+        b"0-9999999999",
+    ] {
+        assert_eq!(
+            Held::parse(bad, 20),
+            Err(UploadError::Held(20)),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Random sends, deliveries, failures and restores on random sizes and lane counts: the
+    /// harness's invariants hold at every step and the upload completes.
+    #[test]
+    fn random_schedules_complete(
+        n in 0usize..200,
+        lanes in 1usize..=5,
+        window in 1usize..6,
+        ops in proptest::collection::vec((0u8..10, 0usize..5), 0..400),
+    ) {
+        let mut s = Sim::new(n, lanes, window);
+        for (op, l) in ops {
+            let l = l % lanes;
+            match op {
+                0 => s.fail(l),
+                1 => s.p.restore(l).unwrap(),
+                2..=5 => { s.fill(l); }
+                _ => { s.deliver(l); }
+            }
+        }
+        s.finish();
+    }
+
+    #[test]
+    fn any_held_list_parses_or_fails_cleanly(b in proptest::collection::vec(any::<u8>(), 0..60), n in 0usize..100) {
+        if let Ok(h) = Held::parse(&b, n) {
+            prop_assert!(h.iter().all(|i| i < n));
+            prop_assert_eq!(Held::parse(h.to_string().as_bytes(), n), Ok(h.clone()));
+        }
+    }
+
+    #[test]
+    fn held_sets_round_trip(bits in proptest::collection::vec(any::<bool>(), 0..300)) {
+        let h = Held::from_fn(bits.len(), |i| bits[i]);
+        let back = Held::parse(h.to_string().as_bytes(), bits.len()).unwrap();
+        let got: Vec<bool> = (0..bits.len()).map(|i| back.iter().any(|j| j == i)).collect();
+        prop_assert_eq!(got, bits);
+    }
+}
