@@ -12,7 +12,7 @@ use qgate_transport::{
     endpoint, server_config, Identity, Socket, TransportError, TransportOptions,
 };
 
-use crate::{serve, IngestService, ServerHistory, ServerStats, Sink};
+use crate::{serve, IngestService, ServerHistory, ServerStats, Sink, Uploads};
 
 /// The ingest server (HTTP/3 over QUIC); see [`Server::builder`].
 pub struct Server;
@@ -29,6 +29,7 @@ impl Server {
             limits: ServeLimits::default(),
             history: None,
             seed: None,
+            uploads: None,
         }
     }
 }
@@ -53,6 +54,7 @@ pub struct ServerBuilder<'a> {
     limits: ServeLimits,
     history: Option<(Arc<HistoryStore>, Option<f64>)>,
     seed: Option<u64>,
+    uploads: Option<Uploads>,
 }
 
 impl<'a> ServerBuilder<'a> {
@@ -93,6 +95,12 @@ impl<'a> ServerBuilder<'a> {
         self
     }
 
+    /// Receive two-ended uploads (paper 001) into this directory.
+    pub fn uploads(mut self, uploads: Uploads) -> Self {
+        self.uploads = Some(uploads);
+        self
+    }
+
     /// Seed quinn's choices (connection IDs, packet-number skips), so a simulation repeats.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -113,7 +121,11 @@ impl<'a> ServerBuilder<'a> {
             })
         });
         let endpoint = endpoint(socket, Some(cfg), self.seed)?;
-        let service = Arc::new(IngestService::new(self.sink));
+        let mut service = IngestService::new(self.sink);
+        if let Some(u) = self.uploads {
+            service = service.with_uploads(u);
+        }
+        let service = Arc::new(service);
         let stats = service.stats();
         let task = tokio::spawn(serve(endpoint.clone(), service, self.limits, history));
         Ok(RunningServer {

@@ -4,12 +4,15 @@
 //! Routes:
 //! - `POST /ingest` or `POST /ingest/<name>`: store the body; `201 Created` with
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
+//! - `POST /upload/<name>`, `PUT /upload/<name>/<chunk>`: the two-ended multi-homed upload
+//!   (paper 001; [`upload`] and `qgate_core::upload`), when an upload directory is set.
 //! - `GET /stats`: counters as JSON. `GET /metrics`: Prometheus text. `GET /health`: `ok`.
 
 mod builder;
 mod dedup;
 mod probe;
 mod sink;
+pub mod upload;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +25,7 @@ use qgate_transport::http3::{self, Handler, ServeLimits};
 pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
 pub use probe::answer_probes;
 pub use sink::{Sink, SinkError};
+pub use upload::{UploadLimits, Uploads};
 
 /// Counters of what the server has done.
 #[derive(Debug, Default)]
@@ -42,6 +46,12 @@ pub struct ServerStats {
     pub probes: AtomicU64,
     /// Datagrams that were not valid probes (ignored).
     pub bad_probes: AtomicU64,
+    /// Upload chunks written.
+    pub upload_chunks: AtomicU64,
+    /// Upload bytes written.
+    pub upload_bytes: AtomicU64,
+    /// Uploads completed (verified and durable).
+    pub uploads_completed: AtomicU64,
 }
 
 /// A snapshot of [`ServerStats`].
@@ -63,6 +73,12 @@ pub struct StatsSnapshot {
     pub probes: u64,
     /// Datagrams that were not valid probes (ignored).
     pub bad_probes: u64,
+    /// Upload chunks written.
+    pub upload_chunks: u64,
+    /// Upload bytes written.
+    pub upload_bytes: u64,
+    /// Uploads completed (verified and durable).
+    pub uploads_completed: u64,
 }
 
 impl ServerStats {
@@ -78,6 +94,9 @@ impl ServerStats {
             duplicates: r(&self.duplicates),
             probes: r(&self.probes),
             bad_probes: r(&self.bad_probes),
+            upload_chunks: r(&self.upload_chunks),
+            upload_bytes: r(&self.upload_bytes),
+            uploads_completed: r(&self.uploads_completed),
         }
     }
 }
@@ -85,6 +104,7 @@ impl ServerStats {
 /// The ingest service: a sink and counters, answering HTTP/3 requests.
 pub struct IngestService {
     sink: Sink,
+    uploads: Option<Arc<Uploads>>,
     stats: Arc<ServerStats>,
     dedup: dedup::Dedup,
 }
@@ -94,10 +114,17 @@ impl IngestService {
     pub fn new(sink: Sink) -> IngestService {
         IngestService {
             sink,
+            uploads: None,
             stats: Arc::new(ServerStats::default()),
             // Enough for every request a gateway can retry within its timeouts.
             dedup: dedup::Dedup::new(1 << 16),
         }
+    }
+
+    /// Also receive uploads into `uploads`.
+    pub fn with_uploads(mut self, uploads: Uploads) -> IngestService {
+        self.uploads = Some(Arc::new(uploads));
+        self
     }
 
     /// The service's counters.
@@ -138,6 +165,24 @@ impl IngestService {
                 "requests answered with an error status",
                 "counter",
                 s.errors,
+            ),
+            (
+                "qgate_server_upload_chunks_total",
+                "upload chunks written",
+                "counter",
+                s.upload_chunks,
+            ),
+            (
+                "qgate_server_upload_bytes_total",
+                "upload bytes written",
+                "counter",
+                s.upload_bytes,
+            ),
+            (
+                "qgate_server_uploads_completed_total",
+                "uploads completed, verified and durable",
+                "counter",
+                s.uploads_completed,
             ),
             (
                 "qgate_server_probes_total",
@@ -217,6 +262,7 @@ impl Handler for IngestService {
                     self.ingest(name, &body, rid, peer).await
                 }
             },
+            (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body).await,
             (_, "/health" | "/stats" | "/metrics") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
             (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
             _ => text(StatusCode::NOT_FOUND, format!("no route {path}\n")),
@@ -284,9 +330,119 @@ impl IngestService {
 
 fn serde_json_like(s: &StatsSnapshot) -> String {
     format!(
-        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"duplicates\":{},\"probes\":{},\"bad_probes\":{}}}",
-        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.duplicates, s.probes, s.bad_probes
+        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"duplicates\":{},\"probes\":{},\"bad_probes\":{},\"upload_chunks\":{},\"upload_bytes\":{},\"uploads_completed\":{}}}",
+        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.duplicates, s.probes, s.bad_probes, s.upload_chunks, s.upload_bytes, s.uploads_completed
     )
+}
+
+impl IngestService {
+    /// `POST /upload/<name>` (announce) and `PUT /upload/<name>/<chunk>` (store a chunk); the
+    /// disk work runs on the blocking pool.
+    async fn upload(
+        &self,
+        method: &Method,
+        path: &str,
+        req: &Request<()>,
+        body: Bytes,
+    ) -> Response<Bytes> {
+        use qgate_core::upload::{FileInfo, HELD_HEADER};
+        let Some(uploads) = self.uploads.clone() else {
+            return text(
+                StatusCode::NOT_FOUND,
+                "this server takes no uploads (start it with --uploads DIR)\n",
+            );
+        };
+        let rest = &path["/upload/".len()..];
+        let (name, chunk) = match rest.split_once('/') {
+            Some((n, c)) => (n.to_string(), Some(c)),
+            None => (rest.to_string(), None),
+        };
+        if !upload::valid_name(&name) {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "upload names are 1-128 characters of A-Z a-z 0-9 . _ - and do not start with '.'\n",
+            );
+        }
+        let info = match FileInfo::parse(|h| req.headers().get(h).map(|v| v.as_bytes())) {
+            Ok(i) => i,
+            Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        };
+        let stats = self.stats.clone();
+        let answer = match (method, chunk) {
+            (&Method::POST, None) => {
+                tokio::task::spawn_blocking(move || {
+                    uploads.announce(&name, &info).map(|a| match a {
+                        upload::Announced::Complete => Response::builder()
+                            .status(StatusCode::CREATED)
+                            .body(Bytes::from("{\"complete\":true}"))
+                            .expect("valid response"),
+                        upload::Announced::InProgress(held) => Response::builder()
+                            .status(StatusCode::OK)
+                            .header(HELD_HEADER, held.to_string())
+                            .body(Bytes::from(format!(
+                                "{{\"complete\":false,\"held\":{}}}",
+                                held.count()
+                            )))
+                            .expect("valid response"),
+                    })
+                })
+                .await
+            }
+            (&Method::PUT, Some(c)) => {
+                let Some(index) = c
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|_| c.len() <= 9 && c.bytes().all(|b| b.is_ascii_digit()))
+                else {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "the chunk number must be a decimal number\n",
+                    );
+                };
+                tokio::task::spawn_blocking(move || {
+                    let stored = uploads.put(&name, &info, index, &body)?;
+                    if stored != upload::Stored::Duplicate {
+                        stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
+                        stats
+                            .upload_bytes
+                            .fetch_add(body.len() as u64, Ordering::Relaxed);
+                    }
+                    Ok(match stored {
+                        upload::Stored::Complete => {
+                            stats.uploads_completed.fetch_add(1, Ordering::Relaxed);
+                            json(StatusCode::CREATED, "{\"complete\":true}".into())
+                        }
+                        upload::Stored::Written => json(StatusCode::OK, "{\"stored\":true}".into()),
+                        upload::Stored::Duplicate => json(
+                            StatusCode::OK,
+                            "{\"stored\":true,\"duplicate\":true}".into(),
+                        ),
+                    })
+                })
+                .await
+            }
+            (&Method::POST, Some(_)) | (&Method::PUT, None) => {
+                return text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "announce with POST /upload/NAME, send chunks with PUT /upload/NAME/CHUNK\n",
+                )
+            }
+            _ => return text(StatusCode::METHOD_NOT_ALLOWED, "use POST or PUT\n"),
+        };
+        match answer {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                if let upload::UploadFailure::Io { .. } = e {
+                    tracing::error!(error = %e, "upload storage failed");
+                }
+                text(e.status(), format!("{e}\n"))
+            }
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("upload task failed: {e}\n"),
+            ),
+        }
+    }
 }
 
 /// Congestion-window history on the server side (paper 002): each incoming connection gets a

@@ -159,20 +159,28 @@ impl Socket {
         params: qgate_link::LinkParams,
         seed: u64,
     ) -> Result<(Socket, crate::shaped::ShapeHandle), TransportError> {
-        let inner: Arc<dyn AsyncUdpSocket> = match self {
+        let inner = self.into_async()?;
+        let (shaped, handle) =
+            crate::shaped::ShapedSocket::new(inner, params, seed).map_err(TransportError::Shape)?;
+        Ok((Socket::Abstract(shaped), handle))
+    }
+}
+
+impl Socket {
+    /// The socket as quinn drives it (a real one registered with tokio), e.g. for
+    /// `Endpoint::rebind_abstract`. Must be called inside a tokio runtime.
+    pub fn into_async(self) -> Result<Arc<dyn AsyncUdpSocket>, TransportError> {
+        match self {
             Socket::Udp(s) => {
                 let addr = s
                     .local_addr()
                     .map(|a| a.to_string())
                     .unwrap_or_else(|_| "?".into());
                 quinn::Runtime::wrap_udp_socket(&TokioRuntime, s)
-                    .map_err(|source| TransportError::Io { addr, source })?
+                    .map_err(|source| TransportError::Io { addr, source })
             }
-            Socket::Abstract(s) => s,
-        };
-        let (shaped, handle) =
-            crate::shaped::ShapedSocket::new(inner, params, seed).map_err(TransportError::Shape)?;
-        Ok((Socket::Abstract(shaped), handle))
+            Socket::Abstract(s) => Ok(s),
+        }
     }
 }
 

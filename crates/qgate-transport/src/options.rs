@@ -62,6 +62,9 @@ pub struct TransportOptions {
     pub max_concurrent_uni_streams: u32,
     /// Probe for a larger path MTU than 1200 bytes (RFC 8899 DPLPMTUD).
     pub mtu_discovery: bool,
+    /// Interleave streams of equal priority round-robin (quinn's default); off sends each
+    /// stream's data before the next one's, in the order written, as a TCP socket would.
+    pub send_fairness: bool,
     /// Fix every datagram's UDP payload at most this size (1200..=65527) and turn MTU discovery
     /// off; experiments use it to reproduce a paper's packet size.
     pub max_udp_payload: Option<u16>,
@@ -81,6 +84,7 @@ impl Default for TransportOptions {
             max_concurrent_bidi_streams: 100,
             max_concurrent_uni_streams: 100,
             mtu_discovery: true,
+            send_fairness: true,
             max_udp_payload: None,
         }
     }
@@ -205,7 +209,8 @@ impl TransportOptions {
             .receive_window(v(self.receive_window))
             .send_window(self.send_window)
             .max_concurrent_bidi_streams(self.max_concurrent_bidi_streams.into())
-            .max_concurrent_uni_streams(self.max_concurrent_uni_streams.into());
+            .max_concurrent_uni_streams(self.max_concurrent_uni_streams.into())
+            .send_fairness(self.send_fairness);
         if !self.mtu_discovery || self.max_udp_payload.is_some() {
             t.mtu_discovery_config(None);
         }

@@ -4,8 +4,8 @@
 //!
 //! The protocol (decision U1), on any HTTP/3 connection to `qgate server`:
 //! - `POST /upload/<name>` with [`SIZE_HEADER`], [`CHUNK_HEADER`] and [`SHA256_HEADER`]
-//!   announces the file; the answer says which chunks the server already holds
-//!   ([`Held`], `200`), or that the file is complete (`201`).
+//!   announces the file; the answer's [`HELD_HEADER`] says which chunks the server already
+//!   holds durably ([`Held`], `200`), or the file is complete (`201`).
 //! - `PUT /upload/<name>/<index>` with the same three headers carries chunk `index` (bytes
 //!   `index × chunk .. min((index + 1) × chunk, size)`); `200` once written at its offset, `201`
 //!   when it was the last one and the whole file is verified and durable.
@@ -25,6 +25,8 @@ pub const SIZE_HEADER: &str = "qgate-upload-size";
 pub const CHUNK_HEADER: &str = "qgate-upload-chunk";
 /// The SHA-256 of the whole file, 64 lowercase hex digits.
 pub const SHA256_HEADER: &str = "qgate-upload-sha256";
+/// The chunks the server holds durably, on its answer to an announcement ([`Held`]).
+pub const HELD_HEADER: &str = "qgate-upload-held";
 /// Smallest chunk size accepted.
 pub const MIN_CHUNK: u64 = 1024;
 /// Largest chunk size accepted (a chunk is one request body).

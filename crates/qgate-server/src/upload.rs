@@ -1,0 +1,686 @@
+//! The receiving side of the two-ended upload (paper 001 Algorithm 2): each chunk is written at
+//! its offset as it arrives (positional writes, no reordering buffer), on whichever connection
+//! it comes. Protocol: `qgate_core::upload` (decision U1); storage rules: decision U3.
+//!
+//! Under the upload directory, file `NAME` is complete and verified; `.NAME.part` holds the
+//! chunks received so far and `.NAME.state` the file's description and the chunks known to be
+//! on disk (written after an fsync of the part file). An announcement syncs, so the chunks it
+//! reports as held survive a crash; the last chunk's `201` comes only after the whole file was
+//! read back, matched its SHA-256, was fsynced and renamed into place.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use qgate_core::upload::{hex, FileInfo, Held};
+use tokio::time::Instant;
+
+/// Limits on what uploads may hold (decision U3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadLimits {
+    /// Largest file accepted, bytes.
+    pub max_file_bytes: u64,
+    /// Most chunks one file may have (the server keeps a byte per chunk in memory).
+    pub max_chunks: usize,
+    /// Most uploads in progress in memory at once; more wait for an idle one to be flushed.
+    pub max_active: usize,
+    /// An upload untouched this long may be flushed to disk and dropped from memory (it
+    /// resumes from disk at its next announcement).
+    pub idle: Duration,
+}
+
+impl Default for UploadLimits {
+    fn default() -> Self {
+        UploadLimits {
+            max_file_bytes: 4 << 30,
+            max_chunks: 1 << 20,
+            max_active: 64,
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why an upload request was refused: each becomes an HTTP status and a sentence.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadFailure {
+    /// A malformed request (400).
+    #[error("{0}")]
+    Bad(String),
+    /// Conflicts with what is stored (409); nothing stored changed.
+    #[error("{0}")]
+    Conflict(String),
+    /// Over a limit (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// Too many uploads at once (503).
+    #[error("{0}")]
+    Busy(String),
+    /// The finished file does not match its announced checksum (422); it was discarded.
+    #[error("{0}")]
+    Checksum(String),
+    /// The disk failed (500).
+    #[error("upload storage {path}: {source}")]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl UploadFailure {
+    /// The HTTP status for it.
+    pub fn status(&self) -> http::StatusCode {
+        use http::StatusCode as S;
+        match self {
+            UploadFailure::Bad(_) => S::BAD_REQUEST,
+            UploadFailure::Conflict(_) => S::CONFLICT,
+            UploadFailure::TooLarge(_) => S::PAYLOAD_TOO_LARGE,
+            UploadFailure::Busy(_) => S::SERVICE_UNAVAILABLE,
+            UploadFailure::Checksum(_) => S::UNPROCESSABLE_ENTITY,
+            UploadFailure::Io { .. } => S::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> UploadFailure + '_ {
+    move |source| UploadFailure::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What an announcement found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announced {
+    /// The upload is (now) in progress; these chunks are on disk.
+    InProgress(Held),
+    /// The file is complete and verified.
+    Complete,
+}
+
+/// What storing a chunk did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Written at its offset.
+    Written,
+    /// The same bytes were already there.
+    Duplicate,
+    /// It was the last one: the file is verified, durable and in place.
+    Complete,
+}
+
+/// A chunk's state.
+const NONE: u8 = 0;
+const WRITTEN: u8 = 1;
+const DURABLE: u8 = 2;
+
+struct Entry {
+    info: FileInfo,
+    file: File,
+    chunks: Vec<u8>,
+    held: usize,
+    used: Instant,
+}
+
+/// The upload directory and the uploads in progress.
+pub struct Uploads {
+    root: PathBuf,
+    limits: UploadLimits,
+    active: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
+}
+
+/// Upload names are file names: `[A-Za-z0-9._-]{1,128}`, not starting with '.'.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+impl Uploads {
+    /// Uploads stored under `root` (created if missing).
+    pub fn new(root: &Path, limits: UploadLimits) -> Result<Uploads, UploadFailure> {
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        Ok(Uploads {
+            root: root.to_path_buf(),
+            limits,
+            active: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn paths(&self, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        (
+            self.root.join(name),
+            self.root.join(format!(".{name}.part")),
+            self.root.join(format!(".{name}.state")),
+        )
+    }
+
+    /// Announce `name` as `info`: start it, or say what is held, or that it is complete.
+    pub fn announce(&self, name: &str, info: &FileInfo) -> Result<Announced, UploadFailure> {
+        let Some(entry) = self.entry(name, info)? else {
+            return Ok(Announced::Complete);
+        };
+        let mut e = entry.lock().expect("upload lock");
+        self.sync(name, &mut e)?;
+        let held = Held::from_fn(e.chunks.len(), |i| e.chunks[i] == DURABLE);
+        Ok(Announced::InProgress(held))
+    }
+
+    /// Store chunk `index` of `name` (announced as `info`).
+    pub fn put(
+        &self,
+        name: &str,
+        info: &FileInfo,
+        index: usize,
+        body: &[u8],
+    ) -> Result<Stored, UploadFailure> {
+        let layout = info.layout;
+        let Some((offset, len)) = layout.range(index) else {
+            return Err(UploadFailure::Bad(format!(
+                "chunk {index} is outside the file: it has {} chunks",
+                layout.chunks()
+            )));
+        };
+        if body.len() != len {
+            return Err(UploadFailure::Bad(format!(
+                "chunk {index} must be {len} bytes, not {}",
+                body.len()
+            )));
+        }
+        let Some(entry) = self.entry(name, info)? else {
+            return Ok(Stored::Duplicate);
+        };
+        let mut e = entry.lock().expect("upload lock");
+        let (_, part, _) = self.paths(name);
+        if e.chunks[index] != NONE {
+            let mut have = vec![0u8; len];
+            e.file.read_exact_at(&mut have, offset).map_err(io(&part))?;
+            return if have == body {
+                Ok(Stored::Duplicate)
+            } else {
+                Err(UploadFailure::Conflict(format!(
+                    "chunk {index} differs from the copy already stored; the first one is kept"
+                )))
+            };
+        }
+        e.file.write_all_at(body, offset).map_err(io(&part))?;
+        e.chunks[index] = WRITTEN;
+        e.held += 1;
+        if e.held < e.chunks.len() {
+            return Ok(Stored::Written);
+        }
+        let finished = self.finish(name, &mut e);
+        drop(e);
+        if matches!(finished, Ok(()) | Err(UploadFailure::Checksum(_))) {
+            // Done with, either way: a new announcement starts afresh.
+            self.active.lock().expect("uploads lock").remove(name);
+        }
+        finished.map(|()| Stored::Complete)
+    }
+
+    /// The entry for `name`, created or loaded from disk; `None` if the file is complete.
+    fn entry(
+        &self,
+        name: &str,
+        info: &FileInfo,
+    ) -> Result<Option<Arc<Mutex<Entry>>>, UploadFailure> {
+        if !valid_name(name) {
+            return Err(UploadFailure::Bad(
+                "upload names are 1-128 characters of A-Z a-z 0-9 . _ - and do not start with '.'"
+                    .into(),
+            ));
+        }
+        let found = self.active.lock().expect("uploads lock").get(name).cloned();
+        if let Some(e) = found {
+            // Not under the map's lock: this one may be finishing (reading back a large file).
+            let mut g = e.lock().expect("upload lock");
+            if g.info != *info {
+                return Err(different(name, &g.info, info));
+            }
+            g.used = Instant::now();
+            drop(g);
+            return Ok(Some(e));
+        }
+        let mut active = self.active.lock().expect("uploads lock");
+        if active.contains_key(name) {
+            // Created meanwhile: check it on the next call's fast path.
+            drop(active);
+            return self.entry(name, info);
+        }
+        let (done, part, state) = self.paths(name);
+        if let Some(stored) = read_state(&state)? {
+            if stored.info != *info {
+                return Err(different(name, &stored.info, info));
+            }
+            if stored.complete {
+                return Ok(None);
+            }
+        } else if done.exists() {
+            return Err(UploadFailure::Conflict(format!(
+                "a file named '{name}' is already stored (not by an upload): pick another name"
+            )));
+        }
+        let layout = info.layout;
+        if layout.size() > self.limits.max_file_bytes {
+            return Err(UploadFailure::TooLarge(format!(
+                "the file is {} bytes; this server takes at most {}",
+                layout.size(),
+                self.limits.max_file_bytes
+            )));
+        }
+        if layout.chunks() > self.limits.max_chunks {
+            return Err(UploadFailure::TooLarge(format!(
+                "the file has {} chunks; this server takes at most {}: use larger chunks",
+                layout.chunks(),
+                self.limits.max_chunks
+            )));
+        }
+        if active.len() >= self.limits.max_active {
+            self.evict_idle(&mut active)?;
+        }
+        let mut chunks = vec![NONE; layout.chunks()];
+        let mut held = 0;
+        // Held chunks count only while their part file exists.
+        if let Some(stored) = read_state(&state)?.filter(|_| part.exists()) {
+            for i in stored.held.iter() {
+                chunks[i] = DURABLE;
+                held += 1;
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&part)
+            .map_err(io(&part))?;
+        if held == 0 {
+            file.set_len(layout.size()).map_err(io(&part))?;
+        }
+        let e = Arc::new(Mutex::new(Entry {
+            info: *info,
+            file,
+            chunks,
+            held,
+            used: Instant::now(),
+        }));
+        if held == 0 {
+            // The state file exists from the start, so a restart knows the part file's owner.
+            self.sync(name, &mut e.lock().expect("upload lock"))?;
+        }
+        active.insert(name.to_string(), e.clone());
+        Ok(Some(e))
+    }
+
+    /// Flush and drop the least recently used upload idle for [`UploadLimits::idle`], or
+    /// refuse.
+    fn evict_idle(
+        &self,
+        active: &mut HashMap<String, Arc<Mutex<Entry>>>,
+    ) -> Result<(), UploadFailure> {
+        let now = Instant::now();
+        let victim = active
+            .iter()
+            .filter_map(|(n, e)| e.try_lock().ok().map(|g| (n.clone(), g.used)))
+            .filter(|(_, used)| now.duration_since(*used) >= self.limits.idle)
+            .min_by_key(|(_, used)| *used);
+        let Some((name, _)) = victim else {
+            return Err(UploadFailure::Busy(format!(
+                "{} uploads are in progress; try again later",
+                active.len()
+            )));
+        };
+        let e = active.remove(&name).expect("listed");
+        let mut g = e.lock().expect("upload lock");
+        self.sync(&name, &mut g)
+    }
+
+    /// fsync the part file and record every chunk written so far as durable.
+    fn sync(&self, name: &str, e: &mut Entry) -> Result<(), UploadFailure> {
+        let (_, part, state) = self.paths(name);
+        e.file.sync_data().map_err(io(&part))?;
+        for c in &mut e.chunks {
+            if *c == WRITTEN {
+                *c = DURABLE;
+            }
+        }
+        let held = Held::from_fn(e.chunks.len(), |i| e.chunks[i] == DURABLE);
+        write_state(&self.root, &state, &e.info, &held, false)
+    }
+
+    /// Verify the whole file against its checksum, make it durable and move it into place.
+    fn finish(&self, name: &str, e: &mut Entry) -> Result<(), UploadFailure> {
+        let (done, part, state) = self.paths(name);
+        e.file.sync_all().map_err(io(&part))?;
+        let got = sha256_of(&part)?;
+        if got != e.info.sha256 {
+            let _ = std::fs::remove_file(&part);
+            let _ = std::fs::remove_file(&state);
+            return Err(UploadFailure::Checksum(format!(
+                "the received file's SHA-256 is {}, but the upload announced {}; it was discarded: upload it again",
+                hex(&got),
+                hex(&e.info.sha256)
+            )));
+        }
+        std::fs::rename(&part, &done).map_err(io(&done))?;
+        write_state(&self.root, &state, &e.info, &Held::default(), true)?;
+        sync_dir(&self.root)
+    }
+}
+
+fn different(name: &str, stored: &FileInfo, announced: &FileInfo) -> UploadFailure {
+    UploadFailure::Conflict(format!(
+        "upload '{name}' is a different file ({} bytes in chunks of {}, SHA-256 {}); this one is {} bytes in chunks of {}, SHA-256 {}",
+        stored.layout.size(),
+        stored.layout.chunk_size(),
+        hex(&stored.sha256),
+        announced.layout.size(),
+        announced.layout.chunk_size(),
+        hex(&announced.sha256),
+    ))
+}
+
+/// SHA-256 of a file, read in 1 MiB blocks.
+pub fn sha256_of(path: &Path) -> Result<[u8; 32], UploadFailure> {
+    let mut f = File::open(path).map_err(io(path))?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    Ok(ctx.finish().as_ref().try_into().expect("32 bytes"))
+}
+
+struct StateFile {
+    info: FileInfo,
+    held: Held,
+    complete: bool,
+}
+
+/// The state file: `key=value` lines (size, chunk, sha256, held, complete).
+fn read_state(path: &Path) -> Result<Option<StateFile>, UploadFailure> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(path)(e)),
+    };
+    let bad = || UploadFailure::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "unreadable upload state"),
+    };
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .map(str::as_bytes)
+    };
+    let info =
+        FileInfo::parse(|h| get(h.trim_start_matches("qgate-upload-"))).map_err(|_| bad())?;
+    let held =
+        Held::parse(get("held").ok_or_else(bad)?, info.layout.chunks()).map_err(|_| bad())?;
+    Ok(Some(StateFile {
+        info,
+        held,
+        complete: get("complete") == Some(b"1"),
+    }))
+}
+
+fn write_state(
+    root: &Path,
+    path: &Path,
+    info: &FileInfo,
+    held: &Held,
+    complete: bool,
+) -> Result<(), UploadFailure> {
+    let mut text = String::new();
+    for (k, v) in info.headers() {
+        text.push_str(&format!("{}={v}\n", k.trim_start_matches("qgate-upload-")));
+    }
+    text.push_str(&format!("held={held}\ncomplete={}\n", u8::from(complete)));
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(text.as_bytes()).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    sync_dir(root)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), UploadFailure> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qgate_core::upload::Layout;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("qgate-upload-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn file(size: usize, seed: u8) -> Vec<u8> {
+        (0..size)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    fn info(data: &[u8], chunk: u64) -> FileInfo {
+        let sha = ring::digest::digest(&ring::digest::SHA256, data);
+        FileInfo {
+            layout: Layout::new(data.len() as u64, chunk).unwrap(),
+            sha256: sha.as_ref().try_into().unwrap(),
+        }
+    }
+
+    fn chunk(data: &[u8], info: &FileInfo, i: usize) -> Vec<u8> {
+        let (off, len) = info.layout.range(i).unwrap();
+        data[off as usize..off as usize + len].to_vec()
+    }
+
+    #[tokio::test]
+    async fn chunks_from_both_ends_make_the_file_and_duplicates_are_checked() {
+        let root = dir("ends");
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let data = file(10_000, 7);
+        let inf = info(&data, 1024);
+        assert_eq!(
+            up.announce("f.bin", &inf).unwrap(),
+            Announced::InProgress(Held::default())
+        );
+        let n = inf.layout.chunks();
+        let (mut lo, mut hi) = (0, n - 1);
+        let mut last = None;
+        while lo <= hi {
+            last = Some(up.put("f.bin", &inf, lo, &chunk(&data, &inf, lo)).unwrap());
+            lo += 1;
+            if lo <= hi {
+                last = Some(up.put("f.bin", &inf, hi, &chunk(&data, &inf, hi)).unwrap());
+                hi -= 1;
+            }
+            if lo == 3 {
+                // A resend of the same bytes is fine; different bytes are refused and change
+                // nothing.
+                assert_eq!(
+                    up.put("f.bin", &inf, 0, &chunk(&data, &inf, 0)).unwrap(),
+                    Stored::Duplicate
+                );
+                let mut other = chunk(&data, &inf, 1);
+                other[0] ^= 1;
+                let e = up.put("f.bin", &inf, 1, &other).unwrap_err();
+                assert_eq!(e.status(), http::StatusCode::CONFLICT, "{e}");
+                // What is written is reported as held, durably.
+                let Announced::InProgress(h) = up.announce("f.bin", &inf).unwrap() else {
+                    panic!("complete too early")
+                };
+                assert_eq!(
+                    h.iter().collect::<Vec<_>>(),
+                    vec![0, 1, 2, n - 3, n - 2, n - 1]
+                );
+            }
+        }
+        assert_eq!(last, Some(Stored::Complete));
+        assert_eq!(std::fs::read(root.join("f.bin")).unwrap(), data);
+        assert!(!root.join(".f.bin.part").exists());
+        assert_eq!(up.announce("f.bin", &inf).unwrap(), Announced::Complete);
+        // The same name for different bytes is refused.
+        let other = file(10_000, 8);
+        let e = up.announce("f.bin", &info(&other, 1024)).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn bad_chunks_and_limits_are_refused_without_losing_what_was_accepted() {
+        let root = dir("bad");
+        let limits = UploadLimits {
+            max_file_bytes: 1 << 20,
+            max_chunks: 100,
+            max_active: 2,
+            idle: Duration::from_secs(3600),
+        };
+        let up = Uploads::new(&root, limits).unwrap();
+        let data = file(5000, 1);
+        let inf = info(&data, 1024);
+        up.put("a", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        for (i, body, want) in [
+            (5, vec![0u8; 10], http::StatusCode::BAD_REQUEST), // outside the file
+            (1, vec![0u8; 10], http::StatusCode::BAD_REQUEST), // wrong length
+            (4, vec![0u8; 1024], http::StatusCode::BAD_REQUEST), // the last one is short
+        ] {
+            let e = up.put("a", &inf, i, &body).unwrap_err();
+            assert_eq!(e.status(), want, "{e}");
+        }
+        // Another file under the same name.
+        let e = up.announce("a", &info(&file(5000, 2), 1024)).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        let e = up.announce("a", &info(&data, 2048)).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        // Too big, too many chunks, too many at once.
+        let big = FileInfo {
+            layout: Layout::new(2 << 20, 1 << 16).unwrap(),
+            sha256: [0; 32],
+        };
+        assert_eq!(
+            up.announce("big", &big).unwrap_err().status(),
+            http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let many = FileInfo {
+            layout: Layout::new(200 * 1024, 1024).unwrap(),
+            sha256: [0; 32],
+        };
+        assert_eq!(
+            up.announce("many", &many).unwrap_err().status(),
+            http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        up.announce("b", &inf).unwrap();
+        assert_eq!(
+            up.announce("c", &inf).unwrap_err().status(),
+            http::StatusCode::SERVICE_UNAVAILABLE
+        );
+        for bad in ["", ".hidden", "a/b", "../x", &"x".repeat(129)] {
+            assert_eq!(
+                up.announce(bad, &inf).unwrap_err().status(),
+                http::StatusCode::BAD_REQUEST
+            );
+        }
+        // Chunk 0 of "a" is still there.
+        let Announced::InProgress(h) = up.announce("a", &inf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.iter().collect::<Vec<_>>(), vec![0]);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn a_restart_resumes_from_what_was_announced_held() {
+        let root = dir("restart");
+        let data = file(8192, 3);
+        let inf = info(&data, 1024);
+        {
+            let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+            for i in [0, 1, 7] {
+                up.put("r", &inf, i, &chunk(&data, &inf, i)).unwrap();
+            }
+            up.announce("r", &inf).unwrap();
+        }
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let Announced::InProgress(h) = up.announce("r", &inf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.to_string(), "0-1,7");
+        // A chunk that differs from one held before the restart is refused.
+        let e = up.put("r", &inf, 7, &[0u8; 1024]).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        let mut last = Stored::Written;
+        for i in 2..7 {
+            last = up.put("r", &inf, i, &chunk(&data, &inf, i)).unwrap();
+        }
+        assert_eq!(last, Stored::Complete);
+        assert_eq!(std::fs::read(root.join("r")).unwrap(), data);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn a_file_that_does_not_match_its_checksum_is_discarded() {
+        let root = dir("sum");
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let data = file(3000, 4);
+        let mut inf = info(&data, 1024);
+        inf.sha256[0] ^= 1;
+        up.put("s", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        up.put("s", &inf, 1, &chunk(&data, &inf, 1)).unwrap();
+        let e = up.put("s", &inf, 2, &chunk(&data, &inf, 2)).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+        assert!(!root.join("s").exists() && !root.join(".s.part").exists());
+        // It can be sent again.
+        assert_eq!(
+            up.announce("s", &inf).unwrap(),
+            Announced::InProgress(Held::default())
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_uploads_make_room_and_resume_from_disk() {
+        let root = dir("idle");
+        let limits = UploadLimits {
+            max_active: 1,
+            idle: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let up = Uploads::new(&root, limits).unwrap();
+        let data = file(4096, 5);
+        let inf = info(&data, 1024);
+        up.put("x", &inf, 3, &chunk(&data, &inf, 3)).unwrap();
+        assert_eq!(
+            up.announce("y", &inf).unwrap_err().status(),
+            http::StatusCode::SERVICE_UNAVAILABLE
+        );
+        tokio::time::advance(Duration::from_secs(11)).await;
+        up.announce("y", &inf).unwrap();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let Announced::InProgress(h) = up.announce("x", &inf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.to_string(), "3", "x was flushed when y took its place");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

@@ -1,0 +1,625 @@
+//! The device side of qgate's multi-homed two-ended upload (paper 001): one QUIC connection per
+//! interface ("lane"), each bound to its own local address; the sans-IO
+//! [`Planner`](qgate_core::upload::Planner) says which chunk each lane sends next, lane 0
+//! from the front of the file and lane 1 from the back, until they meet. Each chunk is one
+//! HTTP/3 request to `qgate server` (protocol: `qgate_core::upload`, decision U1), read from
+//! the file when it is sent. A lane whose connection fails gives its unconfirmed chunks back
+//! to the planner and reconnects; an upload that was interrupted resumes with what the server
+//! already holds.
+//!
+//! `Upload::builder()` is the one way to run one: `qgate upload`, the lab and the tests.
+
+mod source;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use qgate_core::upload::{FileInfo, Held, Planner, HELD_HEADER, MAX_LANES};
+use qgate_transport::http3::{H3Client, H3Error, ALPN_H3};
+use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions, TrustRoots};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use source::{sha256, Source};
+
+/// Why an upload failed; the message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// The upload was not set up right.
+    #[error("{0}")]
+    Setup(String),
+    /// The server refused it (a different file under the name, a chunk outside the file, over
+    /// its limits, a checksum mismatch, …).
+    #[error("the server answered {status}: {message}")]
+    Refused {
+        /// The status.
+        status: http::StatusCode,
+        /// The server's explanation.
+        message: String,
+    },
+    /// Reading the file failed.
+    #[error("reading the file: {0}")]
+    Source(std::io::Error),
+    /// No lane could reach the server.
+    #[error("no interface reached the server: {0}")]
+    Unreachable(String),
+    /// Every chunk was accepted but the server did not confirm the file.
+    #[error("every chunk was sent but the server did not confirm the file: {0}")]
+    Unconfirmed(String),
+}
+
+/// One lane: the socket bound to one interface's address, and the server's address as seen
+/// through that interface.
+pub struct Lane {
+    /// The socket (bound to the interface's address).
+    pub socket: Socket,
+    /// The server.
+    pub server: SocketAddr,
+}
+
+/// Live counters of an upload, readable while it runs (progress bars, the lab's series).
+#[derive(Debug, Default)]
+pub struct Progress {
+    lanes: [LaneCounters; MAX_LANES],
+    held_at_start: AtomicU64,
+}
+
+/// One lane's counters.
+#[derive(Debug, Default)]
+pub struct LaneCounters {
+    /// Chunks the server confirmed from this lane.
+    pub chunks: AtomicU64,
+    /// Their bytes.
+    pub bytes: AtomicU64,
+    /// Whether the lane's connection is up.
+    pub up: AtomicBool,
+    /// Connections made (1 + reconnections).
+    pub connects: AtomicU64,
+    /// Requests that failed and were given back to the planner.
+    pub failed: AtomicU64,
+    /// Connection attempts that failed.
+    pub connect_failures: AtomicU64,
+}
+
+impl Progress {
+    /// Lane `i`'s counters.
+    pub fn lane(&self, i: usize) -> &LaneCounters {
+        &self.lanes[i]
+    }
+
+    /// Bytes the server held before this run (a resumed upload).
+    pub fn held_at_start(&self) -> u64 {
+        self.held_at_start.load(Ordering::Relaxed)
+    }
+
+    /// Bytes confirmed by all lanes in this run.
+    pub fn bytes(&self) -> u64 {
+        self.lanes
+            .iter()
+            .map(|l| l.bytes.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// What a finished upload did.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Connections up → the server confirmed the file.
+    pub elapsed: Duration,
+    /// Bytes the server already held when it started (resumed), not sent again.
+    pub resumed_bytes: u64,
+    /// Per lane: chunks and bytes confirmed, requests failed, connections made.
+    pub lanes: Vec<LaneReport>,
+}
+
+/// One lane's part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneReport {
+    /// Chunks confirmed.
+    pub chunks: u64,
+    /// Bytes confirmed.
+    pub bytes: u64,
+    /// Requests that failed (their chunks went back to the planner).
+    pub failed: u64,
+    /// Connections made.
+    pub connects: u64,
+}
+
+/// Entry point: [`Upload::builder`].
+pub struct Upload;
+
+impl Upload {
+    /// A builder; name, file, lanes and trust are required.
+    pub fn builder() -> UploadBuilder {
+        UploadBuilder {
+            lanes: Vec::new(),
+            server_name: "localhost".into(),
+            trust: None,
+            transport: TransportOptions::default(),
+            name: None,
+            file: None,
+            seed: None,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            progress: Arc::new(Progress::default()),
+        }
+    }
+}
+
+/// A chunk request that takes longer than this is given back to the planner.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most chunk requests one lane keeps in flight; below that, one congestion window plus two
+/// chunks, and the transport's send window (`send_window / chunk`, at least 2), bound them.
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Assembles an upload.
+pub struct UploadBuilder {
+    lanes: Vec<Lane>,
+    server_name: String,
+    trust: Option<TrustRoots>,
+    transport: TransportOptions,
+    name: Option<String>,
+    file: Option<(FileInfo, Arc<dyn Source>)>,
+    seed: Option<u64>,
+    request_timeout: Duration,
+    progress: Arc<Progress>,
+}
+
+impl UploadBuilder {
+    /// Add a lane (interface); lane 0 sends from the front of the file, lane 1 from the back.
+    pub fn lane(mut self, lane: Lane) -> Self {
+        self.lanes.push(lane);
+        self
+    }
+
+    /// The name the server's certificate must carry.
+    pub fn server_name(mut self, name: &str) -> Self {
+        self.server_name = name.into();
+        self
+    }
+
+    /// The certificate authorities to trust.
+    pub fn trust(mut self, trust: TrustRoots) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
+    /// QUIC settings of every lane's connection (send fairness is turned off: a lane's chunks
+    /// leave in order, decision U4).
+    pub fn transport(mut self, transport: TransportOptions) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// The file's name on the server.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The file: its description and where to read it.
+    pub fn file(mut self, info: FileInfo, source: Arc<dyn Source>) -> Self {
+        self.file = Some((info, source));
+        self
+    }
+
+    /// Seed quinn's choices, so a simulation repeats.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Give a chunk back to the planner when its request takes longer than this.
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// The live counters (keep a clone before [`UploadBuilder::run`]).
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
+    /// Upload the file; returns when the server has confirmed it complete, verified and
+    /// durable, or on the first refusal.
+    pub async fn run(self) -> Result<Report, UploadError> {
+        let name = self
+            .name
+            .ok_or(UploadError::Setup("the upload needs a name".into()))?;
+        let (info, source) = self
+            .file
+            .ok_or(UploadError::Setup("the upload needs a file".into()))?;
+        let trust = self
+            .trust
+            .ok_or(UploadError::Setup("the upload needs trust roots".into()))?;
+        if self.lanes.is_empty() || self.lanes.len() > MAX_LANES {
+            return Err(UploadError::Setup(format!(
+                "an upload needs 1 to {MAX_LANES} interfaces, not {}",
+                self.lanes.len()
+            )));
+        }
+        let mut transport = self.transport;
+        transport.send_fairness = false;
+        let ccfg = client_config(&trust, &[ALPN_H3], &transport)
+            .map_err(|e| UploadError::Setup(e.to_string()))?;
+        let planner = Planner::new(info.layout, self.lanes.len())
+            .map_err(|e| UploadError::Setup(e.to_string()))?;
+        let chunk = info.layout.chunk_size().max(1) as usize;
+        let shared = Arc::new(Shared {
+            name,
+            info,
+            source,
+            ccfg,
+            server_name: self.server_name,
+            planner: Mutex::new(planner),
+            news: Notify::new(),
+            stop: Mutex::new(None),
+            confirmed: AtomicBool::new(false),
+            progress: self.progress.clone(),
+            request_timeout: self.request_timeout,
+            in_flight: (transport.send_window as usize / chunk).clamp(2, MAX_IN_FLIGHT),
+            chunk,
+        });
+        let start = Instant::now();
+        let mut endpoints = Vec::new();
+        for (i, lane) in self.lanes.into_iter().enumerate() {
+            let seed = self.seed.map(|s| s.wrapping_mul(31).wrapping_add(i as u64));
+            let ep = endpoint(lane.socket, None, seed)
+                .map_err(|e| UploadError::Setup(format!("interface {}: {e}", i + 1)))?;
+            endpoints.push((ep, lane.server));
+        }
+        let lanes = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, (ep, server))| shared.clone().lane(i, ep.clone(), *server));
+        let results = futures_util::future::join_all(lanes).await;
+        if let Some(e) = shared.stop.lock().expect("lock").take() {
+            return Err(e);
+        }
+        if !shared.confirmed.load(Ordering::Relaxed) {
+            // Every chunk was confirmed but the last answer was not the file's (a resumed
+            // upload whose last chunk was already there): ask.
+            shared.confirm_complete(&endpoints).await?;
+        }
+        for (ep, _) in &endpoints {
+            ep.close(0u32.into(), b"done");
+        }
+        let _ = results;
+        let p = &self.progress;
+        Ok(Report {
+            elapsed: start.elapsed(),
+            resumed_bytes: p.held_at_start(),
+            lanes: (0..endpoints.len())
+                .map(|i| {
+                    let l = p.lane(i);
+                    LaneReport {
+                        chunks: l.chunks.load(Ordering::Relaxed),
+                        bytes: l.bytes.load(Ordering::Relaxed),
+                        failed: l.failed.load(Ordering::Relaxed),
+                        connects: l.connects.load(Ordering::Relaxed),
+                    }
+                })
+                .collect(),
+        })
+    }
+}
+
+/// What every lane shares.
+struct Shared {
+    name: String,
+    info: FileInfo,
+    source: Arc<dyn Source>,
+    ccfg: quinn::ClientConfig,
+    server_name: String,
+    planner: Mutex<Planner>,
+    /// Woken when the planner changes in a way that may give a waiting lane work (a chunk
+    /// given back, a lane down) or when the upload ends.
+    news: Notify,
+    /// The error that stops every lane.
+    stop: Mutex<Option<UploadError>>,
+    /// The server answered that the file is complete.
+    confirmed: AtomicBool,
+    progress: Arc<Progress>,
+    request_timeout: Duration,
+    /// Most chunks in flight per lane: the send window's worth (at least 2).
+    in_flight: usize,
+    chunk: usize,
+}
+
+/// How a chunk request ended.
+enum Outcome {
+    Stored { complete: bool },
+    GiveBack,
+    ConnectionLost,
+    Refused(UploadError),
+}
+
+impl Shared {
+    fn finished(&self) -> bool {
+        self.stop.lock().expect("lock").is_some()
+            || self.planner.lock().expect("lock").is_complete()
+    }
+
+    fn fail(&self, e: UploadError) {
+        self.stop.lock().expect("lock").get_or_insert(e);
+        self.news.notify_waiters();
+    }
+
+    fn request(&self, method: http::Method, path: String) -> http::Request<()> {
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(format!("https://{}{path}", self.server_name));
+        for (k, v) in self.info.headers() {
+            b = b.header(k, v);
+        }
+        b.body(()).expect("valid request")
+    }
+
+    /// Announce the file on `h3`: learn what the server holds (resume) or that it is done.
+    async fn announce(&self, h3: &H3Client) -> Result<(), Outcome> {
+        let req = self.request(http::Method::POST, format!("/upload/{}", self.name));
+        let r = h3
+            .request_within(req, Bytes::new(), 1 << 16, self.request_timeout)
+            .await
+            .map_err(|_| Outcome::ConnectionLost)?;
+        match r.status {
+            http::StatusCode::CREATED => {
+                self.confirmed.store(true, Ordering::Relaxed);
+                let mut p = self.planner.lock().expect("lock");
+                for i in 0..self.info.layout.chunks() {
+                    p.confirm(i).expect("in the file");
+                }
+                Ok(())
+            }
+            http::StatusCode::OK => {
+                let n = self.info.layout.chunks();
+                let held = r
+                    .headers
+                    .get(HELD_HEADER)
+                    .map(|v| Held::parse(v.as_bytes(), n))
+                    .unwrap_or(Ok(Held::default()))
+                    .map_err(|e| {
+                        Outcome::Refused(UploadError::Unconfirmed(format!(
+                            "its list of held chunks is unreadable: {e}"
+                        )))
+                    })?;
+                let mut p = self.planner.lock().expect("lock");
+                let mut bytes = 0;
+                for i in held.iter() {
+                    if !p.is_done(i) {
+                        p.confirm(i).expect("parsed below n");
+                        bytes += self.info.layout.range(i).expect("in the file").1 as u64;
+                    }
+                }
+                self.progress
+                    .held_at_start
+                    .fetch_add(bytes, Ordering::Relaxed);
+                Ok(())
+            }
+            status => Err(Outcome::Refused(refused(status, &r.body))),
+        }
+    }
+
+    async fn put(&self, h3: &H3Client, chunk: usize, data: Bytes) -> Outcome {
+        let req = self.request(http::Method::PUT, format!("/upload/{}/{chunk}", self.name));
+        match h3
+            .request_within(req, data, 1 << 16, self.request_timeout)
+            .await
+        {
+            Ok(r) if r.status == http::StatusCode::OK => Outcome::Stored { complete: false },
+            Ok(r) if r.status == http::StatusCode::CREATED => Outcome::Stored { complete: true },
+            Ok(r) if r.status == http::StatusCode::SERVICE_UNAVAILABLE => Outcome::GiveBack,
+            Ok(r) => Outcome::Refused(refused(r.status, &r.body)),
+            Err(_) if h3.is_closed() => Outcome::ConnectionLost,
+            Err(H3Error::TimedOut(_)) => Outcome::GiveBack,
+            Err(_) => Outcome::GiveBack,
+        }
+    }
+
+    /// Lane `i`: connect, send what the planner gives it, reconnect after a failure, until
+    /// the file is complete or the upload stops.
+    async fn lane(self: Arc<Self>, i: usize, ep: quinn::Endpoint, server: SocketAddr) {
+        let counters = self.progress.lane(i);
+        let mut backoff = Duration::from_millis(250);
+        let mut first = true;
+        while !self.finished() {
+            let news = self.news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            let h3 = match self.connect(&ep, server).await {
+                Ok(h3) => h3,
+                Err(e) => {
+                    if first {
+                        tracing::warn!(lane = i + 1, error = %e, "cannot reach the server");
+                    }
+                    first = false;
+                    counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    self.planner.lock().expect("lock").fail(i).expect("lane");
+                    self.news.notify_waiters();
+                    if self.never_reached() {
+                        self.fail(UploadError::Unreachable(e));
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut news => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(4));
+                    continue;
+                }
+            };
+            first = false;
+            backoff = Duration::from_millis(250);
+            counters.connects.fetch_add(1, Ordering::Relaxed);
+            counters.up.store(true, Ordering::Relaxed);
+            self.planner.lock().expect("lock").restore(i).expect("lane");
+            if let Err(o) = self.announce(&h3).await {
+                match o {
+                    Outcome::Refused(e) => return self.fail(e),
+                    _ => {
+                        counters.up.store(false, Ordering::Relaxed);
+                        continue;
+                    }
+                }
+            }
+            self.send(i, &h3).await;
+            counters.up.store(false, Ordering::Relaxed);
+            h3.close();
+        }
+        self.news.notify_waiters();
+    }
+
+    /// Whether every lane has tried to connect, failed, and none ever connected: the server
+    /// is out of reach, not one path.
+    fn never_reached(&self) -> bool {
+        let n = self.planner.lock().expect("lock").lanes();
+        (0..n).all(|l| {
+            let c = self.progress.lane(l);
+            c.connects.load(Ordering::Relaxed) == 0
+                && c.connect_failures.load(Ordering::Relaxed) > 0
+        })
+    }
+
+    async fn connect(&self, ep: &quinn::Endpoint, server: SocketAddr) -> Result<H3Client, String> {
+        let c = tokio::time::timeout(
+            self.request_timeout,
+            connect(ep, &self.ccfg, server, &self.server_name, false),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "no handshake with {server} within {:?}",
+                self.request_timeout
+            )
+        })?
+        .map_err(|e| e.to_string())?;
+        H3Client::new(c.connection().clone())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Send chunks on `h3` until the planner has none for this lane and none are in flight,
+    /// or the connection is lost.
+    async fn send(&self, i: usize, h3: &H3Client) {
+        let counters = self.progress.lane(i);
+        let mut flight = FuturesUnordered::new();
+        loop {
+            // Listen before asking the planner, so news between the two is not missed.
+            let news = self.news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            // Claim chunks only as the path takes them: one congestion window plus two chunks
+            // in flight, within the send window (decision U4). A chunk claimed early would sit
+            // in this lane's send buffer while the other lane could have sent it.
+            let cwnd = h3.connection().stats().path.cwnd as usize;
+            let cap = (cwnd.div_ceil(self.chunk) + 2).min(self.in_flight);
+            while flight.len() < cap && self.stop.lock().expect("lock").is_none() {
+                let Some(c) = self.planner.lock().expect("lock").next(i).expect("lane") else {
+                    break;
+                };
+                let (off, len) = self.info.layout.range(c).expect("planned chunks exist");
+                let data = match self.source.read_at(off, len) {
+                    Ok(d) => d,
+                    Err(e) => return self.fail(UploadError::Source(e)),
+                };
+                flight.push(async move { (c, len, self.put(h3, c, data).await) });
+            }
+            if flight.is_empty() {
+                if self.finished() {
+                    return;
+                }
+                news.await;
+                continue;
+            }
+            let Some((c, len, outcome)) = flight.next().await else {
+                continue;
+            };
+            match outcome {
+                Outcome::Stored { complete } => {
+                    self.planner
+                        .lock()
+                        .expect("lock")
+                        .confirm(c)
+                        .expect("chunk");
+                    counters.chunks.fetch_add(1, Ordering::Relaxed);
+                    counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    if complete {
+                        self.confirmed.store(true, Ordering::Relaxed);
+                    }
+                    if self.finished() {
+                        self.news.notify_waiters();
+                    }
+                }
+                Outcome::GiveBack => {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                    self.planner
+                        .lock()
+                        .expect("lock")
+                        .release(i, c)
+                        .expect("lane");
+                    self.news.notify_waiters();
+                    if h3.is_closed() {
+                        return self.lost(i);
+                    }
+                }
+                Outcome::ConnectionLost => {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                    return self.lost(i);
+                }
+                Outcome::Refused(e) => return self.fail(e),
+            }
+        }
+    }
+
+    /// The lane's connection is gone: its unconfirmed chunks go back to the planner.
+    fn lost(&self, i: usize) {
+        self.planner.lock().expect("lock").fail(i).expect("lane");
+        self.news.notify_waiters();
+    }
+
+    /// Ask the server, on any lane, whether the file is complete.
+    async fn confirm_complete(
+        &self,
+        endpoints: &[(quinn::Endpoint, SocketAddr)],
+    ) -> Result<(), UploadError> {
+        let mut last = String::from("no interface reached it");
+        for (ep, server) in endpoints {
+            let h3 = match self.connect(ep, *server).await {
+                Ok(h) => h,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let req = self.request(http::Method::POST, format!("/upload/{}", self.name));
+            match h3
+                .request_within(req, Bytes::new(), 1 << 16, self.request_timeout)
+                .await
+            {
+                Ok(r) if r.status == http::StatusCode::CREATED => {
+                    h3.close();
+                    return Ok(());
+                }
+                Ok(r) => last = format!("it answered {}: {}", r.status, body_text(&r.body)),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(UploadError::Unconfirmed(last))
+    }
+}
+
+fn body_text(b: &[u8]) -> String {
+    String::from_utf8_lossy(&b[..b.len().min(500)])
+        .trim()
+        .to_string()
+}
+
+fn refused(status: http::StatusCode, body: &[u8]) -> UploadError {
+    UploadError::Refused {
+        status,
+        message: body_text(body),
+    }
+}
