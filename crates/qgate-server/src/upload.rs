@@ -262,11 +262,14 @@ impl Uploads {
         }
         let (done, part, state) = self.paths(name);
         if let Some(stored) = read_state(&state)? {
+            let same_file = stored.info.sha256 == info.sha256
+                && stored.info.layout.size() == info.layout.size();
+            if stored.complete && same_file {
+                // Complete: the chunk size it was sent with no longer matters.
+                return Ok(None);
+            }
             if stored.info != *info {
                 return Err(different(name, &stored.info, info));
-            }
-            if stored.complete {
-                return Ok(None);
             }
         } else if done.exists() {
             return Err(UploadFailure::Conflict(format!(
@@ -382,6 +385,12 @@ impl Uploads {
 }
 
 fn different(name: &str, stored: &FileInfo, announced: &FileInfo) -> UploadFailure {
+    if stored.sha256 == announced.sha256 && stored.layout.size() == announced.layout.size() {
+        return UploadFailure::Conflict(format!(
+            "upload '{name}' of this file is in progress in chunks of {} bytes: resume it with that chunk size",
+            stored.layout.chunk_size()
+        ));
+    }
     UploadFailure::Conflict(format!(
         "upload '{name}' is a different file ({} bytes in chunks of {}, SHA-256 {}); this one is {} bytes in chunks of {}, SHA-256 {}",
         stored.layout.size(),

@@ -369,9 +369,16 @@ impl Shared {
             http::StatusCode::CREATED => {
                 self.confirmed.store(true, Ordering::Relaxed);
                 let mut p = self.planner.lock().expect("lock");
+                let mut bytes = 0;
                 for i in 0..self.info.layout.chunks() {
-                    p.confirm(i).expect("in the file");
+                    if !p.is_done(i) {
+                        p.confirm(i).expect("in the file");
+                        bytes += self.info.layout.range(i).expect("in the file").1 as u64;
+                    }
                 }
+                self.progress
+                    .held_at_start
+                    .fetch_add(bytes, Ordering::Relaxed);
                 Ok(())
             }
             http::StatusCode::OK => {

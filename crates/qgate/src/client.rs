@@ -55,7 +55,12 @@ pub struct PostArgs {
 }
 
 fn trust(a: &ClientArgs, cfg: &Config) -> Result<TrustRoots, Failure> {
-    if let Some(ca) = a.ca.clone().or(cfg.client.ca.clone()) {
+    trust_from(a.ca.clone(), cfg)
+}
+
+/// The CA to trust: `ca`, else `[client] ca`, else the development CA if this machine has one.
+pub(crate) fn trust_from(ca: Option<PathBuf>, cfg: &Config) -> Result<TrustRoots, Failure> {
+    if let Some(ca) = ca.or(cfg.client.ca.clone()) {
         return TrustRoots::from_pem_file(&ca).map_err(usage);
     }
     let dir = default_dev_pki_dir();

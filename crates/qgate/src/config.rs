@@ -82,6 +82,10 @@ pub struct ServerConfig {
     pub sink: Option<PathBuf>,
     /// Largest request body, bytes.
     pub max_body: Option<usize>,
+    /// Directory receiving `qgate upload` files; none = uploads off.
+    pub uploads: Option<PathBuf>,
+    /// Largest file an upload may announce, bytes.
+    pub upload_max_bytes: Option<u64>,
 }
 
 /// `[client]`

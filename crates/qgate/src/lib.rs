@@ -11,6 +11,7 @@ mod lab;
 mod labcmd;
 mod linkemcmd;
 mod server;
+mod uploadcmd;
 pub mod url;
 
 use std::path::PathBuf;
@@ -78,6 +79,9 @@ enum Command {
     Send(amqpcmd::SendArgs),
     /// Receive messages from an AMQP queue and report the same.
     Recv(amqpcmd::RecvArgs),
+    /// Upload a file over one or more interfaces at once, from both ends of the file toward the
+    /// middle, resuming where an interrupted upload stopped (paper 001).
+    Upload(uploadcmd::UploadArgs),
     /// Run a program across emulated links in real time (rate, delay, loss, any queue
     /// discipline), in network namespaces it creates and removes (Linux, root).
     Linkem(linkemcmd::LinkemArgs),
@@ -171,6 +175,7 @@ pub fn run() -> ExitCode {
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),
         Command::Linkem(a) => linkemcmd::run(a, &config),
+        Command::Upload(a) => uploadcmd::run(a, &config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use qgate_server::{Server, Sink};
+use qgate_server::{Server, Sink, UploadLimits, Uploads};
 use qgate_transport::http3::ServeLimits;
 use qgate_transport::{Congestion, DevPki, Identity, Socket};
 
@@ -35,6 +35,13 @@ pub struct ServerArgs {
     /// without it bodies are only counted.
     #[arg(long, value_name = "DIR")]
     sink: Option<PathBuf>,
+    /// Receive `qgate upload` files (paper 001) into DIR: each complete file is verified
+    /// against its SHA-256 and fsynced before the upload is confirmed [default: off].
+    #[arg(long, value_name = "DIR")]
+    uploads: Option<PathBuf>,
+    #[arg(long, value_name = "SIZE", value_parser = qgate_core::units::parse_bytes, help = crate::dflt(
+        "Largest file an upload may announce", UploadLimits::default().max_file_bytes))]
+    upload_max_bytes: Option<u64>,
     #[arg(long, value_name = "BYTES", help = crate::dflt(
         "Largest request body in bytes; larger ones get 413", ServeLimits::default().max_body))]
     max_body: Option<usize>,
@@ -90,6 +97,19 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             .or(c.max_body)
             .unwrap_or(ServeLimits::default().max_body),
     };
+    let uploads = match a.uploads.or(c.uploads.clone()) {
+        Some(dir) => {
+            let limits = UploadLimits {
+                max_file_bytes: a
+                    .upload_max_bytes
+                    .or(c.upload_max_bytes)
+                    .unwrap_or(UploadLimits::default().max_file_bytes),
+                ..Default::default()
+            };
+            Some(Uploads::new(&dir, limits).map_err(usage)?)
+        }
+        None => None,
+    };
     let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;
     crate::runtime().block_on(async move {
         let mut builder = Server::builder()
@@ -100,6 +120,9 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             .limits(limits);
         if let Some((store, safeguard)) = history {
             builder = builder.history(store, safeguard);
+        }
+        if let Some(u) = uploads {
+            builder = builder.uploads(u);
         }
         let server = builder.start().map_err(usage)?;
         println!("qgate server listening on udp/{} (HTTP/3)", server.addr());

@@ -50,6 +50,7 @@ fn help_everywhere() {
         vec!["bench", "loopback", "--help"],
         vec!["linkem", "--help"],
         vec!["lab", "aqm-kernel", "--help"],
+        vec!["upload", "--help"],
     ] {
         let o = qgate(&home).args(&args).output().unwrap();
         assert!(o.status.success(), "{args:?}");
@@ -913,4 +914,83 @@ fn a_gateway_path_shape_it_cannot_do_is_refused_before_anything_binds() {
         let o = run(&home, &["-c", cfg.to_str().unwrap(), "gateway"]);
         assert_fails(o, 2, says);
     }
+}
+
+#[test]
+fn upload_over_two_interfaces_to_a_server() {
+    let home = tmp("upload");
+    let recv = home.join("recv");
+    let (_server, port) = start_server(&home, &["--uploads".as_ref(), recv.as_os_str()]);
+    let file = home.join("data.bin");
+    let bytes: Vec<u8> = (0..700_001u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let url = format!("https://localhost:{port}");
+    let f = file.to_str().unwrap();
+    let o = run(
+        &home,
+        &[
+            "upload",
+            f,
+            &url,
+            "--via",
+            "127.0.0.1",
+            "--via",
+            "127.0.0.2",
+            "--chunk",
+            "16KiB",
+            "-q",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("uploaded data.bin: 700001 bytes"), "{out}");
+    assert!(out.contains("interface 2 (127.0.0.2)"), "{out}");
+    assert_eq!(std::fs::read(recv.join("data.bin")).unwrap(), bytes);
+    // Again under the same name: already complete, nothing sent.
+    let o = run(&home, &["upload", f, &url, "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("700001 bytes were already there"));
+    // A different file under that name is refused (exit 3) and the stored one is kept.
+    std::fs::write(&file, b"something else").unwrap();
+    let o = run(
+        &home,
+        &["upload", f, &format!("{url}/upload/data.bin"), "-q"],
+    );
+    assert_fails(o, 3, "409 Conflict");
+    assert_eq!(std::fs::read(recv.join("data.bin")).unwrap(), bytes);
+    // Bad input: clear usage errors.
+    assert_fails(
+        run(&home, &["upload", "/nonexistent", &url]),
+        2,
+        "cannot open /nonexistent",
+    );
+    assert_fails(
+        run(&home, &["upload", f, &format!("{url}/ingest/x")]),
+        2,
+        "the path must be /upload/NAME",
+    );
+    assert_fails(
+        run(&home, &["upload", f, &url, "--chunk", "10"]),
+        2,
+        "chunk size must be",
+    );
+    assert_fails(
+        run(&home, &["upload", f, &url, "--chunk", "1mb"]),
+        2,
+        "unknown unit 'mb'",
+    );
+    assert_fails(
+        run(&home, &["upload", f, &url, "--via", "10.255.255.1"]),
+        2,
+        "--via 10.255.255.1",
+    );
+    // A server without --uploads says how to turn them on.
+    let (_plain, plain) = start_server(&home, &[]);
+    let o = run(
+        &home,
+        &["upload", f, &format!("https://localhost:{plain}"), "-q"],
+    );
+    assert_fails(o, 3, "start it with --uploads DIR");
 }

@@ -27,6 +27,8 @@ pub const CHUNK_HEADER: &str = "qgate-upload-chunk";
 pub const SHA256_HEADER: &str = "qgate-upload-sha256";
 /// The chunks the server holds durably, on its answer to an announcement ([`Held`]).
 pub const HELD_HEADER: &str = "qgate-upload-held";
+/// The chunk size unless told (EXPERIMENTS.md "upload": 64 KB, *decided*).
+pub const DEFAULT_CHUNK: u64 = 64 * 1024;
 /// Smallest chunk size accepted.
 pub const MIN_CHUNK: u64 = 1024;
 /// Largest chunk size accepted (a chunk is one request body).
