@@ -23,6 +23,9 @@ pub enum H3Error {
     /// No response within the time allowed; the request's stream was cancelled.
     #[error("no response within {0:?}; request cancelled")]
     TimedOut(std::time::Duration),
+    /// The caller cancelled the request; its stream was reset.
+    #[error("request cancelled")]
+    Cancelled,
     /// A body exceeded its limit.
     #[error("{what} body exceeds the limit of {limit} bytes")]
     TooLarge {
@@ -124,22 +127,43 @@ impl H3Client {
         max_response: usize,
         timeout: std::time::Duration,
     ) -> Result<H3Response, H3Error> {
+        self.request_cancellable(req, body, max_response, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`request_within`](Self::request_within) that also gives up when `cancel` completes:
+    /// the stream is reset, so whatever of the body is still unsent is dropped, not sent.
+    pub async fn request_cancellable(
+        &self,
+        req: Request<()>,
+        body: Bytes,
+        max_response: usize,
+        timeout: std::time::Duration,
+        cancel: impl Future<Output = ()>,
+    ) -> Result<H3Response, H3Error> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut send = self.send.clone();
-        let mut stream = tokio::time::timeout_at(deadline, send.send_request(req))
-            .await
-            .map_err(|_| H3Error::TimedOut(timeout))?
-            .map_err(stream_err)?;
-        match tokio::time::timeout_at(deadline, exchange(&mut stream, body, max_response)).await {
-            Ok(r) => r,
-            Err(_) => {
-                // Reset our side; the receive side is stopped when the stream drops. (h3-quinn
-                // 0.0.10 panics on `stop_sending` while a read it started is pending, which is
-                // where a time-out usually finds it, so that side goes with code 0.)
-                stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-                Err(H3Error::TimedOut(timeout))
+        tokio::pin!(cancel);
+        let mut stream = tokio::select! {
+            s = tokio::time::timeout_at(deadline, send.send_request(req)) => s
+                .map_err(|_| H3Error::TimedOut(timeout))?
+                .map_err(stream_err)?,
+            () = &mut cancel => return Err(H3Error::Cancelled),
+        };
+        let outcome = tokio::select! {
+            r = tokio::time::timeout_at(deadline, exchange(&mut stream, body, max_response)) => {
+                match r {
+                    Ok(r) => return r,
+                    Err(_) => H3Error::TimedOut(timeout),
+                }
             }
-        }
+            () = &mut cancel => H3Error::Cancelled,
+        };
+        // Reset our side; the receive side is stopped when the stream drops. (h3-quinn 0.0.10
+        // panics on `stop_sending` while a read it started is pending, which is where a
+        // time-out usually finds it, so that side goes with code 0.)
+        stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+        Err(outcome)
     }
 
     /// Whether this client can carry no more requests: its QUIC connection closed, or its

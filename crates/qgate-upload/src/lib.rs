@@ -59,6 +59,9 @@ pub struct Lane {
     pub socket: Socket,
     /// The server.
     pub server: SocketAddr,
+    /// A socket on another interface: when this lane's path stalls, its connection migrates
+    /// there (QUIC connection migration, RFC 9000 §9) and later tries its own path again.
+    pub backup: Option<Socket>,
 }
 
 /// Live counters of an upload, readable while it runs (progress bars, the lab's series).
@@ -83,6 +86,12 @@ pub struct LaneCounters {
     pub failed: AtomicU64,
     /// Connection attempts that failed.
     pub connect_failures: AtomicU64,
+    /// Migrations to the backup interface.
+    pub migrations: AtomicU64,
+    /// Whether the lane's connection is on its backup interface now.
+    pub on_backup: AtomicBool,
+    /// Requests cancelled because another lane took their chunk over.
+    pub taken_away: AtomicU64,
 }
 
 impl Progress {
@@ -127,6 +136,8 @@ pub struct LaneReport {
     pub failed: u64,
     /// Connections made.
     pub connects: u64,
+    /// Migrations to the backup interface.
+    pub migrations: u64,
 }
 
 /// Entry point: [`Upload::builder`].
@@ -145,14 +156,29 @@ impl Upload {
             seed: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             progress: Arc::new(Progress::default()),
+            steal: true,
+            failover_after: None,
         }
     }
 }
 
 /// A chunk request that takes longer than this is given back to the planner.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most chunk requests one lane keeps in flight; below that, one congestion window plus two
-/// chunks, and the transport's send window (`send_window / chunk`, at least 2), bound them.
+/// The shortest stall that moves a lane to its backup interface.
+pub const FAILOVER_FLOOR: Duration = Duration::from_secs(1);
+/// How long a lane stays on its backup before it tries its own interface again (doubling
+/// while that keeps failing, up to 30 s).
+pub const RETRY_PRIMARY: Duration = Duration::from_secs(5);
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Most chunk requests one lane keeps in flight; below that, one congestion window plus one
+/// chunk, and the transport's send window (`send_window / chunk`, at least 2), bound them.
 pub const MAX_IN_FLIGHT: usize = 64;
 
 /// Assembles an upload.
@@ -166,9 +192,26 @@ pub struct UploadBuilder {
     seed: Option<u64>,
     request_timeout: Duration,
     progress: Arc<Progress>,
+    steal: bool,
+    failover_after: Option<Duration>,
 }
 
 impl UploadBuilder {
+    /// Move a lane to its backup interface when no chunk of it has been confirmed for this
+    /// long while some are in flight [default: max(1 s, 8 × the connection's smoothed RTT),
+    /// decision U7].
+    pub fn failover_after(mut self, t: Duration) -> Self {
+        self.failover_after = Some(t);
+        self
+    }
+
+    /// Whether a lane with nothing left takes over the chunks another lane has queued where
+    /// they meet (decision U6; default on). Off is paper 001's literal scheme.
+    pub fn steal(mut self, on: bool) -> Self {
+        self.steal = on;
+        self
+    }
+
     /// Add a lane (interface); lane 0 sends from the front of the file, lane 1 from the back.
     pub fn lane(mut self, lane: Lane) -> Self {
         self.lanes.push(lane);
@@ -262,19 +305,32 @@ impl UploadBuilder {
             request_timeout: self.request_timeout,
             in_flight: (transport.send_window as usize / chunk).clamp(2, MAX_IN_FLIGHT),
             chunk,
+            steal: self.steal,
+            failover_after: self.failover_after,
         });
         let start = Instant::now();
         let mut endpoints = Vec::new();
+        let mut paths = Vec::new();
         for (i, lane) in self.lanes.into_iter().enumerate() {
+            let setup = |e: qgate_transport::TransportError| {
+                UploadError::Setup(format!("interface {}: {e}", i + 1))
+            };
             let seed = self.seed.map(|s| s.wrapping_mul(31).wrapping_add(i as u64));
-            let ep = endpoint(lane.socket, None, seed)
-                .map_err(|e| UploadError::Setup(format!("interface {}: {e}", i + 1)))?;
+            let primary = lane.socket.into_async().map_err(setup)?;
+            let backup = lane
+                .backup
+                .map(Socket::into_async)
+                .transpose()
+                .map_err(setup)?;
+            let ep = endpoint(Socket::Abstract(primary.clone()), None, seed).map_err(setup)?;
             endpoints.push((ep, lane.server));
+            paths.push(Paths { primary, backup });
         }
         let lanes = endpoints
             .iter()
+            .zip(paths)
             .enumerate()
-            .map(|(i, (ep, server))| shared.clone().lane(i, ep.clone(), *server));
+            .map(|(i, ((ep, server), paths))| shared.clone().lane(i, ep.clone(), *server, paths));
         let results = futures_util::future::join_all(lanes).await;
         if let Some(e) = shared.stop.lock().expect("lock").take() {
             return Err(e);
@@ -300,6 +356,7 @@ impl UploadBuilder {
                         bytes: l.bytes.load(Ordering::Relaxed),
                         failed: l.failed.load(Ordering::Relaxed),
                         connects: l.connects.load(Ordering::Relaxed),
+                        migrations: l.migrations.load(Ordering::Relaxed),
                     }
                 })
                 .collect(),
@@ -327,12 +384,33 @@ struct Shared {
     /// Most chunks in flight per lane: the send window's worth (at least 2).
     in_flight: usize,
     chunk: usize,
+    steal: bool,
+    failover_after: Option<Duration>,
+}
+
+/// A lane's two sockets: its own interface's and the backup's.
+struct Paths {
+    primary: Arc<dyn quinn::AsyncUdpSocket>,
+    backup: Option<Arc<dyn quinn::AsyncUdpSocket>>,
+}
+
+/// Where a lane's connection runs, and when to try its own path again.
+struct Failover {
+    on_backup: bool,
+    /// On the backup: when to try the primary again.
+    retry_at: Instant,
+    /// The wait before the next retry (doubles while the primary stays dead, up to 30 s).
+    retry_every: Duration,
 }
 
 /// How a chunk request ended.
 enum Outcome {
-    Stored { complete: bool },
+    Stored {
+        complete: bool,
+    },
     GiveBack,
+    /// Another lane took the chunk over; the request was cancelled.
+    TakenAway,
     ConnectionLost,
     Refused(UploadError),
 }
@@ -410,25 +488,71 @@ impl Shared {
         }
     }
 
-    async fn put(&self, h3: &H3Client, chunk: usize, data: Bytes) -> Outcome {
+    /// Completes when the upload is finished (complete or stopped).
+    async fn until_finished(&self) {
+        loop {
+            let news = self.news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            if self.finished() {
+                return;
+            }
+            news.await;
+        }
+    }
+
+    /// Completes when `chunk` is no longer `lane`'s (another lane stole it, or it failed).
+    async fn taken_away(&self, lane: usize, chunk: usize) {
+        loop {
+            let news = self.news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            if self.planner.lock().expect("lock").owner(chunk) != Some(lane) {
+                return;
+            }
+            news.await;
+        }
+    }
+
+    async fn put(&self, h3: &H3Client, lane: usize, chunk: usize, data: Bytes) -> Outcome {
         let req = self.request(http::Method::PUT, format!("/upload/{}/{chunk}", self.name));
         match h3
-            .request_within(req, data, 1 << 16, self.request_timeout)
+            .request_cancellable(
+                req,
+                data,
+                1 << 16,
+                self.request_timeout,
+                self.taken_away(lane, chunk),
+            )
             .await
         {
+            Err(H3Error::Cancelled) => Outcome::TakenAway,
             Ok(r) if r.status == http::StatusCode::OK => Outcome::Stored { complete: false },
             Ok(r) if r.status == http::StatusCode::CREATED => Outcome::Stored { complete: true },
             Ok(r) if r.status == http::StatusCode::SERVICE_UNAVAILABLE => Outcome::GiveBack,
             Ok(r) => Outcome::Refused(refused(r.status, &r.body)),
             Err(_) if h3.is_closed() => Outcome::ConnectionLost,
-            Err(H3Error::TimedOut(_)) => Outcome::GiveBack,
+            // No answer for the whole timeout: treat the connection as dead, so other lanes
+            // take its chunks while this one reconnects.
+            Err(H3Error::TimedOut(_)) => Outcome::ConnectionLost,
             Err(_) => Outcome::GiveBack,
         }
     }
 
     /// Lane `i`: connect, send what the planner gives it, reconnect after a failure, until
     /// the file is complete or the upload stops.
-    async fn lane(self: Arc<Self>, i: usize, ep: quinn::Endpoint, server: SocketAddr) {
+    async fn lane(
+        self: Arc<Self>,
+        i: usize,
+        ep: quinn::Endpoint,
+        server: SocketAddr,
+        paths: Paths,
+    ) {
+        let mut failover = Failover {
+            on_backup: false,
+            retry_at: Instant::now(),
+            retry_every: RETRY_PRIMARY,
+        };
         let counters = self.progress.lane(i);
         let mut backoff = Duration::from_millis(250);
         let mut first = true;
@@ -436,7 +560,12 @@ impl Shared {
             let news = self.news.notified();
             tokio::pin!(news);
             news.as_mut().enable();
-            let h3 = match self.connect(&ep, server).await {
+            // A lane still connecting when the others finish the file stops at once.
+            let attempt = tokio::select! {
+                r = self.connect(&ep, server) => r,
+                () = self.until_finished() => break,
+            };
+            let h3 = match attempt {
                 Ok(h3) => h3,
                 Err(e) => {
                     if first {
@@ -463,7 +592,11 @@ impl Shared {
             counters.connects.fetch_add(1, Ordering::Relaxed);
             counters.up.store(true, Ordering::Relaxed);
             self.planner.lock().expect("lock").restore(i).expect("lane");
-            if let Err(o) = self.announce(&h3).await {
+            let announced = tokio::select! {
+                r = self.announce(&h3) => r,
+                () = self.until_finished() => break,
+            };
+            if let Err(o) = announced {
                 match o {
                     Outcome::Refused(e) => return self.fail(e),
                     _ => {
@@ -472,7 +605,7 @@ impl Shared {
                     }
                 }
             }
-            self.send(i, &h3).await;
+            self.send(i, &h3, &ep, &paths, &mut failover).await;
             counters.up.store(false, Ordering::Relaxed);
             h3.close();
         }
@@ -510,40 +643,100 @@ impl Shared {
 
     /// Send chunks on `h3` until the planner has none for this lane and none are in flight,
     /// or the connection is lost.
-    async fn send(&self, i: usize, h3: &H3Client) {
+    async fn send(
+        &self,
+        i: usize,
+        h3: &H3Client,
+        ep: &quinn::Endpoint,
+        paths: &Paths,
+        failover: &mut Failover,
+    ) {
         let counters = self.progress.lane(i);
         let mut flight = FuturesUnordered::new();
+        let mut last_progress = Instant::now();
         loop {
             // Listen before asking the planner, so news between the two is not missed.
             let news = self.news.notified();
             tokio::pin!(news);
             news.as_mut().enable();
-            // Claim chunks only as the path takes them: one congestion window plus two chunks
+            // Claim chunks only as the path takes them: one congestion window plus one chunk
             // in flight, within the send window (decision U4). A chunk claimed early would sit
             // in this lane's send buffer while the other lane could have sent it.
             let cwnd = h3.connection().stats().path.cwnd as usize;
-            let cap = (cwnd.div_ceil(self.chunk) + 2).min(self.in_flight);
+            let cap = (cwnd.div_ceil(self.chunk) + 1).min(self.in_flight);
             while flight.len() < cap && self.stop.lock().expect("lock").is_none() {
-                let Some(c) = self.planner.lock().expect("lock").next(i).expect("lane") else {
-                    break;
+                let (next, stolen) = {
+                    let mut p = self.planner.lock().expect("lock");
+                    match p.next(i).expect("lane") {
+                        Some(c) => (Some(c), false),
+                        None if self.steal => (p.steal(i).expect("lane"), true),
+                        None => (None, false),
+                    }
                 };
+                let Some(c) = next else { break };
+                if stolen {
+                    // The victim's request watches for this.
+                    self.news.notify_waiters();
+                }
                 let (off, len) = self.info.layout.range(c).expect("planned chunks exist");
                 let data = match self.source.read_at(off, len) {
                     Ok(d) => d,
                     Err(e) => return self.fail(UploadError::Source(e)),
                 };
-                flight.push(async move { (c, len, self.put(h3, c, data).await) });
+                flight.push(async move { (c, len, self.put(h3, i, c, data).await) });
             }
             if flight.is_empty() {
                 if self.finished() {
                     return;
                 }
                 news.await;
+                last_progress = Instant::now();
                 continue;
             }
-            let Some((c, len, outcome)) = flight.next().await else {
+            // Stalled on its own path: migrate to the backup. On the backup: try the own path
+            // again from time to time (decision U7).
+            let stall = self
+                .failover_after
+                .unwrap_or_else(|| (h3.connection().rtt() * 8).max(FAILOVER_FLOOR));
+            let switch_at = match (&paths.backup, failover.on_backup) {
+                (Some(_), false) => Some(last_progress + stall),
+                (Some(_), true) => Some(failover.retry_at),
+                (None, _) => None,
+            };
+            let next = tokio::select! {
+                n = flight.next() => n,
+                _ = sleep_until_opt(switch_at) => {
+                    let backup = paths.backup.clone().expect("a switch needs a backup");
+                    if failover.on_backup {
+                        tracing::info!(lane = i + 1, "trying the lane's own interface again");
+                        if ep.rebind_abstract(paths.primary.clone()).is_ok() {
+                            failover.on_backup = false;
+                            counters.on_backup.store(false, Ordering::Relaxed);
+                        }
+                    } else {
+                        tracing::info!(lane = i + 1, ?stall, "no progress: moving to the backup interface");
+                        if ep.rebind_abstract(backup).is_ok() {
+                            // A primary that failed right after a retry waits longer next time.
+                            let recent = failover.retry_at + stall * 2 > Instant::now();
+                            failover.retry_every = if recent {
+                                (failover.retry_every * 2).min(Duration::from_secs(30))
+                            } else {
+                                RETRY_PRIMARY
+                            };
+                            failover.on_backup = true;
+                            failover.retry_at = Instant::now() + failover.retry_every;
+                            counters.migrations.fetch_add(1, Ordering::Relaxed);
+                            counters.on_backup.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    last_progress = Instant::now();
+                    continue;
+                }
+            };
+            let Some((c, len, outcome)) = next else {
                 continue;
             };
+            last_progress = Instant::now();
             match outcome {
                 Outcome::Stored { complete } => {
                     self.planner
@@ -575,6 +768,9 @@ impl Shared {
                 Outcome::ConnectionLost => {
                     counters.failed.fetch_add(1, Ordering::Relaxed);
                     return self.lost(i);
+                }
+                Outcome::TakenAway => {
+                    counters.taken_away.fetch_add(1, Ordering::Relaxed);
                 }
                 Outcome::Refused(e) => return self.fail(e),
             }

@@ -44,6 +44,7 @@ fn lane(local: &str, server: SocketAddr) -> Lane {
     Lane {
         socket: Socket::bind_udp(format!("{local}:0").parse().unwrap()).unwrap(),
         server,
+        backup: None,
     }
 }
 

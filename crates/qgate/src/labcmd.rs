@@ -31,6 +31,10 @@ pub enum Lab {
     /// Paper 002: initial congestion window from history (runs the shipped plans
     /// lab/plans/paper002-*.toml into results/history/).
     History(HistoryArgs),
+    /// Paper 001: multi-homed two-ended upload over Wi-Fi and cellular, against each alone,
+    /// and the Wi-Fi path dying mid-transfer (runs the shipped plans
+    /// lab/plans/paper001-*.toml into results/upload/).
+    Upload(UploadArgs),
     /// Paper 000: the gateway's schedulers over three backhaul paths (runs the shipped plan
     /// lab/plans/paper000-proxy.toml into results/proxy/).
     Proxy(ProxyArgs),
@@ -109,6 +113,22 @@ pub struct ProxyArgs {
     #[arg(long)]
     seeds: Option<u64>,
     /// Where to write results [default: results/proxy].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Simulations run at once [default: one per core].
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct UploadArgs {
+    /// Smoke run: the plans' [plan.quick] (2 MB, two window points, two seeds).
+    #[arg(long)]
+    quick: bool,
+    /// Seeds per point [default: the plans', 5].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Where to write results [default: results/upload; the fault case in its fault/].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Simulations run at once [default: one per core].
@@ -217,6 +237,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
         Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
+        Lab::Upload(u) => upload_cmd(u),
         Lab::Run(r) => run_cmd(r),
         Lab::Faults(f) => faults_cmd(f),
         Lab::Margins(m) => {
@@ -484,6 +505,28 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
     run_plan(&loaded, &opts, a.jobs, a.out, false, |records| {
         paper000::against_paper(&loaded, records)
     })
+}
+
+fn upload_cmd(a: UploadArgs) -> Result<(), Failure> {
+    let root = a.out.unwrap_or_else(|| PathBuf::from("results/upload"));
+    let opts = qgate_lab::plan::Options {
+        seeds: a.seeds,
+        quick: a.quick,
+        ..Default::default()
+    };
+    let plans = qgate_lab::papers::paper001::plans().map_err(usage)?;
+    let mut done = Vec::new();
+    for (loaded, sub) in &plans {
+        let eff = loaded.overridden(&opts).map_err(usage)?;
+        let out = out_dir(&eff, Some(root.join(sub)))?;
+        done.push((execute(loaded, &opts, a.jobs)?, out, eff));
+    }
+    let extra = qgate_lab::papers::paper001::against_paper(&done[0].0.records, &done[1].0.records);
+    for (i, (ran, out, eff)) in done.into_iter().enumerate() {
+        let e = if i == 0 { extra.as_str() } else { "" };
+        write_results(&eff, &opts, &ran, out, false, e)?;
+    }
+    Ok(())
 }
 
 fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {

@@ -122,16 +122,26 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
             .request_timeout(timeout)
             .transport(cfg.transport.clone())
             .file(info, source);
-        for ip in &locals {
+        let bind = |ip: IpAddr| {
+            Socket::bind_udp(SocketAddr::new(ip, 0))
+                .map_err(|e| usage(format!("--via {ip}: {e} (is it an address of this machine?)")))
+        };
+        for (i, ip) in locals.iter().enumerate() {
             if ip.is_ipv4() != server.is_ipv4() {
                 return Err(usage(format!(
                     "--via {ip} and the server's address {} are not the same IP version",
                     server.ip()
                 )));
             }
-            let socket = Socket::bind_udp(SocketAddr::new(*ip, 0))
-                .map_err(|e| usage(format!("--via {ip}: {e} (is it an address of this machine?)")))?;
-            up = up.lane(Lane { socket, server });
+            // Each interface's backup is the next one (paper 001 §3.1).
+            let backup = (locals.len() > 1)
+                .then(|| bind(locals[(i + 1) % locals.len()]))
+                .transpose()?;
+            up = up.lane(Lane {
+                socket: bind(*ip)?,
+                server,
+                backup,
+            });
         }
         let progress = up.progress();
         let pb = bar(
@@ -152,7 +162,13 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
                     for (i, prev) in last.iter_mut().enumerate() {
                         let l = progress.lane(i);
                         let b = l.bytes.load(Ordering::Relaxed);
-                        let up = if l.up.load(Ordering::Relaxed) { "" } else { " (down)" };
+                        let up = if !l.up.load(Ordering::Relaxed) {
+                            " (down)"
+                        } else if l.on_backup.load(Ordering::Relaxed) {
+                            " (on backup)"
+                        } else {
+                            ""
+                        };
                         msg.push(format!("{}: {:.1} Mbit/s{up}", i + 1, (b - *prev) as f64 * 8e-6));
                         *prev = b;
                     }
@@ -191,14 +207,15 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
                 );
                 for (i, l) in r.lanes.iter().enumerate() {
                     println!(
-                        "  interface {} ({}): {} chunks, {} bytes, {:.2} Mbit/s, {} failed requests, {} connections",
+                        "  interface {} ({}): {} chunks, {} bytes, {:.2} Mbit/s, {} failed requests, {} connections, {} moves to the backup",
                         i + 1,
                         locals[i],
                         l.chunks,
                         l.bytes,
                         l.bytes as f64 * 8e-6 / secs.max(1e-9),
                         l.failed,
-                        l.connects
+                        l.connects,
+                        l.migrations
                     );
                 }
                 Ok(())

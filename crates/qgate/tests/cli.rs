@@ -994,3 +994,54 @@ fn upload_over_two_interfaces_to_a_server() {
     );
     assert_fails(o, 3, "start it with --uploads DIR");
 }
+
+#[test]
+fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
+    let (_home, out) = run_lab_quick(
+        "upload",
+        &[
+            "results.csv",
+            "summary.md",
+            "provenance.toml",
+            "fault/results.csv",
+            "fault/summary.md",
+        ],
+    );
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    for scheme in [
+        "two-ended",
+        "two-ended-literal",
+        "wifi-only",
+        "cellular-only",
+    ] {
+        assert!(
+            csv.contains(&format!("{scheme},receive-window,")),
+            "{scheme} missing"
+        );
+    }
+    // Every upload arrived byte-identical, on the healthy and on the failing network.
+    for f in ["results.csv", "fault/results.csv"] {
+        let csv = std::fs::read_to_string(out.join(f)).unwrap();
+        let completed: Vec<&str> = csv
+            .lines()
+            .filter(|l| l.contains(",up.completed,"))
+            .collect();
+        assert!(!completed.is_empty(), "{f}");
+        assert!(
+            completed.iter().all(|l| l.ends_with(",1")),
+            "{f}:\n{}",
+            completed.join("\n")
+        );
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Against paper 001"), "{summary}");
+    assert!(summary.contains("| wifi-dies | 2 of 2 |"), "{summary}");
+    // The backup path carried lane 1 after Wi-Fi died.
+    let fault = std::fs::read_to_string(out.join("fault/results.csv")).unwrap();
+    assert!(
+        fault.lines().any(|l| l.starts_with("wifi-dies,")
+            && l.contains(",up.migrations,")
+            && !l.ends_with(",0")),
+        "{fault}"
+    );
+}

@@ -16,6 +16,12 @@
 //! So k lanes work ⌈k/2⌉ segments, each from both ends. A failed lane's taken-but-unconfirmed
 //! chunks become free again, to be picked up by the lane walking toward them (or anyone
 //! re-planning). Every step is O(1) except re-planning, which scans the chunk table once.
+//!
+//! Beyond the paper (decision U6): where the lanes meet, a lane with nothing left may
+//! [`Planner::steal`] the chunk another lane took last (the one nearest the meeting point, the
+//! last in that lane's send queue), so a slow lane's queued chunks do not hold up the end of the
+//! file; the victim cancels its request. The paper's literal scheme is the planner without
+//! steals.
 
 use super::Layout;
 
@@ -29,6 +35,8 @@ enum State {
     Free,
     /// Lane `.0` has taken it and not yet had it confirmed.
     Taken(u8),
+    /// Lane `.0` stole it from another lane; it is not stolen again.
+    Stolen(u8),
     /// The receiver holds it.
     Done,
 }
@@ -53,7 +61,8 @@ struct Walk {
 struct Lane {
     up: bool,
     walk: Option<Walk>,
-    taken: usize,
+    /// Taken and unconfirmed chunks, oldest first.
+    taken: std::collections::VecDeque<usize>,
 }
 
 /// Why the planner refused a call: the shell asked for something impossible.
@@ -92,7 +101,7 @@ impl Planner {
                 Lane {
                     up: true,
                     walk: None,
-                    taken: 0,
+                    taken: std::collections::VecDeque::new(),
                 };
                 lanes
             ],
@@ -128,7 +137,15 @@ impl Planner {
 
     /// Chunks `lane` has taken and not had confirmed.
     pub fn taken_by(&self, lane: usize) -> usize {
-        self.lanes.get(lane).map_or(0, |l| l.taken)
+        self.lanes.get(lane).map_or(0, |l| l.taken.len())
+    }
+
+    /// The lane that has taken `chunk` and not had it confirmed, if any.
+    pub fn owner(&self, chunk: usize) -> Option<usize> {
+        match self.state.get(chunk) {
+            Some(State::Taken(l) | State::Stolen(l)) => Some(*l as usize),
+            _ => None,
+        }
     }
 
     /// Whether `chunk` is held by the receiver.
@@ -168,7 +185,7 @@ impl Planner {
         let s = self.state.get_mut(chunk).ok_or(PlanError::NoChunk(chunk))?;
         match *s {
             State::Done => return Ok(()),
-            State::Taken(l) => self.lanes[l as usize].taken -= 1,
+            State::Taken(l) | State::Stolen(l) => forget(&mut self.lanes[l as usize].taken, chunk),
             State::Free => {}
         }
         *s = State::Done;
@@ -181,10 +198,10 @@ impl Planner {
     pub fn release(&mut self, lane: usize, chunk: usize) -> Result<(), PlanError> {
         self.lanes.get(lane).ok_or(PlanError::NoLane(lane))?;
         let s = self.state.get_mut(chunk).ok_or(PlanError::NoChunk(chunk))?;
-        if *s == State::Taken(lane as u8) {
+        if matches!(*s, State::Taken(l) | State::Stolen(l) if l as usize == lane) {
             *s = State::Free;
             let l = &mut self.lanes[lane];
-            l.taken -= 1;
+            forget(&mut l.taken, chunk);
             // It resends this one next, then re-plans where its walk left off.
             let dir = l.walk.map_or(Direction::Forward, |w| w.dir);
             l.walk = Some(Walk { next: chunk, dir });
@@ -198,13 +215,8 @@ impl Planner {
         let l = self.lanes.get_mut(lane).ok_or(PlanError::NoLane(lane))?;
         l.up = false;
         l.walk = None;
-        if l.taken > 0 {
-            l.taken = 0;
-            for s in &mut self.state {
-                if *s == State::Taken(lane as u8) {
-                    *s = State::Free;
-                }
-            }
+        for c in std::mem::take(&mut l.taken) {
+            self.state[c] = State::Free;
         }
         Ok(())
     }
@@ -215,11 +227,40 @@ impl Planner {
         Ok(())
     }
 
+    /// For `lane`, which has nothing left to take: the chunk taken last by the lane holding the
+    /// most (at least two, and two more than `lane`; it keeps the one it is sending), now
+    /// taken by `lane`; a chunk is stolen at most once. The victim
+    /// should cancel its request for it ([`Planner::owner`] no longer names it). `None` when
+    /// no lane holds two.
+    pub fn steal(&mut self, lane: usize) -> Result<Option<usize>, PlanError> {
+        if !self.lanes.get(lane).ok_or(PlanError::NoLane(lane))?.up {
+            return Ok(None);
+        }
+        // Only from a lane holding at least two more than the thief, and never a chunk stolen
+        // before: so two lanes cannot pass chunks back and forth.
+        let mine = self.lanes[lane].taken.len();
+        let last_unstolen = |v: usize| {
+            let t = &self.lanes[v].taken;
+            t.back()
+                .copied()
+                .filter(|&c| t.len() >= 2 && matches!(self.state[c], State::Taken(_)))
+        };
+        let victim = (0..self.lanes.len())
+            .filter(|&v| v != lane && self.lanes[v].taken.len() >= mine + 2)
+            .filter(|&v| last_unstolen(v).is_some())
+            .max_by_key(|&v| (self.lanes[v].taken.len(), std::cmp::Reverse(v)));
+        let Some(v) = victim else { return Ok(None) };
+        let c = self.lanes[v].taken.pop_back().expect("at least two");
+        self.state[c] = State::Stolen(lane as u8);
+        self.lanes[lane].taken.push_back(c);
+        Ok(Some(c))
+    }
+
     fn take(&mut self, lane: usize, w: Walk) -> usize {
         debug_assert_eq!(self.state[w.next], State::Free);
         self.state[w.next] = State::Taken(lane as u8);
         let l = &mut self.lanes[lane];
-        l.taken += 1;
+        l.taken.push_back(w.next);
         l.walk = step(w, self.state.len()).or(Some(Walk {
             // Walked off the end: the next call re-plans.
             next: usize::MAX,
@@ -286,6 +327,13 @@ impl Planner {
             next: mid,
             dir: Direction::Forward,
         }))
+    }
+}
+
+/// Drop `chunk` from a lane's taken list (short: at most the lane's requests in flight).
+fn forget(taken: &mut std::collections::VecDeque<usize>, chunk: usize) {
+    if let Some(i) = taken.iter().position(|&c| c == chunk) {
+        taken.remove(i);
     }
 }
 

@@ -16,6 +16,7 @@ struct Sim {
     confirmed: Vec<bool>,
     sent: usize,
     lost_in_flight: usize,
+    stolen: usize,
     order: Vec<Vec<usize>>,
 }
 
@@ -29,6 +30,7 @@ impl Sim {
             confirmed: vec![false; chunks],
             sent: 0,
             lost_in_flight: 0,
+            stolen: 0,
             order: vec![Vec::new(); lanes],
         }
     }
@@ -69,6 +71,37 @@ impl Sim {
         true
     }
 
+    /// Lane `l` steals; the victim cancels its copy (its pipe drops it).
+    fn steal(&mut self, l: usize) -> bool {
+        if self.pipes[l].len() >= self.window {
+            return false;
+        }
+        let Some(c) = self.p.steal(l).unwrap() else {
+            return false;
+        };
+        assert!(!self.confirmed[c], "stole confirmed chunk {c}");
+        assert_eq!(self.p.owner(c), Some(l));
+        let victim = (0..self.pipes.len())
+            .find(|&v| self.pipes[v].contains(&c))
+            .expect("a stolen chunk was in some lane's pipe");
+        assert_ne!(victim, l);
+        assert!(
+            self.pipes[victim].len() >= self.pipes[l].len() + 2,
+            "the victim keeps the chunk it is sending and held two more than the thief"
+        );
+        assert_eq!(
+            self.pipes[victim].back(),
+            Some(&c),
+            "the victim's last-taken chunk"
+        );
+        self.pipes[victim].pop_back();
+        self.pipes[l].push_back(c);
+        self.order[l].push(c);
+        self.sent += 1;
+        self.stolen += 1;
+        true
+    }
+
     fn fail(&mut self, l: usize) {
         self.lost_in_flight += self.pipes[l].len();
         self.pipes[l].clear();
@@ -102,8 +135,11 @@ impl Sim {
             self.confirmed.len()
         );
         assert!(self.confirmed.iter().all(|&c| c));
-        // A chunk is sent again only if it was lost in flight with a failed lane.
-        assert_eq!(self.sent, self.confirmed.len() + self.lost_in_flight);
+        // A chunk is sent again only if it was lost in flight with a failed lane or stolen.
+        assert_eq!(
+            self.sent,
+            self.confirmed.len() + self.lost_in_flight + self.stolen
+        );
         for l in 0..self.pipes.len() {
             assert_eq!(self.p.taken_by(l), 0);
         }
@@ -259,6 +295,67 @@ fn a_failure_at_every_step_loses_nothing_and_resends_only_what_was_in_flight() {
     }
 }
 
+/// At the meeting point the fast lane takes the slow lane's queued chunks: the slow lane is left
+/// with the one it is sending, and the file ends sooner.
+#[test]
+fn a_fast_lane_steals_the_slow_lanes_queue_where_they_meet() {
+    for n in 2..=60 {
+        let run = |steal: bool| {
+            let mut s = Sim::new(n, 2, 6);
+            let mut steps = 0;
+            while !s.p.is_complete() {
+                // Lane 0 delivers every step, lane 1 every fourth.
+                if !s.fill(0) && steal {
+                    while s.steal(0) {}
+                }
+                s.deliver(0);
+                s.fill(1);
+                if steps % 4 == 3 {
+                    s.deliver(1);
+                }
+                steps += 1;
+            }
+            s.check_complete();
+            (steps, s.stolen)
+        };
+        let (plain, none) = run(false);
+        let (stealing, stolen) = run(true);
+        assert_eq!(none, 0);
+        assert!(
+            stealing <= plain,
+            "{n} chunks: {stealing} steps with steals, {plain} without"
+        );
+        if n >= 20 {
+            assert!(
+                stolen > 0 && stealing < plain,
+                "{n} chunks: {stolen} stolen, {stealing} vs {plain}"
+            );
+        }
+    }
+    // Two lanes stealing whenever they can never pass a chunk back and forth.
+    let mut s = Sim::new(30, 2, 8);
+    for _ in 0..200 {
+        for l in 0..2 {
+            s.fill(l);
+            while s.steal(l) {}
+        }
+        assert!(s.stolen <= 30, "ping-pong: {} steals", s.stolen);
+        s.deliver(0);
+    }
+    s.finish();
+    // Nobody to steal from.
+    let l = Layout::new(4 * MIN_CHUNK, MIN_CHUNK).unwrap();
+    let mut p = Planner::new(l, 2).unwrap();
+    assert_eq!(p.next(1).unwrap(), Some(3));
+    assert_eq!(
+        p.steal(0).unwrap(),
+        None,
+        "lane 1 holds only the chunk it sends"
+    );
+    p.fail(0).unwrap();
+    assert_eq!(p.steal(0).unwrap(), None, "a down lane steals nothing");
+}
+
 #[test]
 fn resuming_skips_what_the_receiver_holds() {
     for n in 1..=40usize {
@@ -400,7 +497,8 @@ proptest! {
             match op {
                 0 => s.fail(l),
                 1 => s.p.restore(l).unwrap(),
-                2..=5 => { s.fill(l); }
+                2..=4 => { s.fill(l); }
+                5 => { s.steal(l); }
                 _ => { s.deliver(l); }
             }
         }

@@ -175,6 +175,8 @@ pub enum Workload {
     Downloads(DownloadLoad),
     /// AMQP 1.0 senders and receivers through a broker, over QUIC or TCP+TLS (paper 003).
     Amqp(AmqpLoad),
+    /// A multi-homed device uploads a file over several links at once (paper 001).
+    Upload(UploadLoad),
 }
 
 impl Workload {
@@ -185,6 +187,7 @@ impl Workload {
             Workload::Bulk(w) => &w.name,
             Workload::Downloads(w) => &w.name,
             Workload::Amqp(w) => &w.name,
+            Workload::Upload(w) => &w.name,
         }
     }
 
@@ -195,6 +198,7 @@ impl Workload {
             Workload::Bulk(w) => w.start_s,
             Workload::Downloads(w) => w.start_s,
             Workload::Amqp(w) => w.start_s,
+            Workload::Upload(w) => w.start_s,
         }
     }
 }
@@ -453,6 +457,47 @@ fn default_amqp_body() -> usize {
 }
 fn default_amqp_timeout() -> f64 {
     300.0
+}
+
+/// `kind = "upload"`: a device with several links uploads a file to the ingest server with
+/// `qgate upload`'s code (one QUIC connection per link, chunks from both ends, paper 001).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadLoad {
+    /// Metric prefix.
+    pub name: String,
+    /// Start, s.
+    #[serde(default)]
+    pub start_s: f64,
+    /// The uploading host.
+    pub device: String,
+    /// The receiving host (the ingest server).
+    pub server: String,
+    /// The device's links, one connection each in this order: the first sends the file from
+    /// its start, the second from its end (one link: a single-path upload).
+    pub paths: Vec<String>,
+    /// File size, bytes.
+    pub bytes: u64,
+    /// Chunk size, bytes.
+    #[serde(default = "default_chunk")]
+    pub chunk_bytes: u64,
+    /// The server's QUIC receive window per connection, bytes: the receive buffer of paper
+    /// 001 Fig. 4 (default: the transport's).
+    pub receive_window: Option<u64>,
+    /// The device's QUIC send window per connection, bytes: Fig. 5's send buffer.
+    pub send_window: Option<u64>,
+    /// Where the lanes meet, a lane with nothing left takes over another's queued chunks
+    /// (decision U6); off is paper 001's literal scheme.
+    #[serde(default = "yes")]
+    pub steal: bool,
+    /// Each lane has the next lane's link as its backup and migrates there when its own
+    /// stalls (decision U7).
+    #[serde(default = "yes")]
+    pub backup: bool,
+}
+
+fn default_chunk() -> u64 {
+    qgate_core::upload::DEFAULT_CHUNK
 }
 
 /// What a figure shows.

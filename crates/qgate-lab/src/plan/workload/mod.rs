@@ -6,6 +6,7 @@ pub(crate) mod amqp;
 mod bulk;
 mod downloads;
 pub(crate) mod gateway;
+mod upload;
 
 use std::sync::Arc;
 
@@ -72,6 +73,8 @@ pub enum Prepared {
     Downloads(Box<downloads::Prepared>),
     /// See [`amqp`].
     Amqp(Box<amqp::Prepared>),
+    /// See [`upload`].
+    Upload(Box<upload::Prepared>),
 }
 
 /// Check a workload's host and link names against the topology, and its values against the
@@ -95,6 +98,7 @@ pub fn check(
         Workload::Bulk(b) => bulk::check(b, duration_s, host, link),
         Workload::Downloads(d) => downloads::check(d, host),
         Workload::Amqp(a) => amqp::check(a, topology, host),
+        Workload::Upload(u) => upload::check(u, topology, host, link),
     }
 }
 
@@ -110,6 +114,9 @@ pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepa
             Prepared::Downloads(Box::new(downloads::prepare(d, world, s).map_err(fail)?))
         }
         Workload::Amqp(a) => Prepared::Amqp(Box::new(amqp::prepare(a, world, s).map_err(fail)?)),
+        Workload::Upload(u) => {
+            Prepared::Upload(Box::new(upload::prepare(u, world, s).await.map_err(fail)?))
+        }
     })
 }
 
@@ -126,6 +133,7 @@ impl Prepared {
             Prepared::Bulk(p) => p.run(clock).await,
             Prepared::Downloads(p) => p.run(clock).await,
             Prepared::Amqp(p) => p.run(clock).await,
+            Prepared::Upload(p) => p.run(clock).await,
         }
     }
 }

@@ -1,0 +1,313 @@
+//! `kind = "upload"`: paper 001's measurement with the product's code. The device uploads a
+//! file to the real ingest server (`Server::builder().uploads(…)`, writing to a temporary
+//! directory) with `qgate_upload::Upload`, one QUIC connection per listed link; the file on
+//! the server's disk is compared with the original byte for byte.
+//!
+//! Scalars: `completion_s` (start → the server confirmed the file), `goodput_mbps` (file bits
+//! ÷ completion time), `completed` (1 when confirmed and byte-identical), `lane<i>_share`
+//! (fraction of the file's bytes that lane i carried), `failed_requests`, `connects`,
+//! `migrations` (moves to a backup interface), `max_stall_s` (the longest time no lane had a
+//! chunk confirmed, sampled every 10 ms), `lane<i>_max_stall_s` (the same per lane, not counting
+//! a lane that waits at the end of the file), `tail_s` (with several lanes: from the moment the
+//! first lane had its last chunk confirmed to the end, the time it sat idle while the others
+//! finished).
+//! Series: `lane<i>_mbps`, each lane's confirmed goodput per second.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use qgate_core::upload::{FileInfo, Layout};
+use qgate_netsim::topology::Topology;
+use qgate_netsim::World;
+use qgate_server::{RunningServer, Server, UploadLimits, Uploads};
+use qgate_transport::{Socket, TransportOptions};
+use qgate_upload::{sha256, Lane, Upload};
+use rand::RngCore;
+use tokio::time::Instant;
+
+use super::{rng, Clock, Measurements, Setup};
+use crate::plan::spec::UploadLoad;
+
+pub(super) fn check(
+    u: &UploadLoad,
+    topology: &Topology,
+    host: &dyn Fn(&str, &str) -> Result<(), String>,
+    link: &dyn Fn(&str, &str) -> Result<(), String>,
+) -> Result<(), String> {
+    let fail = |e: String| Err(format!("workload '{}': {e}", u.name));
+    host("workloads.device", &u.device)?;
+    host("workloads.server", &u.server)?;
+    if u.device == u.server {
+        return fail("'device' and 'server' are the same host".into());
+    }
+    if u.paths.is_empty() || u.paths.len() > qgate_core::upload::MAX_LANES {
+        return fail(format!(
+            "'paths' must name 1 to {} of the device's links",
+            qgate_core::upload::MAX_LANES
+        ));
+    }
+    for (i, p) in u.paths.iter().enumerate() {
+        link("workloads.paths", p)?;
+        let l = topology
+            .links
+            .iter()
+            .find(|l| &l.name == p)
+            .expect("checked");
+        if l.a != u.device && l.b != u.device {
+            return fail(format!(
+                "path '{p}' does not end at the device '{}'",
+                u.device
+            ));
+        }
+        if u.paths[..i].contains(p) {
+            return fail(format!("path '{p}' is listed twice"));
+        }
+    }
+    if u.bytes == 0 || u.bytes > 1 << 30 {
+        return fail("'bytes' must be 1 to 2^30 (the file is held in memory)".into());
+    }
+    Layout::new(u.bytes, u.chunk_bytes).map_err(|e| format!("workload '{}': {e}", u.name))?;
+    for (key, v) in [
+        ("receive_window", u.receive_window),
+        ("send_window", u.send_window),
+    ] {
+        if v.is_some_and(|v| !(1200..=1 << 30).contains(&v)) {
+            return fail(format!("'{key}' must be 1200 bytes to 1 GiB"));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) struct Prepared {
+    spec: UploadLoad,
+    server: RunningServer,
+    dir: PathBuf,
+    lanes: Vec<Lane>,
+    data: Bytes,
+    info: FileInfo,
+    pki: Arc<qgate_transport::DevPki>,
+    device_opts: TransportOptions,
+    seed: u64,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        self.server.task.abort();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub(super) async fn prepare(
+    u: &UploadLoad,
+    world: &mut World,
+    s: &Setup,
+) -> Result<Prepared, String> {
+    let net = world.net.clone();
+    let dev = world.host(&u.device).ok_or("no device host")?;
+    let srv = world.host(&u.server).ok_or("no server host")?;
+    let srv_ip = world
+        .address_toward(srv, dev)
+        .ok_or_else(|| format!("no route from '{}' to '{}'", u.device, u.server))?;
+    let server_addr = SocketAddr::new(srv_ip, 4433 + s.index as u16);
+    let mut server_opts = TransportOptions::default();
+    if let Some(w) = u.receive_window {
+        server_opts.receive_window = w;
+        server_opts.stream_receive_window = server_opts.stream_receive_window.min(w);
+    }
+    let mut device_opts = TransportOptions::default();
+    if let Some(w) = u.send_window {
+        device_opts.send_window = w;
+    }
+    // One directory per run (several runs share the process).
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "qgate-lab-upload-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let uploads = Uploads::new(&dir, UploadLimits::default()).map_err(|e| e.to_string())?;
+    let server = Server::builder()
+        .socket(Socket::from(
+            net.bind(srv, server_addr).map_err(|e| e.to_string())?,
+        ))
+        .identity(&s.pki.server)
+        .transport(server_opts)
+        .uploads(uploads)
+        .seed(s.seed * 100 + 7)
+        .start()
+        .map_err(|e| e.to_string())?;
+    let mut ips = Vec::new();
+    for p in &u.paths {
+        let l = world.link(p).map_err(|e| e.to_string())?;
+        ips.push(if l.a.0 == dev { l.a.1 } else { l.b.1 });
+    }
+    let bind = |ip| {
+        net.bind(dev, SocketAddr::new(ip, 0))
+            .map(Socket::from)
+            .map_err(|e| e.to_string())
+    };
+    let mut lanes = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        // Each lane's backup is the next lane's link (paper 001 §3.1).
+        let backup = (u.backup && ips.len() > 1)
+            .then(|| bind(ips[(i + 1) % ips.len()]))
+            .transpose()?;
+        lanes.push(Lane {
+            socket: bind(*ip)?,
+            server: server_addr,
+            backup,
+        });
+    }
+    // The file's bytes differ from seed to seed, so its checksum does too.
+    let mut bytes = vec![0u8; u.bytes as usize];
+    rng(s.seed, s.index).fill_bytes(&mut bytes);
+    let data = Bytes::from(bytes);
+    let info = FileInfo {
+        layout: Layout::new(u.bytes, u.chunk_bytes).map_err(|e| e.to_string())?,
+        sha256: sha256(&data, u.bytes, |_| {}).map_err(|e| e.to_string())?,
+    };
+    Ok(Prepared {
+        spec: u.clone(),
+        server,
+        dir,
+        lanes,
+        data,
+        info,
+        pki: s.pki.clone(),
+        device_opts,
+        seed: s.seed,
+    })
+}
+
+impl Prepared {
+    pub(super) async fn run(mut self, clock: Clock) -> Measurements {
+        let u = self.spec.clone();
+        tokio::time::sleep_until(clock.start + super::secs(u.start_s)).await;
+        let n = self.lanes.len();
+        let mut up = Upload::builder()
+            .trust(self.pki.trust())
+            .name("upload.bin")
+            .transport(self.device_opts.clone())
+            .seed(self.seed)
+            .steal(u.steal)
+            .file(self.info, Arc::new(self.data.clone()));
+        for lane in self.lanes.drain(..) {
+            up = up.lane(lane);
+        }
+        let progress = up.progress();
+        let t0 = tokio::time::Instant::now();
+        // Each lane's goodput per second, until the upload ends.
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        // Each lane's goodput per second, and the longest time without any confirmed chunk
+        // (checked every 10 ms), until the upload ends.
+        let file_bytes = u.bytes;
+        let sampler = {
+            let progress = progress.clone();
+            let clock = clock.clone();
+            tokio::spawn(async move {
+                let mut series = vec![Vec::new(); n];
+                let mut last = vec![0u64; n];
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let (mut total, mut since, mut max_stall) = (0u64, Instant::now(), 0f64);
+                // Per lane: bytes, since when unchanged, longest unchanged stretch.
+                let mut lane_stall = vec![(0u64, Instant::now(), 0f64); n];
+                // Per lane: when its confirmed bytes last grew.
+                let mut last_growth = vec![None::<Instant>; n];
+                let mut ticks = 0u64;
+                loop {
+                    let ended = tokio::select! {
+                        _ = tick.tick() => false,
+                        _ = &mut stopped => true,
+                    };
+                    ticks += 1;
+                    let now_total = progress.bytes();
+                    if now_total != total || ended {
+                        total = now_total;
+                        since = Instant::now();
+                    }
+                    max_stall = max_stall.max(since.elapsed().as_secs_f64());
+                    let all_done = progress.bytes() + progress.held_at_start() >= file_bytes;
+                    for (i, st) in lane_stall.iter_mut().enumerate() {
+                        let b = progress.lane(i).bytes.load(Ordering::Relaxed);
+                        if b != st.0 {
+                            last_growth[i] = Some(Instant::now());
+                        }
+                        // A lane waiting at the end of the file is not stalled.
+                        if b != st.0 || all_done {
+                            *st = (b, Instant::now(), st.2);
+                        }
+                        st.2 = st.2.max(st.1.elapsed().as_secs_f64());
+                    }
+                    if ticks.is_multiple_of(100) || ended {
+                        let t = clock.t();
+                        for (i, s) in series.iter_mut().enumerate() {
+                            let b = progress.lane(i).bytes.load(Ordering::Relaxed);
+                            s.push((t, (b - last[i]) as f64 * 8e-6));
+                            last[i] = b;
+                        }
+                    }
+                    if ended {
+                        let lanes = lane_stall.iter().map(|s| s.2).collect::<Vec<_>>();
+                        // The end's tail: from the first lane's last chunk to the end.
+                        let first_done = last_growth.iter().flatten().min().copied();
+                        let tail = first_done.map(|t| t.elapsed().as_secs_f64());
+                        return (series, max_stall, lanes, tail);
+                    }
+                }
+            })
+        };
+        let result = tokio::time::timeout_at(clock.deadline, up.run()).await;
+        let elapsed = t0.elapsed().as_secs_f64();
+        let _ = stop.send(());
+        let (series, max_stall, lane_stalls, tail) = sampler
+            .await
+            .unwrap_or_else(|_| (vec![Vec::new(); n], 0.0, vec![0.0; n], None));
+        let mut m = Measurements::default();
+        let confirmed = matches!(result, Ok(Ok(_)));
+        if let Ok(Err(e)) = &result {
+            tracing::warn!(error = %e, "upload failed");
+        }
+        let identical = confirmed
+            && std::fs::read(self.dir.join("upload.bin")).is_ok_and(|f| f == self.data[..]);
+        m.scalars
+            .push(("completed".into(), f64::from(u8::from(identical))));
+        if identical {
+            m.scalars.push(("completion_s".into(), elapsed));
+            m.scalars.push((
+                "goodput_mbps".into(),
+                u.bytes as f64 * 8e-6 / elapsed.max(1e-9),
+            ));
+        }
+        let (mut failed, mut connects, mut migrations) = (0, 0, 0);
+        for i in 0..n {
+            let l = progress.lane(i);
+            m.scalars.push((
+                format!("lane{}_share", i + 1),
+                l.bytes.load(Ordering::Relaxed) as f64 / u.bytes as f64,
+            ));
+            failed += l.failed.load(Ordering::Relaxed);
+            connects += l.connects.load(Ordering::Relaxed);
+            migrations += l.migrations.load(Ordering::Relaxed);
+        }
+        m.scalars.push(("migrations".into(), migrations as f64));
+        m.scalars.push(("max_stall_s".into(), max_stall));
+        if let (Some(t), true) = (tail, n > 1 && identical) {
+            m.scalars.push(("tail_s".into(), t));
+        }
+        for (i, st) in lane_stalls.iter().enumerate() {
+            m.scalars.push((format!("lane{}_max_stall_s", i + 1), *st));
+        }
+        m.scalars.push(("failed_requests".into(), failed as f64));
+        m.scalars.push(("connects".into(), connects as f64));
+        for (i, s) in series.into_iter().enumerate() {
+            m.series.push((format!("lane{}_mbps", i + 1), s));
+        }
+        m
+    }
+}
