@@ -122,8 +122,9 @@ impl<'a> ServerBuilder<'a> {
         });
         let endpoint = endpoint(socket, Some(cfg), self.seed)?;
         let mut service = IngestService::new(self.sink);
-        if let Some(u) = self.uploads {
-            service = service.with_uploads(u);
+        let uploads = self.uploads.map(Arc::new);
+        if let Some(u) = &uploads {
+            service = service.with_uploads(u.clone());
         }
         let service = Arc::new(service);
         let stats = service.stats();
@@ -132,6 +133,7 @@ impl<'a> ServerBuilder<'a> {
             endpoint,
             stats,
             task,
+            uploads,
         })
     }
 }
@@ -144,6 +146,8 @@ pub struct RunningServer {
     pub stats: Arc<ServerStats>,
     /// The accept loop.
     pub task: tokio::task::JoinHandle<()>,
+    /// The upload receiver, if on.
+    pub uploads: Option<Arc<Uploads>>,
 }
 
 impl RunningServer {
@@ -159,6 +163,15 @@ impl RunningServer {
         self.endpoint.close(0u32.into(), b"server shutting down");
         let _ = tokio::time::timeout(grace, self.endpoint.wait_idle()).await;
         self.task.abort();
+        if let Some(u) = self.uploads {
+            // What uploads in progress received is on disk and reported held at restart.
+            if let Err(e) = tokio::task::spawn_blocking(move || u.flush())
+                .await
+                .unwrap_or(Ok(()))
+            {
+                tracing::error!(error = %e, "could not flush the uploads in progress");
+            }
+        }
     }
 }
 

@@ -122,8 +122,8 @@ impl IngestService {
     }
 
     /// Also receive uploads into `uploads`.
-    pub fn with_uploads(mut self, uploads: Uploads) -> IngestService {
-        self.uploads = Some(Arc::new(uploads));
+    pub fn with_uploads(mut self, uploads: Arc<Uploads>) -> IngestService {
+        self.uploads = Some(uploads);
         self
     }
 
@@ -362,6 +362,9 @@ impl IngestService {
                 StatusCode::BAD_REQUEST,
                 "upload names are 1-128 characters of A-Z a-z 0-9 . _ - and do not start with '.'\n",
             );
+        }
+        if *method != Method::POST && *method != Method::PUT {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "use POST or PUT\n");
         }
         let info = match FileInfo::parse(|h| req.headers().get(h).map(|v| v.as_bytes())) {
             Ok(i) => i,

@@ -124,8 +124,16 @@ struct Entry {
     file: File,
     chunks: Vec<u8>,
     held: usize,
+    /// Bytes written since the last sync.
+    unsynced: u64,
+    /// Verified and in place (the entry is about to leave the map).
+    complete: bool,
     used: Instant,
 }
+
+/// Sync a part file and its held list after this many new bytes, so a crash loses at most
+/// this much of an upload (besides announcements, which always sync).
+pub const SYNC_EVERY: u64 = 8 << 20;
 
 /// The upload directory and the uploads in progress.
 pub struct Uploads {
@@ -174,9 +182,31 @@ impl Uploads {
             return Ok(Announced::Complete);
         };
         let mut e = entry.lock().expect("upload lock");
+        if e.chunks.is_empty() {
+            // An empty file has no chunk to complete it: it is complete when announced.
+            let finished = self.finish(name, &mut e);
+            drop(e);
+            self.active.lock().expect("uploads lock").remove(name);
+            return finished.map(|()| Announced::Complete);
+        }
         self.sync(name, &mut e)?;
         let held = Held::from_fn(e.chunks.len(), |i| e.chunks[i] == DURABLE);
         Ok(Announced::InProgress(held))
+    }
+
+    /// Sync every upload in progress (on a graceful shutdown).
+    pub fn flush(&self) -> Result<(), UploadFailure> {
+        let all: Vec<(String, Arc<Mutex<Entry>>)> = self
+            .active
+            .lock()
+            .expect("uploads lock")
+            .iter()
+            .map(|(n, e)| (n.clone(), e.clone()))
+            .collect();
+        for (name, e) in all {
+            self.sync(&name, &mut e.lock().expect("upload lock"))?;
+        }
+        Ok(())
     }
 
     /// Store chunk `index` of `name` (announced as `info`).
@@ -219,7 +249,11 @@ impl Uploads {
         e.file.write_all_at(body, offset).map_err(io(&part))?;
         e.chunks[index] = WRITTEN;
         e.held += 1;
+        e.unsynced += body.len() as u64;
         if e.held < e.chunks.len() {
+            if e.unsynced >= SYNC_EVERY {
+                self.sync(name, &mut e)?;
+            }
             return Ok(Stored::Written);
         }
         let finished = self.finish(name, &mut e);
@@ -243,16 +277,33 @@ impl Uploads {
                     .into(),
             ));
         }
+        let (done, part, state) = self.paths(name);
         let found = self.active.lock().expect("uploads lock").get(name).cloned();
         if let Some(e) = found {
             // Not under the map's lock: this one may be finishing (reading back a large file).
             let mut g = e.lock().expect("upload lock");
+            if g.complete {
+                // It finished while we waited for it.
+                let same =
+                    g.info.sha256 == info.sha256 && g.info.layout.size() == info.layout.size();
+                return if same {
+                    Ok(None)
+                } else {
+                    Err(different(name, &g.info, info))
+                };
+            }
             if g.info != *info {
                 return Err(different(name, &g.info, info));
             }
-            g.used = Instant::now();
+            if part.exists() {
+                g.used = Instant::now();
+                drop(g);
+                return Ok(Some(e));
+            }
+            // Its files were removed (by an operator): forget it and start afresh.
             drop(g);
-            return Ok(Some(e));
+            self.active.lock().expect("uploads lock").remove(name);
+            let _ = std::fs::remove_file(&state);
         }
         let mut active = self.active.lock().expect("uploads lock");
         if active.contains_key(name) {
@@ -260,7 +311,6 @@ impl Uploads {
             drop(active);
             return self.entry(name, info);
         }
-        let (done, part, state) = self.paths(name);
         if let Some(stored) = read_state(&state)? {
             let same_file = stored.info.sha256 == info.sha256
                 && stored.info.layout.size() == info.layout.size();
@@ -318,6 +368,8 @@ impl Uploads {
             file,
             chunks,
             held,
+            unsynced: 0,
+            complete: false,
             used: Instant::now(),
         }));
         if held == 0 {
@@ -355,6 +407,7 @@ impl Uploads {
     fn sync(&self, name: &str, e: &mut Entry) -> Result<(), UploadFailure> {
         let (_, part, state) = self.paths(name);
         e.file.sync_data().map_err(io(&part))?;
+        e.unsynced = 0;
         for c in &mut e.chunks {
             if *c == WRITTEN {
                 *c = DURABLE;
@@ -380,7 +433,9 @@ impl Uploads {
         }
         std::fs::rename(&part, &done).map_err(io(&done))?;
         write_state(&self.root, &state, &e.info, &Held::default(), true)?;
-        sync_dir(&self.root)
+        sync_dir(&self.root)?;
+        e.complete = true;
+        Ok(())
     }
 }
 
@@ -392,13 +447,11 @@ fn different(name: &str, stored: &FileInfo, announced: &FileInfo) -> UploadFailu
         ));
     }
     UploadFailure::Conflict(format!(
-        "upload '{name}' is a different file ({} bytes in chunks of {}, SHA-256 {}); this one is {} bytes in chunks of {}, SHA-256 {}",
+        "upload '{name}' is a different file ({} bytes, this one {}): upload under another \
+         name, or have the server's operator remove .{name}.state and .{name}.part from its \
+         upload directory",
         stored.layout.size(),
-        stored.layout.chunk_size(),
-        hex(&stored.sha256),
         announced.layout.size(),
-        announced.layout.chunk_size(),
-        hex(&announced.sha256),
     ))
 }
 
@@ -664,6 +717,35 @@ mod tests {
             up.announce("s", &inf).unwrap(),
             Announced::InProgress(Held::default())
         );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn an_empty_file_completes_when_announced_and_progress_is_synced_as_it_grows() {
+        let root = dir("empty");
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        assert_eq!(
+            up.announce("e", &info(&[], 1024)).unwrap(),
+            Announced::Complete
+        );
+        assert_eq!(std::fs::read(root.join("e")).unwrap(), b"");
+        assert_eq!(
+            up.announce("e", &info(&[], 1024)).unwrap(),
+            Announced::Complete
+        );
+        // Chunks written past SYNC_EVERY are durable without an announcement: a restart
+        // (a new Uploads on the same directory) reports them held.
+        let data = file(12 << 20, 9);
+        let inf = info(&data, 1 << 20);
+        for i in 0..10 {
+            up.put("big", &inf, i, &chunk(&data, &inf, i)).unwrap();
+        }
+        drop(up);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let Announced::InProgress(h) = up.announce("big", &inf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.to_string(), "0-7", "synced after 8 MiB");
         let _ = std::fs::remove_dir_all(&root);
     }
 

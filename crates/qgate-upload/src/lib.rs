@@ -164,6 +164,9 @@ impl Upload {
 
 /// A chunk request that takes longer than this is given back to the planner.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A handshake that takes longer than this (or the request timeout, if shorter) fails.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The shortest stall that moves a lane to its backup interface.
 pub const FAILOVER_FLOOR: Duration = Duration::from_secs(1);
 /// How long a lane stays on its backup before it tries its own interface again (doubling
@@ -301,6 +304,7 @@ impl UploadBuilder {
             news: Notify::new(),
             stop: Mutex::new(None),
             confirmed: AtomicBool::new(false),
+            first_announce: AtomicBool::new(true),
             progress: self.progress.clone(),
             request_timeout: self.request_timeout,
             in_flight: (transport.send_window as usize / chunk).clamp(2, MAX_IN_FLIGHT),
@@ -326,24 +330,33 @@ impl UploadBuilder {
             endpoints.push((ep, lane.server));
             paths.push(Paths { primary, backup });
         }
-        let lanes = endpoints
-            .iter()
-            .zip(paths)
-            .enumerate()
-            .map(|(i, ((ep, server), paths))| shared.clone().lane(i, ep.clone(), *server, paths));
-        let results = futures_util::future::join_all(lanes).await;
-        if let Some(e) = shared.stop.lock().expect("lock").take() {
-            return Err(e);
-        }
-        if !shared.confirmed.load(Ordering::Relaxed) {
-            // Every chunk was confirmed but the last answer was not the file's (a resumed
-            // upload whose last chunk was already there): ask.
-            shared.confirm_complete(&endpoints).await?;
+        // Rounds: the lanes send until every chunk is confirmed; if the server then does not
+        // hold them all (it crashed and lost what it had not made durable), they send what it
+        // lacks again.
+        let mut rounds = 0;
+        loop {
+            let lanes = endpoints.iter().zip(paths.iter().cloned()).enumerate().map(
+                |(i, ((ep, server), paths))| shared.clone().lane(i, ep.clone(), *server, paths),
+            );
+            futures_util::future::join_all(lanes).await;
+            if let Some(e) = shared.stop.lock().expect("lock").take() {
+                return Err(e);
+            }
+            if shared.confirmed.load(Ordering::Relaxed)
+                || shared.confirm_complete(&endpoints).await?
+            {
+                break;
+            }
+            rounds += 1;
+            if rounds >= MAX_ROUNDS {
+                return Err(UploadError::Unconfirmed(format!(
+                    "after {rounds} rounds the server still lacks chunks it had confirmed"
+                )));
+            }
         }
         for (ep, _) in &endpoints {
             ep.close(0u32.into(), b"done");
         }
-        let _ = results;
         let p = &self.progress;
         Ok(Report {
             elapsed: start.elapsed(),
@@ -379,6 +392,8 @@ struct Shared {
     stop: Mutex<Option<UploadError>>,
     /// The server answered that the file is complete.
     confirmed: AtomicBool,
+    /// No announcement answered yet (what it reports held was there before this run).
+    first_announce: AtomicBool,
     progress: Arc<Progress>,
     request_timeout: Duration,
     /// Most chunks in flight per lane: the send window's worth (at least 2).
@@ -388,7 +403,11 @@ struct Shared {
     failover_after: Option<Duration>,
 }
 
+/// Rounds of sending before an upload whose chunks the server keeps losing gives up.
+const MAX_ROUNDS: usize = 5;
+
 /// A lane's two sockets: its own interface's and the backup's.
+#[derive(Clone)]
 struct Paths {
     primary: Arc<dyn quinn::AsyncUdpSocket>,
     backup: Option<Arc<dyn quinn::AsyncUdpSocket>>,
@@ -438,6 +457,14 @@ impl Shared {
 
     /// Announce the file on `h3`: learn what the server holds (resume) or that it is done.
     async fn announce(&self, h3: &H3Client) -> Result<(), Outcome> {
+        // Chunks confirmed before the question are on the server when it answers (it syncs
+        // first); one confirmed meanwhile may be missing from the answer without being lost.
+        let done_before: Vec<bool> = {
+            let p = self.planner.lock().expect("lock");
+            (0..self.info.layout.chunks())
+                .map(|i| p.is_done(i))
+                .collect()
+        };
         let req = self.request(http::Method::POST, format!("/upload/{}", self.name));
         let r = h3
             .request_within(req, Bytes::new(), 1 << 16, self.request_timeout)
@@ -473,17 +500,30 @@ impl Shared {
                     })?;
                 let mut p = self.planner.lock().expect("lock");
                 let mut bytes = 0;
+                let mut have = vec![false; n];
                 for i in held.iter() {
+                    have[i] = true;
                     if !p.is_done(i) {
                         p.confirm(i).expect("parsed below n");
                         bytes += self.info.layout.range(i).expect("in the file").1 as u64;
                     }
                 }
-                self.progress
-                    .held_at_start
-                    .fetch_add(bytes, Ordering::Relaxed);
+                // The held list is what is durable: a chunk confirmed before and missing now
+                // was lost (a crash) and goes out again.
+                for (i, h) in have.iter().enumerate() {
+                    if !h && done_before[i] && p.is_done(i) {
+                        p.unconfirm(i).expect("in the file");
+                    }
+                }
+                if self.first_announce.swap(false, Ordering::Relaxed) {
+                    self.progress
+                        .held_at_start
+                        .fetch_add(bytes, Ordering::Relaxed);
+                }
                 Ok(())
             }
+            // Busy: try again later.
+            http::StatusCode::SERVICE_UNAVAILABLE => Err(Outcome::GiveBack),
             status => Err(Outcome::Refused(refused(status, &r.body))),
         }
     }
@@ -601,6 +641,12 @@ impl Shared {
                     Outcome::Refused(e) => return self.fail(e),
                     _ => {
                         counters.up.store(false, Ordering::Relaxed);
+                        h3.close();
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            () = self.until_finished() => break,
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(4));
                         continue;
                     }
                 }
@@ -624,17 +670,13 @@ impl Shared {
     }
 
     async fn connect(&self, ep: &quinn::Endpoint, server: SocketAddr) -> Result<H3Client, String> {
+        let limit = self.request_timeout.min(CONNECT_TIMEOUT);
         let c = tokio::time::timeout(
-            self.request_timeout,
+            limit,
             connect(ep, &self.ccfg, server, &self.server_name, false),
         )
         .await
-        .map_err(|_| {
-            format!(
-                "no handshake with {server} within {:?}",
-                self.request_timeout
-            )
-        })?
+        .map_err(|_| format!("no handshake with {server} within {limit:?}"))?
         .map_err(|e| e.to_string())?;
         H3Client::new(c.connection().clone())
             .await
@@ -739,13 +781,18 @@ impl Shared {
             last_progress = Instant::now();
             match outcome {
                 Outcome::Stored { complete } => {
-                    self.planner
-                        .lock()
-                        .expect("lock")
-                        .confirm(c)
-                        .expect("chunk");
-                    counters.chunks.fetch_add(1, Ordering::Relaxed);
-                    counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    let first = {
+                        let mut p = self.planner.lock().expect("lock");
+                        let first = !p.is_done(c);
+                        p.confirm(c).expect("chunk");
+                        first
+                    };
+                    // A chunk another lane already had confirmed (a take-over that crossed the
+                    // original's answer) counts once, for the first.
+                    if first {
+                        counters.chunks.fetch_add(1, Ordering::Relaxed);
+                        counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    }
                     if complete {
                         self.confirmed.store(true, Ordering::Relaxed);
                     }
@@ -787,7 +834,7 @@ impl Shared {
     async fn confirm_complete(
         &self,
         endpoints: &[(quinn::Endpoint, SocketAddr)],
-    ) -> Result<(), UploadError> {
+    ) -> Result<bool, UploadError> {
         let mut last = String::from("no interface reached it");
         for (ep, server) in endpoints {
             let h3 = match self.connect(ep, *server).await {
@@ -797,17 +844,14 @@ impl Shared {
                     continue;
                 }
             };
-            let req = self.request(http::Method::POST, format!("/upload/{}", self.name));
-            match h3
-                .request_within(req, Bytes::new(), 1 << 16, self.request_timeout)
-                .await
-            {
-                Ok(r) if r.status == http::StatusCode::CREATED => {
-                    h3.close();
-                    return Ok(());
-                }
-                Ok(r) => last = format!("it answered {}: {}", r.status, body_text(&r.body)),
-                Err(e) => last = e.to_string(),
+            let answer = self.announce(&h3).await;
+            h3.close();
+            match answer {
+                Ok(()) if self.confirmed.load(Ordering::Relaxed) => return Ok(true),
+                // It answered which chunks it holds; the planner now lacks the others.
+                Ok(()) => return Ok(false),
+                Err(Outcome::Refused(e)) => return Err(e),
+                Err(_) => last = "no answer to the announcement".into(),
             }
         }
         Err(UploadError::Unconfirmed(last))

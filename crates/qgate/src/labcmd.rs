@@ -35,6 +35,9 @@ pub enum Lab {
     /// and the Wi-Fi path dying mid-transfer (runs the shipped plans
     /// lab/plans/paper001-*.toml into results/upload/).
     Upload(UploadArgs),
+    /// Paper 001 as the paper ran it: Linux MPTCP (conventional, and the two-ended scheme on
+    /// MPTCP sockets with backup subflows) through `qgate linkem`, buffer sweeps (root).
+    UploadKernel(UploadKernelArgs),
     /// Paper 000: the gateway's schedulers over three backhaul paths (runs the shipped plan
     /// lab/plans/paper000-proxy.toml into results/proxy/).
     Proxy(ProxyArgs),
@@ -134,6 +137,21 @@ pub struct UploadArgs {
     /// Simulations run at once [default: one per core].
     #[arg(long, short = 'j')]
     jobs: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct UploadKernelArgs {
+    /// Smoke run: 2 MB, buffers 200 and 2000 KB, one repetition.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, help = crate::dflt("Repetitions of each run", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().reps))]
+    reps: Option<u64>,
+    /// Only these schemes (comma-separated: conventional, two-ended).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Where to write results [default: results/upload-kernel].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -238,6 +256,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
         Lab::Upload(u) => upload_cmd(u),
+        Lab::UploadKernel(u) => upload_kernel_cmd(u),
         Lab::Run(r) => run_cmd(r),
         Lab::Faults(f) => faults_cmd(f),
         Lab::Margins(m) => {
@@ -603,6 +622,62 @@ fn scenario<R>(
         wall.elapsed().as_secs_f64(),
         out.display()
     );
+    Ok(())
+}
+
+fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
+    use qgate_lab::papers::paper001_kernel::{self as k, KernelUploadConfig};
+    let mut cfg = KernelUploadConfig::default();
+    if a.quick {
+        cfg.bytes = 2_000_000;
+        cfg.buffers_kb = vec![200, 2000];
+        cfg.reps = 1;
+    }
+    if !a.only.is_empty() {
+        for s in &a.only {
+            if !k::SCHEMES.contains(&s.as_str()) {
+                return Err(usage(format!(
+                    "--only: unknown scheme '{s}' (known: {})",
+                    k::SCHEMES.join(", ")
+                )));
+            }
+        }
+        cfg.schemes = a.only.clone();
+    }
+    cfg.reps = a.reps.unwrap_or(cfg.reps);
+    if cfg.reps == 0 {
+        return Err(usage("--reps must be positive"));
+    }
+    if !std::fs::read_to_string("/proc/sys/net/mptcp/enabled").is_ok_and(|s| s.trim() == "1") {
+        return Err(usage(
+            "Linux MPTCP is off or missing (net.mptcp.enabled must be 1)",
+        ));
+    }
+    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from("results/upload-kernel"));
+    let runs_per_rep = 2 + cfg.schemes.len() * 2 * cfg.buffers_kb.len();
+    eprintln!(
+        "lab upload-kernel: {} runs of a {} MB upload",
+        runs_per_rep * cfg.reps as usize,
+        cfg.bytes as f64 / 1e6
+    );
+    let runs = k::run(&cfg, &out.join("work"), |r, i, n| {
+        eprintln!(
+            "  [{i}/{n}] {} {} {} KB rep {}: {:.2} Mbit/s (lateness p99 {} µs)",
+            r.scheme, r.sweep, r.buffer_kb, r.rep, r.goodput_mbps, r.lateness_p99_us
+        )
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    std::fs::remove_dir_all(out.join("work")).ok();
+    let mut command = String::from("sudo qgate lab upload-kernel");
+    if a.quick {
+        command.push_str(" --quick");
+    }
+    std::fs::write(out.join("results.csv"), k::csv(&runs))?;
+    std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
+    eprintln!("lab upload-kernel: results in {}", out.display());
     Ok(())
 }
 

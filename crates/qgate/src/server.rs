@@ -126,6 +126,9 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         }
         let server = builder.start().map_err(usage)?;
         println!("qgate server listening on udp/{} (HTTP/3)", server.addr());
+        if let Some(u) = &server.uploads {
+            eprintln!("qgate: receiving uploads into {}", u.root().display());
+        }
         use std::io::Write;
         std::io::stdout().flush().ok();
         let stats = server.stats.clone();
@@ -136,8 +139,8 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         server.shutdown(Duration::from_secs(3)).await;
         let s = stats.snapshot();
         eprintln!(
-            "qgate: served {} connections, {} requests, stored {} bodies ({} bytes)",
-            s.connections, s.requests, s.ingested, s.ingested_bytes
+            "qgate: served {} connections, {} requests, stored {} bodies ({} bytes), {} upload chunks ({} bytes), {} uploads complete",
+            s.connections, s.requests, s.ingested, s.ingested_bytes, s.upload_chunks, s.upload_bytes, s.uploads_completed
         );
         Ok(())
     })

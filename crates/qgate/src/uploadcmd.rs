@@ -127,6 +127,9 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
                 .map_err(|e| usage(format!("--via {ip}: {e} (is it an address of this machine?)")))
         };
         for (i, ip) in locals.iter().enumerate() {
+            if locals[..i].contains(ip) {
+                return Err(usage(format!("--via {ip} is given twice")));
+            }
             if ip.is_ipv4() != server.is_ipv4() {
                 return Err(usage(format!(
                     "--via {ip} and the server's address {} are not the same IP version",

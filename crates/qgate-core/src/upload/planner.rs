@@ -193,6 +193,17 @@ impl Planner {
         Ok(())
     }
 
+    /// The receiver no longer holds `chunk` (it lost what it had not made durable, e.g. in a
+    /// crash): it is free again. A chunk not done is left alone.
+    pub fn unconfirm(&mut self, chunk: usize) -> Result<(), PlanError> {
+        let s = self.state.get_mut(chunk).ok_or(PlanError::NoChunk(chunk))?;
+        if *s == State::Done {
+            *s = State::Free;
+            self.done -= 1;
+        }
+        Ok(())
+    }
+
     /// `lane` gives `chunk` back unsent or unconfirmed (its request failed); another lane (or
     /// this one) may take it again. A chunk the lane does not hold is left alone.
     pub fn release(&mut self, lane: usize, chunk: usize) -> Result<(), PlanError> {

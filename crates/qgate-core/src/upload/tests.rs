@@ -382,6 +382,41 @@ fn resuming_skips_what_the_receiver_holds() {
     }
 }
 
+/// A receiver that crashed lost chunks it had confirmed: they are sent again, and only they.
+#[test]
+fn chunks_the_receiver_lost_are_sent_again() {
+    for n in 1..=40usize {
+        let mut s = Sim::new(n, 2, 3);
+        for _ in 0..n {
+            s.fill(0);
+            s.deliver(0);
+            s.fill(1);
+            s.deliver(1);
+        }
+        let lost: Vec<usize> = (0..n).filter(|i| i % 3 == 0 && s.confirmed[*i]).collect();
+        for &c in &lost {
+            s.p.unconfirm(c).unwrap();
+            s.confirmed[c] = false;
+            s.lost_in_flight += 1; // counted as a resend
+        }
+        // Unconfirming a chunk that is not done changes nothing.
+        if let Some(c) = (0..n).find(|&c| !s.confirmed[c] && !lost.contains(&c)) {
+            s.p.unconfirm(c).unwrap();
+        }
+        let before: Vec<usize> = s.order.iter().map(Vec::len).collect();
+        s.finish();
+        let mut resent: Vec<usize> = s
+            .order
+            .iter()
+            .zip(&before)
+            .flat_map(|(o, &b)| o[b..].iter().copied())
+            .filter(|c| lost.contains(c))
+            .collect();
+        resent.sort_unstable();
+        assert_eq!(resent, lost, "{n} chunks");
+    }
+}
+
 #[test]
 fn bad_calls_are_refused() {
     let l = Layout::new(10 * MIN_CHUNK, MIN_CHUNK).unwrap();

@@ -5,6 +5,7 @@
 
 pub mod paper000;
 pub mod paper001;
+pub mod paper001_kernel;
 pub mod paper002;
 pub mod paper003;
 pub mod paper003_report;
