@@ -152,6 +152,9 @@ pub struct UploadKernelArgs {
     /// Where to write results [default: results/upload-kernel].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Only rewrite summary.md from the results.csv already in the output directory.
+    #[arg(long)]
+    summarize: bool,
 }
 
 #[derive(Args, Debug)]
@@ -653,10 +656,19 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
             "Linux MPTCP is off or missing (net.mptcp.enabled must be 1)",
         ));
     }
-    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
     let out = a
         .out
         .unwrap_or_else(|| PathBuf::from("results/upload-kernel"));
+    if a.summarize {
+        let csv = std::fs::read_to_string(out.join("results.csv"))
+            .map_err(|e| usage(format!("{}: {e}", out.join("results.csv").display())))?;
+        let runs = k::parse_csv(&csv).map_err(usage)?;
+        cfg.reps = runs.iter().map(|r| r.rep).max().unwrap_or(0);
+        let command = format!("sudo qgate lab upload-kernel --reps {}", cfg.reps);
+        std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
+        return Ok(());
+    }
+    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
     let runs_per_rep = 2 + cfg.schemes.len() * 2 * cfg.buffers_kb.len();
     eprintln!(
         "lab upload-kernel: {} runs of a {} MB upload",
@@ -674,6 +686,9 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     let mut command = String::from("sudo qgate lab upload-kernel");
     if a.quick {
         command.push_str(" --quick");
+    }
+    if let Some(r) = a.reps {
+        command.push_str(&format!(" --reps {r}"));
     }
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;

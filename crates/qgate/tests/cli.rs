@@ -51,6 +51,7 @@ fn help_everywhere() {
         vec!["linkem", "--help"],
         vec!["lab", "aqm-kernel", "--help"],
         vec!["upload", "--help"],
+        vec!["lab", "upload-kernel", "--help"],
     ] {
         let o = qgate(&home).args(&args).output().unwrap();
         assert!(o.status.success(), "{args:?}");
@@ -1044,4 +1045,48 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
             && !l.ends_with(",0")),
         "{fault}"
     );
+}
+
+#[test]
+fn lab_upload_kernel_summary_reads_back_its_results() {
+    let home = tmp("ukernel");
+    let out = home.join("uk");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut csv = String::from("scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us\n");
+    csv.push_str("tcp-wifi,single,4000,1,19.0,100\ntcp-cellular,single,4000,1,4.5,100\n");
+    for (scheme, sweep, values) in [
+        (
+            "conventional",
+            "receive",
+            [7.0, 8.0, 12.0, 15.0, 20.0, 21.5],
+        ),
+        ("conventional", "send", [9.0, 16.0, 21.0, 21.0, 21.5, 21.5]),
+        ("two-ended", "receive", [20.0, 20.5, 20.0, 19.0, 19.0, 19.0]),
+        ("two-ended", "send", [20.0, 20.5, 20.0, 19.0, 19.0, 19.0]),
+    ] {
+        for (kb, v) in [100, 200, 400, 800, 1200, 2000].iter().zip(values) {
+            csv.push_str(&format!("{scheme},{sweep},{kb},1,{v},100\n"));
+        }
+    }
+    std::fs::write(out.join("results.csv"), csv).unwrap();
+    let o = run(
+        &home,
+        &[
+            "lab",
+            "upload-kernel",
+            "--summarize",
+            "--only",
+            "conventional,two-ended",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    // 80 % of 23.5 = 18.8 Mbit/s: conventional first at 1200 KB, two-ended at 100 KB.
+    assert!(
+        summary.contains("to 80 % of the sum, conventional ÷ two-ended: **12.00×**"),
+        "{summary}"
+    );
+    assert!(summary.contains("(sum 23.50)"), "{summary}");
 }

@@ -214,6 +214,29 @@ pub fn run(
     Ok(out)
 }
 
+/// Read back what [`csv`] wrote (to re-render a summary without re-running).
+pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
+    text.lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let bad = || format!("results.csv: bad row '{l}'");
+            if f.len() != 6 {
+                return Err(bad());
+            }
+            Ok(KernelUploadRun {
+                scheme: f[0].into(),
+                sweep: f[1].into(),
+                buffer_kb: f[2].parse().map_err(|_| bad())?,
+                rep: f[3].parse().map_err(|_| bad())?,
+                goodput_mbps: f[4].parse().map_err(|_| bad())?,
+                lateness_p99_us: f[5].parse().map_err(|_| bad())?,
+            })
+        })
+        .collect()
+}
+
 /// results.csv: one row per run.
 pub fn csv(runs: &[KernelUploadRun]) -> String {
     let mut s = String::from("scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us\n");
@@ -280,6 +303,14 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
          (sum {:.2}).\n",
         wifi.mean, wifi.std, cell.mean, cell.std, sum
     );
+    let _ = writeln!(
+        s,
+        "Read with care: the two-ended senders here are a Python program on kernel sockets, \
+         whose best goodput is below conventional MPTCP's at large buffers (the tables), so a \
+         requirement relative to a scheme's own large-buffer goodput flatters it; the common \
+         target (80 % of the single-path sum) is the fairer comparison. qgate's own two-ended \
+         upload over QUIC reaches 95.6 % of the sum on the simulator (`results/upload`).\n"
+    );
     for (sweep, what) in [
         ("receive", "receive buffer (tcp_rmem max)"),
         ("send", "send buffer (tcp_wmem max)"),
@@ -320,8 +351,45 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
                 r.map_or("none swept".into(), |kb| format!("{kb} KB"))
             );
         }
+        // Against a common target too: a scheme whose large-buffer goodput is low reaches 95 %
+        // of it early, which flatters it.
+        let target = 0.8 * sum;
+        let common: Vec<(String, Option<u64>, f64)> = cfg
+            .schemes
+            .iter()
+            .map(|sc| {
+                let best = cfg
+                    .buffers_kb
+                    .iter()
+                    .map(|&kb| goodput(runs, sc, sweep, kb).mean)
+                    .fold(f64::NAN, f64::max);
+                let first = cfg
+                    .buffers_kb
+                    .iter()
+                    .copied()
+                    .filter(|&kb| goodput(runs, sc, sweep, kb).mean >= target)
+                    .min();
+                (sc.clone(), first, best)
+            })
+            .collect();
+        for (sc, first, best) in &common {
+            let _ = writeln!(
+                s,
+                "- {sc}: best mean {best:.2} Mbit/s ({:.0} % of the sum); smallest buffer reaching 80 % of the sum ({target:.2} Mbit/s): {}",
+                100.0 * best / sum,
+                first.map_or("none swept".into(), |kb| format!("{kb} KB"))
+            );
+        }
         let conv = req.iter().find(|r| r.0 == "conventional").and_then(|r| r.1);
         let two = req.iter().find(|r| r.0 == "two-ended").and_then(|r| r.1);
+        let at80 = |name: &str| common.iter().find(|c| c.0 == name).and_then(|c| c.1);
+        if let (Some(c), Some(t)) = (at80("conventional"), at80("two-ended")) {
+            let _ = writeln!(
+                s,
+                "- to 80 % of the sum, conventional ÷ two-ended: **{:.2}×**",
+                c as f64 / t as f64
+            );
+        }
         if let (Some(c), Some(t)) = (conv, two) {
             let paper = if sweep == "receive" {
                 "2.0–2.7×"
@@ -330,8 +398,9 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
             };
             let _ = writeln!(
                 s,
-                "- conventional ÷ two-ended: **{:.2}×** (paper: {paper} less buffer for two-ended). \
-                 The swept points bound the resolution: a requirement is one of {:?} KB.",
+                "- to 95 % of its own large-buffer goodput (EXPERIMENTS.md's rule), conventional ÷ \
+                 two-ended: **{:.2}×** (paper: {paper} less buffer for two-ended). The swept \
+                 points bound the resolution: a requirement is one of {:?} KB.",
                 c as f64 / t as f64,
                 cfg.buffers_kb
             );
