@@ -207,10 +207,14 @@ fn each_path_has_its_own_addresses_delay_and_timeline() {
     );
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
-    let medians: Vec<f64> = s
+    // The fastest of each probe series: the link's delay is a floor no probe may beat (no
+    // jitter configured), and the Python probes' own wake-ups on a busy VM only add to it (a
+    // fresh-clone CI run measured medians 1.3-3 ms over with the relay's lateness p99 at 18 ms,
+    // while every series' fastest probe stayed within 1.3 ms).
+    let fastest: Vec<f64> = s
         .lines()
         .map(|l| {
-            let at = l.find("\"median_ms\": ").unwrap() + 13;
+            let at = l.find("\"min_ms\": ").unwrap() + 10;
             l[at..]
                 .split([',', '}'])
                 .next()
@@ -221,10 +225,11 @@ fn each_path_has_its_own_addresses_delay_and_timeline() {
         })
         .collect();
     let expect = [10.0, 60.0, 60.0, 80.0];
-    for (got, want) in medians.iter().zip(expect) {
+    assert_eq!(fastest.len(), expect.len(), "{s}");
+    for (got, want) in fastest.iter().zip(expect) {
         assert!(
-            (got - want).abs() < 2.0,
-            "RTTs {medians:?}, expected {expect:?}"
+            *got >= want - 0.05 && *got < want + 2.0,
+            "fastest RTTs {fastest:?}, expected {expect:?} (+ < 2 ms)"
         );
     }
 }
