@@ -13,3 +13,16 @@ pub mod paper004;
 pub mod paper004_kernel;
 pub mod paper004_report;
 pub mod paper004_results;
+
+/// The points of `sweep` present in `records`: (index, x), in sweep order.
+pub(crate) fn sweep_points(records: &[crate::plan::run::Record], sweep: &str) -> Vec<(usize, f64)> {
+    let mut v: Vec<(usize, f64)> = records
+        .iter()
+        .filter_map(|r| r.point.as_ref())
+        .filter(|p| p.sweep == sweep)
+        .map(|p| (p.index, p.x))
+        .collect();
+    v.sort_by_key(|p| p.0);
+    v.dedup_by(|a, b| a.0 == b.0);
+    v
+}

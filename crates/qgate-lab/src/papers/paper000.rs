@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::sweep_points as points;
 use crate::plan::run::Record;
 use crate::plan::{Loaded, PlanError};
 use crate::stats::{Summary, Welch};
@@ -67,19 +68,6 @@ fn values(records: &[Record], sweep: &str, index: usize, scheme: &str, metric: &
 
 fn mean(records: &[Record], sweep: &str, index: usize, scheme: &str, metric: &str) -> f64 {
     Summary::of(&values(records, sweep, index, scheme, metric)).mean
-}
-
-/// The points of `sweep` present in the records: (index, x).
-fn points(records: &[Record], sweep: &str) -> Vec<(usize, f64)> {
-    let mut v: Vec<(usize, f64)> = records
-        .iter()
-        .filter_map(|r| r.point.as_ref())
-        .filter(|p| p.sweep == sweep)
-        .map(|p| (p.index, p.x))
-        .collect();
-    v.sort_by_key(|p| p.0);
-    v.dedup_by(|a, b| a.0 == b.0);
-    v
 }
 
 /// The section appended to `summary.md`: the paper's claim against these results.

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::sweep_points as points;
 use crate::plan::run::Record;
 use crate::plan::{Loaded, PlanError};
 use crate::stats::Summary;
@@ -46,18 +47,6 @@ fn values(records: &[Record], at: Option<(&str, usize)>, scheme: &str, metric: &
 
 fn summary(records: &[Record], at: Option<(&str, usize)>, scheme: &str, metric: &str) -> Summary {
     Summary::of(&values(records, at, scheme, metric))
-}
-
-fn points(records: &[Record], sweep: &str) -> Vec<(usize, f64)> {
-    let mut v: Vec<(usize, f64)> = records
-        .iter()
-        .filter_map(|r| r.point.as_ref())
-        .filter(|p| p.sweep == sweep)
-        .map(|p| (p.index, p.x))
-        .collect();
-    v.sort_by_key(|p| p.0);
-    v.dedup_by(|a, b| a.0 == b.0);
-    v
 }
 
 /// The section appended to the main plan's `summary.md`.
