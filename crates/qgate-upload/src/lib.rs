@@ -184,6 +184,11 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// chunk, and the transport's send window (`send_window / chunk`, at least 2), bound them.
 pub const MAX_IN_FLIGHT: usize = 64;
 
+/// How often a lane with requests out looks whether its congestion window has room for more
+/// chunks: a quarter of its round trip, within these bounds (decision U4).
+const RECHECK_MIN: Duration = Duration::from_millis(5);
+const RECHECK_MAX: Duration = Duration::from_millis(100);
+
 /// Assembles an upload.
 pub struct UploadBuilder {
     lanes: Vec<Lane>,
@@ -745,8 +750,15 @@ impl Shared {
                 (Some(_), true) => Some(failover.retry_at),
                 (None, _) => None,
             };
+            // The window grows while requests are out (slow start doubles it every round
+            // trip): look again a few times per round trip, or the lane would wait for a
+            // whole chunk's answer, run dry and stop the window's growth.
+            let recheck = (flight.len() < self.in_flight).then(|| {
+                Instant::now() + (h3.connection().rtt() / 4).clamp(RECHECK_MIN, RECHECK_MAX)
+            });
             let next = tokio::select! {
                 n = flight.next() => n,
+                _ = sleep_until_opt(recheck) => continue,
                 _ = sleep_until_opt(switch_at) => {
                     let backup = paths.backup.clone().expect("a switch needs a backup");
                     if failover.on_backup {

@@ -543,9 +543,18 @@ fn upload_cmd(a: UploadArgs) -> Result<(), Failure> {
         let out = out_dir(&eff, Some(root.join(sub)))?;
         done.push((execute(loaded, &opts, a.jobs)?, out, eff));
     }
-    let extra = qgate_lab::papers::paper001::against_paper(&done[0].0.records, &done[1].0.records);
+    let extra = qgate_lab::papers::paper001::against_paper(
+        &done[0].0.records,
+        &done[1].0.records,
+        &done[2].0.records,
+    );
+    let required = qgate_lab::papers::paper001::requirement_section(&done[2].0.records);
     for (i, (ran, out, eff)) in done.into_iter().enumerate() {
-        let e = if i == 0 { extra.as_str() } else { "" };
+        let e = match i {
+            0 => extra.as_str(),
+            2 => required.as_str(),
+            _ => "",
+        };
         write_results(&eff, &opts, &ran, out, false, e)?;
     }
     Ok(())

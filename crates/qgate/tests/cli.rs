@@ -1006,12 +1006,15 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
             "provenance.toml",
             "fault/results.csv",
             "fault/summary.md",
+            "requirement/results.csv",
+            "requirement/summary.md",
         ],
     );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     for scheme in [
         "two-ended",
         "two-ended-literal",
+        "conventional",
         "wifi-only",
         "cellular-only",
     ] {
@@ -1021,7 +1024,11 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
         );
     }
     // Every upload arrived byte-identical, on the healthy and on the failing network.
-    for f in ["results.csv", "fault/results.csv"] {
+    for f in [
+        "results.csv",
+        "fault/results.csv",
+        "requirement/results.csv",
+    ] {
         let csv = std::fs::read_to_string(out.join(f)).unwrap();
         let completed: Vec<&str> = csv
             .lines()
@@ -1037,6 +1044,39 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Against paper 001"), "{summary}");
     assert!(summary.contains("| wifi-dies | 2 of 2 |"), "{summary}");
+    // Buffer blocking, measured: at a 100 KB window the conventional multipath connection
+    // (one reorder buffer) loses goodput that two-ended (one connection per link) keeps.
+    let req = std::fs::read_to_string(out.join("requirement/results.csv")).unwrap();
+    let goodput = |scheme: &str, x: &str| -> f64 {
+        let v: Vec<f64> = req
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("{scheme},receive-60ms,{x},"))
+                    && l.contains(",up.goodput_mbps,")
+            })
+            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(!v.is_empty(), "{scheme} at {x}:\n{req}");
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    let (two_small, two_large) = (
+        goodput("two-ended", "100000"),
+        goodput("two-ended", "8000000"),
+    );
+    let (conv_small, conv_large) = (
+        goodput("conventional", "100000"),
+        goodput("conventional", "8000000"),
+    );
+    assert!(two_small >= 0.95 * two_large, "{two_small} vs {two_large}");
+    assert!(
+        conv_small < 0.9 * conv_large,
+        "{conv_small} vs {conv_large}"
+    );
+    let required = std::fs::read_to_string(out.join("requirement/summary.md")).unwrap();
+    assert!(
+        required.contains("| receive | 60 | 100 | 8000 |"),
+        "{required}"
+    );
     // The backup path carried lane 1 after Wi-Fi died.
     let fault = std::fs::read_to_string(out.join("fault/results.csv")).unwrap();
     assert!(

@@ -608,13 +608,15 @@ impl Loaded {
                         .as_float()
                         .or(v.as_integer().map(|i| i as f64))
                         .unwrap_or(i as f64);
-                    let mut t = toml::Table::new();
+                    let mut t = s.set.clone();
                     t.insert(key.clone(), v.clone());
                     points.push((Some(at(i, x)), t));
                 }
             } else {
                 for (i, p) in s.points.iter().enumerate().filter(|(i, _)| keep(*i)) {
-                    points.push((Some(at(i, p.x)), p.set.clone()));
+                    let mut t = s.set.clone();
+                    t.extend(p.set.clone());
+                    points.push((Some(at(i, p.x)), t));
                 }
             }
         }
@@ -764,6 +766,35 @@ values = [5, 50]
             .unwrap();
         assert_eq!(q.len(), 2 * 2);
         assert_eq!(q[0].plan.plan.duration_s, 3.0);
+    }
+
+    #[test]
+    fn a_sweep_set_applies_to_each_of_its_points_under_the_points_own() {
+        let grid = PLAN.replace(
+            "values = [5, 50]",
+            "values = [5, 50]\nset = { \"topology.links.l.rate_mbps\" = 2, \"topology.links.l.delay_ms\" = 99 }",
+        );
+        let v = load(&grid).unwrap().variants(&Options::default()).unwrap();
+        let link = |i: usize| &v[i].plan.topology.links[0].both;
+        // The sweep's key wins over its `set`; the rest of `set` reaches every point.
+        assert_eq!(
+            (link(0).delay_ms, link(0).rate_mbps),
+            (Some(5.0), Some(2.0))
+        );
+        let last = v.len() - 1;
+        assert_eq!(
+            (link(last).delay_ms, link(last).rate_mbps),
+            (Some(50.0), Some(2.0))
+        );
+        let bad = PLAN.replace(
+            "values = [5, 50]",
+            "values = [5, 50]\nset = { \"plan.seeds\" = 3 }",
+        );
+        let e = load(&bad)
+            .unwrap()
+            .variants(&Options::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("whole plan"), "{e}");
     }
 
     #[test]

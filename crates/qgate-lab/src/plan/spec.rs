@@ -146,6 +146,10 @@ pub struct Sweep {
     /// Or: points with their own x and overrides.
     #[serde(default)]
     pub points: Vec<Point>,
+    /// Overrides every point of this sweep also applies, under its own (e.g. the other axis
+    /// of a grid: one sweep per value of it).
+    #[serde(default)]
+    pub set: toml::Table,
 }
 
 fn default_sweep_name() -> String {
@@ -494,6 +498,11 @@ pub struct UploadLoad {
     /// stalls (decision U7).
     #[serde(default = "yes")]
     pub backup: bool,
+    /// Paper 001's baseline instead of `qgate upload`: one multipath QUIC connection (noq)
+    /// with a path on each link, the file as one stream reassembled in the server's receive
+    /// window (decision U9).
+    #[serde(default)]
+    pub conventional: bool,
 }
 
 fn default_chunk() -> u64 {

@@ -4,6 +4,7 @@
 
 pub(crate) mod amqp;
 mod bulk;
+mod conventional;
 mod downloads;
 pub(crate) mod gateway;
 mod upload;
@@ -75,6 +76,8 @@ pub enum Prepared {
     Amqp(Box<amqp::Prepared>),
     /// See [`upload`].
     Upload(Box<upload::Prepared>),
+    /// See [`conventional`].
+    Conventional(Box<conventional::Prepared>),
 }
 
 /// Check a workload's host and link names against the topology, and its values against the
@@ -114,6 +117,9 @@ pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepa
             Prepared::Downloads(Box::new(downloads::prepare(d, world, s).map_err(fail)?))
         }
         Workload::Amqp(a) => Prepared::Amqp(Box::new(amqp::prepare(a, world, s).map_err(fail)?)),
+        Workload::Upload(u) if u.conventional => Prepared::Conventional(Box::new(
+            conventional::prepare(u, world, s).await.map_err(fail)?,
+        )),
         Workload::Upload(u) => {
             Prepared::Upload(Box::new(upload::prepare(u, world, s).await.map_err(fail)?))
         }
@@ -134,6 +140,7 @@ impl Prepared {
             Prepared::Downloads(p) => p.run(clock).await,
             Prepared::Amqp(p) => p.run(clock).await,
             Prepared::Upload(p) => p.run(clock).await,
+            Prepared::Conventional(p) => p.run(clock).await,
         }
     }
 }

@@ -82,6 +82,22 @@ pub(super) fn check(
     Ok(())
 }
 
+/// The server's and the device's transport options: the defaults with the plan's receive
+/// window (per connection, and for each stream: the conventional baseline's one stream gets
+/// all of it) and send window.
+pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions) {
+    let mut server = TransportOptions::default();
+    if let Some(w) = u.receive_window {
+        server.receive_window = w;
+        server.stream_receive_window = w;
+    }
+    let mut device = TransportOptions::default();
+    if let Some(w) = u.send_window {
+        device.send_window = w;
+    }
+    (server, device)
+}
+
 pub(crate) struct Prepared {
     spec: UploadLoad,
     server: RunningServer,
@@ -113,15 +129,7 @@ pub(super) async fn prepare(
         .address_toward(srv, dev)
         .ok_or_else(|| format!("no route from '{}' to '{}'", u.device, u.server))?;
     let server_addr = SocketAddr::new(srv_ip, 4433 + s.index as u16);
-    let mut server_opts = TransportOptions::default();
-    if let Some(w) = u.receive_window {
-        server_opts.receive_window = w;
-        server_opts.stream_receive_window = server_opts.stream_receive_window.min(w);
-    }
-    let mut device_opts = TransportOptions::default();
-    if let Some(w) = u.send_window {
-        device_opts.send_window = w;
-    }
+    let (server_opts, device_opts) = windows(u);
     // One directory per run (several runs share the process).
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(

@@ -1,0 +1,419 @@
+//! `kind = "upload"` with `conventional = true`: paper 001's baseline, the MPTCP model of its
+//! §2 on QUIC. One multipath QUIC connection (noq, draft-ietf-quic-multipath) with a path on
+//! each of the device's links carries the file as one stream; noq's scheduler stripes it over
+//! the paths and the server reassembles it in one buffer, the stream's receive window (Fig. 4's
+//! receive buffer). The device's send window is Fig. 5's send buffer. Decision U9.
+//!
+//! The server reads the stream in order and compares it with the file byte for byte, then
+//! answers `ok` on the same stream; the upload completes when the device reads that answer
+//! (as `qgate upload` completes when the server confirms the file).
+//!
+//! Scalars: `completed`, `completion_s`, `goodput_mbps` (as the two-ended workload's),
+//! `lane<i>_share` (the fraction of the connection's sent bytes that path i carried),
+//! `paths` (paths validated), `lost_packets`.
+//! Series: `lane<i>_mbps`, each path's sent bits per second.
+
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::num::NonZeroUsize;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use noq::{FourTuple, PathError, PathId, PathStatus, VarInt};
+use qgate_netsim::{SimSocket, World};
+use qgate_transport::TransportOptions;
+use quinn::AsyncUdpSocket as _;
+use rand::RngCore;
+
+use super::{rng, Clock, Measurements, Setup};
+use crate::plan::spec::UploadLoad;
+
+/// ALPN of the baseline's connections (not `qgate upload`'s protocol).
+const ALPN: &[u8] = b"qgate-upload-conventional";
+
+/// How long the device keeps asking for a second path while the server issues connection
+/// IDs for it (noq refuses with `RemoteCidsExhausted` for ~100–200 ms after the handshake).
+const OPEN_PATH_FOR: Duration = Duration::from_secs(5);
+
+/// A simulated socket as noq's socket: the same datagrams, noq's types. `default_src` is the
+/// source address of datagrams noq sends without one (its first path), so the first path
+/// leaves through the first listed link whatever the routing table says.
+#[derive(Debug)]
+struct NoqSocket {
+    sim: Arc<SimSocket>,
+    default_src: Option<IpAddr>,
+}
+
+#[derive(Debug)]
+struct NoqSender {
+    sim: Arc<SimSocket>,
+    default_src: Option<IpAddr>,
+}
+
+fn to_quinn_ecn(e: Option<noq::udp::EcnCodepoint>) -> Option<quinn::udp::EcnCodepoint> {
+    e.and_then(|e| quinn::udp::EcnCodepoint::from_bits(e as u8))
+}
+
+fn to_noq_ecn(e: Option<quinn::udp::EcnCodepoint>) -> Option<noq::udp::EcnCodepoint> {
+    e.and_then(|e| noq::udp::EcnCodepoint::from_bits(e as u8))
+}
+
+impl noq::UdpSender for NoqSender {
+    fn poll_send(
+        self: Pin<&mut Self>,
+        transmit: &noq::udp::Transmit<'_>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        // The simulated socket never blocks: a full link queue drops, as a bottleneck would.
+        Poll::Ready(self.sim.try_send(&quinn::udp::Transmit {
+            destination: transmit.destination,
+            ecn: to_quinn_ecn(transmit.ecn),
+            contents: transmit.contents,
+            segment_size: transmit.segment_size,
+            src_ip: transmit.src_ip.or(self.default_src),
+        }))
+    }
+
+    fn max_transmit_segments(&self) -> NonZeroUsize {
+        NonZeroUsize::new(self.sim.max_transmit_segments()).unwrap_or(NonZeroUsize::MIN)
+    }
+}
+
+impl noq::AsyncUdpSocket for NoqSocket {
+    fn create_sender(&self) -> Pin<Box<dyn noq::UdpSender>> {
+        Box::pin(NoqSender {
+            sim: self.sim.clone(),
+            default_src: self.default_src,
+        })
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [noq::udp::RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let mut q = vec![quinn::udp::RecvMeta::default(); meta.len()];
+        let n = match self.sim.poll_recv(cx, bufs, &mut q) {
+            Poll::Ready(Ok(n)) => n,
+            other => return other,
+        };
+        for (m, q) in meta.iter_mut().zip(&q[..n]) {
+            *m = noq::udp::RecvMeta::default();
+            m.addr = q.addr;
+            m.len = q.len;
+            m.stride = q.stride;
+            m.ecn = to_noq_ecn(q.ecn);
+            m.dst_ip = q.dst_ip;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.sim.local())
+    }
+
+    fn may_fragment(&self) -> bool {
+        false
+    }
+}
+
+/// noq's transport settings from qgate's (the values the two-ended lanes run with), with
+/// `paths` multipath paths.
+fn noq_transport(o: &TransportOptions, paths: u32) -> Result<noq::TransportConfig, String> {
+    let var = |v: u64, what: &str| VarInt::from_u64(v).map_err(|_| format!("{what} too large"));
+    let mut t = noq::TransportConfig::default();
+    t.initial_rtt(Duration::from_secs_f64(o.initial_rtt_ms / 1000.0))
+        .max_idle_timeout(Some(
+            noq::IdleTimeout::try_from(Duration::from_millis(o.idle_timeout_ms))
+                .map_err(|e| e.to_string())?,
+        ))
+        .stream_receive_window(var(o.stream_receive_window, "stream_receive_window")?)
+        .receive_window(var(o.receive_window, "receive_window")?)
+        .send_window(o.send_window)
+        .max_concurrent_bidi_streams(var(u64::from(o.max_concurrent_bidi_streams), "streams")?)
+        .congestion_controller_factory(Arc::new(noq::congestion::CubicConfig::default()))
+        .max_concurrent_multipath_paths(paths);
+    if !o.mtu_discovery {
+        t.mtu_discovery_config(None);
+    }
+    Ok(t)
+}
+
+fn endpoint_config(seed: u64) -> noq::EndpointConfig {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut c = noq::EndpointConfig::default();
+    c.rng_seed(Some(key));
+    c
+}
+
+pub(crate) struct Prepared {
+    spec: UploadLoad,
+    server: noq::Endpoint,
+    server_task: tokio::task::JoinHandle<()>,
+    served: tokio::sync::watch::Receiver<Option<bool>>,
+    device: noq::Endpoint,
+    client: noq::ClientConfig,
+    server_addr: SocketAddr,
+    path_ips: Vec<IpAddr>,
+    data: Bytes,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        self.server_task.abort();
+    }
+}
+
+pub(super) async fn prepare(
+    u: &UploadLoad,
+    world: &mut World,
+    s: &Setup,
+) -> Result<Prepared, String> {
+    let net = world.net.clone();
+    let dev = world.host(&u.device).ok_or("no device host")?;
+    let srv = world.host(&u.server).ok_or("no server host")?;
+    let srv_ip = world
+        .address_toward(srv, dev)
+        .ok_or_else(|| format!("no route from '{}' to '{}'", u.device, u.server))?;
+    let server_addr = SocketAddr::new(srv_ip, 4433 + s.index as u16);
+    let (server_opts, device_opts) = super::upload::windows(u);
+    let paths = u32::try_from(u.paths.len()).map_err(|e| e.to_string())?;
+    let runtime: Arc<dyn noq::Runtime> = Arc::new(noq::TokioRuntime);
+
+    let provider = qgate_transport::tls::provider();
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(s.pki.server.chain.clone(), s.pki.server.key.clone_key())
+        .map_err(|e| e.to_string())?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = noq::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut server_config = noq::ServerConfig::with_crypto(Arc::new(crypto));
+    server_config.transport_config(Arc::new(noq_transport(&server_opts, paths)?));
+    let server = noq::Endpoint::new_with_abstract_socket(
+        endpoint_config(s.seed * 100 + 7),
+        Some(server_config),
+        Box::new(NoqSocket {
+            sim: net.bind(srv, server_addr).map_err(|e| e.to_string())?,
+            default_src: None,
+        }),
+        runtime.clone(),
+    )
+    .map_err(|e| e.to_string())?;
+
+    let mut path_ips = Vec::new();
+    for p in &u.paths {
+        let l = world.link(p).map_err(|e| e.to_string())?;
+        path_ips.push(if l.a.0 == dev { l.a.1 } else { l.b.1 });
+    }
+    let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+    let device = noq::Endpoint::new_with_abstract_socket(
+        endpoint_config(s.seed * 100 + 8),
+        None,
+        Box::new(NoqSocket {
+            sim: net.bind(dev, any).map_err(|e| e.to_string())?,
+            default_src: path_ips.first().copied(),
+        }),
+        runtime,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(s.pki.trust().store().map_err(|e| e.to_string())?)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = noq::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut client = noq::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(Arc::new(noq_transport(&device_opts, paths)?));
+
+    // The file's bytes differ from seed to seed.
+    let mut bytes = vec![0u8; u.bytes as usize];
+    rng(s.seed, s.index).fill_bytes(&mut bytes);
+    let data = Bytes::from(bytes);
+
+    let (tx, served) = tokio::sync::watch::channel(None);
+    let server_task = tokio::spawn(serve(server.clone(), data.clone(), tx));
+    Ok(Prepared {
+        spec: u.clone(),
+        server,
+        server_task,
+        served,
+        device,
+        client,
+        server_addr,
+        path_ips,
+        data,
+    })
+}
+
+/// The receiving side: one connection, one stream, read in order and compared with the file;
+/// `ok` when all of it matched. Reports whether it did.
+async fn serve(ep: noq::Endpoint, data: Bytes, done: tokio::sync::watch::Sender<Option<bool>>) {
+    let result = async {
+        let conn = ep.accept().await?.await.ok()?;
+        let (mut send, mut recv) = conn.accept_bi().await.ok()?;
+        let mut at = 0usize;
+        let mut same = true;
+        while let Some(chunk) = recv.read_chunk(usize::MAX).await.ok()? {
+            let end = at + chunk.len();
+            same &= data.get(at..end) == Some(&chunk[..]);
+            at = end;
+        }
+        let ok = same && at == data.len();
+        let _ = send.write_all(if ok { b"ok" } else { b"no" }).await;
+        let _ = send.finish();
+        // Keep the connection until the device has the answer and closes.
+        conn.closed().await;
+        Some(ok)
+    }
+    .await;
+    let _ = done.send(Some(result == Some(true)));
+}
+
+impl Prepared {
+    pub(super) async fn run(self, clock: Clock) -> Measurements {
+        let u = self.spec.clone();
+        tokio::time::sleep_until(clock.start + super::secs(u.start_s)).await;
+        let n = self.path_ips.len();
+        let t0 = tokio::time::Instant::now();
+        let mut m = Measurements::default();
+        let conn =
+            match self
+                .device
+                .connect_with(self.client.clone(), self.server_addr, "localhost")
+            {
+                Ok(c) => tokio::time::timeout_at(clock.deadline, c).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "conventional upload: connect failed");
+                    m.scalars.push(("completed".into(), 0.0));
+                    return m;
+                }
+            };
+        let conn = match conn {
+            Ok(Ok(c)) => c,
+            other => {
+                tracing::warn!(result = ?other.err(), "conventional upload: handshake failed");
+                m.scalars.push(("completed".into(), 0.0));
+                return m;
+            }
+        };
+        // The other links' paths, opened while the upload starts on the first.
+        let opener = {
+            let conn = conn.clone();
+            let (server, ips) = (self.server_addr, self.path_ips.clone());
+            tokio::spawn(async move {
+                let mut ids = vec![PathId::ZERO];
+                for ip in ips.into_iter().skip(1) {
+                    let until = tokio::time::Instant::now() + OPEN_PATH_FOR;
+                    loop {
+                        match conn
+                            .open_path(FourTuple::new(server, Some(ip)), PathStatus::Available)
+                            .await
+                        {
+                            Ok(p) => {
+                                ids.push(p.id());
+                                break;
+                            }
+                            Err(PathError::RemoteCidsExhausted)
+                                if tokio::time::Instant::now() < until =>
+                            {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, %ip, "conventional upload: no path");
+                                break;
+                            }
+                        }
+                    }
+                }
+                ids
+            })
+        };
+        // Each path's sent bits per second while the upload runs.
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let sampler = {
+            let conn = conn.clone();
+            let clock = clock.clone();
+            tokio::spawn(async move {
+                let mut series = vec![Vec::new(); n];
+                let mut last = vec![0u64; n];
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    let ended = tokio::select! {
+                        _ = tick.tick() => false,
+                        _ = &mut stopped => true,
+                    };
+                    let t = clock.t();
+                    for (i, s) in series.iter_mut().enumerate() {
+                        let sent = path_sent(&conn, i);
+                        s.push((t, sent.saturating_sub(last[i]) as f64 * 8e-6));
+                        last[i] = sent;
+                    }
+                    if ended {
+                        return series;
+                    }
+                }
+            })
+        };
+        let upload = async {
+            let (mut send, mut recv) = conn.open_bi().await.ok()?;
+            send.write_chunk(self.data.clone()).await.ok()?;
+            send.finish().ok()?;
+            let answer = recv.read_to_end(16).await.ok()?;
+            Some(answer == b"ok")
+        };
+        let answered = tokio::time::timeout_at(clock.deadline, upload).await;
+        let elapsed = t0.elapsed().as_secs_f64();
+        let ids = opener.await.unwrap_or_default();
+        let sent: Vec<u64> = (0..n).map(|i| path_sent(&conn, i)).collect();
+        let lost = conn.stats().lost_packets;
+        conn.close(VarInt::from_u32(0), b"done");
+        let _ = stop.send(());
+        let series = sampler.await.unwrap_or_default();
+        // The server's own verdict (it compared every byte).
+        let mut served = self.served.clone();
+        let verified =
+            tokio::time::timeout(Duration::from_secs(5), served.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|v| *v))
+                == Some(true);
+        let identical = matches!(answered, Ok(Some(true))) && verified;
+        m.scalars
+            .push(("completed".into(), f64::from(u8::from(identical))));
+        if identical {
+            m.scalars.push(("completion_s".into(), elapsed));
+            m.scalars.push((
+                "goodput_mbps".into(),
+                u.bytes as f64 * 8e-6 / elapsed.max(1e-9),
+            ));
+        }
+        let total = sent.iter().sum::<u64>().max(1) as f64;
+        for (i, s) in sent.iter().enumerate() {
+            m.scalars
+                .push((format!("lane{}_share", i + 1), *s as f64 / total));
+        }
+        m.scalars.push(("paths".into(), ids.len() as f64));
+        m.scalars.push(("lost_packets".into(), lost as f64));
+        for (i, s) in series.into_iter().enumerate() {
+            m.series.push((format!("lane{}_mbps", i + 1), s));
+        }
+        self.server.close(VarInt::from_u32(0), b"");
+        m
+    }
+}
+
+/// Bytes path `i` (opened i-th) has sent, 0 if it never opened.
+fn path_sent(conn: &noq::Connection, i: usize) -> u64 {
+    let id = PathId::from(i as u32);
+    conn.path(id).map_or(0, |p| p.stats().udp_tx.bytes)
+}
