@@ -637,6 +637,25 @@ impl Shared {
             counters.connects.fetch_add(1, Ordering::Relaxed);
             counters.up.store(true, Ordering::Relaxed);
             self.planner.lock().expect("lock").restore(i).expect("lane");
+            if !self.first_announce.load(Ordering::Relaxed) {
+                // Another lane's announcement was answered in this run, so this one only
+                // refreshes the held list: send meanwhile (chunks carry the file's
+                // description), which saves a long path a round trip (decision U4).
+                let refresh = async {
+                    tokio::select! {
+                        r = self.announce(&h3) => {
+                            if let Err(Outcome::Refused(e)) = r {
+                                self.fail(e);
+                            }
+                        }
+                        () = self.until_finished() => {}
+                    }
+                };
+                tokio::join!(refresh, self.send(i, &h3, &ep, &paths, &mut failover));
+                counters.up.store(false, Ordering::Relaxed);
+                h3.close();
+                continue;
+            }
             let announced = tokio::select! {
                 r = self.announce(&h3) => r,
                 () = self.until_finished() => break,
