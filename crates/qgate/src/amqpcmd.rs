@@ -236,9 +236,9 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
                     .to_string())
         );
         std::io::stdout().flush().ok();
-        tokio::signal::ctrl_c()
+        crate::stop_requested()
             .await
-            .context("waiting for Ctrl-C")?;
+            .context("waiting for Ctrl-C or SIGTERM")?;
         eprintln!("qgate: shutting down");
         for q in broker.queue_stats() {
             eprintln!(

@@ -277,9 +277,9 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         );
         use std::io::Write;
         std::io::stdout().flush().ok();
-        tokio::signal::ctrl_c()
+        crate::stop_requested()
             .await
-            .context("waiting for Ctrl-C")?;
+            .context("waiting for Ctrl-C or SIGTERM")?;
         running.endpoint.close(0, b"gateway shutting down");
         Ok(())
     })

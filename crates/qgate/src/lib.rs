@@ -23,6 +23,24 @@ use crate::config::Config;
 
 /// Exit status for a usage or configuration error (bad flag, URL, config file).
 pub const EXIT_USAGE: u8 = 2;
+
+/// Completes when the process is asked to stop: Ctrl-C (SIGINT) or SIGTERM, which service
+/// managers (systemd, Docker, Kubernetes) send. The long-running services shut down gracefully
+/// on either (the upload receiver syncs what it holds, decision U3).
+pub(crate) async fn stop_requested() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
+}
 /// Exit status when a request got a non-success HTTP status.
 pub const EXIT_HTTP_STATUS: u8 = 3;
 

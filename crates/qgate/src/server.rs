@@ -132,9 +132,9 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         use std::io::Write;
         std::io::stdout().flush().ok();
         let stats = server.stats.clone();
-        tokio::signal::ctrl_c()
+        crate::stop_requested()
             .await
-            .context("waiting for Ctrl-C")?;
+            .context("waiting for Ctrl-C or SIGTERM")?;
         eprintln!("qgate: shutting down");
         server.shutdown(Duration::from_secs(3)).await;
         let s = stats.snapshot();

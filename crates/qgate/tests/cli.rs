@@ -921,7 +921,7 @@ fn a_gateway_path_shape_it_cannot_do_is_refused_before_anything_binds() {
 fn upload_over_two_interfaces_to_a_server() {
     let home = tmp("upload");
     let recv = home.join("recv");
-    let (_server, port) = start_server(&home, &["--uploads".as_ref(), recv.as_os_str()]);
+    let (mut server, port) = start_server(&home, &["--uploads".as_ref(), recv.as_os_str()]);
     let file = home.join("data.bin");
     let bytes: Vec<u8> = (0..700_001u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -994,6 +994,27 @@ fn upload_over_two_interfaces_to_a_server() {
         &["upload", f, &format!("https://localhost:{plain}"), "-q"],
     );
     assert_fails(o, 3, "start it with --uploads DIR");
+    // SIGTERM, what service managers send, stops the server gracefully (exit 0, not death
+    // by the signal).
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc_kill(server.0.id() as i32, 15) }, 0);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = server.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "no exit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
 #[test]
