@@ -25,7 +25,7 @@ use qgate_transport::http3::{self, Handler, ServeLimits};
 pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
 pub use probe::answer_probes;
 pub use sink::{Sink, SinkError};
-pub use upload::{UploadLimits, Uploads};
+pub use upload::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 
 /// Counters of what the server has done.
 #[derive(Debug, Default)]

@@ -31,7 +31,14 @@ pub struct UploadLimits {
     /// An upload untouched this long may be flushed to disk and dropped from memory (it
     /// resumes from disk at its next announcement).
     pub idle: Duration,
+    /// An unfinished upload whose files nobody wrote for this long is deleted by
+    /// [`Uploads::expire`] (`qgate server` runs it at start and every
+    /// [`EXPIRE_CHECK_EVERY`]); `None` keeps them until an operator removes them.
+    pub expire_after: Option<Duration>,
 }
+
+/// How often `qgate server` deletes expired unfinished uploads.
+pub const EXPIRE_CHECK_EVERY: Duration = Duration::from_secs(3600);
 
 impl Default for UploadLimits {
     fn default() -> Self {
@@ -40,6 +47,7 @@ impl Default for UploadLimits {
             max_chunks: 1 << 20,
             max_active: 64,
             idle: Duration::from_secs(60),
+            expire_after: Some(Duration::from_secs(7 * 86_400)),
         }
     }
 }
@@ -192,6 +200,54 @@ impl Uploads {
         self.sync(name, &mut e)?;
         let held = Held::from_fn(e.chunks.len(), |i| e.chunks[i] == DURABLE);
         Ok(Announced::InProgress(held))
+    }
+
+    /// Delete the files of every unfinished upload that is not in memory and whose part and
+    /// state files were last written more than [`UploadLimits::expire_after`] before `now`
+    /// (the wall clock: the files' times are). Returns the names deleted. A device that comes
+    /// back later starts that upload afresh.
+    pub fn expire(&self, now: std::time::SystemTime) -> Result<Vec<String>, UploadFailure> {
+        let Some(age) = self.limits.expire_after else {
+            return Ok(Vec::new());
+        };
+        // Under the map's lock: an upload cannot become active while its files go.
+        let active = self.active.lock().expect("uploads lock");
+        let mut names = Vec::new();
+        for f in std::fs::read_dir(&self.root).map_err(io(&self.root))? {
+            let f = f.map_err(io(&self.root))?;
+            let file = f.file_name();
+            // Unfinished uploads have a part file; a finished one keeps only its state (what
+            // answers a repeated announcement).
+            let Some(name) = file
+                .to_str()
+                .and_then(|n| n.strip_prefix('.').and_then(|n| n.strip_suffix(".part")))
+            else {
+                continue;
+            };
+            if valid_name(name) && !active.contains_key(name) && !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+        let mut gone = Vec::new();
+        for name in names {
+            let (_, part, state) = self.paths(&name);
+            let written = [&part, &state]
+                .iter()
+                .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+                .max();
+            let old = written.is_some_and(|t| now.duration_since(t).is_ok_and(|d| d > age));
+            if old {
+                for p in [&part, &state] {
+                    match std::fs::remove_file(p) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io(p)(e)),
+                    }
+                }
+                gone.push(name);
+            }
+        }
+        Ok(gone)
     }
 
     /// Sync every upload in progress (on a graceful shutdown).
@@ -617,6 +673,7 @@ mod tests {
             max_chunks: 100,
             max_active: 2,
             idle: Duration::from_secs(3600),
+            ..Default::default()
         };
         let up = Uploads::new(&root, limits).unwrap();
         let data = file(5000, 1);
@@ -697,6 +754,54 @@ mod tests {
         }
         assert_eq!(last, Stored::Complete);
         assert_eq!(std::fs::read(root.join("r")).unwrap(), data);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn unfinished_uploads_untouched_past_the_limit_expire_and_others_stay() {
+        let root = dir("expire");
+        let data = file(5000, 6);
+        let inf = info(&data, 1024);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        for name in ["old", "busy"] {
+            up.announce(name, &inf).unwrap();
+            up.put(name, &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        }
+        // A finished upload is not touched.
+        let small = file(100, 7);
+        let si = info(&small, 1024);
+        up.put("done", &si, 0, &small).unwrap();
+        let now = std::time::SystemTime::now();
+        let day = Duration::from_secs(86_400);
+        // In memory (a device is sending it): kept however old.
+        let g = up.expire(now + 30 * day).unwrap();
+        assert!(g.is_empty(), "{g:?}");
+        // After a restart nothing is in memory: within the week both stay, past it they go.
+        drop(up);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        assert!(up.expire(now + 6 * day).unwrap().is_empty());
+        up.announce("busy", &inf).unwrap();
+        let mut gone = up.expire(now + 8 * day).unwrap();
+        gone.sort();
+        assert_eq!(gone, ["old"]);
+        assert!(!root.join(".old.part").exists() && !root.join(".old.state").exists());
+        assert!(root.join(".busy.part").exists() && root.join("done").exists());
+        assert!(root.join(".done.state").exists());
+        // The device that comes back starts afresh.
+        assert_eq!(
+            up.announce("old", &inf).unwrap(),
+            Announced::InProgress(Held::default())
+        );
+        // Off: nothing expires.
+        let keep = Uploads::new(
+            &root,
+            UploadLimits {
+                expire_after: None,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(keep.expire(now + 300 * day).unwrap().is_empty());
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -86,6 +86,8 @@ pub struct ServerConfig {
     pub uploads: Option<PathBuf>,
     /// Largest file an upload may announce, bytes.
     pub upload_max_bytes: Option<u64>,
+    /// Days an unfinished upload may sit untouched before its files are deleted; 0 = never.
+    pub upload_expire_days: Option<u32>,
 }
 
 /// `[client]`

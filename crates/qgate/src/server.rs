@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use qgate_server::{Server, Sink, UploadLimits, Uploads};
+use qgate_server::{Server, Sink, UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 use qgate_transport::http3::ServeLimits;
 use qgate_transport::{Congestion, DevPki, Identity, Socket};
 
@@ -42,6 +42,10 @@ pub struct ServerArgs {
     #[arg(long, value_name = "SIZE", value_parser = qgate_core::units::parse_bytes, help = crate::dflt(
         "Largest file an upload may announce", UploadLimits::default().max_file_bytes))]
     upload_max_bytes: Option<u64>,
+    #[arg(long, value_name = "DAYS", help = crate::dflt(
+        "Delete an unfinished upload nobody wrote to for DAYS days (checked at start and hourly); 0 keeps them",
+        expire_days(UploadLimits::default().expire_after)))]
+    upload_expire_days: Option<u32>,
     #[arg(long, value_name = "BYTES", help = crate::dflt(
         "Largest request body in bytes; larger ones get 413", ServeLimits::default().max_body))]
     max_body: Option<usize>,
@@ -104,6 +108,11 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
                     .upload_max_bytes
                     .or(c.upload_max_bytes)
                     .unwrap_or(UploadLimits::default().max_file_bytes),
+                expire_after: match a.upload_expire_days.or(c.upload_expire_days) {
+                    None => UploadLimits::default().expire_after,
+                    Some(0) => None,
+                    Some(d) => Some(Duration::from_secs(u64::from(d) * 86_400)),
+                },
                 ..Default::default()
             };
             Some(Uploads::new(&dir, limits).map_err(usage)?)
@@ -128,6 +137,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         println!("qgate server listening on udp/{} (HTTP/3)", server.addr());
         if let Some(u) = &server.uploads {
             eprintln!("qgate: receiving uploads into {}", u.root().display());
+            tokio::spawn(expire_uploads(u.clone()));
         }
         use std::io::Write;
         std::io::stdout().flush().ok();
@@ -144,4 +154,26 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         );
         Ok(())
     })
+}
+
+/// `--upload-expire-days` as the help shows it.
+fn expire_days(after: Option<Duration>) -> u64 {
+    after.map_or(0, |d| d.as_secs() / 86_400)
+}
+
+/// Delete expired unfinished uploads now and every [`EXPIRE_CHECK_EVERY`].
+async fn expire_uploads(uploads: std::sync::Arc<Uploads>) {
+    loop {
+        let u = uploads.clone();
+        match tokio::task::spawn_blocking(move || u.expire(std::time::SystemTime::now())).await {
+            Ok(Ok(gone)) if !gone.is_empty() => eprintln!(
+                "qgate: deleted {} unfinished upload(s) nobody wrote to in time: {}",
+                gone.len(),
+                gone.join(", ")
+            ),
+            Ok(Err(e)) => eprintln!("qgate: expiring unfinished uploads: {e}"),
+            _ => {}
+        }
+        tokio::time::sleep(EXPIRE_CHECK_EVERY).await;
+    }
 }
