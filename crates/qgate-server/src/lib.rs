@@ -262,7 +262,7 @@ impl Handler for IngestService {
                     self.ingest(name, &body, rid, peer).await
                 }
             },
-            (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body).await,
+            (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body, peer).await,
             (_, "/health" | "/stats" | "/metrics") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
             (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
             _ => text(StatusCode::NOT_FOUND, format!("no route {path}\n")),
@@ -344,6 +344,7 @@ impl IngestService {
         path: &str,
         req: &Request<()>,
         body: Bytes,
+        peer: SocketAddr,
     ) -> Response<Bytes> {
         use qgate_core::upload::{FileInfo, HELD_HEADER};
         let Some(uploads) = self.uploads.clone() else {
@@ -374,7 +375,7 @@ impl IngestService {
         let answer = match (method, chunk) {
             (&Method::POST, None) => {
                 tokio::task::spawn_blocking(move || {
-                    uploads.announce(&name, &info).map(|a| match a {
+                    uploads.announce(peer.ip(), &name, &info).map(|a| match a {
                         upload::Announced::Complete => Response::builder()
                             .status(StatusCode::CREATED)
                             .body(Bytes::from("{\"complete\":true}"))
@@ -403,7 +404,7 @@ impl IngestService {
                     );
                 };
                 tokio::task::spawn_blocking(move || {
-                    let stored = uploads.put(&name, &info, index, &body)?;
+                    let stored = uploads.put(peer.ip(), &name, &info, index, &body)?;
                     if stored != upload::Stored::Duplicate {
                         stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
                         stats

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,9 @@ pub struct UploadLimits {
     pub max_chunks: usize,
     /// Most uploads in progress in memory at once; more wait for an idle one to be flushed.
     pub max_active: usize,
+    /// Most of those one client address may have started, so one client cannot take every
+    /// slot (its own idle ones make room first).
+    pub max_active_per_client: usize,
     /// An upload untouched this long may be flushed to disk and dropped from memory (it
     /// resumes from disk at its next announcement).
     pub idle: Duration,
@@ -46,6 +50,7 @@ impl Default for UploadLimits {
             max_file_bytes: 4 << 30,
             max_chunks: 1 << 20,
             max_active: 64,
+            max_active_per_client: 8,
             idle: Duration::from_secs(60),
             expire_after: Some(Duration::from_secs(7 * 86_400)),
         }
@@ -137,6 +142,8 @@ struct Entry {
     /// Verified and in place (the entry is about to leave the map).
     complete: bool,
     used: Instant,
+    /// The address of the client that started it (for the per-client limit).
+    client: IpAddr,
 }
 
 /// Sync a part file and its held list after this many new bytes, so a crash loses at most
@@ -185,8 +192,13 @@ impl Uploads {
     }
 
     /// Announce `name` as `info`: start it, or say what is held, or that it is complete.
-    pub fn announce(&self, name: &str, info: &FileInfo) -> Result<Announced, UploadFailure> {
-        let Some(entry) = self.entry(name, info)? else {
+    pub fn announce(
+        &self,
+        client: IpAddr,
+        name: &str,
+        info: &FileInfo,
+    ) -> Result<Announced, UploadFailure> {
+        let Some(entry) = self.entry(client, name, info)? else {
             return Ok(Announced::Complete);
         };
         let mut e = entry.lock().expect("upload lock");
@@ -265,9 +277,10 @@ impl Uploads {
         Ok(())
     }
 
-    /// Store chunk `index` of `name` (announced as `info`).
+    /// Store chunk `index` of `name` (announced as `info`), sent by `client`.
     pub fn put(
         &self,
+        client: IpAddr,
         name: &str,
         info: &FileInfo,
         index: usize,
@@ -286,7 +299,7 @@ impl Uploads {
                 body.len()
             )));
         }
-        let Some(entry) = self.entry(name, info)? else {
+        let Some(entry) = self.entry(client, name, info)? else {
             return Ok(Stored::Duplicate);
         };
         let mut e = entry.lock().expect("upload lock");
@@ -324,6 +337,7 @@ impl Uploads {
     /// The entry for `name`, created or loaded from disk; `None` if the file is complete.
     fn entry(
         &self,
+        client: IpAddr,
         name: &str,
         info: &FileInfo,
     ) -> Result<Option<Arc<Mutex<Entry>>>, UploadFailure> {
@@ -365,7 +379,7 @@ impl Uploads {
         if active.contains_key(name) {
             // Created meanwhile: check it on the next call's fast path.
             drop(active);
-            return self.entry(name, info);
+            return self.entry(client, name, info);
         }
         if let Some(stored) = read_state(&state)? {
             let same_file = stored.info.sha256 == info.sha256
@@ -397,8 +411,21 @@ impl Uploads {
                 self.limits.max_chunks
             )));
         }
-        if active.len() >= self.limits.max_active {
-            self.evict_idle(&mut active)?;
+        // Entries in use right now (locked) are not counted: the limit guards against a
+        // client parking uploads, which sit idle.
+        let mine = active
+            .values()
+            .filter(|e| e.try_lock().is_ok_and(|g| g.client == client))
+            .count();
+        if mine >= self.limits.max_active_per_client {
+            self.evict_idle(&mut active, Some(client)).map_err(|_| {
+                UploadFailure::Busy(format!(
+                    "{client} has {mine} uploads in progress, the most one address may have; \
+                     finish one or try again later"
+                ))
+            })?;
+        } else if active.len() >= self.limits.max_active {
+            self.evict_idle(&mut active, None)?;
         }
         let mut chunks = vec![NONE; layout.chunks()];
         let mut held = 0;
@@ -427,6 +454,7 @@ impl Uploads {
             unsynced: 0,
             complete: false,
             used: Instant::now(),
+            client,
         }));
         if held == 0 {
             // The state file exists from the start, so a restart knows the part file's owner.
@@ -441,12 +469,16 @@ impl Uploads {
     fn evict_idle(
         &self,
         active: &mut HashMap<String, Arc<Mutex<Entry>>>,
+        of: Option<IpAddr>,
     ) -> Result<(), UploadFailure> {
         let now = Instant::now();
         let victim = active
             .iter()
-            .filter_map(|(n, e)| e.try_lock().ok().map(|g| (n.clone(), g.used)))
-            .filter(|(_, used)| now.duration_since(*used) >= self.limits.idle)
+            .filter_map(|(n, e)| e.try_lock().ok().map(|g| (n.clone(), g.used, g.client)))
+            .filter(|(_, used, c)| {
+                now.duration_since(*used) >= self.limits.idle && of.is_none_or(|of| *c == of)
+            })
+            .map(|(n, used, _)| (n, used))
             .min_by_key(|(_, used)| *used);
         let Some((name, _)) = victim else {
             return Err(UploadFailure::Busy(format!(
@@ -586,6 +618,9 @@ fn sync_dir(dir: &Path) -> Result<(), UploadFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The client address of the tests' requests.
+    const ME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     use qgate_core::upload::Layout;
 
     fn dir(tag: &str) -> PathBuf {
@@ -620,32 +655,39 @@ mod tests {
         let data = file(10_000, 7);
         let inf = info(&data, 1024);
         assert_eq!(
-            up.announce("f.bin", &inf).unwrap(),
+            up.announce(ME, "f.bin", &inf).unwrap(),
             Announced::InProgress(Held::default())
         );
         let n = inf.layout.chunks();
         let (mut lo, mut hi) = (0, n - 1);
         let mut last = None;
         while lo <= hi {
-            last = Some(up.put("f.bin", &inf, lo, &chunk(&data, &inf, lo)).unwrap());
+            last = Some(
+                up.put(ME, "f.bin", &inf, lo, &chunk(&data, &inf, lo))
+                    .unwrap(),
+            );
             lo += 1;
             if lo <= hi {
-                last = Some(up.put("f.bin", &inf, hi, &chunk(&data, &inf, hi)).unwrap());
+                last = Some(
+                    up.put(ME, "f.bin", &inf, hi, &chunk(&data, &inf, hi))
+                        .unwrap(),
+                );
                 hi -= 1;
             }
             if lo == 3 {
                 // A resend of the same bytes is fine; different bytes are refused and change
                 // nothing.
                 assert_eq!(
-                    up.put("f.bin", &inf, 0, &chunk(&data, &inf, 0)).unwrap(),
+                    up.put(ME, "f.bin", &inf, 0, &chunk(&data, &inf, 0))
+                        .unwrap(),
                     Stored::Duplicate
                 );
                 let mut other = chunk(&data, &inf, 1);
                 other[0] ^= 1;
-                let e = up.put("f.bin", &inf, 1, &other).unwrap_err();
+                let e = up.put(ME, "f.bin", &inf, 1, &other).unwrap_err();
                 assert_eq!(e.status(), http::StatusCode::CONFLICT, "{e}");
                 // What is written is reported as held, durably.
-                let Announced::InProgress(h) = up.announce("f.bin", &inf).unwrap() else {
+                let Announced::InProgress(h) = up.announce(ME, "f.bin", &inf).unwrap() else {
                     panic!("complete too early")
                 };
                 assert_eq!(
@@ -657,10 +699,10 @@ mod tests {
         assert_eq!(last, Some(Stored::Complete));
         assert_eq!(std::fs::read(root.join("f.bin")).unwrap(), data);
         assert!(!root.join(".f.bin.part").exists());
-        assert_eq!(up.announce("f.bin", &inf).unwrap(), Announced::Complete);
+        assert_eq!(up.announce(ME, "f.bin", &inf).unwrap(), Announced::Complete);
         // The same name for different bytes is refused.
         let other = file(10_000, 8);
-        let e = up.announce("f.bin", &info(&other, 1024)).unwrap_err();
+        let e = up.announce(ME, "f.bin", &info(&other, 1024)).unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -678,19 +720,21 @@ mod tests {
         let up = Uploads::new(&root, limits).unwrap();
         let data = file(5000, 1);
         let inf = info(&data, 1024);
-        up.put("a", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        up.put(ME, "a", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
         for (i, body, want) in [
             (5, vec![0u8; 10], http::StatusCode::BAD_REQUEST), // outside the file
             (1, vec![0u8; 10], http::StatusCode::BAD_REQUEST), // wrong length
             (4, vec![0u8; 1024], http::StatusCode::BAD_REQUEST), // the last one is short
         ] {
-            let e = up.put("a", &inf, i, &body).unwrap_err();
+            let e = up.put(ME, "a", &inf, i, &body).unwrap_err();
             assert_eq!(e.status(), want, "{e}");
         }
         // Another file under the same name.
-        let e = up.announce("a", &info(&file(5000, 2), 1024)).unwrap_err();
+        let e = up
+            .announce(ME, "a", &info(&file(5000, 2), 1024))
+            .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
-        let e = up.announce("a", &info(&data, 2048)).unwrap_err();
+        let e = up.announce(ME, "a", &info(&data, 2048)).unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
         // Too big, too many chunks, too many at once.
         let big = FileInfo {
@@ -698,7 +742,7 @@ mod tests {
             sha256: [0; 32],
         };
         assert_eq!(
-            up.announce("big", &big).unwrap_err().status(),
+            up.announce(ME, "big", &big).unwrap_err().status(),
             http::StatusCode::PAYLOAD_TOO_LARGE
         );
         let many = FileInfo {
@@ -706,22 +750,22 @@ mod tests {
             sha256: [0; 32],
         };
         assert_eq!(
-            up.announce("many", &many).unwrap_err().status(),
+            up.announce(ME, "many", &many).unwrap_err().status(),
             http::StatusCode::PAYLOAD_TOO_LARGE
         );
-        up.announce("b", &inf).unwrap();
+        up.announce(ME, "b", &inf).unwrap();
         assert_eq!(
-            up.announce("c", &inf).unwrap_err().status(),
+            up.announce(ME, "c", &inf).unwrap_err().status(),
             http::StatusCode::SERVICE_UNAVAILABLE
         );
         for bad in ["", ".hidden", "a/b", "../x", &"x".repeat(129)] {
             assert_eq!(
-                up.announce(bad, &inf).unwrap_err().status(),
+                up.announce(ME, bad, &inf).unwrap_err().status(),
                 http::StatusCode::BAD_REQUEST
             );
         }
         // Chunk 0 of "a" is still there.
-        let Announced::InProgress(h) = up.announce("a", &inf).unwrap() else {
+        let Announced::InProgress(h) = up.announce(ME, "a", &inf).unwrap() else {
             panic!()
         };
         assert_eq!(h.iter().collect::<Vec<_>>(), vec![0]);
@@ -736,24 +780,60 @@ mod tests {
         {
             let up = Uploads::new(&root, UploadLimits::default()).unwrap();
             for i in [0, 1, 7] {
-                up.put("r", &inf, i, &chunk(&data, &inf, i)).unwrap();
+                up.put(ME, "r", &inf, i, &chunk(&data, &inf, i)).unwrap();
             }
-            up.announce("r", &inf).unwrap();
+            up.announce(ME, "r", &inf).unwrap();
         }
         let up = Uploads::new(&root, UploadLimits::default()).unwrap();
-        let Announced::InProgress(h) = up.announce("r", &inf).unwrap() else {
+        let Announced::InProgress(h) = up.announce(ME, "r", &inf).unwrap() else {
             panic!()
         };
         assert_eq!(h.to_string(), "0-1,7");
         // A chunk that differs from one held before the restart is refused.
-        let e = up.put("r", &inf, 7, &[0u8; 1024]).unwrap_err();
+        let e = up.put(ME, "r", &inf, 7, &[0u8; 1024]).unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
         let mut last = Stored::Written;
         for i in 2..7 {
-            last = up.put("r", &inf, i, &chunk(&data, &inf, i)).unwrap();
+            last = up.put(ME, "r", &inf, i, &chunk(&data, &inf, i)).unwrap();
         }
         assert_eq!(last, Stored::Complete);
         assert_eq!(std::fs::read(root.join("r")).unwrap(), data);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_client_cannot_take_every_slot() {
+        let root = dir("perclient");
+        let limits = UploadLimits {
+            max_active_per_client: 2,
+            idle: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let up = Uploads::new(&root, limits).unwrap();
+        let data = file(4096, 8);
+        let inf = info(&data, 1024);
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 9));
+        up.announce(ME, "a", &inf).unwrap();
+        up.put(ME, "b", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        // A third from the same address: busy, and it names the limit.
+        let e = up.announce(ME, "c", &inf).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            e.to_string().contains("the most one address may have"),
+            "{e}"
+        );
+        // Another address is not held back, and the first keeps its two.
+        up.announce(other, "d", &inf).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        up.put(ME, "a", &inf, 1, &chunk(&data, &inf, 1)).unwrap();
+        // Once one of its own is idle, it makes room for the next: the least recently used
+        // ("b"), flushed, so it resumes with what it held.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        up.announce(ME, "c", &inf).unwrap();
+        let Announced::InProgress(h) = up.announce(other, "b", &inf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.to_string(), "0");
         let _ = std::fs::remove_dir_all(&root);
     }
 
@@ -764,13 +844,13 @@ mod tests {
         let inf = info(&data, 1024);
         let up = Uploads::new(&root, UploadLimits::default()).unwrap();
         for name in ["old", "busy"] {
-            up.announce(name, &inf).unwrap();
-            up.put(name, &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+            up.announce(ME, name, &inf).unwrap();
+            up.put(ME, name, &inf, 0, &chunk(&data, &inf, 0)).unwrap();
         }
         // A finished upload is not touched.
         let small = file(100, 7);
         let si = info(&small, 1024);
-        up.put("done", &si, 0, &small).unwrap();
+        up.put(ME, "done", &si, 0, &small).unwrap();
         let now = std::time::SystemTime::now();
         let day = Duration::from_secs(86_400);
         // In memory (a device is sending it): kept however old.
@@ -780,7 +860,7 @@ mod tests {
         drop(up);
         let up = Uploads::new(&root, UploadLimits::default()).unwrap();
         assert!(up.expire(now + 6 * day).unwrap().is_empty());
-        up.announce("busy", &inf).unwrap();
+        up.announce(ME, "busy", &inf).unwrap();
         let mut gone = up.expire(now + 8 * day).unwrap();
         gone.sort();
         assert_eq!(gone, ["old"]);
@@ -789,7 +869,7 @@ mod tests {
         assert!(root.join(".done.state").exists());
         // The device that comes back starts afresh.
         assert_eq!(
-            up.announce("old", &inf).unwrap(),
+            up.announce(ME, "old", &inf).unwrap(),
             Announced::InProgress(Held::default())
         );
         // Off: nothing expires.
@@ -812,14 +892,16 @@ mod tests {
         let data = file(3000, 4);
         let mut inf = info(&data, 1024);
         inf.sha256[0] ^= 1;
-        up.put("s", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
-        up.put("s", &inf, 1, &chunk(&data, &inf, 1)).unwrap();
-        let e = up.put("s", &inf, 2, &chunk(&data, &inf, 2)).unwrap_err();
+        up.put(ME, "s", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        up.put(ME, "s", &inf, 1, &chunk(&data, &inf, 1)).unwrap();
+        let e = up
+            .put(ME, "s", &inf, 2, &chunk(&data, &inf, 2))
+            .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::UNPROCESSABLE_ENTITY, "{e}");
         assert!(!root.join("s").exists() && !root.join(".s.part").exists());
         // It can be sent again.
         assert_eq!(
-            up.announce("s", &inf).unwrap(),
+            up.announce(ME, "s", &inf).unwrap(),
             Announced::InProgress(Held::default())
         );
         let _ = std::fs::remove_dir_all(&root);
@@ -830,12 +912,12 @@ mod tests {
         let root = dir("empty");
         let up = Uploads::new(&root, UploadLimits::default()).unwrap();
         assert_eq!(
-            up.announce("e", &info(&[], 1024)).unwrap(),
+            up.announce(ME, "e", &info(&[], 1024)).unwrap(),
             Announced::Complete
         );
         assert_eq!(std::fs::read(root.join("e")).unwrap(), b"");
         assert_eq!(
-            up.announce("e", &info(&[], 1024)).unwrap(),
+            up.announce(ME, "e", &info(&[], 1024)).unwrap(),
             Announced::Complete
         );
         // Chunks written past SYNC_EVERY are durable without an announcement: a restart
@@ -843,11 +925,11 @@ mod tests {
         let data = file(12 << 20, 9);
         let inf = info(&data, 1 << 20);
         for i in 0..10 {
-            up.put("big", &inf, i, &chunk(&data, &inf, i)).unwrap();
+            up.put(ME, "big", &inf, i, &chunk(&data, &inf, i)).unwrap();
         }
         drop(up);
         let up = Uploads::new(&root, UploadLimits::default()).unwrap();
-        let Announced::InProgress(h) = up.announce("big", &inf).unwrap() else {
+        let Announced::InProgress(h) = up.announce(ME, "big", &inf).unwrap() else {
             panic!()
         };
         assert_eq!(h.to_string(), "0-7", "synced after 8 MiB");
@@ -865,15 +947,15 @@ mod tests {
         let up = Uploads::new(&root, limits).unwrap();
         let data = file(4096, 5);
         let inf = info(&data, 1024);
-        up.put("x", &inf, 3, &chunk(&data, &inf, 3)).unwrap();
+        up.put(ME, "x", &inf, 3, &chunk(&data, &inf, 3)).unwrap();
         assert_eq!(
-            up.announce("y", &inf).unwrap_err().status(),
+            up.announce(ME, "y", &inf).unwrap_err().status(),
             http::StatusCode::SERVICE_UNAVAILABLE
         );
         tokio::time::advance(Duration::from_secs(11)).await;
-        up.announce("y", &inf).unwrap();
+        up.announce(ME, "y", &inf).unwrap();
         tokio::time::advance(Duration::from_secs(11)).await;
-        let Announced::InProgress(h) = up.announce("x", &inf).unwrap() else {
+        let Announced::InProgress(h) = up.announce(ME, "x", &inf).unwrap() else {
             panic!()
         };
         assert_eq!(h.to_string(), "3", "x was flushed when y took its place");
