@@ -95,10 +95,17 @@ async fn an_interrupted_upload_resumes_without_resending_what_the_server_holds()
         let n = inf.layout.chunks();
         for i in (0..10).chain(n - 5..n) {
             let (off, len) = inf.layout.range(i).unwrap();
-            u.put("r.bin", &inf, i, &file[off as usize..off as usize + len])
-                .unwrap();
+            u.put(
+                std::net::Ipv4Addr::LOCALHOST.into(),
+                "r.bin",
+                &inf,
+                i,
+                &file[off as usize..off as usize + len],
+            )
+            .unwrap();
         }
-        u.announce("r.bin", &inf).unwrap();
+        u.announce(std::net::Ipv4Addr::LOCALHOST.into(), "r.bin", &inf)
+            .unwrap();
     }
     let server = start(&pki, &root);
     let report = Upload::builder()
