@@ -489,6 +489,8 @@ impl Shared {
                 self.progress
                     .held_at_start
                     .fetch_add(bytes, Ordering::Relaxed);
+                drop(p);
+                self.news.notify_waiters();
                 Ok(())
             }
             http::StatusCode::OK => {
@@ -525,6 +527,9 @@ impl Shared {
                         .held_at_start
                         .fetch_add(bytes, Ordering::Relaxed);
                 }
+                // Lanes waiting for work see chunks the server lost (a crash), or the end.
+                drop(p);
+                self.news.notify_waiters();
                 Ok(())
             }
             // Busy: try again later.
@@ -640,7 +645,7 @@ impl Shared {
             if !self.first_announce.load(Ordering::Relaxed) {
                 // Another lane's announcement was answered in this run, so this one only
                 // refreshes the held list: send meanwhile (chunks carry the file's
-                // description), which saves a long path a round trip (decision U4).
+                // description), which saves a long path a round trip (decision U3).
                 let refresh = async {
                     tokio::select! {
                         r = self.announce(&h3) => {
@@ -730,6 +735,8 @@ impl Shared {
             // in this lane's send buffer while the other lane could have sent it.
             let cwnd = h3.connection().stats().path.cwnd as usize;
             let cap = (cwnd.div_ceil(self.chunk) + 1).min(self.in_flight);
+            // Whether the window, not the planner, stopped the claims.
+            let mut capped = true;
             while flight.len() < cap && self.stop.lock().expect("lock").is_none() {
                 let (next, stolen) = {
                     let mut p = self.planner.lock().expect("lock");
@@ -739,7 +746,10 @@ impl Shared {
                         None => (None, false),
                     }
                 };
-                let Some(c) = next else { break };
+                let Some(c) = next else {
+                    capped = false;
+                    break;
+                };
                 if stolen {
                     // The victim's request watches for this.
                     self.news.notify_waiters();
@@ -772,7 +782,7 @@ impl Shared {
             // The window grows while requests are out (slow start doubles it every round
             // trip): look again a few times per round trip, or the lane would wait for a
             // whole chunk's answer, run dry and stop the window's growth.
-            let recheck = (flight.len() < self.in_flight).then(|| {
+            let recheck = (capped && flight.len() < self.in_flight).then(|| {
                 Instant::now() + (h3.connection().rtt() / 4).clamp(RECHECK_MIN, RECHECK_MAX)
             });
             let next = tokio::select! {

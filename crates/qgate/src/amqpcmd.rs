@@ -180,6 +180,8 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
     let metrics = a.metrics.or(b.metrics);
     let store_path = bcfg.store.clone();
     crate::runtime().block_on(async move {
+        // Watch for Ctrl-C and SIGTERM before saying the service is up.
+        let stop = crate::stop_requested();
         let mut builder = Broker::builder().config(bcfg);
         if let Some(addr) = quic {
             let scfg = server_config_with_client_auth(
@@ -236,9 +238,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
                     .to_string())
         );
         std::io::stdout().flush().ok();
-        crate::stop_requested()
-            .await
-            .context("waiting for Ctrl-C or SIGTERM")?;
+        stop.await;
         eprintln!("qgate: shutting down");
         for q in broker.queue_stats() {
             eprintln!(

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use qgate_core::path::PathConfig;
@@ -252,6 +251,8 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
     let (trust, pki) = trust(a.ca.or(g.ca.clone()))?;
 
     crate::runtime().block_on(async move {
+        // Watch for Ctrl-C and SIGTERM before saying the service is up.
+        let stop = crate::stop_requested();
         let mut builder = Gateway::builder()
             .with_config(gcfg)
             .with_scheduler(&sched_name)
@@ -277,9 +278,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         );
         use std::io::Write;
         std::io::stdout().flush().ok();
-        crate::stop_requested()
-            .await
-            .context("waiting for Ctrl-C or SIGTERM")?;
+        stop.await;
         running.endpoint.close(0, b"gateway shutting down");
         Ok(())
     })

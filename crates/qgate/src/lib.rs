@@ -24,21 +24,37 @@ use crate::config::Config;
 /// Exit status for a usage or configuration error (bad flag, URL, config file).
 pub const EXIT_USAGE: u8 = 2;
 
-/// Completes when the process is asked to stop: Ctrl-C (SIGINT) or SIGTERM, which service
-/// managers (systemd, Docker, Kubernetes) send. The long-running services shut down gracefully
-/// on either (the upload receiver syncs what it holds, decision U3).
-pub(crate) async fn stop_requested() -> std::io::Result<()> {
+/// A future that completes when the process is asked to stop: Ctrl-C (SIGINT) or SIGTERM,
+/// which service managers (systemd, Docker, Kubernetes) send. The handlers are installed when
+/// this is called, so call it before announcing that the service is up. The long-running
+/// services shut down gracefully on either (the upload receiver syncs what it holds, U10).
+pub(crate) fn stop_requested() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| eprintln!("qgate: cannot watch for SIGTERM ({e}); stop with Ctrl-C"))
+        .ok();
+    let int = tokio::signal::ctrl_c();
+    async move {
+        #[cfg(unix)]
+        let term = async {
+            match term {
+                Some(mut t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
         tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
+            r = int => {
+                if let Err(e) = r {
+                    eprintln!("qgate: cannot watch for Ctrl-C ({e})");
+                    std::future::pending::<()>().await;
+                }
+            }
+            () = term => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c().await
     }
 }
 /// Exit status when a request got a non-success HTTP status.

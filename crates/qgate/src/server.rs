@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use qgate_server::{Server, Sink, UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 use qgate_transport::http3::ServeLimits;
@@ -121,6 +120,8 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
     };
     let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;
     crate::runtime().block_on(async move {
+        // Watch for Ctrl-C and SIGTERM before saying the service is up.
+        let stop = crate::stop_requested();
         let mut builder = Server::builder()
             .socket(Socket::bind_udp(listen).map_err(usage)?)
             .identity(&identity)
@@ -142,9 +143,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         use std::io::Write;
         std::io::stdout().flush().ok();
         let stats = server.stats.clone();
-        crate::stop_requested()
-            .await
-            .context("waiting for Ctrl-C or SIGTERM")?;
+        stop.await;
         eprintln!("qgate: shutting down");
         server.shutdown(Duration::from_secs(3)).await;
         let s = stats.snapshot();

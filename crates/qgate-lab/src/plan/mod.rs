@@ -463,6 +463,24 @@ impl Loaded {
                     s.name
                 ));
             }
+            // The sweep's `set` goes under each point's own keys; one key in both (or one
+            // inside the other) would make the order of a merge decide.
+            let overlaps = |a: &str, b: &str| {
+                a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
+            };
+            let point_keys = s
+                .key
+                .iter()
+                .cloned()
+                .chain(s.points.iter().flat_map(|p| p.set.keys().cloned()));
+            for k in point_keys {
+                if let Some(o) = s.set.keys().find(|o| overlaps(o, &k)) {
+                    return fail(format!(
+                        "sweep '{}': its 'set' has '{o}' and its points set '{k}': give each key in one place",
+                        s.name
+                    ));
+                }
+            }
             sweeps.push(s.name.as_str());
             let xs: Vec<f64> = if s.points.is_empty() {
                 s.values
@@ -772,11 +790,11 @@ values = [5, 50]
     fn a_sweep_set_applies_to_each_of_its_points_under_the_points_own() {
         let grid = PLAN.replace(
             "values = [5, 50]",
-            "values = [5, 50]\nset = { \"topology.links.l.rate_mbps\" = 2, \"topology.links.l.delay_ms\" = 99 }",
+            "values = [5, 50]\nset = { \"topology.links.l.rate_mbps\" = 2 }",
         );
         let v = load(&grid).unwrap().variants(&Options::default()).unwrap();
         let link = |i: usize| &v[i].plan.topology.links[0].both;
-        // The sweep's key wins over its `set`; the rest of `set` reaches every point.
+        // The sweep's `set` reaches every point beside its own key.
         assert_eq!(
             (link(0).delay_ms, link(0).rate_mbps),
             (Some(5.0), Some(2.0))
@@ -795,6 +813,12 @@ values = [5, 50]
             .variants(&Options::default())
             .unwrap_err();
         assert!(e.to_string().contains("whole plan"), "{e}");
+        let both = PLAN.replace(
+            "values = [5, 50]",
+            "values = [5, 50]\nset = { \"topology.links.l\" = { rate_mbps = 3 } }",
+        );
+        let e = load(&both).unwrap_err();
+        assert!(e.to_string().contains("give each key in one place"), "{e}");
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //! answers `ok` on the same stream; the upload completes when the device reads that answer
 //! (as `qgate upload` completes when the server confirms the file).
 //!
-//! Scalars: `completed`, `completion_s`, `goodput_mbps` (as the two-ended workload's),
-//! `lane<i>_share` (the fraction of the connection's sent bytes that path i carried),
-//! `paths` (paths validated), `lost_packets`.
-//! Series: `lane<i>_mbps`, each path's sent bits per second.
+//! Scalars: `completed` (also 0 when a path never opened: that is not this baseline),
+//! `completion_s`, `goodput_mbps` (as the two-ended workload's), `path<i>_sent_share` (the
+//! fraction of the connection's UDP bytes path i sent: data, headers, acknowledgements and
+//! retransmissions, unlike two-ended's `lane<i>_share` of confirmed file bytes), `paths`
+//! (paths opened), `lost_packets`.
+//! Series: `path<i>_sent_mbps`, each path's sent UDP bits per second.
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -45,6 +47,8 @@ const OPEN_PATH_FOR: Duration = Duration::from_secs(5);
 struct NoqSocket {
     sim: Arc<SimSocket>,
     default_src: Option<IpAddr>,
+    /// quinn's metadata for a receive batch, reused.
+    meta: Vec<quinn::udp::RecvMeta>,
 }
 
 #[derive(Debug)]
@@ -68,13 +72,18 @@ impl noq::UdpSender for NoqSender {
         _cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         // The simulated socket never blocks: a full link queue drops, as a bottleneck would.
-        Poll::Ready(self.sim.try_send(&quinn::udp::Transmit {
+        // A datagram with no route (a link down) is lost like one dropped on the wire: noq's
+        // driver ends the connection on a send error, a real socket's sender only logs it.
+        if let Err(e) = self.sim.try_send(&quinn::udp::Transmit {
             destination: transmit.destination,
             ecn: to_quinn_ecn(transmit.ecn),
             contents: transmit.contents,
             segment_size: transmit.segment_size,
             src_ip: transmit.src_ip.or(self.default_src),
-        }))
+        }) {
+            tracing::debug!(error = %e, "conventional upload: datagram not sent");
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn max_transmit_segments(&self) -> NonZeroUsize {
@@ -96,12 +105,13 @@ impl noq::AsyncUdpSocket for NoqSocket {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [noq::udp::RecvMeta],
     ) -> Poll<io::Result<usize>> {
-        let mut q = vec![quinn::udp::RecvMeta::default(); meta.len()];
-        let n = match self.sim.poll_recv(cx, bufs, &mut q) {
+        self.meta
+            .resize(meta.len(), quinn::udp::RecvMeta::default());
+        let n = match self.sim.poll_recv(cx, bufs, &mut self.meta[..meta.len()]) {
             Poll::Ready(Ok(n)) => n,
             other => return other,
         };
-        for (m, q) in meta.iter_mut().zip(&q[..n]) {
+        for (m, q) in meta.iter_mut().zip(&self.meta[..n]) {
             *m = noq::udp::RecvMeta::default();
             m.addr = q.addr;
             m.len = q.len;
@@ -202,6 +212,7 @@ pub(super) async fn prepare(
         Box::new(NoqSocket {
             sim: net.bind(srv, server_addr).map_err(|e| e.to_string())?,
             default_src: None,
+            meta: Vec::new(),
         }),
         runtime.clone(),
     )
@@ -219,6 +230,7 @@ pub(super) async fn prepare(
         Box::new(NoqSocket {
             sim: net.bind(dev, any).map_err(|e| e.to_string())?,
             default_src: path_ips.first().copied(),
+            meta: Vec::new(),
         }),
         runtime,
     )
@@ -298,8 +310,13 @@ impl Prepared {
             };
         let conn = match conn {
             Ok(Ok(c)) => c,
-            other => {
-                tracing::warn!(result = ?other.err(), "conventional upload: handshake failed");
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "conventional upload: handshake failed");
+                m.scalars.push(("completed".into(), 0.0));
+                return m;
+            }
+            Err(_) => {
+                tracing::warn!("conventional upload: no handshake before the deadline");
                 m.scalars.push(("completed".into(), 0.0));
                 return m;
             }
@@ -354,7 +371,8 @@ impl Prepared {
                     };
                     let t = clock.t();
                     for (i, s) in series.iter_mut().enumerate() {
-                        let sent = path_sent(&conn, i);
+                        // Paths get ids in the order they open, one per link.
+                        let sent = path_sent(&conn, PathId::from(i as u32));
                         s.push((t, sent.saturating_sub(last[i]) as f64 * 8e-6));
                         last[i] = sent;
                     }
@@ -373,8 +391,12 @@ impl Prepared {
         };
         let answered = tokio::time::timeout_at(clock.deadline, upload).await;
         let elapsed = t0.elapsed().as_secs_f64();
-        let ids = opener.await.unwrap_or_default();
-        let sent: Vec<u64> = (0..n).map(|i| path_sent(&conn, i)).collect();
+        // A path still being opened when the upload ended carried none of it.
+        if !opener.is_finished() {
+            opener.abort();
+        }
+        let ids = opener.await.unwrap_or_else(|_| vec![PathId::ZERO]);
+        let sent: Vec<u64> = ids.iter().map(|id| path_sent(&conn, *id)).collect();
         let lost = conn.stats().lost_packets;
         conn.close(VarInt::from_u32(0), b"done");
         let _ = stop.send(());
@@ -387,7 +409,15 @@ impl Prepared {
                 .ok()
                 .and_then(|r| r.ok().and_then(|v| *v))
                 == Some(true);
-        let identical = matches!(answered, Ok(Some(true))) && verified;
+        // An upload that did not get a path on every link is not this baseline.
+        if ids.len() < n {
+            tracing::warn!(
+                paths = ids.len(),
+                links = n,
+                "conventional upload: a path never opened"
+            );
+        }
+        let identical = matches!(answered, Ok(Some(true))) && verified && ids.len() == n;
         m.scalars
             .push(("completed".into(), f64::from(u8::from(identical))));
         if identical {
@@ -400,20 +430,20 @@ impl Prepared {
         let total = sent.iter().sum::<u64>().max(1) as f64;
         for (i, s) in sent.iter().enumerate() {
             m.scalars
-                .push((format!("lane{}_share", i + 1), *s as f64 / total));
+                .push((format!("path{}_sent_share", i + 1), *s as f64 / total));
         }
         m.scalars.push(("paths".into(), ids.len() as f64));
         m.scalars.push(("lost_packets".into(), lost as f64));
         for (i, s) in series.into_iter().enumerate() {
-            m.series.push((format!("lane{}_mbps", i + 1), s));
+            m.series.push((format!("path{}_sent_mbps", i + 1), s));
         }
         self.server.close(VarInt::from_u32(0), b"");
         m
     }
 }
 
-/// Bytes path `i` (opened i-th) has sent, 0 if it never opened.
-fn path_sent(conn: &noq::Connection, i: usize) -> u64 {
-    let id = PathId::from(i as u32);
+/// Bytes (UDP payload: data, headers, acknowledgements, retransmissions) path `id` has sent,
+/// 0 if it is closed.
+fn path_sent(conn: &noq::Connection, id: PathId) -> u64 {
     conn.path(id).map_or(0, |p| p.stats().udp_tx.bytes)
 }
