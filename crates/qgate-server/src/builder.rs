@@ -122,7 +122,12 @@ impl<'a> ServerBuilder<'a> {
         });
         let endpoint = endpoint(socket, Some(cfg), self.seed)?;
         let mut service = IngestService::new(self.sink);
-        let uploads = self.uploads.map(Arc::new);
+        let max_body = self.limits.max_body as u64;
+        let uploads = self.uploads.map(|mut u| {
+            // A chunk must fit one request body, or its upload could never finish.
+            u.cap_chunk(max_body);
+            Arc::new(u)
+        });
         if let Some(u) = &uploads {
             service = service.with_uploads(u.clone());
         }

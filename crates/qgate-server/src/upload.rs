@@ -27,6 +27,9 @@ pub struct UploadLimits {
     pub max_file_bytes: u64,
     /// Most chunks one file may have (the server keeps a byte per chunk in memory).
     pub max_chunks: usize,
+    /// Largest chunk, bytes; a server lowers it to its largest request body
+    /// ([`Uploads::cap_chunk`]), so no announced upload has chunks it would refuse.
+    pub max_chunk_bytes: u64,
     /// Most uploads in progress in memory at once; more wait for an idle one to be flushed.
     pub max_active: usize,
     /// Most of those one client address may have started, so one client cannot take every
@@ -49,6 +52,7 @@ impl Default for UploadLimits {
         UploadLimits {
             max_file_bytes: 4 << 30,
             max_chunks: 1 << 20,
+            max_chunk_bytes: qgate_core::upload::MAX_CHUNK,
             max_active: 64,
             max_active_per_client: 8,
             idle: Duration::from_secs(60),
@@ -176,6 +180,11 @@ impl Uploads {
             limits,
             active: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Take no chunks larger than `max` bytes (the server's largest request body).
+    pub fn cap_chunk(&mut self, max: u64) {
+        self.limits.max_chunk_bytes = self.limits.max_chunk_bytes.min(max);
     }
 
     /// The directory.
@@ -363,7 +372,18 @@ impl Uploads {
                 };
             }
             if g.info != *info {
-                return Err(different(name, &g.info, info));
+                let same =
+                    g.info.sha256 == info.sha256 && g.info.layout.size() == info.layout.size();
+                if !(same && g.held == 0) {
+                    return Err(different(name, &g.info, info));
+                }
+                // The same file in other chunks, nothing of it written yet (its chunks may
+                // have been too large for this server): start over in the new size.
+                drop(g);
+                self.active.lock().expect("uploads lock").remove(name);
+                let _ = std::fs::remove_file(&state);
+                let _ = std::fs::remove_file(&part);
+                return self.entry(client, name, info);
             }
             if part.exists() {
                 g.used = Instant::now();
@@ -389,7 +409,12 @@ impl Uploads {
                 return Ok(None);
             }
             if stored.info != *info {
-                return Err(different(name, &stored.info, info));
+                if !(same_file && (stored.held.count() == 0 || !part.exists())) {
+                    return Err(different(name, &stored.info, info));
+                }
+                // Nothing of it held: the new chunk size replaces the old.
+                let _ = std::fs::remove_file(&state);
+                let _ = std::fs::remove_file(&part);
             }
         } else if done.exists() {
             return Err(UploadFailure::Conflict(format!(
@@ -402,6 +427,15 @@ impl Uploads {
                 "the file is {} bytes; this server takes at most {}",
                 layout.size(),
                 self.limits.max_file_bytes
+            )));
+        }
+        if layout.chunk_size() > self.limits.max_chunk_bytes {
+            return Err(UploadFailure::TooLarge(format!(
+                "chunks of {} bytes are larger than this server takes in one request ({}): \
+                 upload with --chunk {} or less",
+                layout.chunk_size(),
+                self.limits.max_chunk_bytes,
+                self.limits.max_chunk_bytes
             )));
         }
         if layout.chunks() > self.limits.max_chunks {
@@ -798,6 +832,41 @@ mod tests {
         }
         assert_eq!(last, Stored::Complete);
         assert_eq!(std::fs::read(root.join("r")).unwrap(), data);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn chunks_larger_than_a_request_are_refused_and_a_new_size_can_start_over() {
+        let root = dir("chunksize");
+        let mut up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        up.cap_chunk(2048);
+        let data = file(10_000, 3);
+        let big = info(&data, 4096);
+        let e = up.announce(ME, "f", &big).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(e.to_string().contains("--chunk 2048 or less"), "{e}");
+        assert!(!root.join(".f.part").exists() && !root.join(".f.state").exists());
+        // Announced in one size with nothing written (in memory, then after a restart): the
+        // same file in another size starts over instead of being refused.
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        up.announce(ME, "f", &big).unwrap();
+        let small = info(&data, 1024);
+        up.announce(ME, "f", &small).unwrap();
+        drop(up);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let Announced::InProgress(h) = up.announce(ME, "f", &big).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.count(), 0);
+        // Once a chunk is held, the size is fixed.
+        up.put(ME, "f", &big, 0, &chunk(&data, &big, 0)).unwrap();
+        up.announce(ME, "f", &big).unwrap();
+        let e = up.announce(ME, "f", &small).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        drop(up);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let e = up.announce(ME, "f", &small).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::CONFLICT);
         let _ = std::fs::remove_dir_all(&root);
     }
 

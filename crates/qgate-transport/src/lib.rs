@@ -3,6 +3,7 @@
 //! helpers on h3. The same code runs on a real UDP socket or a `qgate-netsim` interface.
 
 mod endpoint;
+mod flight;
 pub mod history;
 pub mod http3;
 mod options;
@@ -14,5 +15,6 @@ pub use endpoint::{
     client_config, client_config_with_identity, connect, endpoint, server_config,
     server_config_with_client_auth, Connected, Socket, TransportError,
 };
+pub use flight::FlightGauge;
 pub use options::{Congestion, OptionError, TransportOptions};
 pub use tls::{DevPki, Identity, TlsError, TrustRoots};

@@ -68,6 +68,10 @@ pub struct TransportOptions {
     /// Fix every datagram's UDP payload at most this size (1200..=65527) and turn MTU discovery
     /// off; experiments use it to reproduce a paper's packet size.
     pub max_udp_payload: Option<u16>,
+    /// Count the bytes in flight of every connection built with these options here (not a
+    /// setting: a measurement hook, never read from a configuration file).
+    #[serde(skip)]
+    pub flight: Option<crate::FlightGauge>,
 }
 
 impl Default for TransportOptions {
@@ -86,6 +90,7 @@ impl Default for TransportOptions {
             mtu_discovery: true,
             send_fairness: true,
             max_udp_payload: None,
+            flight: None,
         }
     }
 }
@@ -169,8 +174,20 @@ impl TransportOptions {
         Ok(())
     }
 
-    /// The congestion controller factory these options describe.
+    /// The congestion controller factory these options describe (counting into
+    /// [`Self::flight`] when set).
     pub fn controller_factory(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
+        let inner = self.plain_controller_factory();
+        match &self.flight {
+            Some(gauge) => Arc::new(crate::flight::CountedFactory {
+                inner,
+                gauge: gauge.clone(),
+            }),
+            None => inner,
+        }
+    }
+
+    fn plain_controller_factory(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
         match self.congestion {
             Congestion::Cubic => {
                 let mut c = CubicConfig::default();

@@ -310,6 +310,7 @@ impl UploadBuilder {
             stop: Mutex::new(None),
             confirmed: AtomicBool::new(false),
             first_announce: AtomicBool::new(true),
+            busy_said: AtomicBool::new(false),
             progress: self.progress.clone(),
             request_timeout: self.request_timeout,
             in_flight: (transport.send_window as usize / chunk).clamp(2, MAX_IN_FLIGHT),
@@ -399,6 +400,8 @@ struct Shared {
     confirmed: AtomicBool,
     /// No announcement answered yet (what it reports held was there before this run).
     first_announce: AtomicBool,
+    /// The server's "busy" answer was shown.
+    busy_said: AtomicBool,
     progress: Arc<Progress>,
     request_timeout: Duration,
     /// Most chunks in flight per lane: the send window's worth (at least 2).
@@ -532,8 +535,16 @@ impl Shared {
                 self.news.notify_waiters();
                 Ok(())
             }
-            // Busy: try again later.
-            http::StatusCode::SERVICE_UNAVAILABLE => Err(Outcome::GiveBack),
+            // Busy: say why once, try again later.
+            http::StatusCode::SERVICE_UNAVAILABLE => {
+                if !self.busy_said.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the server is busy ({}); trying again",
+                        String::from_utf8_lossy(&r.body).trim()
+                    );
+                }
+                Err(Outcome::GiveBack)
+            }
             status => Err(Outcome::Refused(refused(status, &r.body))),
         }
     }
@@ -638,7 +649,6 @@ impl Shared {
                 }
             };
             first = false;
-            backoff = Duration::from_millis(250);
             counters.connects.fetch_add(1, Ordering::Relaxed);
             counters.up.store(true, Ordering::Relaxed);
             self.planner.lock().expect("lock").restore(i).expect("lane");
@@ -656,6 +666,7 @@ impl Shared {
                         () = self.until_finished() => {}
                     }
                 };
+                backoff = Duration::from_millis(250);
                 tokio::join!(refresh, self.send(i, &h3, &ep, &paths, &mut failover));
                 counters.up.store(false, Ordering::Relaxed);
                 h3.close();
@@ -680,6 +691,9 @@ impl Shared {
                     }
                 }
             }
+            // Answered: the next failure starts its backoff afresh (a busy server that accepts
+            // connections is not retried every 250 ms).
+            backoff = Duration::from_millis(250);
             self.send(i, &h3, &ep, &paths, &mut failover).await;
             counters.up.store(false, Ordering::Relaxed);
             h3.close();

@@ -342,6 +342,41 @@ pub fn against_paper(records: &[Record], fault: &[Record], required: &[Record]) 
          in the server's receive window (decision U9). Windows are per connection; \
          two-ended has two.\n"
     );
+    // Item 5: what the sender held unacknowledged, measured by its congestion controllers.
+    let flight = points(records, "receive-window");
+    if !flight.is_empty() {
+        let _ = writeln!(
+            s,
+            "Sent and not yet acknowledged at the device, peak over the upload (KB of QUIC \
+             packets, all connections or paths; `up.peak_in_flight_kb`, mean ± std dev):\n\n\
+             | receive window (KB) | two-ended | literal | conventional | Wi-Fi alone | cellular alone |\n|---|---|---|---|---|---|"
+        );
+        for (i, x) in flight {
+            let f = |sc: &str| {
+                let v = summary(
+                    records,
+                    Some(("receive-window", i)),
+                    sc,
+                    "up.peak_in_flight_kb",
+                );
+                if v.n == 0 {
+                    "–".to_string()
+                } else {
+                    format!("{:.0} ± {:.0}", v.mean, v.std)
+                }
+            };
+            let _ = writeln!(
+                s,
+                "| {x} | {} | {} | {} | {} | {} |",
+                f("two-ended"),
+                f("two-ended-literal"),
+                f("conventional"),
+                f("wifi-only"),
+                f("cellular-only")
+            );
+        }
+        s.push('\n');
+    }
     s.push_str(&requirement_section(required));
     if !fault.is_empty() {
         let f = |sc: &str, m: &str| summary(fault, None, sc, m);

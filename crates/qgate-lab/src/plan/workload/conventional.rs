@@ -12,7 +12,8 @@
 //! `completion_s`, `goodput_mbps` (as the two-ended workload's), `path<i>_sent_share` (the
 //! fraction of the connection's UDP bytes path i sent: data, headers, acknowledgements and
 //! retransmissions, unlike two-ended's `lane<i>_share` of confirmed file bytes), `paths`
-//! (paths opened), `lost_packets`.
+//! (paths opened), `lost_packets`, `peak_in_flight_kb` (as the two-ended workload's, summed
+//! over the paths).
 //! Series: `path<i>_sent_mbps`, each path's sent UDP bits per second.
 
 use std::io::{self, IoSliceMut};
@@ -24,11 +25,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use noq::congestion::{Controller, ControllerFactory};
 use noq::{FourTuple, PathError, PathId, PathStatus, VarInt};
 use qgate_netsim::{SimSocket, World};
-use qgate_transport::TransportOptions;
+use qgate_transport::{FlightGauge, TransportOptions};
 use quinn::AsyncUdpSocket as _;
 use rand::RngCore;
+use std::time::Instant;
 
 use super::{rng, Clock, Measurements, Setup};
 use crate::plan::spec::UploadLoad;
@@ -131,6 +134,133 @@ impl noq::AsyncUdpSocket for NoqSocket {
     }
 }
 
+/// noq's CUBIC, counting its bytes in flight into a [`FlightGauge`] as qgate's controllers do
+/// (one controller per path; the gauge sums them).
+struct CountedCubic {
+    gauge: FlightGauge,
+}
+
+impl ControllerFactory for CountedCubic {
+    fn build(self: Arc<Self>, now: Instant, mtu: u16) -> Box<dyn Controller> {
+        Box::new(CountedPath {
+            inner: Arc::new(noq::congestion::CubicConfig::default()).build(now, mtu),
+            gauge: self.gauge.clone(),
+            mine: 0,
+            original: true,
+        })
+    }
+}
+
+/// Delegates every call to noq's controller; keeps the gauge.
+struct CountedPath {
+    inner: Box<dyn Controller>,
+    gauge: FlightGauge,
+    mine: u64,
+    /// Copies made by `clone_box` do not count.
+    original: bool,
+}
+
+impl CountedPath {
+    fn set(&mut self, new: u64) {
+        if self.original {
+            self.gauge.set(&mut self.mine, new);
+        }
+    }
+}
+
+impl std::fmt::Debug for CountedPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountedPath")
+            .field("mine", &self.mine)
+            .finish()
+    }
+}
+
+impl Controller for CountedPath {
+    fn on_sent(&mut self, now: Instant, bytes: u64, largest_pn: u64) {
+        self.set(self.mine + bytes);
+        self.inner.on_sent(now, bytes, largest_pn)
+    }
+    fn on_packet_sent(&mut self, now: Instant, bytes: u16, pn: u64) {
+        self.inner.on_packet_sent(now, bytes, pn)
+    }
+    fn on_cwnd_limited(&mut self) {
+        self.inner.on_cwnd_limited()
+    }
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        bytes: u64,
+        pn: u64,
+        app_limited: bool,
+        rtt: &noq_proto::RttEstimator,
+    ) {
+        self.inner.on_ack(now, sent, bytes, pn, app_limited, rtt)
+    }
+    fn on_end_acks(
+        &mut self,
+        now: Instant,
+        in_flight: u64,
+        app_limited: bool,
+        largest: Option<u64>,
+    ) {
+        self.set(in_flight);
+        self.inner.on_end_acks(now, in_flight, app_limited, largest)
+    }
+    fn on_congestion_event(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        persistent: bool,
+        ecn: bool,
+        lost_bytes: u64,
+        largest_lost_pn: u64,
+    ) {
+        self.set(self.mine.saturating_sub(lost_bytes));
+        self.inner
+            .on_congestion_event(now, sent, persistent, ecn, lost_bytes, largest_lost_pn)
+    }
+    fn on_packet_lost(&mut self, lost_bytes: u16, pn: u64, now: Instant) {
+        self.inner.on_packet_lost(lost_bytes, pn, now)
+    }
+    fn on_spurious_congestion_event(&mut self) {
+        self.inner.on_spurious_congestion_event()
+    }
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.inner.on_mtu_update(new_mtu)
+    }
+    fn on_ack_frequency_update(&mut self, threshold: u64, max_ack_delay: Duration) {
+        self.inner.on_ack_frequency_update(threshold, max_ack_delay)
+    }
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+    fn metrics(&self) -> noq::congestion::ControllerMetrics {
+        self.inner.metrics()
+    }
+    fn clone_box(&self) -> Box<dyn Controller> {
+        Box::new(CountedPath {
+            inner: self.inner.clone_box(),
+            gauge: self.gauge.clone(),
+            mine: self.mine,
+            original: false,
+        })
+    }
+    fn initial_window(&self) -> u64 {
+        self.inner.initial_window()
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+impl Drop for CountedPath {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
 /// noq's transport settings from qgate's (the values the two-ended lanes run with), with
 /// `paths` multipath paths.
 fn noq_transport(o: &TransportOptions, paths: u32) -> Result<noq::TransportConfig, String> {
@@ -145,7 +275,9 @@ fn noq_transport(o: &TransportOptions, paths: u32) -> Result<noq::TransportConfi
         .receive_window(var(o.receive_window, "receive_window")?)
         .send_window(o.send_window)
         .max_concurrent_bidi_streams(var(u64::from(o.max_concurrent_bidi_streams), "streams")?)
-        .congestion_controller_factory(Arc::new(noq::congestion::CubicConfig::default()))
+        .congestion_controller_factory(Arc::new(CountedCubic {
+            gauge: o.flight.clone().unwrap_or_default(),
+        }))
         .max_concurrent_multipath_paths(paths);
     if !o.mtu_discovery {
         t.mtu_discovery_config(None);
@@ -171,6 +303,7 @@ pub(crate) struct Prepared {
     server_addr: SocketAddr,
     path_ips: Vec<IpAddr>,
     data: Bytes,
+    flight: FlightGauge,
 }
 
 impl Drop for Prepared {
@@ -262,6 +395,7 @@ pub(super) async fn prepare(
         server_addr,
         path_ips,
         data,
+        flight: device_opts.flight.clone().unwrap_or_default(),
     })
 }
 
@@ -434,6 +568,10 @@ impl Prepared {
         }
         m.scalars.push(("paths".into(), ids.len() as f64));
         m.scalars.push(("lost_packets".into(), lost as f64));
+        m.scalars.push((
+            "peak_in_flight_kb".into(),
+            self.flight.peak() as f64 / 1000.0,
+        ));
         for (i, s) in series.into_iter().enumerate() {
             m.series.push((format!("path{}_sent_mbps", i + 1), s));
         }

@@ -10,7 +10,9 @@
 //! chunk confirmed, sampled every 10 ms), `lane<i>_max_stall_s` (the same per lane, not counting
 //! a lane that waits at the end of the file), `tail_s` (with several lanes: from the moment the
 //! first lane had its last chunk confirmed to the end, the time it sat idle while the others
-//! finished).
+//! finished), `peak_in_flight_kb` (the most QUIC packet bytes the device's connections had
+//! sent and not yet seen acknowledged or lost at once, counted by their congestion
+//! controllers: what the sender held for retransmission).
 //! Series: `lane<i>_mbps`, each lane's confirmed goodput per second.
 
 use std::net::SocketAddr;
@@ -95,6 +97,8 @@ pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions) {
     if let Some(w) = u.send_window {
         device.send_window = w;
     }
+    // What the device's connections hold unacknowledged, measured (`peak_in_flight_kb`).
+    device.flight = Some(qgate_transport::FlightGauge::new());
     (server, device)
 }
 
@@ -208,6 +212,7 @@ impl Prepared {
             up = up.lane(lane);
         }
         let progress = up.progress();
+        let flight = self.device_opts.flight.clone().unwrap_or_default();
         let t0 = tokio::time::Instant::now();
         // Each lane's goodput per second, until the upload ends.
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
@@ -312,6 +317,8 @@ impl Prepared {
             m.scalars.push((format!("lane{}_max_stall_s", i + 1), *st));
         }
         m.scalars.push(("failed_requests".into(), failed as f64));
+        m.scalars
+            .push(("peak_in_flight_kb".into(), flight.peak() as f64 / 1000.0));
         m.scalars.push(("connects".into(), connects as f64));
         for (i, s) in series.into_iter().enumerate() {
             m.series.push((format!("lane{}_mbps", i + 1), s));
