@@ -1068,18 +1068,20 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     // Buffer blocking, measured: at a 100 KB window the conventional multipath connection
     // (one reorder buffer) loses goodput that two-ended (one connection per link) keeps.
     let req = std::fs::read_to_string(out.join("requirement/results.csv")).unwrap();
-    let goodput = |scheme: &str, x: &str| -> f64 {
+    // A metric's mean over the seeds at one point of the 60 ms receive sweep.
+    let mean = |scheme: &str, x: &str, metric: &str| -> f64 {
         let v: Vec<f64> = req
             .lines()
             .filter(|l| {
                 l.starts_with(&format!("{scheme},receive-60ms,{x},"))
-                    && l.contains(",up.goodput_mbps,")
+                    && l.contains(&format!(",up.{metric},"))
             })
             .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
             .collect();
-        assert!(!v.is_empty(), "{scheme} at {x}:\n{req}");
+        assert!(!v.is_empty(), "{scheme} {metric} at {x}:\n{req}");
         v.iter().sum::<f64>() / v.len() as f64
     };
+    let goodput = |scheme: &str, x: &str| mean(scheme, x, "goodput_mbps");
     let (two_small, two_large) = (
         goodput("two-ended", "100000"),
         goodput("two-ended", "8000000"),
@@ -1091,18 +1093,7 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     assert!(two_small >= 0.95 * two_large, "{two_small} vs {two_large}");
     // What the device held unacknowledged is measured, and a 100 KB receive window bounds
     // the conventional connection's bytes in flight (flow control), not its 2 MB one.
-    let flight = |scheme: &str, x: &str| -> f64 {
-        let v: Vec<f64> = req
-            .lines()
-            .filter(|l| {
-                l.starts_with(&format!("{scheme},receive-60ms,{x},"))
-                    && l.contains(",up.peak_in_flight_kb,")
-            })
-            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
-            .collect();
-        assert!(!v.is_empty(), "{scheme} at {x}:\n{req}");
-        v.iter().sum::<f64>() / v.len() as f64
-    };
+    let flight = |scheme: &str, x: &str| mean(scheme, x, "peak_in_flight_kb");
     let (small, large) = (
         flight("conventional", "100000"),
         flight("conventional", "8000000"),

@@ -317,13 +317,13 @@ pub(super) async fn prepare(
     world: &mut World,
     s: &Setup,
 ) -> Result<Prepared, String> {
-    let net = world.net.clone();
-    let dev = world.host(&u.device).ok_or("no device host")?;
-    let srv = world.host(&u.server).ok_or("no server host")?;
-    let srv_ip = world
-        .address_toward(srv, dev)
-        .ok_or_else(|| format!("no route from '{}' to '{}'", u.device, u.server))?;
-    let server_addr = SocketAddr::new(srv_ip, 4433 + s.index as u16);
+    let super::upload::Ends {
+        net,
+        dev,
+        srv,
+        server_addr,
+        path_ips,
+    } = super::upload::ends(u, world, s)?;
     let (server_opts, device_opts) = super::upload::windows(u);
     let paths = u32::try_from(u.paths.len()).map_err(|e| e.to_string())?;
     let runtime: Arc<dyn noq::Runtime> = Arc::new(noq::TokioRuntime);
@@ -351,11 +351,6 @@ pub(super) async fn prepare(
     )
     .map_err(|e| e.to_string())?;
 
-    let mut path_ips = Vec::new();
-    for p in &u.paths {
-        let l = world.link(p).map_err(|e| e.to_string())?;
-        path_ips.push(if l.a.0 == dev { l.a.1 } else { l.b.1 });
-    }
     let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
     let device = noq::Endpoint::new_with_abstract_socket(
         endpoint_config(s.seed * 100 + 8),

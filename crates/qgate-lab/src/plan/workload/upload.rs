@@ -84,6 +84,36 @@ pub(super) fn check(
     Ok(())
 }
 
+/// Where an upload runs: the network, the device and server hosts, the server's address
+/// (port 4433 + the workload's index) and the device's address on each of its paths.
+pub(super) struct Ends {
+    pub(super) net: qgate_netsim::Network,
+    pub(super) dev: qgate_netsim::HostId,
+    pub(super) srv: qgate_netsim::HostId,
+    pub(super) server_addr: SocketAddr,
+    pub(super) path_ips: Vec<std::net::IpAddr>,
+}
+
+pub(super) fn ends(u: &UploadLoad, world: &World, s: &Setup) -> Result<Ends, String> {
+    let dev = world.host(&u.device).ok_or("no device host")?;
+    let srv = world.host(&u.server).ok_or("no server host")?;
+    let srv_ip = world
+        .address_toward(srv, dev)
+        .ok_or_else(|| format!("no route from '{}' to '{}'", u.device, u.server))?;
+    let mut path_ips = Vec::new();
+    for p in &u.paths {
+        let l = world.link(p).map_err(|e| e.to_string())?;
+        path_ips.push(if l.a.0 == dev { l.a.1 } else { l.b.1 });
+    }
+    Ok(Ends {
+        net: world.net.clone(),
+        dev,
+        srv,
+        server_addr: SocketAddr::new(srv_ip, 4433 + s.index as u16),
+        path_ips,
+    })
+}
+
 /// The server's and the device's transport options: the defaults with the plan's receive
 /// window (per connection, and for each stream: the conventional baseline's one stream gets
 /// all of it) and send window.
@@ -126,13 +156,13 @@ pub(super) async fn prepare(
     world: &mut World,
     s: &Setup,
 ) -> Result<Prepared, String> {
-    let net = world.net.clone();
-    let dev = world.host(&u.device).ok_or("no device host")?;
-    let srv = world.host(&u.server).ok_or("no server host")?;
-    let srv_ip = world
-        .address_toward(srv, dev)
-        .ok_or_else(|| format!("no route from '{}' to '{}'", u.device, u.server))?;
-    let server_addr = SocketAddr::new(srv_ip, 4433 + s.index as u16);
+    let Ends {
+        net,
+        dev,
+        srv,
+        server_addr,
+        path_ips: ips,
+    } = ends(u, world, s)?;
     let (server_opts, device_opts) = windows(u);
     // One directory per run (several runs share the process).
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -153,11 +183,6 @@ pub(super) async fn prepare(
         .seed(s.seed * 100 + 7)
         .start()
         .map_err(|e| e.to_string())?;
-    let mut ips = Vec::new();
-    for p in &u.paths {
-        let l = world.link(p).map_err(|e| e.to_string())?;
-        ips.push(if l.a.0 == dev { l.a.1 } else { l.b.1 });
-    }
     let bind = |ip| {
         net.bind(dev, SocketAddr::new(ip, 0))
             .map(Socket::from)
