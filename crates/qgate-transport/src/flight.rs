@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
 use quinn_proto::RttEstimator;
+// The controller trait's own type: quinn passes the times in (virtual under a paused clock);
+// nothing here reads a clock.
 use std::time::Instant;
 
 /// A shared count of bytes in flight, and its peak. Clones share the count.

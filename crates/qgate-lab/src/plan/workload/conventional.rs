@@ -31,6 +31,7 @@ use qgate_netsim::{SimSocket, World};
 use qgate_transport::{FlightGauge, TransportOptions};
 use quinn::AsyncUdpSocket as _;
 use rand::RngCore;
+// noq's controller trait takes std instants from its runtime (virtual here); no clock is read.
 use std::time::Instant;
 
 use super::{rng, Clock, Measurements, Setup};
