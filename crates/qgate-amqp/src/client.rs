@@ -334,6 +334,35 @@ struct Closing {
     state: Arc<CloseState>,
 }
 
+/// How long a closed client keeps reading (and discarding) what the broker still sends.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Once the engine lets go of a cleanly closed stream, end our sending side and read until the
+/// broker's end of stream (at most [`LINGER`]) instead of dropping it. A TCP socket closed with
+/// unread bytes — the broker's last flow or disposition frames — sends RST, and RST makes the
+/// broker's kernel discard what it had received and not yet read: our last dispositions and
+/// our close (decision M24).
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if !self.state.ended.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut io = std::mem::replace(&mut self.inner, Box::new(tokio::io::empty()));
+        rt.spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let drain = async {
+                let _ = io.shutdown().await;
+                let mut sink = [0u8; 4096];
+                while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+            };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+        });
+    }
+}
+
 impl AsyncRead for Closing {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -727,4 +756,38 @@ pub async fn receive(
     let _ = receiver.close().await;
     client.close().await;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_closed_client_ends_with_fin_not_reset_when_bytes_are_unread() {
+        // The broker wrote frames the client never read; dropping the socket as it is would
+        // answer with RST and the broker's kernel would discard the client's last frames.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut broker, _) = l.accept().await.unwrap();
+        let state = Arc::new(CloseState::default());
+        let mut io = Closing {
+            inner: Box::new(client),
+            state: state.clone(),
+        };
+        broker.write_all(&[7u8; 1000]).await.unwrap();
+        io.write_all(b"close").await.unwrap();
+        state.armed.store(true, Ordering::Release);
+        io.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(io);
+        let mut got = Vec::new();
+        broker.read_to_end(&mut got).await.expect("FIN, not RST");
+        assert_eq!(got, b"close");
+        // The broker answers and closes; the lingering client reads it to the end.
+        broker.write_all(b"closed").await.unwrap();
+        broker.shutdown().await.unwrap();
+    }
 }

@@ -859,7 +859,7 @@ where
                             Fail::Close(c, why) if rw.opened() => error_close(c, &why),
                             Fail::Close(c, why) => [open_frame(), error_close(c, &why)].concat(),
                         };
-                        let _ = tokio::time::timeout(write_limit, peer_wr.write_all(&bytes)).await;
+                        let _ = tokio::time::timeout(write_limit, send(&mut peer_wr, &bytes)).await;
                     }
                     break;
                 }
@@ -878,7 +878,7 @@ where
             // Whatever the broker said may have let held transfers go.
             shared.granted.notify_one();
             if !out.is_empty() {
-                match tokio::time::timeout(write_limit, peer_wr.write_all(&out)).await {
+                match tokio::time::timeout(write_limit, send(&mut peer_wr, &out)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => break,
                     Err(_) => {
@@ -898,6 +898,15 @@ where
         shared.granted.notify_one();
     });
     broker_end
+}
+
+/// Write `bytes` to the peer and flush them. A TLS stream (tokio-rustls) may keep records it
+/// could not write yet in its own buffer and return: without the flush the broker's last
+/// frames — a detach echo, the tail of a batch of transfers — waited for a next write that
+/// never came (decision M23).
+async fn send<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(bytes).await?;
+    w.flush().await
 }
 
 /// The broker's end of the shim with bytes already read from it put back in front: the
@@ -1294,6 +1303,29 @@ mod tests {
         rw.process(&mut input, &mut out).unwrap();
         assert_eq!(out.len(), 8);
         assert!(input.capacity() < 1 << 20, "{}", input.capacity());
+    }
+
+    #[tokio::test]
+    async fn what_the_broker_says_is_flushed_to_a_buffering_peer() {
+        // tokio-rustls buffers records its socket did not take; a BufWriter holds everything
+        // until flushed, so the broker's header reaches the peer only if the shim flushes.
+        use tokio::io::AsyncReadExt;
+        let (peer_side, mut peer) = tokio::io::duplex(64 * 1024);
+        let cfg = ShimConfig {
+            max_frame: 65_536,
+            buffer: 64 * 1024,
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::ZERO,
+            max_sessions: 1,
+        };
+        let mut broker = shim(tokio::io::BufWriter::new(peer_side), cfg, Arc::new(()));
+        broker.write_all(b"AMQP\x03\x01\x00\x00").await.unwrap();
+        let mut head = [0u8; 8];
+        tokio::time::timeout(Duration::from_secs(5), peer.read_exact(&mut head))
+            .await
+            .expect("the header reached the peer")
+            .unwrap();
+        assert_eq!(&head, b"AMQP\x03\x01\x00\x00");
     }
 
     proptest::proptest! {
