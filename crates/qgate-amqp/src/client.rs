@@ -63,6 +63,8 @@ pub struct Connector {
     dial: Option<transport::Dialer>,
     opts: TransportOptions,
     zero_rtt: bool,
+    /// quic-mux: the connection every stream is opened on, while it is open.
+    shared: Arc<tokio::sync::Mutex<Option<quinn::Connection>>>,
 }
 
 /// How a stream came up.
@@ -78,6 +80,12 @@ impl StreamInfo {
     /// The transport's smoothed RTT now (QUIC only: TCP's is the kernel's).
     pub fn rtt(&self) -> Option<Duration> {
         self.quic.as_ref().map(|c| c.rtt())
+    }
+
+    /// Packets the QUIC connection has declared lost so far (QUIC only). On a link that
+    /// drops nothing, every one is a spurious retransmission.
+    pub fn lost_packets(&self) -> Option<u64> {
+        self.quic.as_ref().map(|c| c.stats().path.lost_packets)
     }
 }
 
@@ -104,9 +112,10 @@ impl Connector {
             dial: None,
             opts: opts.clone(),
             zero_rtt: true,
+            shared: Arc::default(),
         };
         match scheme {
-            Scheme::Quic => {
+            Scheme::Quic | Scheme::QuicMux => {
                 let socket = match quic_socket {
                     Some(s) => s,
                     None => {
@@ -120,7 +129,12 @@ impl Connector {
                 };
                 let ep =
                     endpoint(socket, None, None).map_err(|e| ClientError::Config(e.to_string()))?;
-                return Connector::on_endpoint(ep, addr, server_name, trust, c.sasl, opts);
+                let c = Connector::on_endpoint(ep, addr, server_name, trust, c.sasl, opts)?;
+                return Ok(if scheme == Scheme::QuicMux {
+                    c.multiplexed()
+                } else {
+                    c
+                });
             }
             Scheme::TcpTls(v) => {
                 c.tls = Some(
@@ -154,7 +168,34 @@ impl Connector {
             dial: None,
             opts: opts.clone(),
             zero_rtt: true,
+            shared: Arc::default(),
         })
+    }
+
+    /// Carry every AMQP connection as a stream of one long-lived QUIC connection (quic-mux,
+    /// decision M25); a no-op for TCP. Its idle timeout and keep-alive are the transport
+    /// options'.
+    pub fn multiplexed(mut self) -> Self {
+        if self.scheme.is_quic() {
+            self.scheme = Scheme::QuicMux;
+        }
+        self
+    }
+
+    /// QUIC handshakes this connector has started (None for TCP): with quic-mux, one per
+    /// shared connection.
+    pub fn quic_handshakes(&self) -> Option<u64> {
+        self.quic
+            .as_ref()
+            .map(|(ep, _)| ep.stats().outgoing_handshakes)
+    }
+
+    /// Close quic-mux's shared connection now (it also closes when the connector is
+    /// dropped, or after the idle timeout).
+    pub async fn close_shared(&self) {
+        if let Some(c) = self.shared.lock().await.take() {
+            c.close(0u32.into(), b"");
+        }
     }
 
     /// Present `identity` as a TLS client certificate (QUIC or TCP+TLS; brokers may require
@@ -171,7 +212,7 @@ impl Connector {
                         .map_err(ClientError::Config)?,
                 );
             }
-            Scheme::Quic => {
+            Scheme::Quic | Scheme::QuicMux => {
                 let cfg = qgate_transport::client_config_with_identity(
                     trust,
                     &[ALPN_AMQP],
@@ -228,19 +269,24 @@ impl Connector {
     /// bidirectional stream, or a new TCP (+TLS) connection.
     pub async fn stream(&self) -> Result<(BoxStream, StreamInfo), ClientError> {
         match self.scheme {
-            Scheme::Quic => {
-                let (ep, cfg) = self.quic.as_ref().expect("built for QUIC");
-                let c = connect(ep, cfg, self.addr, &self.server_name, self.zero_rtt)
-                    .await
-                    .map_err(|e| TransportError::Quic {
-                        addr: self.addr,
-                        msg: e.to_string(),
-                    })?;
-                let info = StreamInfo {
-                    zero_rtt: c.is_0rtt(),
-                    quic: Some(c.connection().clone()),
-                };
-                let s = transport::quic_stream(c.connection()).await?;
+            Scheme::Quic => self.quic_connection().await,
+            Scheme::QuicMux => {
+                let mut shared = self.shared.lock().await;
+                if let Some(c) = shared.as_ref().filter(|c| c.close_reason().is_none()) {
+                    let c = c.clone();
+                    drop(shared);
+                    // It may close between the check and the stream: then open a new one.
+                    if let Ok(s) = transport::quic_stream(&c).await {
+                        let info = StreamInfo {
+                            zero_rtt: false,
+                            quic: Some(c),
+                        };
+                        return Ok((s, info));
+                    }
+                    shared = self.shared.lock().await;
+                }
+                let (s, info) = self.quic_connection().await?;
+                *shared = info.quic.clone();
                 Ok((s, info))
             }
             Scheme::TcpTls(_) => {
@@ -266,6 +312,23 @@ impl Connector {
                 ))
             }
         }
+    }
+
+    /// A new QUIC connection (0-RTT when a ticket is held) and a stream on it.
+    async fn quic_connection(&self) -> Result<(BoxStream, StreamInfo), ClientError> {
+        let (ep, cfg) = self.quic.as_ref().expect("built for QUIC");
+        let c = connect(ep, cfg, self.addr, &self.server_name, self.zero_rtt)
+            .await
+            .map_err(|e| TransportError::Quic {
+                addr: self.addr,
+                msg: e.to_string(),
+            })?;
+        let info = StreamInfo {
+            zero_rtt: c.is_0rtt(),
+            quic: Some(c.connection().clone()),
+        };
+        let s = transport::quic_stream(c.connection()).await?;
+        Ok((s, info))
     }
 
     /// Open an AMQP connection and one session.
@@ -508,6 +571,9 @@ pub struct Report {
     pub zero_rtt: bool,
     /// The transport's smoothed RTT at the end (QUIC only).
     pub rtt: Option<Duration>,
+    /// Packets QUIC declared lost while this AMQP connection was open (pipelined clients on
+    /// QUIC only).
+    pub lost_packets: Option<u64>,
     /// The first rejection's reason.
     pub first_error: Option<String>,
 }

@@ -186,6 +186,9 @@ struct Conversation {
     info: crate::client::StreamInfo,
     start: Instant,
     timeout: Duration,
+    /// Packets the QUIC connection had declared lost when this conversation began (quic-mux
+    /// shares one connection among conversations).
+    lost_before: u64,
 }
 
 impl Conversation {
@@ -194,12 +197,14 @@ impl Conversation {
         let (io, info) = tokio::time::timeout(timeout, connector.stream())
             .await
             .map_err(|_| ClientError::Link(format!("not connected within {timeout:?}")))??;
+        let lost_before = info.lost_packets().unwrap_or(0);
         Ok(Conversation {
             io,
             buf: BytesMut::with_capacity(4096),
             info,
             start,
             timeout,
+            lost_before,
         })
     }
 
@@ -278,6 +283,10 @@ impl Conversation {
         let _ = self.io.shutdown().await;
         report.total = self.start.elapsed();
         report.rtt = self.info.rtt();
+        report.lost_packets = self
+            .info
+            .lost_packets()
+            .map(|n| n.saturating_sub(self.lost_before));
         report.zero_rtt = self.info.zero_rtt;
         report
     }

@@ -32,6 +32,10 @@ pub enum Scheme {
     /// One QUIC bidirectional stream per AMQP connection (TLS 1.3 inside QUIC).
     #[default]
     Quic,
+    /// One long-lived QUIC connection per client, each AMQP connection a bidirectional stream
+    /// on it: a device that sends now and then pays no handshake after its first (decision
+    /// M25). The connection is opened again (0-RTT when a ticket is held) once it has closed.
+    QuicMux,
     /// TCP with TLS.
     TcpTls(TlsVersion),
     /// Plain TCP (for interop tests and trusted networks).
@@ -53,13 +57,21 @@ impl std::str::FromStr for Scheme {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "quic" => Ok(Scheme::Quic),
+            "quic-mux" => Ok(Scheme::QuicMux),
             "tcp-tls" | "tls" | "tcp-tls13" => Ok(Scheme::TcpTls(TlsVersion::V13)),
             "tcp-tls12" => Ok(Scheme::TcpTls(TlsVersion::V12)),
             "tcp" => Ok(Scheme::Tcp),
             o => Err(format!(
-                "unknown transport '{o}' (known: quic, tcp-tls, tcp-tls12, tcp)"
+                "unknown transport '{o}' (known: quic, quic-mux, tcp-tls, tcp-tls12, tcp)"
             )),
         }
+    }
+}
+
+impl Scheme {
+    /// AMQP rides on QUIC streams.
+    pub fn is_quic(self) -> bool {
+        matches!(self, Scheme::Quic | Scheme::QuicMux)
     }
 }
 
@@ -67,6 +79,7 @@ impl std::fmt::Display for Scheme {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Scheme::Quic => "quic",
+            Scheme::QuicMux => "quic-mux",
             Scheme::TcpTls(TlsVersion::V13) => "tcp-tls",
             Scheme::TcpTls(TlsVersion::V12) => "tcp-tls12",
             Scheme::Tcp => "tcp",

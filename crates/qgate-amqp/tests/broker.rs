@@ -61,7 +61,7 @@ async fn start(cfg: BrokerConfig) -> Running {
 impl Running {
     fn connector(&self, scheme: Scheme, sasl: Option<(&str, &str)>) -> Connector {
         let addr = match scheme {
-            Scheme::Quic => self.quic,
+            Scheme::Quic | Scheme::QuicMux => self.quic,
             Scheme::TcpTls(_) => self.tls,
             Scheme::Tcp => self.tcp,
         };
@@ -103,6 +103,7 @@ async fn every_scheme_carries_settled_and_unsettled_messages_in_order() {
     let r = start(BrokerConfig::default()).await;
     for scheme in [
         Scheme::Quic,
+        Scheme::QuicMux,
         Scheme::TcpTls(TlsVersion::V13),
         Scheme::TcpTls(TlsVersion::V12),
         Scheme::Tcp,
@@ -143,6 +144,47 @@ async fn every_scheme_carries_settled_and_unsettled_messages_in_order() {
         m.contains("qgate_amqp_queue_depth{queue=\"q-tcp\"} 0"),
         "{m}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_mux_carries_many_amqp_connections_on_one_quic_connection() {
+    use qgate_amqp::oneshot::{receive_one, send_one};
+    let r = start(BrokerConfig::default()).await;
+    let c = r.connector(Scheme::QuicMux, None);
+    let t = Duration::from_secs(10);
+    for i in 0..5u8 {
+        let msg = client::message_with_id(
+            fe2o3_amqp::types::messaging::MessageId::String(format!("m{i}")),
+            vec![i; 50],
+        );
+        let rep = send_one(&c, "mux", &msg, false, t).await.unwrap();
+        assert_eq!(rep.messages, 1);
+    }
+    assert_eq!(
+        c.quic_handshakes(),
+        Some(1),
+        "one handshake for five AMQP connections"
+    );
+    // Connections ran one after another on streams of the same QUIC connection; their
+    // concurrent use shares it too.
+    let both = futures_util::future::join(receive_one(&c, "mux", t), receive_one(&c, "mux", t));
+    let (a, b) = both.await;
+    assert_eq!((a.unwrap().messages, b.unwrap().messages), (1, 1));
+    assert_eq!(c.quic_handshakes(), Some(1));
+    // Once the shared connection is gone, the next AMQP connection opens another, in 0-RTT.
+    c.close_shared().await;
+    let rep = receive_one(&c, "mux", t).await.unwrap();
+    assert_eq!(rep.messages, 1);
+    assert_eq!(c.quic_handshakes(), Some(2));
+    assert!(
+        rep.zero_rtt,
+        "the ticket from the first connection resumes the second"
+    );
+    let rest = client::receive(&c, &recv_spec("mux", 2), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(rest.messages, 2);
+    assert_eq!(c.quic_handshakes(), Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,11 @@ impl std::str::FromStr for Congestion {
     }
 }
 
+/// Bytes the first round trip of a handshake puts on a link: the client's Initial (1200 bytes
+/// of UDP payload plus 28 of IPv4 and UDP headers) and what a server may answer before the
+/// client's address is validated, three times that (RFC 9000 §8.1).
+pub const HANDSHAKE_FLIGHT_BYTES: u64 = 4 * 1228;
+
 /// QUIC transport settings. Every window is bounded: quinn's connection-wide receive window is
 /// unlimited by default, which lets one peer pin memory; here it has a limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,6 +51,11 @@ pub struct TransportOptions {
     pub initial_window: Option<u64>,
     /// RTT assumed before the first sample, ms (RFC 9002 §6.2.2 suggests 333).
     pub initial_rtt_ms: f64,
+    /// Rate of the slowest link this endpoint's packets cross, kbit/s, when it is known (a
+    /// constrained radio). The RTT assumed before the first sample is then at least the time
+    /// to serialise the handshake's first flights on it ([`HANDSHAKE_FLIGHT_BYTES`]), so a
+    /// slow link does not make every handshake packet look lost (decision T6).
+    pub link_kbps: Option<f64>,
     /// Close a connection after this long without traffic, ms.
     pub idle_timeout_ms: u64,
     /// Send a keep-alive after this long without traffic, ms; `None` = never.
@@ -80,6 +90,7 @@ impl Default for TransportOptions {
             congestion: Congestion::Cubic,
             initial_window: None,
             initial_rtt_ms: 333.0,
+            link_kbps: None,
             idle_timeout_ms: 30_000,
             keep_alive_ms: None,
             stream_receive_window: 2 * 1024 * 1024,
@@ -124,6 +135,11 @@ impl TransportOptions {
                 "initial_rtt_ms",
                 "must be a positive number of ms up to 60000",
             ));
+        }
+        if let Some(k) = self.link_kbps {
+            if !(k.is_finite() && k > 0.0) {
+                return Err(err("link_kbps", "must be a positive number of kbit/s"));
+            }
         }
         if self.idle_timeout_ms == 0 {
             return Err(err("idle_timeout_ms", "must be positive"));
@@ -213,13 +229,24 @@ impl TransportOptions {
         }
     }
 
+    /// The RTT assumed before the first sample: [`Self::initial_rtt_ms`], raised to the
+    /// handshake's serialisation time on [`Self::link_kbps`] (at most a minute).
+    pub fn effective_initial_rtt_ms(&self) -> f64 {
+        let floor = self
+            .link_kbps
+            .map_or(0.0, |k| HANDSHAKE_FLIGHT_BYTES as f64 * 8.0 / k);
+        self.initial_rtt_ms.max(floor).min(60_000.0)
+    }
+
     /// A quinn transport config with these settings.
     pub fn to_quinn(&self) -> Result<TransportConfig, OptionError> {
         self.validate()?;
         let mut t = TransportConfig::default();
         let v = |x: u64| VarInt::from_u64(x).expect("validated");
         t.congestion_controller_factory(self.controller_factory())
-            .initial_rtt(Duration::from_secs_f64(self.initial_rtt_ms / 1000.0))
+            .initial_rtt(Duration::from_secs_f64(
+                self.effective_initial_rtt_ms() / 1000.0,
+            ))
             .max_idle_timeout(Some(IdleTimeout::from(v(self.idle_timeout_ms))))
             .keep_alive_interval(self.keep_alive_ms.map(Duration::from_millis))
             .stream_receive_window(v(self.stream_receive_window))
@@ -247,6 +274,29 @@ mod tests {
         let o = TransportOptions::default();
         o.validate().unwrap();
         o.to_quinn().unwrap();
+    }
+
+    #[test]
+    fn a_slow_link_raises_the_initial_rtt_to_the_handshakes_serialisation() {
+        let at = |k: Option<f64>| {
+            TransportOptions {
+                link_kbps: k,
+                ..Default::default()
+            }
+            .effective_initial_rtt_ms()
+        };
+        assert_eq!(at(None), 333.0);
+        // 4 × 1228 bytes at 8 kbit/s take 4.9 s; at 54 Mbit/s the default stands.
+        assert!((at(Some(8.0)) - 4912.0).abs() < 1e-9, "{}", at(Some(8.0)));
+        assert_eq!(at(Some(54_000.0)), 333.0);
+        assert_eq!(at(Some(1e-6)), 60_000.0);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let o = TransportOptions {
+                link_kbps: Some(bad),
+                ..Default::default()
+            };
+            assert!(o.validate().unwrap_err().to_string().contains("link_kbps"));
+        }
     }
 
     #[test]

@@ -294,7 +294,7 @@ pub struct Target {
     /// Queue address.
     #[arg(value_name = "QUEUE")]
     queue: String,
-    /// quic, tcp-tls (TLS 1.3), tcp-tls12 or tcp.
+    /// quic, quic-mux (with --one-per-connection: each AMQP connection a stream of one QUIC connection), tcp-tls (TLS 1.3), tcp-tls12 or tcp.
     #[arg(long, default_value = "quic", value_name = "SCHEME")]
     transport: Scheme,
     /// Pre-settled (at-most-once) instead of unsettled (at-least-once).
@@ -536,7 +536,13 @@ async fn one_per_connection(
         total.total = start.elapsed();
         total.zero_rtt = zero_rtt > 0;
     }
-    eprintln!("{n} connections, {zero_rtt} resumed with 0-RTT; startup is the mean per connection");
+    match connector.quic_handshakes() {
+        Some(h) => eprintln!(
+            "{n} connections over {h} QUIC handshake(s), {zero_rtt} resumed with 0-RTT; startup is the mean per connection"
+        ),
+        None => eprintln!("{n} connections; startup is the mean per connection"),
+    }
+    connector.close_shared().await;
     Ok(())
 }
 

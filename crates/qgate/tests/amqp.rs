@@ -200,6 +200,28 @@ fn send_and_recv_round_trip_as_processes() {
         "{err}"
     );
     assert!(err.contains("startup") && err.contains("msg/s"), "{err}");
+    // quic-mux: every AMQP connection a stream of one QUIC connection.
+    let o = qgate(&home)
+        .args([
+            "send",
+            &quic,
+            "greetings",
+            "--count",
+            "5",
+            "--size",
+            "10",
+            "--one-per-connection",
+            "--transport",
+            "quic-mux",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("5 connections over 1 QUIC handshake(s)"),
+        "{err}"
+    );
     let mut child = qgate(&home)
         .args([
             "send",
@@ -244,7 +266,7 @@ fn send_and_recv_round_trip_as_processes() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("received 50 of 60"), "{err}");
+    assert!(err.contains("received 55 of 60"), "{err}");
     let _ = std::fs::remove_dir_all(&home);
 }
 

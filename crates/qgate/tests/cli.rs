@@ -841,14 +841,28 @@ fn lab_amqp_quick_writes_results_and_rejects_zero_repetitions() {
         ],
     );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
-    for t in ["quic", "quic-pmtud-off", "tcp-tls13", "tcp-tls12"] {
+    for t in [
+        "quic",
+        "quic-pmtud-off",
+        "quic-constrained",
+        "quic-mux",
+        "tcp-tls13",
+        "tcp-tls12",
+    ] {
         assert!(csv.contains(&format!(",{t},netsim,")), "{t} on netsim");
     }
+    assert!(csv.contains(",quic-mux,loopback,"), "quic-mux on loopback");
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(
         summary.contains("## Against the paper's claims"),
         "{summary}"
     );
+    // quic-mux is compared with both TCP baselines at every sweep point the quick run has.
+    let line = summary
+        .lines()
+        .find(|l| l.contains("**quic-mux against TCP+TLS 1.2 and 1.3"))
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(line.contains(" comparisons"), "{line}");
     let o = run(&home, &["lab", "amqp", "--seeds", "0"]);
     assert_fails(o, 2, "seeds must be in 1..=");
 }

@@ -122,6 +122,13 @@ pub enum Transport {
     /// The same with path-MTU discovery off at both ends (netsim only): a one-message
     /// connection never profits from a larger MTU, and the probes cost it bytes and airtime.
     QuicPmtudOff,
+    /// One QUIC connection per AMQP connection with the constrained-link profile (decision
+    /// T6: initial RTT from the radio's rate, no path-MTU probing by either end; netsim only).
+    QuicConstrained,
+    /// Every AMQP connection a stream of one long-lived QUIC connection (decision M25), with
+    /// the constrained-link profile on netsim: the handshake is paid once, not per message.
+    /// Not the paper's scheme; it changes what is compared, so it is its own row.
+    QuicMux,
     /// TCP + TLS 1.3 (the fair modern baseline).
     TcpTls13,
     /// TCP + TLS 1.2 (the paper's).
@@ -134,6 +141,8 @@ impl Transport {
         match self {
             Transport::Quic => "quic",
             Transport::QuicPmtudOff => "quic-pmtud-off",
+            Transport::QuicConstrained => "quic-constrained",
+            Transport::QuicMux => "quic-mux",
             Transport::TcpTls13 => "tcp-tls13",
             Transport::TcpTls12 => "tcp-tls12",
         }
@@ -146,7 +155,8 @@ impl Transport {
 
     fn scheme(self) -> Scheme {
         match self {
-            Transport::Quic | Transport::QuicPmtudOff => Scheme::Quic,
+            Transport::Quic | Transport::QuicPmtudOff | Transport::QuicConstrained => Scheme::Quic,
+            Transport::QuicMux => Scheme::QuicMux,
             Transport::TcpTls13 => Scheme::TcpTls(TlsVersion::V13),
             Transport::TcpTls12 => Scheme::TcpTls(TlsVersion::V12),
         }
@@ -154,7 +164,10 @@ impl Transport {
 
     fn amqp(self) -> AmqpTransport {
         match self {
-            Transport::Quic | Transport::QuicPmtudOff => AmqpTransport::Quic,
+            Transport::Quic | Transport::QuicPmtudOff | Transport::QuicConstrained => {
+                AmqpTransport::Quic
+            }
+            Transport::QuicMux => AmqpTransport::QuicMux,
             Transport::TcpTls13 => AmqpTransport::TcpTls13,
             Transport::TcpTls12 => AmqpTransport::TcpTls12,
         }
@@ -162,9 +175,11 @@ impl Transport {
 }
 
 /// Every transport, in table order.
-pub const TRANSPORTS: [Transport; 4] = [
+pub const TRANSPORTS: [Transport; 6] = [
     Transport::Quic,
     Transport::QuicPmtudOff,
+    Transport::QuicConstrained,
+    Transport::QuicMux,
     Transport::TcpTls13,
     Transport::TcpTls12,
 ];
@@ -451,7 +466,10 @@ impl LoopBed {
             ..Default::default()
         };
         let running = match transport {
-            Transport::Quic | Transport::QuicPmtudOff => {
+            Transport::Quic
+            | Transport::QuicPmtudOff
+            | Transport::QuicConstrained
+            | Transport::QuicMux => {
                 let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).expect("server config");
                 let ep = endpoint(
                     Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("UDP socket"),
@@ -478,7 +496,7 @@ impl LoopBed {
             .next()
             .expect("one listener");
         let client = || {
-            let sock = (transport.scheme() == Scheme::Quic).then(|| {
+            let sock = transport.scheme().is_quic().then(|| {
                 Socket::bind_udp("127.0.0.1:0".parse().expect("addr")).expect("UDP socket")
             });
             Connector::new(
@@ -504,5 +522,9 @@ impl LoopBed {
 /// variant only).
 pub const LOOPBACK_CASES: [Case; 2] = [Case::Multi, Case::Single];
 /// See [`LOOPBACK_CASES`].
-pub const LOOPBACK_TRANSPORTS: [Transport; 3] =
-    [Transport::Quic, Transport::TcpTls13, Transport::TcpTls12];
+pub const LOOPBACK_TRANSPORTS: [Transport; 4] = [
+    Transport::Quic,
+    Transport::QuicMux,
+    Transport::TcpTls13,
+    Transport::TcpTls12,
+];

@@ -351,7 +351,7 @@ impl Loaded {
         let mut tcp_hosts: Vec<&str> = Vec::new();
         for w in &p.workloads {
             if let spec::Workload::Amqp(a) = w {
-                if a.transport != spec::AmqpTransport::Quic {
+                if !a.transport.is_quic() {
                     for h in [Some(&a.broker), Some(&a.sender), a.receiver.as_ref()]
                         .into_iter()
                         .flatten()

@@ -367,10 +367,19 @@ pub enum AmqpTransport {
     /// One QUIC bidirectional stream per AMQP connection; 0-RTT once a ticket is held.
     #[default]
     Quic,
+    /// Every AMQP connection a stream of one long-lived QUIC connection (quic-mux).
+    QuicMux,
     /// TCP + TLS 1.3 (the user-space TCP on the simulated network).
     TcpTls13,
     /// TCP + TLS 1.2 (paper 003's baseline).
     TcpTls12,
+}
+
+impl AmqpTransport {
+    /// AMQP rides on QUIC.
+    pub fn is_quic(self) -> bool {
+        matches!(self, AmqpTransport::Quic | AmqpTransport::QuicMux)
+    }
 }
 
 /// How the sender's messages map to connections.
@@ -434,6 +443,13 @@ pub struct AmqpLoad {
     /// QUIC path-MTU discovery at both ends (QUIC only).
     #[serde(default = "yes")]
     pub mtu_discovery: bool,
+    /// Both ends use the constrained-link QUIC profile: they know the device's radio rate
+    /// (the sender's link toward the broker, as it is when the workload starts; the broker
+    /// is configured for its devices' radio) and assume an initial RTT no shorter than the
+    /// handshake takes to serialise on it (decision T6), and neither probes for a larger MTU
+    /// (QUIC only).
+    #[serde(default)]
+    pub constrained: bool,
     /// Messages to send.
     pub messages: usize,
     /// One connection per message or one for all (the receiver uses one per message).

@@ -10,7 +10,9 @@
 //! and lost packets included) and `energy_j` (its radio over `total_s`: transmitting while its
 //! packets serialise, lost ones too, receiving while packets for it serialise, idle otherwise);
 //! samples (t = the connection's start) `startup_ms` (start → first message written) and, for
-//! QUIC, `rtt_ms` (smoothed RTT at the end).
+//! QUIC, `rtt_ms` (smoothed RTT at the end); for QUIC also the scalar `lost_packets` (packets
+//! declared lost while the side's AMQP connections were open: on a link that drops nothing,
+//! spurious retransmissions).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use qgate_amqp::transport::{self, BoxStream, Dialer, Scheme, TlsVersion, ALPN_AM
 use qgate_netsim::tcp::TcpHost;
 use qgate_netsim::topology::Topology;
 use qgate_netsim::{Direction, LinkId, Network, World};
-use qgate_transport::{endpoint, server_config, Socket, TransportOptions};
+use qgate_transport::{constrained_endpoint, endpoint, server_config, Socket, TransportOptions};
 use tokio::time::Instant;
 
 use super::{secs, Clock, Measurements, Setup};
@@ -81,8 +83,11 @@ pub(super) fn check(
     {
         return fail("'radio' values must be finite and not negative");
     }
-    if !a.mtu_discovery && a.transport != AmqpTransport::Quic {
+    if !a.mtu_discovery && !a.transport.is_quic() {
         return fail("'mtu_discovery' is a QUIC setting: leave it out for TCP+TLS");
+    }
+    if a.constrained && !a.transport.is_quic() {
+        return fail("'constrained' is a QUIC profile: leave it out for TCP+TLS");
     }
     Ok(())
 }
@@ -210,9 +215,20 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
             .wrapping_add(s.index as u64 * 1000)
     };
     let (broker, client): (RunningBroker, Box<ClientFn<'_>>) = match a.transport {
-        AmqpTransport::Quic => {
-            let scfg =
-                server_config(&s.pki.server, &[ALPN_AMQP], &opts).map_err(|e| e.to_string())?;
+        AmqpTransport::Quic | AmqpTransport::QuicMux => {
+            let mux = a.transport == AmqpTransport::QuicMux;
+            // Constrained: the broker knows the radio its devices use (the sender's) too.
+            let radio_kbps = |probe: &Probe| {
+                let bps = probe.net.params(probe.link, probe.tx).rate_bps;
+                bps.filter(|r| *r > 0).map(|r| r as f64 / 1000.0)
+            };
+            let mut server_opts = opts.clone();
+            if a.constrained {
+                server_opts.link_kbps = radio_kbps(&on(&a.sender)?.3);
+                server_opts.mtu_discovery = false;
+            }
+            let scfg = server_config(&s.pki.server, &[ALPN_AMQP], &server_opts)
+                .map_err(|e| e.to_string())?;
             // Any of its addresses: each client reaches it by the one facing it.
             let any = SocketAddr::new(unspecified(targets[0].ip()), port);
             let sock = net.bind(bh, any).map_err(|e| e.to_string())?;
@@ -227,11 +243,21 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                 let sock = net
                     .bind(h, SocketAddr::new(ip, 0))
                     .map_err(|e| e.to_string())?;
-                let ep = endpoint(Socket::from(sock), None, Some(seed(side)))
-                    .map_err(|e| e.to_string())?;
+                let mut opts = opts.clone();
+                if a.constrained {
+                    // The device knows its radio: the rate it transmits at toward the broker.
+                    opts.link_kbps = radio_kbps(&probe);
+                    opts.mtu_discovery = false;
+                }
+                let ep = if a.constrained {
+                    constrained_endpoint(Socket::from(sock), Some(seed(side)))
+                } else {
+                    endpoint(Socket::from(sock), None, Some(seed(side)))
+                }
+                .map_err(|e| e.to_string())?;
                 let c = Connector::on_endpoint(ep, baddr, "localhost", &trust, None, &opts)
                     .map_err(|e| e.to_string())?;
-                Ok((c, probe))
+                Ok((if mux { c.multiplexed() } else { c }, probe))
             };
             (broker, Box::new(client))
         }
@@ -478,6 +504,14 @@ pub(crate) fn record(
         .collect();
     if !rtt.is_empty() {
         m.samples.push((key("rtt_ms"), rtt));
+    }
+    let lost: Vec<u64> = outcomes
+        .iter()
+        .filter_map(|o| o.report.lost_packets)
+        .collect();
+    if !lost.is_empty() {
+        m.scalars
+            .push((key("lost_packets"), lost.iter().sum::<u64>() as f64));
     }
     messages
 }
