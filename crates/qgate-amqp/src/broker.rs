@@ -1225,12 +1225,29 @@ pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
                 },
             };
             let peer = conn.remote_address().ip();
+            // AMQP rides on bidirectional streams only: grant no more unidirectional ones
+            // than the listener's options did (transport::broker_options grants none).
+            conn.set_max_concurrent_uni_streams(0u32.into());
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let broker = broker.clone();
                 let early = !handshaken.load(Ordering::Acquire);
+                if early {
+                    broker
+                        .inner
+                        .counters
+                        .connections_early
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                // Every stream is an AMQP connection and takes a place of its address (M16);
+                // the first one refused closes the QUIC connection, so a peer cannot open and
+                // drop streams at line rate against the limit (decision M25).
+                let Some(t) = broker.tenancy(Some(peer)) else {
+                    conn.close(1u32.into(), b"per-address connection limit");
+                    break;
+                };
                 tokio::spawn(async move {
                     broker
-                        .serve_quic_stream_from(tokio::io::join(recv, send), early, Some(peer))
+                        .serve_guarded(tokio::io::join(recv, send), true, t)
                         .await
                 });
             }

@@ -18,7 +18,9 @@ use fe2o3_amqp::types::messaging::{Body, Data, Message, MessageId, Outcome, Prop
 use fe2o3_amqp::types::primitives::{Binary, Value};
 use fe2o3_amqp::{Receiver, Sender, Session};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions, TrustRoots};
+use qgate_transport::{
+    client_config, connect, constrained_endpoint, endpoint, Socket, TransportOptions, TrustRoots,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::transport::{self, BoxStream, Scheme, TransportError, ALPN_AMQP};
@@ -74,6 +76,8 @@ pub struct StreamInfo {
     pub zero_rtt: bool,
     /// The QUIC connection under the stream (None for TCP), for its statistics.
     pub quic: Option<quinn::Connection>,
+    /// quic-mux: the stream was opened on a connection an earlier AMQP connection opened.
+    pub reused: bool,
 }
 
 impl StreamInfo {
@@ -127,8 +131,13 @@ impl Connector {
                         Socket::bind_udp(any).map_err(|e| ClientError::Config(e.to_string()))?
                     }
                 };
-                let ep =
-                    endpoint(socket, None, None).map_err(|e| ClientError::Config(e.to_string()))?;
+                // A device that declares its radio's rate is on a constrained link (T6).
+                let ep = if opts.link_kbps.is_some() {
+                    constrained_endpoint(socket, None)
+                } else {
+                    endpoint(socket, None, None)
+                }
+                .map_err(|e| ClientError::Config(e.to_string()))?;
                 let c = Connector::on_endpoint(ep, addr, server_name, trust, c.sasl, opts)?;
                 return Ok(if scheme == Scheme::QuicMux {
                     c.multiplexed()
@@ -182,8 +191,8 @@ impl Connector {
         self
     }
 
-    /// QUIC handshakes this connector has started (None for TCP): with quic-mux, one per
-    /// shared connection.
+    /// QUIC handshakes started on this connector's endpoint (None for TCP; an endpoint shared
+    /// with other connectors counts theirs too): with quic-mux, one per shared connection.
     pub fn quic_handshakes(&self) -> Option<u64> {
         self.quic
             .as_ref()
@@ -191,10 +200,28 @@ impl Connector {
     }
 
     /// Close quic-mux's shared connection now (it also closes when the connector is
-    /// dropped, or after the idle timeout).
+    /// dropped, or after the idle timeout) and wait, at most a second, until the broker has
+    /// been told.
     pub async fn close_shared(&self) {
         if let Some(c) = self.shared.lock().await.take() {
             c.close(0u32.into(), b"");
+            if let Some((ep, _)) = &self.quic {
+                let _ = tokio::time::timeout(Duration::from_secs(1), ep.wait_idle()).await;
+            }
+        }
+    }
+
+    /// quic-mux: an AMQP connection on `conn` failed, so the shared connection may be dead
+    /// (a restarted broker, a server-side idle timeout) although opening a stream on it still
+    /// succeeds: close it, and the next AMQP connection opens a new one (decision M25).
+    pub async fn forget_shared(&self, conn: &quinn::Connection) {
+        let mut shared = self.shared.lock().await;
+        if shared
+            .as_ref()
+            .is_some_and(|c| c.stable_id() == conn.stable_id())
+        {
+            *shared = None;
+            conn.close(0u32.into(), b"");
         }
     }
 
@@ -272,17 +299,24 @@ impl Connector {
             Scheme::Quic => self.quic_connection().await,
             Scheme::QuicMux => {
                 let mut shared = self.shared.lock().await;
-                if let Some(c) = shared.as_ref().filter(|c| c.close_reason().is_none()) {
+                // A connection found closed (between the check and the stream) is not tried
+                // twice; one another caller opened meanwhile is.
+                let mut tried: Option<usize> = None;
+                while let Some(c) = shared
+                    .as_ref()
+                    .filter(|c| c.close_reason().is_none() && tried != Some(c.stable_id()))
+                {
                     let c = c.clone();
                     drop(shared);
-                    // It may close between the check and the stream: then open a new one.
                     if let Ok(s) = transport::quic_stream(&c).await {
                         let info = StreamInfo {
                             zero_rtt: false,
                             quic: Some(c),
+                            reused: true,
                         };
                         return Ok((s, info));
                     }
+                    tried = Some(c.stable_id());
                     shared = self.shared.lock().await;
                 }
                 let (s, info) = self.quic_connection().await?;
@@ -298,6 +332,7 @@ impl Connector {
                     StreamInfo {
                         zero_rtt: false,
                         quic: None,
+                        reused: false,
                     },
                 ))
             }
@@ -308,6 +343,7 @@ impl Connector {
                     StreamInfo {
                         zero_rtt: false,
                         quic: None,
+                        reused: false,
                     },
                 ))
             }
@@ -326,6 +362,7 @@ impl Connector {
         let info = StreamInfo {
             zero_rtt: c.is_0rtt(),
             quic: Some(c.connection().clone()),
+            reused: false,
         };
         let s = transport::quic_stream(c.connection()).await?;
         Ok((s, info))
@@ -389,6 +426,8 @@ struct CloseState {
     armed: AtomicBool,
     ended: AtomicBool,
     reader: Mutex<Option<Waker>>,
+    /// The engine let go of the stream and its linger is over.
+    released: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -405,12 +444,14 @@ const LINGER: Duration = Duration::from_secs(2);
 /// unread bytes — the broker's last flow or disposition frames — sends RST, and RST makes the
 /// broker's kernel discard what it had received and not yet read: our last dispositions and
 /// our close (decision M24).
+/// [`Client::close`] waits for it, so a command that drops its runtime right after still
+/// lingers.
 impl Drop for Closing {
     fn drop(&mut self) {
-        if !self.state.ended.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let state = self.state.clone();
+        let rt = tokio::runtime::Handle::try_current();
+        let (true, Ok(rt)) = (state.ended.load(Ordering::Acquire), rt) else {
+            state.released.notify_one();
             return;
         };
         let mut io = std::mem::replace(&mut self.inner, Box::new(tokio::io::empty()));
@@ -422,6 +463,8 @@ impl Drop for Closing {
                 while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
             };
             let _ = tokio::time::timeout(LINGER, drain).await;
+            drop(io);
+            state.released.notify_one();
         });
     }
 }
@@ -536,6 +579,9 @@ impl Client {
         self.closing.armed.store(true, Ordering::Release);
         let _ = self.conn.close().await;
         drop(self.session);
+        // The engine drops the stream as it ends; its linger (M24) is over within LINGER.
+        let released = self.closing.released.notified();
+        let _ = tokio::time::timeout(LINGER + Duration::from_millis(100), released).await;
     }
 }
 

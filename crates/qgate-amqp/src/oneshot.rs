@@ -44,7 +44,7 @@ fn preamble(sasl: Option<(&str, &str)>, container: &str) -> Vec<u8> {
         &[],
     ));
     out.extend_from_slice(b"AMQP\x00\x01\x00\x00");
-    out.extend(amqp(&crate::wire::open(container, 65_536), &[]));
+    out.extend(amqp(&crate::wire::open(container, FRAME_MAX), &[]));
     out.extend(amqp(
         &Performative::Begin(Begin {
             remote_channel: None,
@@ -117,6 +117,12 @@ fn transfer(id: u32, msg: &AmqpMessage, settled: bool) -> Vec<u8> {
         &encode(msg),
     )
 }
+
+/// The largest frame a pipelined client announces in its open.
+const FRAME_MAX: u32 = 65_536;
+/// The largest body it sends: one transfer frame minus room for the frame header, the
+/// transfer performative and the message sections around the body.
+const MAX_BODY: u64 = FRAME_MAX as u64 - 1024;
 
 /// Every byte a one-message sender writes before it hears anything.
 pub fn opening(
@@ -197,7 +203,12 @@ impl Conversation {
         let (io, info) = tokio::time::timeout(timeout, connector.stream())
             .await
             .map_err(|_| ClientError::Link(format!("not connected within {timeout:?}")))??;
-        let lost_before = info.lost_packets().unwrap_or(0);
+        // A new connection's handshake losses are this conversation's own.
+        let lost_before = if info.reused {
+            info.lost_packets().unwrap_or(0)
+        } else {
+            0
+        };
         Ok(Conversation {
             io,
             buf: BytesMut::with_capacity(4096),
@@ -351,10 +362,45 @@ pub async fn send_in_turn_into(
     report: &mut Report,
 ) -> Result<(), ClientError> {
     let mut c = Conversation::open(connector, timeout).await?;
+    let r = send_on(&mut c, connector, address, msgs, settled, report).await;
+    forget_if_failed(connector, &c, r).await?;
+    *report = c.finish(std::mem::take(report)).await;
+    Ok(())
+}
+
+/// quic-mux: a conversation that failed may have found the shared connection dead although
+/// its stream opened; the next one then starts a new connection (decision M25).
+async fn forget_if_failed<T>(
+    connector: &Connector,
+    c: &Conversation,
+    r: Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    if let (Err(_), Some(q)) = (&r, &c.info.quic) {
+        connector.forget_shared(q).await;
+    }
+    r
+}
+
+async fn send_on(
+    c: &mut Conversation,
+    connector: &Connector,
+    address: &str,
+    msgs: &[AmqpMessage],
+    settled: bool,
+    report: &mut Report,
+) -> Result<(), ClientError> {
     let container = container_id();
     let creds = connector.sasl();
     for (i, msg) in msgs.iter().enumerate() {
         let id = i as u32;
+        // Pipelined clients send every message in one transfer frame of the size they open
+        // with; a larger one would be refused as a framing error.
+        let body = body_len(msg);
+        if body > MAX_BODY {
+            return Err(ClientError::Link(format!(
+                "a {body}-byte message does not fit one {FRAME_MAX}-byte frame; pipelined (one-per-connection) clients send at most {MAX_BODY} body bytes"
+            )));
+        }
         let bytes = if i == 0 {
             let mut b = preamble(
                 creds.as_ref().map(|(u, p)| (u.as_str(), p.as_str())),
@@ -400,7 +446,6 @@ pub async fn send_in_turn_into(
             }
         }
     }
-    *report = c.finish(std::mem::take(report)).await;
     Ok(())
 }
 
@@ -414,6 +459,16 @@ pub async fn receive_one(
     timeout: Duration,
 ) -> Result<Report, ClientError> {
     let mut c = Conversation::open(connector, timeout).await?;
+    let r = take_one(&mut c, connector, address).await;
+    let report = forget_if_failed(connector, &c, r).await?;
+    Ok(c.finish(report).await)
+}
+
+async fn take_one(
+    c: &mut Conversation,
+    connector: &Connector,
+    address: &str,
+) -> Result<Report, ClientError> {
     let container = container_id();
     let creds = connector.sasl();
     let mut bytes = preamble(
@@ -465,7 +520,7 @@ pub async fn receive_one(
         ))
         .await?;
     }
-    Ok(c.finish(report).await)
+    Ok(report)
 }
 
 #[cfg(test)]

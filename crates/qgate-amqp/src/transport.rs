@@ -19,6 +19,18 @@ pub const AMQP_PORT: u16 = 5672;
 /// IANA port for AMQPS.
 pub const AMQPS_PORT: u16 = 5671;
 
+/// The QUIC transport options of a broker's listener: `opts` with no unidirectional streams
+/// granted (AMQP rides on bidirectional ones; a unidirectional stream would hold bytes
+/// nobody reads, decision M25).
+pub fn broker_options(
+    opts: &qgate_transport::TransportOptions,
+) -> qgate_transport::TransportOptions {
+    qgate_transport::TransportOptions {
+        max_concurrent_uni_streams: 0,
+        ..opts.clone()
+    }
+}
+
 /// A byte stream fe2o3-amqp can run on.
 pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + std::fmt::Debug + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + std::fmt::Debug + 'static> Stream for T {}

@@ -31,7 +31,8 @@ struct Running {
 
 async fn start(cfg: BrokerConfig) -> Running {
     let pki = DevPki::generate(&[]).unwrap();
-    let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default()).unwrap();
+    let opts = transport::broker_options(&TransportOptions::default());
+    let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).unwrap();
     let ep = endpoint(
         Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
         Some(scfg),
@@ -185,6 +186,54 @@ async fn quic_mux_carries_many_amqp_connections_on_one_quic_connection() {
         .unwrap();
     assert_eq!(rest.messages, 2);
     assert_eq!(c.quic_handshakes(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_beyond_the_per_address_limit_close_their_quic_connection() {
+    let r = start(BrokerConfig {
+        max_connections_per_address: 2,
+        ..Default::default()
+    })
+    .await;
+    let open = |n: u64| {
+        let b = r.broker.clone();
+        async move {
+            for _ in 0..250 {
+                if b.connections_open() == n {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        }
+    };
+    let c = r.connector(Scheme::QuicMux, None);
+    let header = b"AMQP\x03\x01\x00\x00";
+    let (mut s1, info) = c.stream().await.unwrap();
+    let conn = info.quic.unwrap();
+    s1.write_all(header).await.unwrap();
+    let (mut s2, _) = c.stream().await.unwrap();
+    s2.write_all(header).await.unwrap();
+    assert!(open(2).await, "two AMQP connections on one QUIC connection");
+    // AMQP uses bidirectional streams only; the broker grants no unidirectional one.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), conn.open_uni())
+            .await
+            .is_err()
+    );
+    let (mut s3, _) = c.stream().await.unwrap();
+    s3.write_all(header).await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("the third stream closes the connection");
+    assert!(
+        matches!(&e, quinn::ConnectionError::ApplicationClosed(a) if &a.reason[..] == b"per-address connection limit"),
+        "{e}"
+    );
+    assert!(
+        open(0).await,
+        "a closed QUIC connection frees its AMQP connections"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,7 +187,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
             let scfg = server_config_with_client_auth(
                 &identity,
                 &[ALPN_AMQP],
-                &cfg.transport,
+                &transport::broker_options(&cfg.transport),
                 client_ca.as_ref(),
             )
             .map_err(usage)?;
@@ -294,7 +294,7 @@ pub struct Target {
     /// Queue address.
     #[arg(value_name = "QUEUE")]
     queue: String,
-    /// quic, quic-mux (with --one-per-connection: each AMQP connection a stream of one QUIC connection), tcp-tls (TLS 1.3), tcp-tls12 or tcp.
+    /// quic, quic-mux (every AMQP connection a stream of one shared QUIC connection: one handshake for all of `send --one-per-connection`'s), tcp-tls (TLS 1.3), tcp-tls12 or tcp.
     #[arg(long, default_value = "quic", value_name = "SCHEME")]
     transport: Scheme,
     /// Pre-settled (at-most-once) instead of unsettled (at-least-once).
@@ -384,7 +384,9 @@ pub struct SendArgs {
     #[arg(long)]
     stdin: bool,
     /// Each message on a new connection, its whole opening pipelined in one flight (in 0-RTT
-    /// when QUIC holds a ticket): paper 003's multiple-connections case.
+    /// when QUIC holds a ticket): paper 003's multiple-connections case. Bodies up to 64,512
+    /// bytes (one frame); --rate paces connections, --window does not apply; each connection
+    /// has 10 s.
     #[arg(long)]
     one_per_connection: bool,
     /// Unsettled messages in flight.
@@ -511,6 +513,10 @@ async fn one_per_connection(
     let mut zero_rtt = 0u64;
     let mut n = 0u32;
     for (i, body) in bodies.enumerate() {
+        // --rate paces the connections as it paces messages on one.
+        if let Some(r) = spec.rate.filter(|r| *r > 0.0) {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / r)).await;
+        }
         let msg = client::message_with_id(
             fe2o3_amqp::types::messaging::MessageId::String(format!("{run:016x}-{i}")),
             body,

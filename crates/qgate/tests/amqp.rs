@@ -222,6 +222,23 @@ fn send_and_recv_round_trip_as_processes() {
         err.contains("5 connections over 1 QUIC handshake(s)"),
         "{err}"
     );
+    // A body larger than one frame is refused by name, not as a framing error.
+    let o = qgate(&home)
+        .args([
+            "send",
+            &quic,
+            "greetings",
+            "--count",
+            "1",
+            "--size",
+            "70000",
+            "--one-per-connection",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("does not fit one 65536-byte frame"), "{err}");
     let mut child = qgate(&home)
         .args([
             "send",

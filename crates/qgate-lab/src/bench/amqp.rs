@@ -160,7 +160,7 @@ async fn one(
             builder.start().expect("broker"),
             artemis.expect("an Artemis address for Artemis cases"),
         ),
-        Scheme::Quic => {
+        s if s.is_quic() => {
             let scfg = server_config(&pki.server, &[ALPN_AMQP], &TransportOptions::default())
                 .expect("config");
             let ep = endpoint(

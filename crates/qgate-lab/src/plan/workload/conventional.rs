@@ -267,19 +267,21 @@ impl Drop for CountedPath {
 fn noq_transport(o: &TransportOptions, paths: u32) -> Result<noq::TransportConfig, String> {
     let var = |v: u64, what: &str| VarInt::from_u64(v).map_err(|_| format!("{what} too large"));
     let mut t = noq::TransportConfig::default();
-    t.initial_rtt(Duration::from_secs_f64(o.initial_rtt_ms / 1000.0))
-        .max_idle_timeout(Some(
-            noq::IdleTimeout::try_from(Duration::from_millis(o.idle_timeout_ms))
-                .map_err(|e| e.to_string())?,
-        ))
-        .stream_receive_window(var(o.stream_receive_window, "stream_receive_window")?)
-        .receive_window(var(o.receive_window, "receive_window")?)
-        .send_window(o.send_window)
-        .max_concurrent_bidi_streams(var(u64::from(o.max_concurrent_bidi_streams), "streams")?)
-        .congestion_controller_factory(Arc::new(CountedCubic {
-            gauge: o.flight.clone().unwrap_or_default(),
-        }))
-        .max_concurrent_multipath_paths(paths);
+    t.initial_rtt(Duration::from_secs_f64(
+        o.effective_initial_rtt_ms() / 1000.0,
+    ))
+    .max_idle_timeout(Some(
+        noq::IdleTimeout::try_from(Duration::from_millis(o.idle_timeout_ms))
+            .map_err(|e| e.to_string())?,
+    ))
+    .stream_receive_window(var(o.stream_receive_window, "stream_receive_window")?)
+    .receive_window(var(o.receive_window, "receive_window")?)
+    .send_window(o.send_window)
+    .max_concurrent_bidi_streams(var(u64::from(o.max_concurrent_bidi_streams), "streams")?)
+    .congestion_controller_factory(Arc::new(CountedCubic {
+        gauge: o.flight.clone().unwrap_or_default(),
+    }))
+    .max_concurrent_multipath_paths(paths);
     if !o.mtu_discovery {
         t.mtu_discovery_config(None);
     }
