@@ -7,7 +7,7 @@
 //!
 //! Implemented: [`DropTail`] (by packets or bytes), [`Red`] (Floyd–Jacobson, gentle, ns-3
 //! defaults), [`Pie`] (RFC 8033), [`Codel`] (RFC 8289, Linux arithmetic), [`FqCodel`]
-//! (RFC 8290) and [`PidDelay`] (paper 004). [`DisciplineSpec`] names any of them with its
+//! (RFC 8290) and [`PidDelay`] (paper 004, and our stable variant). [`DisciplineSpec`] names any of them with its
 //! parameters, from TOML or a `kind:key=value` string.
 
 mod codel;
@@ -24,7 +24,10 @@ pub mod stability;
 pub use codel::{Codel, CodelParams, CodelQueue, CodelState};
 pub use droptail::DropTail;
 pub use fqcodel::{FqCodel, FqCodelParams};
-pub use piddelay::{Branch, PidController, PidDelay, PidDelayParams};
+pub use piddelay::{
+    Branch, PidController, PidDelay, PidDelayParams, STABLE_KI_PER_KP, STABLE_KP,
+    STABLE_PHASE_MARGIN_DEG, STABLE_TARGET_MS,
+};
 pub use pie::{Pie, PieParams};
 pub use red::{Red, RedParams};
 pub use rng::SplitMix64;
@@ -195,4 +198,11 @@ pub trait QueueDiscipline<T>: Send {
 
     /// The discipline's counters.
     fn stats(&self) -> QueueStats;
+
+    /// The probability with which the discipline currently signals congestion (drops or
+    /// marks) an arriving packet, for disciplines that keep one as their state (PIE's p,
+    /// PID-Delay's U); `None` for the others. The lab traces it.
+    fn signal_probability(&self) -> Option<f64> {
+        None
+    }
 }

@@ -3,7 +3,9 @@
 //! drop probability at enqueue.
 //!
 //! Every choice the paper leaves open is recorded in docs/decisions.md (P1–P10) and cited at
-//! the line that implements it.
+//! the line that implements it. [`PidDelayParams::stable`] is our variant (decision P11):
+//! gains designed for a phase margin on the linearised model, steps scaled by U's magnitude as
+//! PIE does, τ measured as the sojourn time of the packets dequeued, no Algorithm 1 shaping.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +44,13 @@ pub struct PidDelayParams {
     pub limit: usize,
     /// Mark ECN-capable packets instead of dropping while U ≤ 0.1 (decision P9).
     pub ecn: bool,
+    /// τ is the mean sojourn time of the packets dequeued since the last update instead of
+    /// eq. 1's backlog / dequeue rate (decision P11).
+    pub sojourn: bool,
+    /// Scale each ΔU by U's magnitude as PIE's auto-tuning does (RFC 8033 §4.2; decision P11).
+    pub auto_scale: bool,
+    /// Shape ΔU by Algorithm 1 (Z1–Z3, M1, M2); without it every update is eq. 5 as is.
+    pub shaping: bool,
 }
 
 impl Default for PidDelayParams {
@@ -61,9 +70,42 @@ impl Default for PidDelayParams {
             mean_pkt_size: 1500,
             limit: 1000,
             ecn: false,
+            sojourn: false,
+            auto_scale: false,
+            shaping: true,
         }
     }
 }
+
+impl PidDelayParams {
+    /// The stable variant (decision P11): a PI controller (K_d = 0) whose gains keep a phase
+    /// margin of at least [`STABLE_PHASE_MARGIN_DEG`] on the linearised model at the operating
+    /// points of `qgate lab aqm` once scaled by PIE's auto-tuning, sojourn-time τ, no Algorithm 1
+    /// shaping, ECN marking for ECN-capable packets.
+    pub fn stable() -> Self {
+        PidDelayParams {
+            kp: STABLE_KP,
+            ki: STABLE_KP * STABLE_KI_PER_KP,
+            kd: 0.0,
+            target: Duration::from_millis(STABLE_TARGET_MS),
+            ecn: true,
+            sojourn: true,
+            auto_scale: true,
+            shaping: false,
+            ..PidDelayParams::default()
+        }
+    }
+}
+
+/// The phase margin the stable variant's gains are designed for, degrees.
+pub const STABLE_PHASE_MARGIN_DEG: f64 = 45.0;
+/// The stable variant's K_p (per second of error, before auto-scaling).
+pub const STABLE_KP: f64 = 0.5;
+/// The stable variant's K_i / K_p: puts the PI zero at K_i / (K_p·T) = 1.3 rad/s, near the
+/// loop's crossover at the long-RTT point, so the integral costs little phase there.
+pub const STABLE_KI_PER_KP: f64 = 0.02;
+/// The stable variant's τ0, ms.
+pub const STABLE_TARGET_MS: u64 = 3;
 
 /// Which branch of Algorithm 1 shaped an update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +146,17 @@ impl PidController {
         }
     }
 
+    /// Whether the last two errors put τ below τ0/2.
+    fn below_half_target(&self) -> bool {
+        let low = -self.p.target.as_secs_f64() / 2.0;
+        self.o1 < low && self.o2 < low
+    }
+
     /// Feed the error o(t_i) in seconds; returns ΔU applied and the branch taken.
     pub fn update(&mut self, o: f64) -> (f64, Branch) {
+        if !self.p.shaping {
+            return self.update_plain(o);
+        }
         let p = &self.p;
         let (m1, m2) = (p.m1.as_secs_f64(), p.m2.as_secs_f64());
         let d_o = o - self.o1; // ΔO(t_i)
@@ -131,12 +182,39 @@ impl PidController {
             (1.0, true, Branch::Plain)
         };
         let delta = scale * (prop + deriv + if with_integral { integ } else { 0.0 });
+        (self.apply(delta, o), branch)
+    }
+
+    /// Eq. 5 without Algorithm 1 (the stable variant).
+    fn update_plain(&mut self, o: f64) -> (f64, Branch) {
+        let p = &self.p;
+        let delta = p.kp * (o - self.o1) + p.ki * o + p.kd * (o - 2.0 * self.o1 + self.o2);
+        (self.apply(delta, o), Branch::Plain)
+    }
+
+    /// Scale ΔU when auto-scaling (decision P11), add it to U, shift the error history;
+    /// returns the ΔU applied.
+    fn apply(&mut self, delta: f64, o: f64) -> f64 {
+        let mut delta = delta;
+        if self.p.auto_scale {
+            // Decision P11, PIE's safeguards (RFC 8033 §4.2): the step scaled to U's
+            // magnitude, at most +2 % per update above 10 %, and a 2 % decay per update while
+            // the delay has stayed below τ0/2 for two updates (PIE: while the queue is empty),
+            // so that U built by a start-up burst does not linger at the integral's pace.
+            delta *= crate::pie::auto_tune_scale(self.u);
+            if self.u >= 0.1 && delta > 0.02 {
+                delta = 0.02;
+            }
+        }
         // Decision P5: U is clamped to [0, 1] after each step, which stops integration at the
         // limits (anti-windup by clamping).
         self.u = (self.u + delta).clamp(0.0, 1.0);
         self.o2 = self.o1;
         self.o1 = o;
-        (delta, branch)
+        if self.p.auto_scale && self.below_half_target() {
+            self.u *= 0.98;
+        }
+        delta
     }
 }
 
@@ -174,13 +252,22 @@ impl DequeueRate {
     }
 }
 
+/// The sojourn times of the packets dequeued since the last controller update (decision P11).
+#[derive(Debug, Clone, Copy, Default)]
+struct SojournSum {
+    total: Duration,
+    packets: u32,
+}
+
 /// PID-Delay.
 #[derive(Debug)]
 pub struct PidDelay<T> {
+    name: &'static str,
     p: PidDelayParams,
     q: CountedFifo<T>,
     ctl: PidController,
     rate: DequeueRate,
+    sojourns: SojournSum,
     next_update: Option<Instant>,
     tau: Duration,
     rng: SplitMix64,
@@ -189,11 +276,22 @@ pub struct PidDelay<T> {
 impl<T> PidDelay<T> {
     /// PID-Delay with `params`, random choices from `seed`.
     pub fn new(params: PidDelayParams, seed: u64) -> Self {
+        Self::named("pid-delay", params, seed)
+    }
+
+    /// The stable variant's discipline (named `pid-delay-stable`) with `params`.
+    pub fn stable(params: PidDelayParams, seed: u64) -> Self {
+        Self::named("pid-delay-stable", params, seed)
+    }
+
+    fn named(name: &'static str, params: PidDelayParams, seed: u64) -> Self {
         PidDelay {
+            name,
             p: params,
             q: CountedFifo::default(),
             ctl: PidController::new(params),
             rate: DequeueRate::default(),
+            sojourns: SojournSum::default(),
             next_update: None,
             tau: Duration::ZERO,
             rng: SplitMix64::new(seed),
@@ -205,7 +303,7 @@ impl<T> PidDelay<T> {
         self.ctl.u
     }
 
-    /// τ at the last update (eq. 1).
+    /// τ at the last update (eq. 1, or the sojourn time).
     pub fn queue_delay(&self) -> Duration {
         self.tau
     }
@@ -220,9 +318,20 @@ impl<T> PidDelay<T> {
     fn catch_up(&mut self, now: Instant) {
         let mut next = *self.next_update.get_or_insert(now + self.p.period);
         while now >= next {
-            // Eq. 1 with the current backlog (decision P7). With no rate estimate yet and a
-            // non-empty queue there is no delay measurement: skip, as Linux PIE does.
-            if self.rate.avg > 0.0 || self.q.fifo.bytes == 0 {
+            if self.p.sojourn {
+                // Decision P11: the mean sojourn of the packets that left in the period; with
+                // none, how long the head has waited so far (0 when the queue is empty).
+                let s = std::mem::take(&mut self.sojourns);
+                self.tau = match (s.packets, self.q.fifo.packets.front()) {
+                    (0, Some(head)) => head.sojourn(next),
+                    (0, None) => Duration::ZERO,
+                    (n, _) => s.total / n,
+                };
+                self.ctl
+                    .update(self.tau.as_secs_f64() - self.p.target.as_secs_f64());
+            } else if self.rate.avg > 0.0 || self.q.fifo.bytes == 0 {
+                // Eq. 1 with the current backlog (decision P7). With no rate estimate yet and a
+                // non-empty queue there is no delay measurement: skip, as Linux PIE does.
                 let tau = if self.q.fifo.bytes == 0 {
                     0.0
                 } else {
@@ -240,7 +349,7 @@ impl<T> PidDelay<T> {
 
 impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
     fn name(&self) -> &'static str {
-        "pid-delay"
+        self.name
     }
 
     fn enqueue(
@@ -259,7 +368,10 @@ impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
         let mut packet = packet;
         let u = self.ctl.u;
         let room = self.q.fifo.bytes + packet.size <= 2 * self.p.mean_pkt_size;
-        if !room && u > 0.0 && self.rng.next_f64() < u {
+        // Decision P11: with auto-scaling, as PIE (RFC 8033 §5.1), no early drop while the
+        // last two delay measurements were below τ0/2 and U < 0.2.
+        let low = self.p.auto_scale && self.ctl.below_half_target() && u < 0.2;
+        if !room && !low && u > 0.0 && self.rng.next_f64() < u {
             // Decision P9: mark instead while U ≤ 0.1.
             match self.q.signal(packet, self.p.ecn && u <= 0.1, dropped) {
                 Ok(p) => {
@@ -276,8 +388,13 @@ impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
     fn dequeue(&mut self, now: Instant, _dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
         self.catch_up(now);
         let p = self.q.depart()?;
-        self.rate
-            .on_dequeue(now, p.size, self.q.fifo.bytes, self.p.dq_threshold);
+        if self.p.sojourn {
+            self.sojourns.total += p.sojourn(now);
+            self.sojourns.packets = self.sojourns.packets.saturating_add(1);
+        } else {
+            self.rate
+                .on_dequeue(now, p.size, self.q.fifo.bytes, self.p.dq_threshold);
+        }
         Some(p)
     }
 
@@ -288,11 +405,16 @@ impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
     fn stats(&self) -> QueueStats {
         self.q.stats
     }
+
+    fn signal_probability(&self) -> Option<f64> {
+        Some(self.ctl.u)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Ecn;
 
     const MS: f64 = 0.001;
 
@@ -427,5 +549,127 @@ mod tests {
         assert!(mean > 0.025 && mean < 0.3, "mean sojourn {mean} s");
         assert!(q.stats().dropped_aqm > 0);
         assert_eq!(q.stats().dropped_overflow, 0);
+    }
+
+    /// Drive a queue with arrivals every `gap` and departures every 1.2 ms (10 Mbit/s of
+    /// 1500-byte packets) from `from` to `to`; returns the sojourns of the departures.
+    fn drive(
+        q: &mut PidDelay<()>,
+        t0: Instant,
+        from: Duration,
+        to: Duration,
+        gap: Duration,
+        ecn: Ecn,
+    ) -> Vec<f64> {
+        let service = Duration::from_micros(1200);
+        let mut d = Vec::new();
+        let (mut t_arr, mut t_srv) = (from, from);
+        let mut sojourns = Vec::new();
+        while t_arr < to {
+            while t_srv <= t_arr {
+                if let Some(p) = q.dequeue(t0 + t_srv, &mut d) {
+                    sojourns.push(p.sojourn(t0 + t_srv).as_secs_f64());
+                }
+                t_srv += service;
+            }
+            let mut p = Packet::new(1500, 0, ());
+            p.ecn = ecn;
+            q.enqueue(t0 + t_arr, p, &mut d);
+            t_arr += gap;
+        }
+        sojourns
+    }
+
+    /// The stable variant measures τ as the mean sojourn of the packets that left in the
+    /// period, holds an overload near τ0 with integral action, and lets U fall back quickly
+    /// once the overload ends (PIE's decay) instead of at the integral's pace.
+    #[test]
+    fn stable_variant_holds_overload_and_unwinds_after_it() {
+        let mut q = PidDelay::stable(
+            PidDelayParams {
+                ecn: false,
+                ..PidDelayParams::stable()
+            },
+            5,
+        );
+        assert_eq!(QueueDiscipline::<()>::name(&q), "pid-delay-stable");
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let over = drive(
+            &mut q,
+            t0,
+            s(0),
+            s(30),
+            Duration::from_micros(800),
+            Ecn::NotEct,
+        );
+        let tail = &over[over.len() / 2..];
+        let mean = tail.iter().sum::<f64>() / tail.len() as f64;
+        assert!(mean < 0.02, "mean sojourn {mean} s under 1.5× overload");
+        let u = q.drop_probability();
+        // A third must go; packets are spared while ≤ 2 are queued, so U ends above 1/3.
+        assert!(u > 0.25 && u < 0.8, "U {u} for a 1/3 excess");
+        // The measured τ is a sojourn: within the range the departures saw.
+        let tau = q.queue_delay().as_secs_f64();
+        assert!(tau <= tail.iter().cloned().fold(0.0, f64::max), "{tau}");
+        // Load falls to half the service rate: the queue empties and U decays by 2 % per
+        // update, ×0.98^66 ≈ 0.26 a second, far faster than K_i·o would take it down.
+        drive(
+            &mut q,
+            t0,
+            s(30),
+            s(32),
+            Duration::from_micros(2400),
+            Ecn::NotEct,
+        );
+        assert!(
+            q.drop_probability() < u * 0.1,
+            "{} after {u}",
+            q.drop_probability()
+        );
+        assert!(
+            q.queue_delay() < Duration::from_millis(3),
+            "{:?}",
+            q.queue_delay()
+        );
+    }
+
+    /// With ECN on (the stable variant's default) and U ≤ 10 %, an ECN-capable packet the
+    /// controller picks is marked and queued; a not-ECT one is dropped.
+    #[test]
+    fn stable_variant_marks_ecn_capable_packets() {
+        let t0 = Instant::now();
+        for ecn in [Ecn::Ect0, Ecn::NotEct] {
+            let mut q = PidDelay::stable(PidDelayParams::stable(), 9);
+            let mut d = Vec::new();
+            for _ in 0..4 {
+                q.enqueue(t0, Packet::new(1500, 0, ()), &mut d);
+            }
+            // U = 5 %, τ at τ0 (so the below-τ0/2 rule does not spare packets).
+            q.ctl.u = 0.05;
+            q.ctl.o1 = 0.0;
+            q.ctl.o2 = 0.0;
+            let (mut marked, mut dropped) = (0, 0);
+            for _ in 0..2000 {
+                let mut p = Packet::new(1500, 0, ());
+                p.ecn = ecn;
+                match q.enqueue(t0, p, &mut d) {
+                    Verdict::Marked => marked += 1,
+                    Verdict::Dropped(_) => {
+                        dropped += 1;
+                        continue;
+                    }
+                    Verdict::Enqueued => {}
+                }
+                q.dequeue(t0, &mut d); // keep 4 packets queued: above the 2-packet floor
+            }
+            let signalled = if ecn == Ecn::Ect0 { marked } else { dropped };
+            let other = if ecn == Ecn::Ect0 { dropped } else { marked };
+            assert!(
+                (60..140).contains(&signalled),
+                "{ecn:?}: {marked} {dropped}"
+            );
+            assert_eq!(other, 0, "{ecn:?}");
+        }
     }
 }

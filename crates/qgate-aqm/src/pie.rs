@@ -48,6 +48,24 @@ impl Default for PieParams {
     }
 }
 
+/// RFC 8033 §4.2 auto-tuning: the factor a probability step is scaled by when the
+/// probability is `p`, so that the step stays proportionate to p's magnitude (1/2048 below
+/// 10⁻⁶, rising 4× per decade to 1 from 10 %). PID-Delay's stable variant scales the same way.
+pub(crate) fn auto_tune_scale(p: f64) -> f64 {
+    const DIVISORS: [(f64, f64); 6] = [
+        (1e-6, 2048.0),
+        (1e-5, 512.0),
+        (1e-4, 128.0),
+        (1e-3, 32.0),
+        (1e-2, 8.0),
+        (1e-1, 2.0),
+    ];
+    DIVISORS
+        .iter()
+        .find(|(limit, _)| p < *limit)
+        .map_or(1.0, |(_, d)| 1.0 / d)
+}
+
 /// PIE.
 #[derive(Debug)]
 pub struct Pie<T> {
@@ -98,19 +116,7 @@ impl<T> Pie<T> {
         let (q, q_old) = (self.qdelay.as_secs_f64(), self.qdelay_old.as_secs_f64());
         let target = self.p.target.as_secs_f64();
         let mut delta = self.p.alpha * (q - target) + self.p.beta * (q - q_old);
-        // Auto-tuning: scale the step to the probability's magnitude (RFC 8033 §4.2).
-        let divisor = [
-            (1e-6, 2048.0),
-            (1e-5, 512.0),
-            (1e-4, 128.0),
-            (1e-3, 32.0),
-            (1e-2, 8.0),
-            (1e-1, 2.0),
-        ]
-        .iter()
-        .find(|(limit, _)| self.prob < *limit)
-        .map_or(1.0, |(_, d)| *d);
-        delta /= divisor;
+        delta *= auto_tune_scale(self.prob);
         // Above 10 %, never raise p by more than 2 % per update.
         if self.prob >= 0.1 && delta > 0.02 {
             delta = 0.02;
@@ -206,6 +212,10 @@ impl<T: Send> QueueDiscipline<T> for Pie<T> {
 
     fn stats(&self) -> QueueStats {
         self.q.stats
+    }
+
+    fn signal_probability(&self) -> Option<f64> {
+        Some(self.prob)
     }
 }
 

@@ -160,6 +160,37 @@ pub enum DisciplineSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ecn: Option<bool>,
     },
+    /// PID-Delay's stable variant (decision P11): designed gains, PIE-style scaling, sojourn
+    /// time; defaults from `PidDelayParams::stable()`.
+    PidDelayStable {
+        /// Packet limit (1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+        /// τ0, ms (`STABLE_TARGET_MS`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_ms: Option<f64>,
+        /// Controller period, ms (15).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        period_ms: Option<f64>,
+        /// K_p (`STABLE_KP`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kp: Option<f64>,
+        /// K_i (`STABLE_KP × STABLE_KI_PER_KP`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ki: Option<f64>,
+        /// K_d (0).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kd: Option<f64>,
+        /// Mark ECN-capable packets while U ≤ 10 % (true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ecn: Option<bool>,
+        /// τ from sojourn times (true) or eq. 1's backlog / dequeue rate (false).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sojourn: Option<bool>,
+        /// Scale ΔU by U's magnitude as PIE does (true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auto_scale: Option<bool>,
+    },
 }
 
 impl Default for DisciplineSpec {
@@ -193,6 +224,9 @@ pub struct SpecError {
 /// Most FQ-CoDel flow buckets (Linux's limit for `fq_codel flows`).
 const MAX_FLOWS: usize = 65_536;
 
+/// The shortest update period of PIE and PID-Delay, ms.
+const MIN_PERIOD_MS: f64 = 1.0;
+
 /// The longest time a discipline parameter may name, ms (an hour).
 const MAX_MS: f64 = 3_600_000.0;
 
@@ -202,8 +236,15 @@ fn ms(v: Option<f64>, default: Duration) -> Duration {
 
 impl DisciplineSpec {
     /// The names accepted as `kind`.
-    pub const KINDS: &'static [&'static str] =
-        &["droptail", "red", "pie", "codel", "fq-codel", "pid-delay"];
+    pub const KINDS: &'static [&'static str] = &[
+        "droptail",
+        "red",
+        "pie",
+        "codel",
+        "fq-codel",
+        "pid-delay",
+        "pid-delay-stable",
+    ];
 
     /// The discipline's name.
     pub fn kind(&self) -> &'static str {
@@ -214,6 +255,7 @@ impl DisciplineSpec {
             DisciplineSpec::Codel { .. } => "codel",
             DisciplineSpec::FqCodel { .. } => "fq-codel",
             DisciplineSpec::PidDelay { .. } => "pid-delay",
+            DisciplineSpec::PidDelayStable { .. } => "pid-delay-stable",
         }
     }
 
@@ -254,6 +296,14 @@ impl DisciplineSpec {
                 )))
             }
             _ => Ok(()),
+        };
+        // A controller runs every update that came due at each packet, so a period of
+        // nanoseconds would make one packet after an idle second cost 10⁹ updates.
+        let period = |name: &str, v: Option<f64>| match v {
+            Some(x) if x.is_finite() && x < MIN_PERIOD_MS => Err(err(format!(
+                "{name} must be at least {MIN_PERIOD_MS} ms, got {x}"
+            ))),
+            _ => time(name, v, false),
         };
         let at_least_one = |name: &str, v: Option<usize>| match v {
             Some(0) => Err(err(format!("{name} must be at least 1"))),
@@ -301,7 +351,7 @@ impl DisciplineSpec {
             } => {
                 at_least_one("limit", *limit)?;
                 time("target_ms", *target_ms, false)?;
-                time("t_update_ms", *t_update_ms, false)?;
+                period("t_update_ms", *t_update_ms)?;
                 nonneg("alpha", *alpha)?;
                 nonneg("beta", *beta)?;
                 time("max_burst_ms", *max_burst_ms, true)
@@ -353,7 +403,7 @@ impl DisciplineSpec {
             } => {
                 at_least_one("limit", *limit)?;
                 time("target_ms", *target_ms, false)?;
-                time("period_ms", *period_ms, false)?;
+                period("period_ms", *period_ms)?;
                 for (n, v) in [
                     ("kp", kp),
                     ("ki", ki),
@@ -369,6 +419,23 @@ impl DisciplineSpec {
                 let d = PidDelayParams::default();
                 if ms(*m2_ms, d.m2) >= ms(*m1_ms, d.m1) {
                     return Err(err("m2_ms must be below m1_ms (paper 004: M2 < M1)".into()));
+                }
+                Ok(())
+            }
+            DisciplineSpec::PidDelayStable {
+                limit,
+                target_ms,
+                period_ms,
+                kp,
+                ki,
+                kd,
+                ..
+            } => {
+                at_least_one("limit", *limit)?;
+                time("target_ms", *target_ms, false)?;
+                period("period_ms", *period_ms)?;
+                for (n, v) in [("kp", kp), ("ki", ki), ("kd", kd)] {
+                    nonneg(n, *v)?;
                 }
                 Ok(())
             }
@@ -515,6 +582,34 @@ impl DisciplineSpec {
                     ctx.seed,
                 ))
             }
+            DisciplineSpec::PidDelayStable {
+                limit,
+                target_ms,
+                period_ms,
+                kp,
+                ki,
+                kd,
+                ecn,
+                sojourn,
+                auto_scale,
+            } => {
+                let d = PidDelayParams::stable();
+                Box::new(PidDelay::stable(
+                    PidDelayParams {
+                        limit: lim(limit),
+                        target: ms(*target_ms, d.target),
+                        period: ms(*period_ms, d.period),
+                        kp: kp.unwrap_or(d.kp),
+                        ki: ki.unwrap_or(d.ki),
+                        kd: kd.unwrap_or(d.kd),
+                        ecn: ecn.unwrap_or(d.ecn),
+                        sojourn: sojourn.unwrap_or(d.sojourn),
+                        auto_scale: auto_scale.unwrap_or(d.auto_scale),
+                        ..d
+                    },
+                    ctx.seed,
+                ))
+            }
         }
     }
 }
@@ -533,6 +628,7 @@ impl FromStr for DisciplineSpec {
             "drop-tail" => "droptail",
             "fqcodel" | "fq_codel" => "fq-codel",
             "pid" | "piddelay" | "pid_delay" => "pid-delay",
+            "pid-stable" | "pid_delay_stable" => "pid-delay-stable",
             k => k,
         };
         if !Self::KINDS.contains(&kind) {
@@ -592,6 +688,8 @@ mod tests {
             "codel:interval_ms=50",
             "fq-codel:quantum=300",
             "pid-delay:target_ms=10",
+            "pid-delay-stable",
+            "pid-delay-stable:auto_scale=false,kp=0.2,sojourn=false",
         ] {
             let spec: DisciplineSpec = s.parse().unwrap();
             let again: DisciplineSpec = spec.to_string().parse().unwrap();
@@ -629,6 +727,16 @@ mod tests {
                 "max_burst_ms must be a non-negative number",
             ),
             ("pid-delay:m1_ms=5", "m2_ms must be below m1_ms"),
+            (
+                "pid-delay:period_ms=0.000001",
+                "period_ms must be at least 1 ms",
+            ),
+            (
+                "pid-delay-stable:period_ms=0.5",
+                "period_ms must be at least 1 ms",
+            ),
+            ("pie:t_update_ms=0.01", "t_update_ms must be at least 1 ms"),
+            ("pid-delay-stable:kp=-1", "kp must be a non-negative number"),
             ("codel:target_ms", "'target_ms' is not key=value"),
             (
                 "fq-codel:ecn=maybe",

@@ -70,6 +70,25 @@ pub fn open_loop(p: &PidDelayParams, op: &OperatingPoint, scale: f64, w: f64) ->
     (mag, phase)
 }
 
+impl OperatingPoint {
+    /// The drop probability at which N Reno-like flows fill this link (the fluid model's
+    /// equilibrium, p0 = 2N²/(R²C²), at most 1).
+    pub fn equilibrium_drop_probability(&self) -> f64 {
+        let (n, r, c) = (self.flows, self.rtt, self.capacity_pps);
+        (2.0 * n * n / (r * r * c * c)).min(1.0)
+    }
+}
+
+/// The factor the gains are multiplied by at `op`: 1 for the paper's scheme; for a controller
+/// that auto-scales (decision P11), PIE's factor at the equilibrium drop probability.
+pub fn gain_scale(p: &PidDelayParams, op: &OperatingPoint) -> f64 {
+    if p.auto_scale {
+        crate::pie::auto_tune_scale(op.equilibrium_drop_probability())
+    } else {
+        1.0
+    }
+}
+
 /// Find the margins by scanning ω from 10⁻³ to 10⁴ rad/s and refining each crossing.
 pub fn margins(p: &PidDelayParams, op: &OperatingPoint, scale: f64) -> Margins {
     let steps = 40_000;
@@ -164,6 +183,53 @@ mod tests {
             ((a * (1.0 + (10.0 * r).cos())).powi(2) + (10.0 - a * (10.0 * r).sin()).powi(2)).sqrt();
         let p1 = ((1.0 / r).powi(2) + 100.0).sqrt();
         assert!((mag - pid * c / (2.0 * n) / (p1 * p2)).abs() < 1e-9);
+    }
+
+    /// The operating points of `qgate lab aqm` (lab/plans/paper004-aqm.toml): 10 Mbit/s, 10
+    /// flows, 50 + 1 ms; 50 Mbit/s, 30 flows, 20 + 1 ms; 5 Mbit/s, 5 flows, 100 + 1 ms; R
+    /// includes the stable variant's τ0.
+    fn lab_points(target_s: f64) -> [OperatingPoint; 3] {
+        [(10.0, 10.0, 0.051), (50.0, 30.0, 0.021), (5.0, 5.0, 0.101)].map(|(mbps, n, d)| {
+            OperatingPoint {
+                capacity_pps: mbps * 1e6 / (1440.0 * 8.0),
+                flows: n,
+                rtt: 2.0 * d + target_s,
+            }
+        })
+    }
+
+    #[test]
+    fn the_stable_variant_keeps_its_phase_margin_at_the_lab_points() {
+        let p = PidDelayParams::stable();
+        for op in lab_points(p.target.as_secs_f64()) {
+            let m = margins(&p, &op, gain_scale(&p, &op));
+            let pm = m.phase_margin_deg.expect("a gain crossover");
+            assert!(pm >= crate::STABLE_PHASE_MARGIN_DEG, "{op:?}: {pm}°");
+            assert!(m.gain_margin_db.is_none_or(|g| g > 0.0), "{op:?}: {m:?}");
+        }
+        // Twice the gains lose the margin somewhere: the design is not slack everywhere.
+        let doubled = PidDelayParams {
+            kp: 2.0 * p.kp,
+            ki: 2.0 * p.ki,
+            ..p
+        };
+        let worst = lab_points(p.target.as_secs_f64())
+            .iter()
+            .map(|op| {
+                margins(&doubled, op, gain_scale(&doubled, op))
+                    .phase_margin_deg
+                    .unwrap_or(180.0)
+            })
+            .fold(f64::INFINITY, f64::min);
+        assert!(worst < crate::STABLE_PHASE_MARGIN_DEG, "{worst}");
+    }
+
+    #[test]
+    fn table_ii_gains_are_unstable_at_the_papers_point() {
+        let p = PidDelayParams::default();
+        let op = lab_points(p.target.as_secs_f64())[0];
+        assert_eq!(gain_scale(&p, &op), 1.0);
+        assert!(margins(&p, &op, 1.0).phase_margin_deg.unwrap() < 0.0);
     }
 
     #[test]

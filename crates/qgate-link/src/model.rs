@@ -312,6 +312,12 @@ impl<P: Send + 'static> LinkModel<P> {
         self.queue.stats()
     }
 
+    /// The queue discipline's congestion-signal probability (PIE's p, PID-Delay's U), if it
+    /// keeps one.
+    pub fn signal_probability(&self) -> Option<f64> {
+        self.queue.signal_probability()
+    }
+
     /// What is queued now (not counting the packet being transmitted).
     pub fn backlog(&self) -> Backlog {
         self.queue.backlog()

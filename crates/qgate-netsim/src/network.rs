@@ -541,6 +541,14 @@ impl Network {
             .queue_stats()
     }
 
+    /// The congestion-signal probability of one direction's queue discipline (PIE's p,
+    /// PID-Delay's U), if it keeps one.
+    pub fn signal_probability(&self, link: LinkId, dir: Direction) -> Option<f64> {
+        self.lock().links[link.0].dirs[dir.index()]
+            .model
+            .signal_probability()
+    }
+
     /// Packets queued, being transmitted or on the wire, across the network.
     pub fn in_flight(&self) -> usize {
         let st = self.lock();

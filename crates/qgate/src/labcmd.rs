@@ -26,7 +26,8 @@ pub enum Lab {
     /// datagrams; accepted, delivered, lost (must be 0), duplicated, recovery times
     /// (results/faults/).
     Faults(FaultsArgs),
-    /// Gain and phase margins of PID-Delay's gains on the linearised model (paper 004 §III).
+    /// Gain and phase margins on the linearised model (paper 004 §III) of PID-Delay's Table II
+    /// gains and of the stable variant's designed gains.
     Margins(MarginArgs),
     /// Paper 002: initial congestion window from history (runs the shipped plans
     /// lab/plans/paper002-*.toml into results/history/).
@@ -283,8 +284,9 @@ pub fn run(which: Lab) -> Result<(), Failure> {
                 ..base
             };
             println!(
-                "{}",
-                aqm_report::margins_md(&cfg, &PidDelayParams::default())
+                "## pid-delay (paper 004, Table II)\n\n{}\n\n## pid-delay-stable (decision P11)\n\n{}",
+                aqm_report::margins_md(&cfg, &PidDelayParams::default()),
+                aqm_report::margins_md(&cfg, &PidDelayParams::stable())
             );
             Ok(())
         }

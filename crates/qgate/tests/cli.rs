@@ -384,6 +384,13 @@ fn lab_margins_prints_the_table() {
         out.contains("phase margin") && out.contains("Table II (×1)"),
         "{out}"
     );
+    // The stable variant's row, with its auto-scaling factor, and its phase margin ≥ 45°.
+    let row = out
+        .lines()
+        .find(|l| l.contains("PIE's auto-scaling"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let pm: f64 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
+    assert!(pm >= 45.0, "{row}");
 }
 
 #[test]

@@ -15,6 +15,9 @@ use crate::plan::spec::{Plan, Workload};
 use crate::plan::{Loaded, PlanError, Variant};
 use crate::stats::Summary;
 
+/// The scheme name of PID-Delay's stable variant in the plan (decision P11).
+pub const STABLE: &str = "pid-delay-stable";
+
 /// The shipped disciplines plan.
 pub const PLAN: &str = include_str!("../../../../lab/plans/paper004-aqm.toml");
 /// Its path in the repository.
@@ -126,6 +129,10 @@ pub fn run_result(v: &Variant, r: &Record) -> RunResult {
         aqm_drops: get("aqm_drops").unwrap_or(0.0) as u64,
         random_losses: get("random_losses").unwrap_or(0.0) as u64,
         received_packets: get("delivered_packets").unwrap_or(0.0) as u64,
+        signal_probability: (
+            get("drop_probability").unwrap_or(nan),
+            get("drop_probability_std").unwrap_or(nan),
+        ),
     }
 }
 
@@ -177,9 +184,21 @@ pub fn sections(
         seeds.dedup();
         let cfg = config(&first.plan, seeds)?;
         let runs: Vec<RunResult> = at.iter().map(|(v, r)| run_result(v, r)).collect();
+        // The paper's comparison covers the paper's six; the stable variant has its own section.
+        let paper: Vec<RunResult> = runs
+            .iter()
+            .filter(|r| r.discipline != STABLE)
+            .cloned()
+            .collect();
         let margins = paper004_report::margins_md(&cfg, &PidDelayParams::default());
         let sw: &[(f64, Aggregate)] = if k == 0 { &sweep } else { &[] };
-        out.push_str(&paper004_report::paper_sections(&cfg, &runs, sw, &margins));
+        out.push_str(&paper004_report::paper_sections(&cfg, &paper, sw, &margins));
+        if paper.len() < runs.len() {
+            let stable = paper004_report::margins_md(&cfg, &PidDelayParams::stable());
+            out.push_str(&paper004_report::stable_section(
+                &cfg, &runs, STABLE, &stable,
+            ));
+        }
     }
     Ok(out)
 }
@@ -189,7 +208,7 @@ mod tests {
     #[test]
     fn the_shipped_plans_parse_and_describe_the_paper_point() {
         let p = super::plan().unwrap();
-        assert_eq!(p.scheme_names().len(), 6);
+        assert_eq!(p.scheme_names().len(), 7);
         let cfg = super::config(&p.plan, vec![1]).unwrap();
         assert_eq!(
             (

@@ -31,6 +31,9 @@ pub struct Aggregate {
     pub received: Summary,
     /// AQM drops per run.
     pub aqm_drops: Summary,
+    /// Per run, the mean and the std dev of the signal probability's 10 ms samples (NaN for
+    /// disciplines without one).
+    pub signal_probability: (Summary, Summary),
 }
 
 /// Aggregate runs by discipline, in the order they first appear.
@@ -69,6 +72,10 @@ pub fn aggregate(results: &[RunResult]) -> Vec<Aggregate> {
                 lost: col(&|r| (r.queue_drops + r.random_losses) as f64),
                 received: col(&|r| r.received_packets as f64),
                 aqm_drops: col(&|r| r.aqm_drops as f64),
+                signal_probability: (
+                    col(&|r| r.signal_probability.0),
+                    col(&|r| r.signal_probability.1),
+                ),
             }
         })
         .collect()
@@ -291,17 +298,141 @@ fn interpretation(
         "- **Queue-delay spread.** PID-Delay's packet-level std ({:.2} ms) is of the paper's order (2.75 ms); its mean ({:.2} ms) is above the paper's 0.62 ms because τ0 is 5 ms here (the sweep shows the mean follows τ0).",
         pid.qdelay_std, pid.qdelay_mean.mean
     );
+    let u = (pid.signal_probability.0.mean, pid.signal_probability.1.mean);
+    let pie_u = (pie.signal_probability.0.mean, pie.signal_probability.1.mean);
     let _ = writeln!(
         s,
-        "- **Stability.** The linear model says Table II's gains (errors in seconds) are far past the stability limit, where the paper reports a 49° phase margin from its eq. 18. In simulation the loop stays bounded (PID-Delay queue delay {:.2} ± {:.2} ms packet-level): U is clamped to [0, 1] and Algorithm 1 removes the integral above τ0 + M1, so the linear instability cannot show as divergence. We have not traced U itself; whether it oscillates at the 15 ms period is an open measurement.",
-        pid.qdelay_mean.mean, pid.qdelay_std
+        "- **Stability.** The linear model says Table II's gains (errors in seconds) are far past the stability limit, where the paper reports a 49° phase margin from its eq. 18. In simulation the loop stays bounded (PID-Delay queue delay {:.2} ± {:.2} ms packet-level): U is clamped to [0, 1] and Algorithm 1 removes the integral above τ0 + M1, so the linear instability cannot show as divergence. It shows as jitter in U instead: sampled every 10 ms, U has mean {:.5} and standard deviation {:.5} ({:.1}× its mean; PIE's: {:.1}×).",
+        pid.qdelay_mean.mean, pid.qdelay_std, u.0, u.1, u.1 / u.0, pie_u.1 / pie_u.0
     );
     s
 }
 
-/// The stability margins of PID-Delay's gains at the operating point of `cfg`, as Markdown.
+/// Utilisation a discipline must keep for its queue delay to count (issue 16's goal).
+pub const MIN_UTILISATION: f64 = 0.95;
+
+/// The stable variant's section for one operating point: every discipline's utilisation,
+/// queue delay and signal probability, where `stable` ranks, and its stability margins.
+pub fn stable_section(
+    cfg: &AqmConfig,
+    results: &[RunResult],
+    stable: &str,
+    margins: &str,
+) -> String {
+    let aggs = aggregate(results);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## The stable variant ({stable}, decision P11) — {}\n",
+        cfg.label
+    );
+    let _ = writeln!(s, "Every discipline at this point, the stable variant included. U is the discipline's drop (or mark) probability, sampled every 10 ms after the warm-up: its mean, and its standard deviation across those samples averaged over the seeds (an oscillating controller shows a std of the order of its mean). n = {} seeds.\n", cfg.seeds.len());
+    let _ = writeln!(s, "| discipline | utilisation % | queue delay mean ms | queue delay p99 ms | AQM drops | U mean | U std (10 ms samples) |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for a in &aggs {
+        let (um, us) = &a.signal_probability;
+        let ufmt = |x: &Summary| {
+            if x.mean.is_finite() {
+                format!("{:.5}", x.mean)
+            } else {
+                "–".into()
+            }
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {:.0} | {} | {} |",
+            a.discipline,
+            fmt_s(
+                &Summary {
+                    mean: a.utilisation.mean * 100.0,
+                    std: a.utilisation.std * 100.0,
+                    n: a.utilisation.n
+                },
+                1
+            ),
+            fmt_s(&a.qdelay_mean, 2),
+            a.qdelay_p99,
+            a.aqm_drops.mean,
+            ufmt(um),
+            ufmt(us)
+        );
+    }
+    let Some(me) = aggs.iter().find(|a| a.discipline == stable) else {
+        return s;
+    };
+    let util_ok = me.utilisation.mean >= MIN_UTILISATION;
+    let mut by_delay: Vec<&Aggregate> = aggs.iter().collect();
+    by_delay.sort_by(|a, b| a.qdelay_mean.mean.total_cmp(&b.qdelay_mean.mean));
+    let rank = by_delay
+        .iter()
+        .position(|a| a.discipline == stable)
+        .unwrap_or(0)
+        + 1;
+    let lower: Vec<String> = by_delay
+        .iter()
+        .take_while(|a| a.discipline != stable)
+        .map(|a| {
+            format!(
+                "{} {:.2} ms at {:.1} % utilisation",
+                a.discipline,
+                a.qdelay_mean.mean,
+                a.utilisation.mean * 100.0
+            )
+        })
+        .collect();
+    let best_ok = by_delay
+        .iter()
+        .find(|a| a.utilisation.mean >= MIN_UTILISATION)
+        .map(|a| a.discipline.as_str());
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "- **Goal: utilisation ≥ {:.0} %** — {stable} {:.1} %: {}.",
+        MIN_UTILISATION * 100.0,
+        me.utilisation.mean * 100.0,
+        if util_ok { "met" } else { "**missed**" }
+    );
+    let _ = writeln!(
+        s,
+        "- **Goal: lowest mean queue delay** — {stable} {:.2} ms ranks {rank} of {}{}. Lowest among the disciplines that keep ≥ {:.0} % utilisation: {}.",
+        me.qdelay_mean.mean,
+        aggs.len(),
+        if lower.is_empty() {
+            String::new()
+        } else {
+            format!(" (below it: {})", lower.join("; "))
+        },
+        MIN_UTILISATION * 100.0,
+        best_ok.unwrap_or("none")
+    );
+    if let Some(paper) = aggs.iter().find(|a| a.discipline == "pid-delay") {
+        let (pu, pus) = &paper.signal_probability;
+        let (su, sus) = &me.signal_probability;
+        let _ = writeln!(
+            s,
+            "- **Against Table II** — pid-delay {:.1} % utilisation, {:.2} ms, U {:.5} (std {:.5}); {stable} {:.1} %, {:.2} ms, U {:.5} (std {:.5}).",
+            paper.utilisation.mean * 100.0,
+            paper.qdelay_mean.mean,
+            pu.mean,
+            pus.mean,
+            me.utilisation.mean * 100.0,
+            me.qdelay_mean.mean,
+            su.mean,
+            sus.mean
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n### Stability margins of the stable variant's gains\n\n{margins}\n"
+    );
+    s
+}
+
+/// The stability margins of PID-Delay's gains at the operating point of `cfg`, as Markdown:
+/// Table II's gains and Algorithm 1's scalings when `params` shapes, else the gains times the
+/// auto-scaling factor at the point's equilibrium drop probability (the stable variant).
 pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String {
-    use qgate_aqm::stability::{margins, max_gain_scale, OperatingPoint};
+    use qgate_aqm::stability::{gain_scale, margins, max_gain_scale, OperatingPoint};
     let capacity_pps = cfg.bottleneck_rate_bps as f64 / (cfg.packet_bytes as f64 * 8.0);
     let rtt =
         2.0 * (cfg.access_delay + cfg.bottleneck_delay).as_secs_f64() + params.target.as_secs_f64();
@@ -315,12 +446,24 @@ pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String
         cfg.flows, rtt * 1000.0, params.period.as_secs_f64() * 1000.0, params.kp, params.ki, params.kd
     );
     let f = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.2}"));
-    for (name, k) in [
-        ("Table II (×1)", 1.0),
-        ("× Z1 = 1.5", params.z1),
-        ("× Z2 = 1.2", params.z2),
-        ("× Z3 = 0.8", params.z3),
-    ] {
+    let rows = if params.shaping {
+        vec![
+            ("Table II (×1)".to_string(), 1.0),
+            (format!("× Z1 = {}", params.z1), params.z1),
+            (format!("× Z2 = {}", params.z2), params.z2),
+            (format!("× Z3 = {}", params.z3), params.z3),
+        ]
+    } else {
+        let k = gain_scale(params, &op);
+        vec![(
+            format!(
+                "× {k} (PIE's auto-scaling at the equilibrium p0 = {:.4})",
+                op.equilibrium_drop_probability()
+            ),
+            k,
+        )]
+    };
+    for (name, k) in rows {
         let m = margins(params, &op, k);
         let _ = writeln!(
             s,
@@ -331,11 +474,18 @@ pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String
             f(m.gain_margin_db)
         );
     }
+    // The stable variant's gains act multiplied by their auto-scaling factor.
+    let unit = if params.shaping {
+        1.0
+    } else {
+        gain_scale(params, &op)
+    };
     match max_gain_scale(params, &op, 45.0) {
         Some(k) => {
             let _ = write!(
                 s,
-                "\nLargest common scale of (Kp, Ki, Kd) with a phase margin ≥ 45°: ×{k:.4}."
+                "\nLargest common scale of these (Kp, Ki, Kd) with a phase margin ≥ 45°: ×{:.4}.",
+                k / unit
             );
         }
         None => s.push_str("\nNo scale of the gains reaches a 45° phase margin here."),

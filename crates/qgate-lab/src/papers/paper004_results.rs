@@ -70,4 +70,7 @@ pub struct RunResult {
     pub random_losses: u64,
     /// Packets the bottleneck delivered to the sink.
     pub received_packets: u64,
+    /// The discipline's signal probability (PIE's p, PID-Delay's U) sampled every 10 ms after
+    /// the warm-up: mean and standard deviation; NaN for disciplines without one.
+    pub signal_probability: (f64, f64),
 }

@@ -222,6 +222,9 @@ impl Prepared {
         let mut flow_bytes = vec![0u64; n];
         let mut rtt_sums = vec![(0.0f64, 0u32); n];
         let mut qdelays = Vec::new();
+        // The discipline's signal probability (PIE's p, PID-Delay's U), sampled every
+        // U_SAMPLE so that oscillation at the controller's period shows.
+        let (mut u_series, mut u_samples) = (Vec::new(), Vec::new());
         let mut at_warm = None;
         let mut measured_s = 0.0f64;
         // The measured link's capacity over the measured seconds, bits: its rate may change on
@@ -238,11 +241,28 @@ impl Prepared {
             if at > clock.deadline || clock.finished() {
                 break;
             }
-            tokio::time::sleep_until(at).await;
-            let t = sec as f64;
             // The second (t − 1, t] counts once it starts after the warm-up, the same
             // boundary the counters' snapshot below is taken at.
             let after = counting;
+            let mut u_second = Vec::new();
+            if let Some((id, d)) = self.measure {
+                let second_start = at - Duration::from_secs(1);
+                for k in 1..U_SAMPLES_PER_SECOND {
+                    tokio::time::sleep_until(second_start + U_SAMPLE * k).await;
+                    u_second.extend(self.net.signal_probability(id, d));
+                }
+            }
+            tokio::time::sleep_until(at).await;
+            if let Some((id, d)) = self.measure {
+                u_second.extend(self.net.signal_probability(id, d));
+            }
+            let t = sec as f64;
+            if !u_second.is_empty() {
+                u_series.push((t, Summary::of(&u_second).mean));
+                if after {
+                    u_samples.extend(u_second);
+                }
+            }
             let mut total = 0u64;
             for (i, r) in received.iter().enumerate() {
                 let now = r.load(Ordering::Relaxed);
@@ -307,6 +327,9 @@ impl Prepared {
             m.series
                 .push(("qdelay_ms".into(), std::mem::take(&mut qd_series)));
         }
+        if !u_series.is_empty() {
+            m.series.push(("drop_probability".into(), u_series));
+        }
         sink.abort();
         self.server.close(0u32.into(), b"done");
 
@@ -368,6 +391,11 @@ impl Prepared {
                 "delivered_packets".into(),
                 (s1.delivered - s0.delivered) as f64,
             ));
+            if !u_samples.is_empty() {
+                let u = Summary::of(&u_samples);
+                m.scalars.push(("drop_probability".into(), u.mean));
+                m.scalars.push(("drop_probability_std".into(), u.std));
+            }
         }
         m.samples.push((
             "flow_goodput_mbps".into(),
@@ -376,6 +404,11 @@ impl Prepared {
         m
     }
 }
+
+/// How often the discipline's signal probability is sampled.
+const U_SAMPLE: Duration = Duration::from_millis(10);
+/// Samples per measured second.
+const U_SAMPLES_PER_SECOND: u32 = 100;
 
 async fn sink_loop(
     server: quinn::Endpoint,
