@@ -630,7 +630,11 @@ impl Broker {
     }
 
     async fn serve_session(&self, mut session: ListenerSessionHandle, early: bool) {
-        let links = LinkAcceptor::new();
+        // Decision M26: every link announces the largest message the shim lets through, so a
+        // sender refuses a larger one itself instead of streaming it into a closed connection.
+        let links = LinkAcceptor::builder()
+            .max_message_size(crate::shim::MAX_PARTIAL as u64)
+            .build();
         loop {
             match links.accept(&mut session).await {
                 Ok(LinkEndpoint::Sender(s)) => {

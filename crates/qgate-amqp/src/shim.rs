@@ -550,7 +550,8 @@ fn with_idle_time_out(body: &[u8], ms: u32) -> Result<Vec<u8>, String> {
 /// Sessions per connection unless configured (fe2o3-amqp's own default allows 65 536).
 pub const DEFAULT_MAX_SESSIONS: usize = 64;
 
-/// Most bytes of unfinished multi-frame deliveries copied per connection (4 MiB).
+/// Most bytes of unfinished multi-frame deliveries copied per connection (4 MiB); also the
+/// max-message-size every broker link announces (decision M26).
 pub const MAX_PARTIAL: usize = 4 << 20;
 
 /// Most bytes held for early transfers per connection.

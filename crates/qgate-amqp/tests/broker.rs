@@ -414,6 +414,32 @@ async fn a_full_queue_rejects_with_resource_limit_exceeded() {
     assert_eq!(got.messages, 5);
 }
 
+/// A message over the announced max-message-size fails at once, by name, on every scheme,
+/// instead of streaming megabytes into a connection the broker then closes (the client used
+/// to hang); one at the limit's edge still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_announced_size_is_refused_by_the_sender() {
+    let r = start(BrokerConfig::default()).await;
+    for scheme in [Scheme::Quic, Scheme::Tcp] {
+        let c = r.connector(scheme, None);
+        let big = vec![7u8; qgate_amqp::shim::MAX_PARTIAL + 1];
+        let e = tokio::time::timeout(
+            Duration::from_secs(20),
+            client::send(&c, &send_spec("big", false), std::iter::once(big)),
+        )
+        .await
+        .expect("no hang")
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("exceed") || e.contains("size"), "{scheme:?}: {e}");
+        let fits = vec![7u8; qgate_amqp::shim::MAX_PARTIAL - 1024];
+        let rep = client::send(&c, &send_spec("big", false), std::iter::once(fits))
+            .await
+            .unwrap();
+        assert_eq!(rep.messages, 1, "{scheme:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_consumer_back_pressures_the_producer_and_memory_stays_bounded() {
     let r = start(BrokerConfig {
