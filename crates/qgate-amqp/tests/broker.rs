@@ -431,7 +431,10 @@ async fn a_message_over_the_announced_size_is_refused_by_the_sender() {
         .expect("no hang")
         .unwrap_err()
         .to_string();
-        assert!(e.contains("exceed") || e.contains("size"), "{scheme:?}: {e}");
+        assert!(
+            e.contains("exceed") || e.contains("size"),
+            "{scheme:?}: {e}"
+        );
         let fits = vec![7u8; qgate_amqp::shim::MAX_PARTIAL - 1024];
         let rep = client::send(&c, &send_spec("big", false), std::iter::once(fits))
             .await

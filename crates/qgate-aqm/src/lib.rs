@@ -178,7 +178,8 @@ impl QueueStats {
 /// are appended to `dropped` (the arriving packet on a tail drop, or queued packets on a head or
 /// fattest-flow drop), so the caller can count and trace each one exactly once.
 pub trait QueueDiscipline<T>: Send {
-    /// The discipline's short name (`droptail`, `red`, `pie`, `codel`, `fq-codel`, `pid-delay`).
+    /// The discipline's short name (`droptail`, `red`, `pie`, `codel`, `fq-codel`, `pid-delay`,
+    /// `pid-delay-stable`).
     fn name(&self) -> &'static str;
 
     /// Offer a packet arriving at `now`.

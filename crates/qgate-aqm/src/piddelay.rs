@@ -101,8 +101,9 @@ impl PidDelayParams {
 pub const STABLE_PHASE_MARGIN_DEG: f64 = 45.0;
 /// The stable variant's K_p (per second of error, before auto-scaling).
 pub const STABLE_KP: f64 = 0.5;
-/// The stable variant's K_i / K_p: puts the PI zero at K_i / (K_p·T) = 1.3 rad/s, near the
-/// loop's crossover at the long-RTT point, so the integral costs little phase there.
+/// The stable variant's K_i / K_p: puts the PI zero at K_i / (K_p·T) = 1.3 rad/s. The integral
+/// then still costs 57–83° at the crossovers of the lab points; a larger K_i costs the margin
+/// at the long-RTT point (docs/decisions.md P11).
 pub const STABLE_KI_PER_KP: f64 = 0.02;
 /// The stable variant's τ0, ms.
 pub const STABLE_TARGET_MS: u64 = 3;
@@ -193,15 +194,20 @@ impl PidController {
     }
 
     /// Scale ΔU when auto-scaling (decision P11), add it to U, shift the error history;
-    /// returns the ΔU applied.
+    /// returns the ΔU added (before clamping and decay).
     fn apply(&mut self, delta: f64, o: f64) -> f64 {
         let mut delta = delta;
         if self.p.auto_scale {
             // Decision P11, PIE's safeguards (RFC 8033 §4.2): the step scaled to U's
-            // magnitude, at most +2 % per update above 10 %, and a 2 % decay per update while
-            // the delay has stayed below τ0/2 for two updates (PIE: while the queue is empty),
-            // so that U built by a start-up burst does not linger at the integral's pace.
-            delta *= crate::pie::auto_tune_scale(self.u);
+            // magnitude, at most +2 % per update above 10 %, and a decay (below) while the
+            // delay has stayed below τ0/2 for two updates (PIE: while the queue is empty), so
+            // that U built by a start-up burst does not linger at the integral's pace.
+            // Above M1 (Algorithm 1's large-error region) the step is not scaled down: a
+            // start-up burst must raise U within a few updates, not after the scale has
+            // crawled up from 1/2048 (decision P11).
+            if o <= self.p.m1.as_secs_f64() {
+                delta *= crate::pie::auto_tune_scale(self.u);
+            }
             if self.u >= 0.1 && delta > 0.02 {
                 delta = 0.02;
             }
@@ -212,7 +218,9 @@ impl PidController {
         self.o2 = self.o1;
         self.o1 = o;
         if self.p.auto_scale && self.below_half_target() {
-            self.u *= 0.98;
+            // 2 % per update at U ≥ 10 %, scaled down with U like every other step: an
+            // unscaled 2 % leaks faster than K_i·o refills at small U and holds τ above τ0.
+            self.u *= 1.0 - 0.02 * crate::pie::auto_tune_scale(self.u);
         }
         delta
     }
@@ -308,7 +316,8 @@ impl<T> PidDelay<T> {
         self.tau
     }
 
-    /// The dequeue-rate estimate, bytes per second (0 before the first sample).
+    /// The dequeue-rate estimate, bytes per second (0 before the first sample, and always 0
+    /// when τ comes from sojourn times).
     pub fn dequeue_rate(&self) -> f64 {
         self.rate.avg
     }
@@ -607,18 +616,20 @@ mod tests {
         let mean = tail.iter().sum::<f64>() / tail.len() as f64;
         assert!(mean < 0.02, "mean sojourn {mean} s under 1.5× overload");
         let u = q.drop_probability();
-        // A third must go; packets are spared while ≤ 2 are queued, so U ends above 1/3.
+        // A third must go; packets are spared while ≤ 2 are queued or τ < τ0/2, so U may
+        // settle on either side of 1/3.
         assert!(u > 0.25 && u < 0.8, "U {u} for a 1/3 excess");
         // The measured τ is a sojourn: within the range the departures saw.
         let tau = q.queue_delay().as_secs_f64();
         assert!(tau <= tail.iter().cloned().fold(0.0, f64::max), "{tau}");
         // Load falls to half the service rate: the queue empties and U decays by 2 % per
-        // update, ×0.98^66 ≈ 0.26 a second, far faster than K_i·o would take it down.
+        // update above 10 % (×0.26 a second), 1 % below, far faster than K_i·o would take it
+        // down (−K_i·τ0 = −3·10⁻⁵ per update).
         drive(
             &mut q,
             t0,
             s(30),
-            s(32),
+            s(34),
             Duration::from_micros(2400),
             Ecn::NotEct,
         );

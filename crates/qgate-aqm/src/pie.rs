@@ -50,7 +50,7 @@ impl Default for PieParams {
 
 /// RFC 8033 §4.2 auto-tuning: the factor a probability step is scaled by when the
 /// probability is `p`, so that the step stays proportionate to p's magnitude (1/2048 below
-/// 10⁻⁶, rising 4× per decade to 1 from 10 %). PID-Delay's stable variant scales the same way.
+/// 10⁻⁶, rising 4× per decade to 1/2 from 1 %, and 1 from 10 %). PID-Delay's stable variant scales the same way.
 pub(crate) fn auto_tune_scale(p: f64) -> f64 {
     const DIVISORS: [(f64, f64); 6] = [
         (1e-6, 2048.0),

@@ -83,10 +83,15 @@ impl OperatingPoint {
 /// that auto-scales (decision P11), PIE's factor at the equilibrium drop probability.
 pub fn gain_scale(p: &PidDelayParams, op: &OperatingPoint) -> f64 {
     if p.auto_scale {
-        crate::pie::auto_tune_scale(op.equilibrium_drop_probability())
+        gain_scale_at(op.equilibrium_drop_probability())
     } else {
         1.0
     }
+}
+
+/// PIE's auto-scaling factor when the drop probability is `u`.
+pub fn gain_scale_at(u: f64) -> f64 {
+    crate::pie::auto_tune_scale(u)
 }
 
 /// Find the margins by scanning ω from 10⁻³ to 10⁴ rad/s and refining each crossing.
@@ -135,10 +140,11 @@ fn bisect(mut lo: f64, mut hi: f64, f: impl Fn(f64) -> f64) -> f64 {
 /// The largest factor k such that gains k·(Kp, Ki, Kd) keep a phase margin of at least
 /// `pm_deg` (searched over 10⁻⁴…10).
 pub fn max_gain_scale(p: &PidDelayParams, op: &OperatingPoint, pm_deg: f64) -> Option<f64> {
+    // No gain crossover in the scanned band: |L| < 1 there, the most stable case.
     let ok = |k: f64| {
         margins(p, op, k)
             .phase_margin_deg
-            .is_some_and(|pm| pm >= pm_deg)
+            .is_none_or(|pm| pm >= pm_deg)
     };
     let (mut lo, mut hi) = (1e-4, 10.0);
     if !ok(lo) {

@@ -15,7 +15,8 @@ use crate::{usage, Failure};
 pub enum Lab {
     /// Paper 003: AMQP 1.0 over QUIC vs over TCP+TLS (results/amqp/).
     Amqp(AmqpArgs),
-    /// Paper 004: six queue disciplines under QUIC bulk flows (results/aqm/).
+    /// Paper 004: six queue disciplines and our stable PID-Delay under QUIC bulk flows, at three
+    /// operating points (results/aqm/).
     Aqm(AqmArgs),
     /// Paper 004's point with kernel TCP flows (CUBIC, BBR) through `qgate linkem` in real
     /// time, all six disciplines (results/aqm-kernel/). Needs root; about a minute per
@@ -191,7 +192,8 @@ pub struct AqmArgs {
     /// Only these disciplines (comma-separated names, e.g. pie,pid-delay).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Skip the second operating point (50 Mbit/s, 20 ms, 30 flows).
+    /// Run only the paper's operating point (skip 50 Mbit/s / 20 ms / 30 flows and 5 Mbit/s /
+    /// 100 ms / 5 flows).
     #[arg(long)]
     no_second_point: bool,
     /// Where to write results [default: results/aqm].
@@ -264,10 +266,18 @@ pub fn run(which: Lab) -> Result<(), Failure> {
         Lab::Run(r) => run_cmd(r),
         Lab::Faults(f) => faults_cmd(f),
         Lab::Margins(m) => {
-            if !(m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0) {
+            let pps = m.mbps * 1e6 / (m.packet_bytes as f64 * 8.0);
+            let positive = m.mbps > 0.0 && m.rtt_ms > 0.0 && m.flows > 0 && m.packet_bytes > 0;
+            if !(positive && m.mbps.is_finite() && m.rtt_ms.is_finite()) {
                 return Err(usage(
-                    "--mbps, --rtt-ms, --flows and --packet-bytes must be positive",
+                    "--mbps, --rtt-ms, --flows and --packet-bytes must be positive and finite",
                 ));
+            }
+            if pps < 1.0 {
+                return Err(usage(format!(
+                    "--mbps {} carries {pps:.3} packets of {} B a second: under one, the fluid model has no meaning",
+                    m.mbps, m.packet_bytes
+                )));
             }
             let paper = qgate_lab::papers::paper004::plan().map_err(usage)?;
             let base = qgate_lab::papers::paper004::config(&paper.plan.clone(), vec![1])

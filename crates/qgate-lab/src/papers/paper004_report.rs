@@ -122,8 +122,8 @@ pub fn paper_sections(
     let _ = writeln!(s, "# In the paper's terms — {}\n", cfg.label);
     let _ = writeln!(
         s,
-        "Setup: {} QUIC bulk flows (quinn, CUBIC, {} B packets) → access {} Mbit/s / {:?} (drop-tail {}) → gateway → bottleneck {} Mbit/s / {:?}, {:.0} % random loss on the data direction, queue limit {} packets, discipline under test → sink. {} s per run, statistics after a {} s warm-up, seeds {:?} (n = {} runs per discipline). ECN off everywhere.\n",
-        cfg.flows, cfg.packet_bytes, cfg.access_rate_bps / 1_000_000, cfg.access_delay, cfg.limit,
+        "Setup: {} QUIC bulk flows (quinn, CUBIC, {} B packets) → access {} Mbit/s / {:?} (drop-tail) → gateway → bottleneck {} Mbit/s / {:?}, {:.1} % random loss on the data direction, the discipline under test (drop-tail's limit {} packets; each AQM's limit is in its scheme string) → sink. {} s per run, statistics after a {} s warm-up, seeds {:?} (n = {} runs per discipline). ECN off everywhere.\n",
+        cfg.flows, cfg.packet_bytes, cfg.access_rate_bps / 1_000_000, cfg.access_delay,
         cfg.bottleneck_rate_bps / 1_000_000, cfg.bottleneck_delay, cfg.loss * 100.0, cfg.limit,
         cfg.duration.as_secs(), cfg.warmup.as_secs(), cfg.seeds, cfg.seeds.len()
     );
@@ -263,10 +263,16 @@ fn interpretation(
         .iter()
         .map(|a| a.utilisation.mean)
         .fold(f64::MAX, f64::min);
+    let max_util = aggs
+        .iter()
+        .map(|a| a.utilisation.mean)
+        .fold(0.0f64, f64::max);
     let _ = writeln!(
         s,
-        "- **Goodput.** Every discipline keeps the bottleneck at least {:.1} % busy, so goodputs differ by a few percent, not by the paper's 1.76×. PID-Delay's per-flow goodput is {:.1} % below PIE's: its 5 ms target lets the queue run empty more often (utilisation {:.1} % vs {:.1} %). A PIE at 398 kbit/s per flow, as the paper reports, would leave most of a 10 Mbit/s link idle; a PIE that follows RFC 8033 (target 15 ms) does not do that to CUBIC flows here, so the paper's PIE setup or its QUIC stack must differ from ours in a way the paper does not state.",
+        "- **Goodput.** Utilisation spans {:.1}–{:.1} % across the disciplines, so goodputs differ by at most {:.0} %, not by the paper's 1.76×. PID-Delay's per-flow goodput is {:.1} % below PIE's: its 5 ms target lets the queue run empty more often (utilisation {:.1} % vs {:.1} %). A PIE at 398 kbit/s per flow, as the paper reports, would leave most of a 10 Mbit/s link idle; a PIE that follows RFC 8033 (target 15 ms) does not do that to CUBIC flows here, so the paper's PIE setup or its QUIC stack must differ from ours in a way the paper does not state.",
         min_util * 100.0,
+        max_util * 100.0,
+        (max_util / min_util - 1.0) * 100.0,
         (1.0 - pid.flow_goodput.mean / pie.flow_goodput.mean) * 100.0,
         pid.utilisation.mean * 100.0,
         pie.utilisation.mean * 100.0
@@ -287,9 +293,10 @@ fn interpretation(
     let dt = aggs.iter().find(|a| a.discipline == "droptail");
     let _ = writeln!(
         s,
-        "- **Absolute delays and RTTs.** The propagation RTT is {base_rtt:.0} ms. The paper's RTTs (196.8–325.5 ms) imply standing queues of roughly 95–225 ms for every discipline, CoDel and FQ-CoDel included, whose control laws aim at 5 ms; our RTTs add {:.0}–{:.0} ms. With 1 % random loss each CUBIC flow's window stays near the Mathis limit, so the flows barely overfill the pipe and queues stay short: our drop-tail queue averages {:.1} ms, not the full buffer's {:.0} ms. The ordering of the disciplines is what transfers from the paper; the absolute values do not.",
+        "- **Absolute delays and RTTs.** The propagation RTT is {base_rtt:.0} ms. The paper's RTTs (196.8–325.5 ms) imply standing queues of roughly 95–225 ms for every discipline, CoDel and FQ-CoDel included, whose control laws aim at 5 ms; our RTTs add {:.0}–{:.0} ms. With {:.1} % random loss each CUBIC flow's window stays near the Mathis limit, so the flows barely overfill the pipe and queues stay short: our drop-tail queue averages {:.1} ms, not the full buffer's {:.0} ms. The ordering of the disciplines is what transfers from the paper; the absolute values do not.",
         rtt_lo - base_rtt,
         rtt_hi - base_rtt,
+        cfg.loss * 100.0,
         dt.map_or(f64::NAN, |a| a.qdelay_mean.mean),
         cfg.limit as f64 * cfg.packet_bytes as f64 * 8.0 / cfg.bottleneck_rate_bps as f64 * 1000.0
     );
@@ -302,7 +309,7 @@ fn interpretation(
     let pie_u = (pie.signal_probability.0.mean, pie.signal_probability.1.mean);
     let _ = writeln!(
         s,
-        "- **Stability.** The linear model says Table II's gains (errors in seconds) are far past the stability limit, where the paper reports a 49° phase margin from its eq. 18. In simulation the loop stays bounded (PID-Delay queue delay {:.2} ± {:.2} ms packet-level): U is clamped to [0, 1] and Algorithm 1 removes the integral above τ0 + M1, so the linear instability cannot show as divergence. It shows as jitter in U instead: sampled every 10 ms, U has mean {:.5} and standard deviation {:.5} ({:.1}× its mean; PIE's: {:.1}×).",
+        "- **Stability.** The linear model says Table II's gains (errors in seconds) are far past the stability limit, where the paper reports a 49° phase margin from its eq. 18. In simulation the loop stays bounded (PID-Delay queue delay {:.2} ± {:.2} ms packet-level): U is clamped to [0, 1] and Algorithm 1 removes the integral above τ0 + M1, so the linear instability cannot show as divergence. Sampled every 10 ms, U has mean {:.5} and standard deviation {:.5} ({:.1}× its mean; PIE's p: {:.1}×). The spread mixes slow drift with swings, so it bounds how much U moves rather than proving an oscillation at the 15 ms period.",
         pid.qdelay_mean.mean, pid.qdelay_std, u.0, u.1, u.1 / u.0, pie_u.1 / pie_u.0
     );
     s
@@ -323,10 +330,10 @@ pub fn stable_section(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## The stable variant ({stable}, decision P11) — {}\n",
+        "\n## The stable variant ({stable}, decision P11) — {}\n",
         cfg.label
     );
-    let _ = writeln!(s, "Every discipline at this point, the stable variant included. U is the discipline's drop (or mark) probability, sampled every 10 ms after the warm-up: its mean, and its standard deviation across those samples averaged over the seeds (an oscillating controller shows a std of the order of its mean). n = {} seeds.\n", cfg.seeds.len());
+    let _ = writeln!(s, "Every discipline at this point, the stable variant included. U is the discipline's drop (or mark) probability, sampled every 10 ms after the warm-up: its mean, and its standard deviation across those samples averaged over the seeds (how much U moves; packets are spared while ≤ 2 are queued and, for the stable variant, while τ < τ0/2, so U is not the drop rate). n = {} seeds.\n", cfg.seeds.len());
     let _ = writeln!(s, "| discipline | utilisation % | queue delay mean ms | queue delay p99 ms | AQM drops | U mean | U std (10 ms samples) |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for a in &aggs {
@@ -432,7 +439,9 @@ pub fn stable_section(
 /// Table II's gains and Algorithm 1's scalings when `params` shapes, else the gains times the
 /// auto-scaling factor at the point's equilibrium drop probability (the stable variant).
 pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String {
-    use qgate_aqm::stability::{gain_scale, margins, max_gain_scale, OperatingPoint};
+    use qgate_aqm::stability::{
+        gain_scale, gain_scale_at, margins, max_gain_scale, OperatingPoint,
+    };
     let capacity_pps = cfg.bottleneck_rate_bps as f64 / (cfg.packet_bytes as f64 * 8.0);
     let rtt =
         2.0 * (cfg.access_delay + cfg.bottleneck_delay).as_secs_f64() + params.target.as_secs_f64();
@@ -446,6 +455,7 @@ pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String
         cfg.flows, rtt * 1000.0, params.period.as_secs_f64() * 1000.0, params.kp, params.ki, params.kd
     );
     let f = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.2}"));
+    let p0 = op.equilibrium_drop_probability();
     let rows = if params.shaping {
         vec![
             ("Table II (×1)".to_string(), 1.0),
@@ -453,15 +463,22 @@ pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String
             (format!("× Z2 = {}", params.z2), params.z2),
             (format!("× Z3 = {}", params.z3), params.z3),
         ]
-    } else {
+    } else if params.auto_scale {
+        // U wanders around p0; one auto-scaling step up is where the margin is smallest.
         let k = gain_scale(params, &op);
-        vec![(
-            format!(
-                "× {k} (PIE's auto-scaling at the equilibrium p0 = {:.4})",
-                op.equilibrium_drop_probability()
+        let up = gain_scale_at(10.0 * p0);
+        vec![
+            (
+                format!("× {k} (PIE's auto-scaling at the equilibrium p0 = {p0:.2e})"),
+                k,
             ),
-            k,
-        )]
+            (
+                format!("× {up} (one auto-scaling step up: U ≈ {:.2e})", 10.0 * p0),
+                up,
+            ),
+        ]
+    } else {
+        vec![("× 1 (no auto-scaling)".to_string(), 1.0)]
     };
     for (name, k) in rows {
         let m = margins(params, &op, k);
@@ -475,16 +492,16 @@ pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String
         );
     }
     // The stable variant's gains act multiplied by their auto-scaling factor.
-    let unit = if params.shaping {
-        1.0
-    } else {
-        gain_scale(params, &op)
-    };
-    match max_gain_scale(params, &op, 45.0) {
+    let unit = gain_scale(params, &op);
+    if p0 >= 1.0 {
+        s.push_str("\nAt this point N flows cannot share C at any drop probability below 1 (p0 = 2N²/(R²C²) ≥ 1): the fluid model has no equilibrium and these margins mean little.\n");
+    }
+    match max_gain_scale(params, &op, qgate_aqm::STABLE_PHASE_MARGIN_DEG) {
         Some(k) => {
+            let bound = if k >= 10.0 { "at least " } else { "" };
             let _ = write!(
                 s,
-                "\nLargest common scale of these (Kp, Ki, Kd) with a phase margin ≥ 45°: ×{:.4}.",
+                "\nLargest common scale of these (Kp, Ki, Kd) with a phase margin ≥ 45°: {bound}×{:.4}.",
                 k / unit
             );
         }
