@@ -121,8 +121,13 @@ pub struct Rewriter {
     partial_bytes: usize,
     /// Early transfers (inbound) and credit grants (outbound), shared by both directions.
     pipeline: Option<Arc<Mutex<Pipeline>>>,
-    /// Inbound frames held, unprocessed, until the broker grants credit (decision M9).
+    /// Inbound frames held, unprocessed, until the broker grants credit (decision M9). Every
+    /// byte here has passed the inbound checks.
     held: BytesMut,
+    /// Bytes at the front of the input that were checked before they were held: released
+    /// frames pass without a second check, which would count a session's end, a begin or a
+    /// multi-frame delivery's pieces twice (decision M27).
+    prechecked: usize,
     /// Inbound: channels the peer has begun a session on and not ended (decision M17).
     sessions: HashSet<u16>,
     /// Inbound: most sessions at once.
@@ -148,6 +153,7 @@ impl Rewriter {
             partial_bytes: 0,
             pipeline: None,
             held: BytesMut::new(),
+            prechecked: 0,
             sessions: HashSet::new(),
             max_sessions: DEFAULT_MAX_SESSIONS,
             announce_idle: None,
@@ -197,6 +203,7 @@ impl Rewriter {
             return false;
         }
         let mut again = std::mem::take(&mut self.held);
+        self.prechecked = again.len();
         again.extend_from_slice(input);
         *input = again;
         true
@@ -271,10 +278,12 @@ impl Rewriter {
             }
             let frame = input.split_to(size as usize);
             let body = &frame[doff as usize * 4..];
+            let checked = self.prechecked >= frame.len();
+            self.prechecked = self.prechecked.saturating_sub(frame.len());
             // Inbound bytes are untrusted: every length inside the performative (and, for a
             // transfer, inside the message sections that fill the frame) must fit before
-            // anything decodes them (decision M11).
-            if self.dir == Direction::Inbound && !body.is_empty() {
+            // anything decodes them (decision M11) — once, on arrival (M27).
+            if self.dir == Direction::Inbound && !body.is_empty() && !checked {
                 let channel = u16::from_be_bytes([frame[6], frame[7]]);
                 self.check_frame(kind, channel, body)?;
                 if kind == FRAME_AMQP {
@@ -1227,6 +1236,100 @@ mod tests {
         assert_eq!(
             FrameError::NoSession(0).condition(),
             AmqpError::NotFound.into()
+        );
+    }
+
+    /// A pipelining client's whole conversation: its transfer waits for credit, and its
+    /// detach, end and close arrive while it waits. Released, the held frames must pass as
+    /// they are: checked a second time, the transfer found its session already ended and the
+    /// connection was closed, losing the pre-settled message (1 in ~100 one-per-connection
+    /// sends on loopback).
+    #[test]
+    fn frames_held_for_credit_are_checked_once() {
+        use fe2o3_amqp::types::definitions::Handle;
+        use fe2o3_amqp::types::performatives::{Begin, Close, Detach, End, Flow};
+        let on = |ch: u16, p: &Performative, payload: &[u8]| {
+            crate::wire::frame(0, ch, &serde_amqp::to_vec(p).unwrap(), payload)
+        };
+        let begin = |remote: Option<u16>| {
+            Performative::Begin(Begin {
+                remote_channel: remote,
+                next_outgoing_id: 0,
+                incoming_window: 10,
+                outgoing_window: 10,
+                handle_max: 1.into(),
+                offered_capabilities: None,
+                desired_capabilities: None,
+                properties: None,
+            })
+        };
+        let mut sender = attach("s", Role::Sender);
+        let mut receiver = attach("s", Role::Receiver);
+        if let (Performative::Attach(a), Performative::Attach(b)) = (&mut sender, &mut receiver) {
+            a.handle = Handle(0);
+            b.handle = Handle(0);
+        }
+        let pipeline = Arc::new(Mutex::new(Pipeline::default()));
+        let mut rin = Rewriter::new(Direction::Inbound, 65536).with_pipeline(pipeline.clone());
+        let mut rout = Rewriter::new(Direction::Outbound, 65536).with_pipeline(pipeline);
+        let mut data = vec![0x00, 0x53, 0x75, 0xa0, 3];
+        data.extend_from_slice(b"abc");
+        let transfer = transfer_frame(false, &data);
+        let mut transfer0 = transfer.clone();
+        transfer0[6..8].copy_from_slice(&[0, 0]); // channel 0
+        let mut input = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
+        input.extend_from_slice(&on(0, &begin(None), &[]));
+        input.extend_from_slice(&on(0, &sender, &[]));
+        input.extend_from_slice(&transfer0);
+        let mut out = BytesMut::new();
+        rin.process(&mut input, &mut out).unwrap();
+        assert!(rin.held() > 0, "the transfer waits for credit");
+        let bye = [
+            on(
+                0,
+                &Performative::Detach(Detach {
+                    handle: Handle(0),
+                    closed: true,
+                    error: None,
+                }),
+                &[],
+            ),
+            on(0, &Performative::End(End { error: None }), &[]),
+            on(0, &Performative::Close(Close { error: None }), &[]),
+        ]
+        .concat();
+        input.extend_from_slice(&bye);
+        rin.process(&mut input, &mut out).unwrap();
+        let before = out.len();
+        // The broker begins, attaches its receiving end and grants credit.
+        let flow = Performative::Flow(Flow {
+            next_incoming_id: Some(0),
+            incoming_window: 10,
+            next_outgoing_id: 0,
+            outgoing_window: 10,
+            handle: Some(Handle(0)),
+            delivery_count: Some(0),
+            link_credit: Some(10),
+            available: None,
+            drain: false,
+            echo: false,
+            properties: None,
+        });
+        let mut broker = BytesMut::from(&b"AMQP\x00\x01\x00\x00"[..]);
+        for p in [begin(Some(0)), receiver, flow] {
+            broker.extend_from_slice(&on(0, &p, &[]));
+        }
+        rout.process(&mut broker, &mut BytesMut::new()).unwrap();
+        assert!(rin.release_held(&mut input));
+        rin.process(&mut input, &mut out)
+            .expect("released frames pass");
+        assert_eq!(rin.held(), 0);
+        assert_eq!(out.len() - before, transfer0.len() + bye.len());
+        // The session really is over: a new frame on channel 0 is still refused.
+        let mut late = BytesMut::from(&transfer0[..]);
+        assert_eq!(
+            rin.process(&mut late, &mut out),
+            Err(FrameError::NoSession(0))
         );
     }
 
