@@ -9,6 +9,7 @@
 //! timeout triggers a probe at once. A down path keeps being probed at the timeout pace and
 //! comes back up on the first answer.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// A backhaul path, by its index in the gateway's configuration.
@@ -48,7 +49,34 @@ pub struct Probe {
     pub seq: u64,
 }
 
-/// One row of Table 1.
+/// What QUIC says about a path's connection, read by the shell after answers and probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionSample {
+    /// QUIC's smoothed RTT.
+    pub rtt: Duration,
+    /// The congestion window, bytes.
+    pub cwnd: u64,
+    /// Packets sent on the connection so far.
+    pub sent_packets: u64,
+    /// Packets declared lost so far.
+    pub lost_packets: u64,
+    /// Congestion events so far (none: the window is still in slow start).
+    pub congestion_events: u64,
+}
+
+/// A forwarded request's place in its path's queue, handed back with
+/// [`PathTable::on_request_done`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    /// The path it went out on.
+    pub path: PathId,
+    seq: u64,
+}
+
+/// Packets over which the loss estimate averages (a per-packet EWMA).
+const LOSS_WINDOW_PACKETS: f64 = 256.0;
+
+/// One row of Table 1, and what the per-request scheduler needs beyond it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PathState {
     /// The path.
@@ -59,6 +87,21 @@ pub struct PathState {
     pub hits: u32,
     /// Whether the path carries traffic.
     pub up: bool,
+    /// QUIC's latest smoothed RTT of the path's connection (not smoothed again here).
+    pub quic_rtt: Option<Duration>,
+    /// The connection's congestion window, bytes, once known.
+    pub cwnd: Option<u64>,
+    /// Whether the connection has had no congestion event yet (its window doubles each RTT
+    /// while the sender fills it).
+    pub slow_start: bool,
+    /// Fraction of packets lost, averaged over about [`LOSS_WINDOW_PACKETS`] packets.
+    pub loss: f64,
+    /// Request bytes sent on the path and not yet answered.
+    pub queued_bytes: u64,
+    /// Requests sent on the path and not yet answered: ticket → (sent at, bytes).
+    pending: BTreeMap<u64, (Instant, u64)>,
+    /// The connection's counters at the last sample: (sent, lost) packets.
+    counters: Option<(u64, u64)>,
     outstanding: Option<(u64, Instant)>,
     next_probe: Instant,
     missed: u32,
@@ -66,6 +109,16 @@ pub struct PathState {
 }
 
 impl PathState {
+    /// When the oldest request still unanswered on the path was sent.
+    pub fn oldest_pending(&self) -> Option<Instant> {
+        self.pending.values().map(|(t, _)| *t).min()
+    }
+
+    /// Requests sent on the path and not yet answered.
+    pub fn pending_requests(&self) -> usize {
+        self.pending.len()
+    }
+
     fn timeout(&self, cfg: &PathConfig) -> Duration {
         self.rtt.map_or(cfg.min_probe_timeout * 3, |r| {
             (r * 3).max(cfg.min_probe_timeout)
@@ -86,6 +139,7 @@ pub struct PathTable {
     cfg: PathConfig,
     paths: Vec<PathState>,
     next_seq: u64,
+    next_ticket: u64,
 }
 
 impl PathTable {
@@ -97,6 +151,13 @@ impl PathTable {
                 rtt: None,
                 hits: 0,
                 up: true,
+                quic_rtt: None,
+                cwnd: None,
+                slow_start: true,
+                loss: 0.0,
+                queued_bytes: 0,
+                pending: BTreeMap::new(),
+                counters: None,
                 outstanding: None,
                 next_probe: now,
                 missed: 0,
@@ -107,6 +168,7 @@ impl PathTable {
             cfg,
             paths,
             next_seq: 1,
+            next_ticket: 0,
         }
     }
 
@@ -125,13 +187,17 @@ impl PathTable {
         self.paths.iter().filter(|p| p.up)
     }
 
-    /// Mark `id` down in this copy, so a scheduler asked about it avoids the path (a retry
-    /// steering clear of the path where its request just timed out). The live table's state
-    /// comes only from probes and traffic.
-    pub fn set_up(&mut self, id: PathId, up: bool) {
-        if let Some(p) = self.paths.get_mut(id.0) {
-            p.up = up;
-        }
+    /// How long `p`'s oldest unanswered request has waited, if longer than the path's probe
+    /// timeout (`max(3 × srtt, min_probe_timeout)`): past it, the path is slower than its RTT
+    /// says, or silent.
+    pub fn stalled(&self, p: &PathState, now: Instant) -> Option<Duration> {
+        let waited = now.saturating_duration_since(p.oldest_pending()?);
+        (waited > p.timeout(&self.cfg)).then_some(waited)
+    }
+
+    /// Paths that are up and not in `avoid` (where a retried request already failed).
+    pub fn usable<'a>(&'a self, avoid: &'a [PathId]) -> impl Iterator<Item = &'a PathState> {
+        self.up().filter(move |p| !avoid.contains(&p.id))
     }
 
     /// A device was assigned to `id`.
@@ -230,10 +296,49 @@ impl PathTable {
         }
     }
 
-    /// A request went out on `id` and expects an answer.
-    pub fn on_request_sent(&mut self, id: PathId, now: Instant) {
+    /// QUIC's counters for the path's connection: its RTT refines the table's (as
+    /// [`on_rtt_estimate`](Self::on_rtt_estimate)) and is kept as it is; the window and the loss
+    /// estimate feed the per-request scheduler. Counters that went backwards belong to a new
+    /// connection and start a new baseline.
+    pub fn on_connection_sample(&mut self, id: PathId, s: ConnectionSample) {
+        self.on_rtt_estimate(id, s.rtt);
+        let Some(p) = self.paths.get_mut(id.0) else {
+            return;
+        };
+        p.quic_rtt = Some(s.rtt);
+        p.cwnd = Some(s.cwnd);
+        p.slow_start = s.congestion_events == 0;
+        if let Some((sent, lost)) = p.counters {
+            if s.sent_packets >= sent && s.lost_packets >= lost && s.sent_packets > sent {
+                let n = (s.sent_packets - sent) as f64;
+                let x = ((s.lost_packets - lost) as f64 / n).min(1.0);
+                // A per-packet EWMA: n packets weigh what n single updates would.
+                let w = 1.0 - (1.0 - 1.0 / LOSS_WINDOW_PACKETS).powf(n);
+                p.loss += (x - p.loss) * w;
+            }
+        }
+        p.counters = Some((s.sent_packets, s.lost_packets));
+    }
+
+    /// A request of `bytes` went out on `id` and expects an answer; hand the ticket back with
+    /// [`on_request_done`](Self::on_request_done) however it ends.
+    pub fn on_request_sent(&mut self, id: PathId, bytes: u64, now: Instant) -> Ticket {
+        let seq = self.next_ticket;
+        self.next_ticket += 1;
         if let Some(p) = self.paths.get_mut(id.0) {
             p.awaiting_since.get_or_insert(now);
+            p.pending.insert(seq, (now, bytes));
+            p.queued_bytes += bytes;
+        }
+        Ticket { path: id, seq }
+    }
+
+    /// The request of `ticket` ended (answered, failed or abandoned).
+    pub fn on_request_done(&mut self, ticket: Ticket) {
+        if let Some(p) = self.paths.get_mut(ticket.path.0) {
+            if let Some((_, bytes)) = p.pending.remove(&ticket.seq) {
+                p.queued_bytes -= bytes;
+            }
         }
     }
 
@@ -245,6 +350,10 @@ impl PathTable {
             p.up = false;
             p.missed = p.missed.max(cfg.dead_after);
             p.outstanding = None;
+            // The next connection starts its own window and counters.
+            p.cwnd = None;
+            p.slow_start = true;
+            p.counters = None;
             p.next_probe = p.next_probe.min(now + p.timeout(&cfg));
         }
     }
@@ -294,7 +403,7 @@ mod tests {
         t.on_probe_ack(PathId(0), p[0].seq, t0 + ms(50));
         // The path dies at 1 s; traffic is sent and gets no answer.
         let dead = t0 + Duration::from_secs(1);
-        t.on_request_sent(PathId(0), dead);
+        t.on_request_sent(PathId(0), 1000, dead);
         let mut now = dead;
         let step = ms(10);
         while t.get(PathId(0)).unwrap().up {

@@ -1,6 +1,7 @@
-//! Which backhaul path a device's request takes (paper 000 §3.3), and the paper's baselines.
+//! Which backhaul path a device's request takes: ours (`completion`, per request, decision
+//! G13), paper 000's (`adaptive`, §3.3) and the paper's baselines.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::path::{PathId, PathState, PathTable};
 
@@ -13,19 +14,55 @@ pub enum Priority {
     Priority,
 }
 
+/// A request that needs a path.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// Its device's class.
+    pub priority: Priority,
+    /// Its body, bytes.
+    pub bytes: u64,
+    /// The path its device is on (`None` for a new device).
+    pub current: Option<PathId>,
+    /// Paths where this request already failed: not chosen while another is up.
+    pub avoid: &'a [PathId],
+    /// Now.
+    pub now: Instant,
+}
+
+impl<'a> Ask<'a> {
+    /// A first attempt of `bytes` from a device of class `priority` on `current`.
+    pub fn new(priority: Priority, bytes: u64, current: Option<PathId>, now: Instant) -> Ask<'a> {
+        Ask {
+            priority,
+            bytes,
+            current,
+            avoid: &[],
+            now,
+        }
+    }
+}
+
 /// Picks a path for a request.
 pub trait Scheduler: Send {
-    /// `adaptive`, `round-robin` or `single`.
+    /// `completion`, `adaptive`, `round-robin` or `single`.
     fn name(&self) -> &'static str;
 
-    /// The path for the next request of a device of class `priority` that is on `current`
-    /// (`None` for a new device). `None` if no path is up.
-    fn pick(
-        &mut self,
-        table: &PathTable,
-        priority: Priority,
-        current: Option<PathId>,
-    ) -> Option<PathId>;
+    /// The path for `ask` among the table's usable paths (up, not avoided); `None` if there is
+    /// none.
+    fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId>;
+}
+
+/// `sched`'s path for `ask`, steering clear of `ask.avoid` only while another path is up.
+pub fn pick_avoiding(
+    sched: &mut dyn Scheduler,
+    table: &PathTable,
+    ask: &Ask<'_>,
+) -> Option<PathId> {
+    sched.pick(table, ask).or_else(|| {
+        (!ask.avoid.is_empty())
+            .then(|| sched.pick(table, &Ask { avoid: &[], ..*ask }))
+            .flatten()
+    })
 }
 
 /// An unmeasured path sorts after every measured one.
@@ -53,16 +90,14 @@ impl Scheduler for Adaptive {
         "adaptive"
     }
 
-    fn pick(
-        &mut self,
-        table: &PathTable,
-        priority: Priority,
-        current: Option<PathId>,
-    ) -> Option<PathId> {
-        let cur = current.and_then(|c| table.get(c)).filter(|p| p.up);
-        match priority {
+    fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
+        let cur = ask
+            .current
+            .and_then(|c| table.get(c))
+            .filter(|p| p.up && !ask.avoid.contains(&p.id));
+        match ask.priority {
             Priority::Priority => {
-                let best = table.up().min_by_key(|p| (rtt_key(p), p.id))?;
+                let best = table.usable(ask.avoid).min_by_key(|p| (rtt_key(p), p.id))?;
                 match cur {
                     Some(c) => {
                         let (Some(cr), Some(br)) = (c.rtt, best.rtt) else {
@@ -80,7 +115,7 @@ impl Scheduler for Adaptive {
             Priority::BestEffort => match cur {
                 Some(c) => Some(c.id),
                 None => table
-                    .up()
+                    .usable(ask.avoid)
                     .min_by_key(|p| (p.hits, rtt_key(p), p.id))
                     .map(|p| p.id),
             },
@@ -99,16 +134,11 @@ impl Scheduler for RoundRobin {
         "round-robin"
     }
 
-    fn pick(
-        &mut self,
-        table: &PathTable,
-        _priority: Priority,
-        _current: Option<PathId>,
-    ) -> Option<PathId> {
+    fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
         let n = table.paths().len();
         for k in 0..n {
             let i = (self.next + k) % n;
-            if table.paths()[i].up {
+            if table.paths()[i].up && !ask.avoid.contains(&PathId(i)) {
                 self.next = (i + 1) % n;
                 return Some(PathId(i));
             }
@@ -129,27 +159,124 @@ impl Scheduler for Single {
         "single"
     }
 
-    fn pick(
-        &mut self,
+    fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
+        table
+            .get(self.path)
+            .filter(|p| p.up && !ask.avoid.contains(&p.id))
+            .map(|p| p.id)
+    }
+}
+
+/// The window a connection is assumed to have before QUIC has reported one (quinn's initial
+/// window for a 1200-byte MTU: 10 packets, at least 14 720 bytes).
+const ASSUMED_WINDOW: f64 = 14_720.0;
+
+/// The payload a request's packets carry, for the loss term.
+const PACKET_PAYLOAD: f64 = 1_200.0;
+
+/// Ours (decision G13): every request goes where it is expected to complete first.
+///
+/// For each usable path, with `r` its RTT (QUIC's latest smoothed RTT; once the oldest request
+/// unanswered on it has waited longer than the path table's timeout, `max(3 × srtt, 100 ms)`,
+/// that wait: a path that went silent or slow is left within a few RTTs), `w` its congestion window, `q` the request bytes already queued on
+/// it, `b` this request's bytes and `ℓ` its packet loss rate:
+///
+/// `E = r · (1 + F((q + b) / w)) + r · (1 − (1 − ℓ)^(⌈b / 1200⌉ + 1))`
+///
+/// — a round trip, plus the time the sender needs to send what is ahead and this request:
+/// quinn paces a window per round trip, so `x` windows take `F(x) = x` round trips once the
+/// connection has had a congestion event, and `F(x) = log2(1 + x)` before, in slow start, where
+/// the window doubles every round trip it is filled; plus a round trip for a retransmission
+/// weighted by the chance that one of the request's packets (or its answer) is lost. Priority requests take the lowest `E`. Best-effort requests pay
+/// `1 + best_effort_margin` times `E` on the path a priority request would take now, so they
+/// spill off it first as it loads, and priority traffic keeps the best path (paper 000's
+/// guarantee). Unmeasured paths come last; ties go to the lower path index.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// Extra cost of the priority class's path for best-effort requests (0.5 = 50 %).
+    pub best_effort_margin: f64,
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion {
+            best_effort_margin: 0.5,
+        }
+    }
+}
+
+impl Completion {
+    /// Expected completion time of `bytes` on `p` (a path of `table`) at `now`, seconds;
+    /// `None` if unmeasured.
+    pub fn expected(table: &PathTable, p: &PathState, bytes: u64, now: Instant) -> Option<f64> {
+        let rtt = p.quic_rtt.or(p.rtt)?;
+        let r = table.stalled(p, now).unwrap_or(rtt).max(rtt).as_secs_f64();
+        let w = p
+            .cwnd
+            .map_or(ASSUMED_WINDOW, |c| c as f64)
+            .max(PACKET_PAYLOAD);
+        let windows = (p.queued_bytes + bytes) as f64 / w;
+        let flights = 1.0
+            + if p.slow_start {
+                windows.ln_1p() / std::f64::consts::LN_2
+            } else {
+                windows
+            };
+        let packets = (bytes as f64 / PACKET_PAYLOAD).ceil() + 1.0;
+        let retransmit = 1.0 - (1.0 - p.loss.clamp(0.0, 1.0)).powf(packets);
+        Some(r * (flights + retransmit))
+    }
+
+    /// The usable path with the lowest cost, `cost` giving `None` for an unmeasured path.
+    fn best(
         table: &PathTable,
-        _priority: Priority,
-        _current: Option<PathId>,
+        avoid: &[PathId],
+        cost: impl Fn(&PathState) -> Option<f64>,
     ) -> Option<PathId> {
-        table.get(self.path).filter(|p| p.up).map(|p| p.id)
+        table
+            .usable(avoid)
+            .map(|p| (cost(p).unwrap_or(f64::INFINITY), p.id))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, id)| id)
+    }
+}
+
+impl Scheduler for Completion {
+    fn name(&self) -> &'static str {
+        "completion"
+    }
+
+    fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
+        let cost = |p: &PathState| Self::expected(table, p, ask.bytes, ask.now);
+        let first = Self::best(table, ask.avoid, cost)?;
+        match ask.priority {
+            Priority::Priority => Some(first),
+            Priority::BestEffort => {
+                let m = 1.0 + self.best_effort_margin;
+                Self::best(table, ask.avoid, |p| {
+                    cost(p).map(|e| if p.id == first { e * m } else { e })
+                })
+            }
+        }
     }
 }
 
 /// The scheduler a gateway runs unless told: paper 000's.
 pub const DEFAULT_SCHEDULER: &str = "adaptive";
 
-/// A scheduler by name: `adaptive`, `round-robin` or `single`.
+/// Every scheduler's name, the default first.
+pub const SCHEDULERS: [&str; 4] = ["adaptive", "completion", "round-robin", "single"];
+
+/// A scheduler by name: one of [`SCHEDULERS`].
 pub fn by_name(name: &str) -> Result<Box<dyn Scheduler>, String> {
     match name {
+        "completion" => Ok(Box::new(Completion::default())),
         "adaptive" => Ok(Box::new(Adaptive::default())),
         "round-robin" | "roundrobin" | "rr" => Ok(Box::new(RoundRobin::default())),
         "single" => Ok(Box::new(Single { path: PathId(0) })),
         other => Err(format!(
-            "unknown scheduler '{other}' (known: adaptive, round-robin, single)"
+            "unknown scheduler '{other}' (known: {})",
+            SCHEDULERS.join(", ")
         )),
     }
 }
@@ -157,12 +284,21 @@ pub fn by_name(name: &str) -> Result<Box<dyn Scheduler>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::path::PathConfig;
+    use crate::path::{ConnectionSample, PathConfig};
     use std::time::Instant;
+
+    /// A first attempt of 16 KiB, at a fixed instant.
+    fn ask(priority: Priority, current: Option<PathId>) -> Ask<'static> {
+        Ask::new(priority, 16_384, current, T0.with(|t| *t))
+    }
+
+    thread_local! {
+        static T0: Instant = Instant::now();
+    }
 
     /// A table with the given (RTT ms, hits, up) per path.
     fn table(rows: &[(Option<u64>, u32, bool)]) -> PathTable {
-        let t0 = Instant::now();
+        let t0 = T0.with(|t| *t);
         let mut t = PathTable::new(rows.len(), PathConfig::default(), t0);
         let probes = t.poll(t0);
         for (i, (rtt, hits, up)) in rows.iter().enumerate() {
@@ -269,7 +405,7 @@ mod tests {
         ];
         for (name, rows, prio, current, want) in cases {
             let t = table(rows);
-            let got = Adaptive::default().pick(&t, *prio, current.map(PathId));
+            let got = Adaptive::default().pick(&t, &ask(*prio, current.map(PathId)));
             assert_eq!(got, want.map(PathId), "{name}");
         }
     }
@@ -283,11 +419,11 @@ mod tests {
         ]);
         let mut rr = RoundRobin::default();
         let seq: Vec<_> = (0..5)
-            .map(|_| rr.pick(&t, Priority::Priority, None).unwrap().0)
+            .map(|_| rr.pick(&t, &ask(Priority::Priority, None)).unwrap().0)
             .collect();
         assert_eq!(seq, vec![0, 2, 0, 2, 0]);
         let none = table(&[(Some(10), 0, false)]);
-        assert_eq!(rr.pick(&none, Priority::BestEffort, None), None);
+        assert_eq!(rr.pick(&none, &ask(Priority::BestEffort, None)), None);
     }
 
     #[test]
@@ -295,15 +431,216 @@ mod tests {
         let t = table(&[(Some(300), 0, true), (Some(10), 0, true)]);
         let mut s = Single { path: PathId(0) };
         assert_eq!(
-            s.pick(&t, Priority::Priority, Some(PathId(1))),
+            s.pick(&t, &ask(Priority::Priority, Some(PathId(1)))),
             Some(PathId(0))
         );
         let down = table(&[(Some(300), 0, false), (Some(10), 0, true)]);
-        assert_eq!(s.pick(&down, Priority::Priority, None), None);
+        assert_eq!(s.pick(&down, &ask(Priority::Priority, None)), None);
         assert!(by_name("fastest")
             .err()
             .unwrap()
-            .contains("adaptive, round-robin, single"));
+            .contains("adaptive, completion, round-robin, single"));
         assert_eq!(by_name("rr").unwrap().name(), "round-robin");
+    }
+
+    /// A table whose paths have QUIC samples: (RTT ms, cwnd bytes, loss rate, up) each.
+    fn measured(rows: &[(u64, u64, f64, bool)]) -> PathTable {
+        let mut t = table(&rows.iter().map(|r| (Some(r.0), 0, r.3)).collect::<Vec<_>>());
+        for (i, (rtt, cwnd, loss, _)) in rows.iter().enumerate() {
+            let s = |sent: u64| ConnectionSample {
+                rtt: Duration::from_millis(*rtt),
+                cwnd: *cwnd,
+                sent_packets: sent,
+                lost_packets: (sent as f64 * loss).round() as u64,
+                congestion_events: 1,
+            };
+            t.on_connection_sample(PathId(i), s(0));
+            // Enough packets for the average to settle on the rate.
+            t.on_connection_sample(PathId(i), s(1_000_000));
+        }
+        t
+    }
+
+    fn completion(t: &PathTable, priority: Priority) -> Option<usize> {
+        Completion::default()
+            .pick(t, &ask(priority, None))
+            .map(|p| p.0)
+    }
+
+    #[test]
+    fn completion_table_driven() {
+        let (hi, be) = (Priority::Priority, Priority::BestEffort);
+        let w = 64_000;
+        #[allow(clippy::type_complexity)]
+        let cases: &[(&str, &[(u64, u64, f64, bool)], Priority, Option<usize>)] = &[
+            (
+                "idle paths: priority on the lowest RTT",
+                &[(30, w, 0.0, true), (10, w, 0.0, true)],
+                hi,
+                Some(1),
+            ),
+            (
+                "idle paths: best effort too while the next is 1.5× slower",
+                &[(10, w, 0.0, true), (20, w, 0.0, true)],
+                be,
+                Some(0),
+            ),
+            (
+                "best effort leaves priority's path for one within 1.5×",
+                &[(10, w, 0.0, true), (14, w, 0.0, true)],
+                be,
+                Some(1),
+            ),
+            (
+                "equal paths: the lower index",
+                &[(10, w, 0.0, true), (10, w, 0.0, true)],
+                hi,
+                Some(0),
+            ),
+            (
+                "a small window costs round trips",
+                &[(10, 4_000, 0.0, true), (25, w, 0.0, true)],
+                hi,
+                Some(1),
+            ),
+            (
+                "loss costs a retransmission",
+                &[(10, w, 0.6, true), (14, w, 0.0, true)],
+                hi,
+                Some(1),
+            ),
+            (
+                "light loss does not outweigh the RTT",
+                &[(10, w, 0.01, true), (14, w, 0.0, true)],
+                hi,
+                Some(0),
+            ),
+            (
+                "a down path is skipped",
+                &[(5, w, 0.0, false), (50, w, 0.0, true)],
+                hi,
+                Some(1),
+            ),
+            ("nothing up: none", &[(5, w, 0.0, false)], be, None),
+        ];
+        for (name, rows, prio, want) in cases {
+            assert_eq!(completion(&measured(rows), *prio), *want, "{name}");
+        }
+        // Unmeasured paths come last.
+        let t = table(&[(None, 0, true), (Some(80), 0, true)]);
+        assert_eq!(completion(&t, hi), Some(1));
+        let t = table(&[(None, 0, true), (None, 0, true)]);
+        assert_eq!(completion(&t, be), Some(0));
+    }
+
+    #[test]
+    fn completion_moves_off_a_loaded_or_silent_path() {
+        let t0 = T0.with(|t| *t);
+        let mut t = measured(&[(10, 32_000, 0.0, true), (20, 32_000, 0.0, true)]);
+        assert_eq!(completion(&t, Priority::Priority), Some(0));
+        // 45 KB queued on path 0: (45 + 16.4) / 32 = 1.9 round trips of 10 ms, then 2.4: moved.
+        let mut tickets = Vec::new();
+        for _ in 0..3 {
+            tickets.push(t.on_request_sent(PathId(0), 15_000, t0));
+        }
+        assert_eq!(completion(&t, Priority::Priority), Some(0), "19 ms < 20 ms");
+        tickets.push(t.on_request_sent(PathId(0), 15_000, t0));
+        assert_eq!(completion(&t, Priority::Priority), Some(1), "24 ms > 20 ms");
+        for k in tickets.drain(..) {
+            t.on_request_done(k);
+        }
+        assert_eq!(t.get(PathId(0)).unwrap().queued_bytes, 0);
+        assert_eq!(completion(&t, Priority::Priority), Some(0));
+        // One small request unanswered past the path's timeout (max(3 × 10 ms, 100 ms)): the
+        // path is at least that slow now.
+        let k = t.on_request_sent(PathId(0), 100, t0);
+        let later = |ms| {
+            Ask::new(
+                Priority::Priority,
+                16_384,
+                None,
+                t0 + Duration::from_millis(ms),
+            )
+        };
+        let mut c = Completion::default();
+        assert_eq!(c.pick(&t, &later(99)), Some(PathId(0)));
+        assert_eq!(c.pick(&t, &later(101)), Some(PathId(1)));
+        t.on_request_done(k);
+        t.on_request_done(k); // twice is harmless
+        assert_eq!(c.pick(&t, &later(101)), Some(PathId(0)));
+        assert_eq!(t.get(PathId(0)).unwrap().pending_requests(), 0);
+    }
+
+    #[test]
+    fn avoided_paths_are_used_only_when_nothing_else_is_up() {
+        let t = measured(&[
+            (10, 64_000, 0.0, true),
+            (20, 64_000, 0.0, true),
+            (5, 64_000, 0.0, false),
+        ]);
+        let t0 = T0.with(|t| *t);
+        for name in SCHEDULERS {
+            let mut s = by_name(name).unwrap();
+            let avoid = [PathId(0)];
+            let a = Ask {
+                avoid: &avoid,
+                ..Ask::new(Priority::Priority, 1000, Some(PathId(0)), t0)
+            };
+            let got = pick_avoiding(&mut *s, &t, &a);
+            let want = if name == "single" {
+                Some(PathId(0))
+            } else {
+                Some(PathId(1))
+            };
+            assert_eq!(got, want, "{name}");
+            let both = [PathId(0), PathId(1)];
+            let a = Ask { avoid: &both, ..a };
+            let got = pick_avoiding(&mut *s, &t, &a);
+            assert!(
+                got.is_some_and(|p| p != PathId(2)),
+                "{name}: {got:?} (path 2 is down)"
+            );
+        }
+    }
+
+    /// Random tables: whatever the state, a priority request's expected completion is never
+    /// above a best-effort request's, and the pick is a usable path.
+    #[test]
+    fn completion_priority_never_expects_worse_than_best_effort() {
+        use rand::{Rng, SeedableRng};
+        let t0 = T0.with(|t| *t);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for case in 0..2_000 {
+            let n = rng.random_range(1..5);
+            let rows: Vec<(u64, u64, f64, bool)> = (0..n)
+                .map(|_| {
+                    (
+                        rng.random_range(1..300),
+                        rng.random_range(1_200..200_000),
+                        rng.random_range(0.0..0.3),
+                        rng.random_bool(0.8),
+                    )
+                })
+                .collect();
+            let mut t = measured(&rows);
+            for i in 0..n {
+                for _ in 0..rng.random_range(0..4) {
+                    let ago = Duration::from_millis(rng.random_range(0..400));
+                    t.on_request_sent(PathId(i), rng.random_range(100..40_000), t0 - ago);
+                }
+            }
+            let bytes = rng.random_range(1..100_000);
+            let c = Completion::default();
+            let at = |p: Priority| c.clone().pick(&t, &Ask::new(p, bytes, None, t0));
+            let (hi, be) = (at(Priority::Priority), at(Priority::BestEffort));
+            let any_up = rows.iter().any(|r| r.3);
+            assert_eq!(hi.is_some(), any_up, "case {case}");
+            assert_eq!(be.is_some(), any_up, "case {case}");
+            if let (Some(h), Some(b)) = (hi, be) {
+                assert!(t.get(h).unwrap().up && t.get(b).unwrap().up);
+                let e = |p: PathId| Completion::expected(&t, t.get(p).unwrap(), bytes, t0).unwrap();
+                assert!(e(h) <= e(b), "case {case}: {rows:?}");
+            }
+        }
     }
 }

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use qgate_core::loggate::LogGate;
 use qgate_core::path::PathId;
-use qgate_core::path::PathTable;
-use qgate_core::scheduler::{Priority, Scheduler};
+use qgate_core::path::{ConnectionSample, Ticket};
+use qgate_core::scheduler::{self, Ask, Priority, Scheduler};
 use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits, SessionTable};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
 use qgate_transport::shared_driver::EndpointStats;
@@ -408,38 +408,40 @@ impl Gateway {
         Some(c)
     }
 
-    /// Choose (and record) the device's path for this request, avoiding the paths in `tried`
-    /// (where this request already timed out) while another path is up.
+    /// Choose (and record) the device's path for a request of `bytes`, avoiding the paths in
+    /// `tried` (where this request already failed) while another path is up. One pass under
+    /// the sessions lock, then the table's and the scheduler's: the table is not copied.
     fn assign(
         &self,
         hash: &HashId,
         conn: ConnId,
+        bytes: u64,
         tried: &[PathId],
     ) -> Result<Option<PathId>, SessionError> {
         let now = Instant::now().into_std();
         let mut sessions = lock(&self.sessions);
         let s = sessions.lookup(hash, conn, now)?;
-        let table = self.paths.table();
-        let pick = {
-            let mut sched = lock(&self.scheduler);
-            // Steer clear of the paths tried while the scheduler has another choice.
-            avoiding(&table, tried)
-                .and_then(|t| sched.pick(&t, s.priority, s.path))
-                .or_else(|| sched.pick(&table, s.priority, s.path))
+        let ask = Ask {
+            priority: s.priority,
+            bytes,
+            current: s.path,
+            avoid: tried,
+            now,
         };
-        if pick != s.path {
-            let old = s.path;
-            s.path = pick;
-            drop(sessions);
-            self.paths.with_table(|t| {
+        let old = s.path;
+        let pick = self.paths.with_table(|t| {
+            let pick = scheduler::pick_avoiding(&mut **lock(&self.scheduler), t, &ask);
+            if pick != old {
                 if let Some(o) = old {
                     t.remove_hit(o);
                 }
                 if let Some(p) = pick {
                     t.add_hit(p);
                 }
-            });
-        }
+            }
+            pick
+        });
+        s.path = pick;
         Ok(pick)
     }
 
@@ -518,7 +520,7 @@ impl Gateway {
         let mut attempts = 0;
         let mut tried: Vec<PathId> = Vec::new();
         while attempts < self.cfg.attempts.max(1) && Instant::now() < deadline {
-            let path = match self.assign(&hash, conn, &tried) {
+            let path = match self.assign(&hash, conn, body.len() as u64, &tried) {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -542,8 +544,13 @@ impl Gateway {
                 .header(REQUEST_ID_HEADER, rid.as_str())
                 .body(())
                 .expect("valid request");
-            self.paths
-                .with_table(|t| t.on_request_sent(path, Instant::now().into_std()));
+            // Handed back however the attempt ends, this future dropped mid-way included.
+            let _queued = Queued {
+                gw: self,
+                ticket: self.paths.with_table(|t| {
+                    t.on_request_sent(path, body.len() as u64, Instant::now().into_std())
+                }),
+            };
             // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future
             // (and the per-request task) grows by it and is copied around with it.
             let outcome = Box::pin(client.request_within(
@@ -556,11 +563,12 @@ impl Gateway {
             match outcome {
                 Ok(r) => {
                     // Every answer refreshes the path's RTT from QUIC's estimate (§3.2), so a
-                    // path that slows down is seen between the 30 s probes.
-                    let rtt = client.connection().rtt();
+                    // path that slows down is seen between the 30 s probes, and its window and
+                    // loss for the per-request scheduler.
+                    let sample = connection_sample(client.connection());
                     self.paths.with_table(|t| {
                         t.on_heard(path);
-                        t.on_rtt_estimate(path, rtt);
+                        t.on_connection_sample(path, sample);
                     });
                     self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                     self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
@@ -599,16 +607,29 @@ impl Gateway {
     }
 }
 
-/// A copy of `table` with the `tried` paths down, if any were tried.
-fn avoiding(table: &PathTable, tried: &[PathId]) -> Option<PathTable> {
-    if tried.is_empty() {
-        return None;
+/// What QUIC says about a backhaul connection now.
+pub(crate) fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
+    let p = c.stats().path;
+    ConnectionSample {
+        rtt: p.rtt,
+        cwnd: p.cwnd,
+        sent_packets: p.sent_packets,
+        lost_packets: p.lost_packets,
+        congestion_events: p.congestion_events,
     }
-    let mut t = table.clone();
-    for id in tried {
-        t.set_up(*id, false);
+}
+
+/// A forwarding attempt's place in its path's queue, given back on drop.
+struct Queued<'a> {
+    gw: &'a Gateway,
+    ticket: Ticket,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let ticket = self.ticket;
+        self.gw.paths.with_table(|t| t.on_request_done(ticket));
     }
-    Some(t)
 }
 
 /// A request's place in its session's in-flight count, given back on drop.

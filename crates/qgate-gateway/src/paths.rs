@@ -144,7 +144,8 @@ async fn drive(
             match conn {
                 Some(c) => {
                     // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
-                    lock(&shared.table).on_rtt_estimate(probe.path, c.rtt());
+                    let sample = crate::gateway::connection_sample(&c);
+                    lock(&shared.table).on_connection_sample(probe.path, sample);
                     let _ = c.send_datagram(Bytes::copy_from_slice(
                         &ProbeMsg::Request(probe.seq).encode(),
                     ));

@@ -9,7 +9,7 @@ use qgate_core::path::PathId;
 
 #[tokio::test(start_paused = true)]
 async fn every_scheduler_answers_every_request() {
-    for sched in ["adaptive", "round-robin", "single"] {
+    for sched in qgate_core::scheduler::SCHEDULERS {
         let w = world(10, sched).await;
         let mut hashes = Vec::new();
         for (i, d) in w.devices.iter().enumerate() {
@@ -21,15 +21,27 @@ async fn every_scheduler_answers_every_request() {
                 let (status, path) = send(d, &hashes[i]).await;
                 assert_eq!(status, 201, "{sched} round {round} device {i}");
                 used[path.unwrap()] += 1;
-                if sched == "adaptive" && i % 2 == 1 {
+                if matches!(sched, "adaptive" | "completion") && i % 2 == 1 {
                     assert_eq!(path, Some(0), "priority devices ride the lowest-RTT path");
                 }
             }
         }
         assert_eq!(w.server.snapshot().ingested, 50, "{sched}");
+        // Every answered request gave its place in its path's queue back.
+        let table = w.gateway.paths().table();
+        for p in table.paths() {
+            assert_eq!(
+                (p.queued_bytes, p.pending_requests()),
+                (0, 0),
+                "{sched}: {p:?}"
+            );
+        }
         match sched {
             "single" => assert_eq!(used, [50, 0, 0]),
             "round-robin" => assert!(used.iter().all(|u| *u >= 16), "{used:?}"),
+            // One request at a time: nothing queued anywhere, so every request takes the
+            // lowest RTT (20 ms round trip; the next path's 40 ms is beyond best effort's 1.5×).
+            "completion" => assert_eq!(used, [50, 0, 0], "{sched}"),
             _ => {
                 // Best-effort devices spread over the paths by hits (tie → lower RTT).
                 assert!(used[1] > 0 && used[2] > 0, "{used:?}");

@@ -74,7 +74,9 @@ async fn measures_detects_death_and_recovery() {
 
     // Path 2 (index 1) goes dark; traffic on it is not answered.
     net.update_both(links[1], |l| l.up = false).unwrap();
-    pm.with_table(|t| t.on_request_sent(PathId(1), tokio::time::Instant::now().into_std()));
+    pm.with_table(|t| {
+        t.on_request_sent(PathId(1), 1000, tokio::time::Instant::now().into_std());
+    });
     let died = tokio::time::Instant::now();
     while pm.table().get(PathId(1)).unwrap().up {
         tokio::time::sleep(Duration::from_millis(10)).await;

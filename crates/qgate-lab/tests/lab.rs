@@ -171,7 +171,7 @@ fn proxy_point_runs_for_every_scheme() {
                 .is_some_and(|p| p.sweep == "delay-hetero" && p.x == 30.0)
         })
         .collect();
-    assert_eq!(variants.len(), 3);
+    assert_eq!(variants.len(), 4);
     let t = std::time::Instant::now();
     let mut means = Vec::new();
     for v in &variants {
@@ -190,6 +190,10 @@ fn proxy_point_runs_for_every_scheme() {
     let get = |s: &str| means.iter().find(|m| m.0 == s).unwrap().1;
     let (rr, ad) = (get("round-robin"), get("adaptive"));
     assert!(ad < rr, "adaptive {ad} ms vs round-robin {rr} ms");
+    // Per request, completion keeps nearly everything on the fastest path and does not pay
+    // adaptive's cost of parking best-effort devices on the slow ones.
+    let co = get("completion");
+    assert!(co < ad, "completion {co} ms vs adaptive {ad} ms");
 }
 
 #[test]

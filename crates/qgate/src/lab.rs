@@ -22,7 +22,7 @@ pub struct DemoArgs {
     /// Gateway demo: seconds of traffic [default: 10].
     #[arg(long)]
     duration: Option<u64>,
-    /// Gateway demo: adaptive, round-robin or single [default: adaptive].
+    /// Gateway demo: adaptive, completion, round-robin or single [default: adaptive].
     #[arg(long)]
     scheduler: Option<String>,
     /// Gateway demo: run in virtual time (no live view; finishes at once).
@@ -143,12 +143,7 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
         c.duration = Duration::from_secs(d);
     }
     if let Some(name) = a.scheduler.as_deref() {
-        qgate_core::scheduler::by_name(name).map_err(usage)?;
-        c.scheduler = match name {
-            "round-robin" | "roundrobin" | "rr" => "round-robin",
-            "single" => "single",
-            _ => "adaptive",
-        };
+        c.scheduler = qgate_core::scheduler::by_name(name).map_err(usage)?.name();
     }
     if let Some(p) = a.loss {
         if !(0.0..=0.5).contains(&p) {

@@ -27,7 +27,7 @@ pub struct GatewayDemo {
     pub interval: Duration,
     /// Bytes per request.
     pub body_bytes: usize,
-    /// adaptive, round-robin or single.
+    /// adaptive, completion, round-robin or single.
     pub scheduler: &'static str,
     /// Random loss on every path.
     pub loss: f64,
