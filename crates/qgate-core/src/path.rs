@@ -109,9 +109,10 @@ pub struct PathState {
 }
 
 impl PathState {
-    /// When the oldest request still unanswered on the path was sent.
+    /// When the oldest request still unanswered on the path was sent: the first ticket's, as
+    /// tickets are numbered in the order the shell sends (with non-decreasing `now`).
     pub fn oldest_pending(&self) -> Option<Instant> {
-        self.pending.values().map(|(t, _)| *t).min()
+        self.pending.first_key_value().map(|(_, (t, _))| *t)
     }
 
     /// Requests sent on the path and not yet answered.
@@ -337,7 +338,7 @@ impl PathTable {
     pub fn on_request_done(&mut self, ticket: Ticket) {
         if let Some(p) = self.paths.get_mut(ticket.path.0) {
             if let Some((_, bytes)) = p.pending.remove(&ticket.seq) {
-                p.queued_bytes -= bytes;
+                p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
             }
         }
     }

@@ -565,10 +565,11 @@ impl Gateway {
                     // Every answer refreshes the path's RTT from QUIC's estimate (§3.2), so a
                     // path that slows down is seen between the 30 s probes, and its window and
                     // loss for the per-request scheduler.
-                    let sample = connection_sample(client.connection());
+                    // Read under the table's lock: samples from concurrent answers are applied
+                    // in the order they were taken, so the counters never seem to go back.
                     self.paths.with_table(|t| {
                         t.on_heard(path);
-                        t.on_connection_sample(path, sample);
+                        t.on_connection_sample(path, connection_sample(client.connection()));
                     });
                     self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                     self.per_path[path.0].fetch_add(1, Ordering::Relaxed);

@@ -144,8 +144,10 @@ async fn drive(
             match conn {
                 Some(c) => {
                     // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
-                    let sample = crate::gateway::connection_sample(&c);
-                    lock(&shared.table).on_connection_sample(probe.path, sample);
+                    // Under the table's lock, as the gateway's samples (in order).
+                    let mut t = lock(&shared.table);
+                    t.on_connection_sample(probe.path, crate::gateway::connection_sample(&c));
+                    drop(t);
                     let _ = c.send_datagram(Bytes::copy_from_slice(
                         &ProbeMsg::Request(probe.seq).encode(),
                     ));

@@ -104,7 +104,13 @@ async fn a_forged_hash_id_is_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dying_path_loses_no_request() {
-    let w = world(4, "adaptive").await;
+    for sched in ["adaptive", "completion"] {
+        a_dying_path_loses_no_request_with(sched).await;
+    }
+}
+
+async fn a_dying_path_loses_no_request_with(sched: &str) {
+    let w = world(4, sched).await;
     let mut hashes = Vec::new();
     for d in &w.devices {
         hashes.push(register(d, 1).await); // all priority: all on path 0
@@ -116,16 +122,25 @@ async fn a_dying_path_loses_no_request() {
         }
         for (i, d) in w.devices.iter().enumerate() {
             let (status, path) = send(d, &hashes[i]).await;
-            assert_eq!(status, 201, "round {round} device {i}");
+            assert_eq!(status, 201, "{sched}: round {round} device {i}");
             sent += 1;
             if round > 5 {
-                assert_ne!(path, Some(0), "the dead path is not used");
+                assert_ne!(path, Some(0), "{sched}: the dead path is not used");
             }
         }
     }
     let s = w.server.snapshot();
     assert_eq!(s.ingested, sent, "every request stored exactly once");
-    assert!(!w.gateway.paths().table().get(PathId(0)).unwrap().up);
+    let table = w.gateway.paths().table();
+    assert!(!table.get(PathId(0)).unwrap().up);
+    // The attempts that timed out on the dead path gave their tickets back too.
+    for p in table.paths() {
+        assert_eq!(
+            (p.queued_bytes, p.pending_requests()),
+            (0, 0),
+            "{sched}: {p:?}"
+        );
+    }
     assert!(
         w.gateway
             .stats
