@@ -10,7 +10,7 @@
 //! - [`oneshot`]: pipelined clients whose whole opening rides in 0-RTT;
 //! - [`auth`]: SASL PLAIN (credentials file) and ANONYMOUS;
 //! - [`transport`]: QUIC / TCP / TCP+TLS streams, listeners and connectors;
-//! - [`broker`]: the broker; [`client`]: senders and receivers.
+//! - [`broker`]: the broker; [`client`]: senders and receivers; [`url`]: `amqp://` URLs.
 
 pub mod artemis;
 pub mod auth;
@@ -22,4 +22,5 @@ pub mod queue;
 pub mod shim;
 pub mod store;
 pub mod transport;
+pub mod url;
 pub mod wire;

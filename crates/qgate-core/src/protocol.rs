@@ -13,8 +13,12 @@ pub const HASH_ID_HEADER: &str = "qgate-hash-id";
 pub const PRIORITY_HEADER: &str = "qgate-priority";
 /// The gateway's id for a forwarded request; the server stores each id once (decision G5).
 pub const REQUEST_ID_HEADER: &str = "qgate-request-id";
-/// The backhaul path the gateway used, on its answer to the device.
+/// The backhaul path the gateway used: on its answer to the device, and on the forwarded
+/// request (the server passes it on with the body).
 pub const PATH_HEADER: &str = "qgate-path";
+/// The device a forwarded request came from, as the gateway saw it (its address); the server
+/// passes it on with the body.
+pub const DEVICE_HEADER: &str = "qgate-device";
 /// Longest request id accepted.
 pub const MAX_REQUEST_ID: usize = 64;
 /// Paths are numbered below this.
@@ -32,6 +36,9 @@ pub enum ProtocolError {
     /// A request id that is empty, too long or not visible ASCII.
     #[error("{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
     RequestId,
+    /// A device header that is not 1-64 visible ASCII characters.
+    #[error("{DEVICE_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
+    Device,
     /// A path header that is not a small decimal number.
     #[error("{PATH_HEADER} must be a path number below {MAX_PATHS}")]
     Path,
@@ -91,6 +98,11 @@ pub fn parse_request_id(v: &[u8]) -> Result<&str, ProtocolError> {
         return Err(ProtocolError::RequestId);
     }
     std::str::from_utf8(v).map_err(|_| ProtocolError::RequestId)
+}
+
+/// A device header's value: 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
+pub fn parse_device(v: &[u8]) -> Result<&str, ProtocolError> {
+    parse_request_id(v).map_err(|_| ProtocolError::Device)
 }
 
 /// A path header's value.
@@ -169,6 +181,7 @@ mod tests {
             if let Ok(id) = parse_request_id(&b) {
                 prop_assert_eq!(id.as_bytes(), &b[..]);
             }
+            prop_assert_eq!(parse_device(&b).ok(), parse_request_id(&b).ok());
             if let Ok(p) = parse_path(&b) {
                 prop_assert_eq!(parse_path(p.to_string().as_bytes()), Ok(p));
             }

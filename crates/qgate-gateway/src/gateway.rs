@@ -23,7 +23,9 @@ use tokio::time::Instant;
 
 use crate::paths::PathManager;
 
-use qgate_core::protocol::{self as wire, Registered, PATH_HEADER, REQUEST_ID_HEADER};
+use qgate_core::protocol::{
+    self as wire, Registered, DEVICE_HEADER, PATH_HEADER, REQUEST_ID_HEADER,
+};
 pub use qgate_core::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
 
 /// Gateway limits and timeouts, and the `[gateway]` keys of a config file that set them
@@ -510,6 +512,7 @@ impl Gateway {
             self.instance,
             self.next_rid.fetch_add(1, Ordering::Relaxed)
         );
+        let device_name = device.to_string();
         let path_and_query = req
             .uri()
             .path_and_query()
@@ -542,6 +545,9 @@ impl Gateway {
                     self.cfg.server_authority, path_and_query
                 ))
                 .header(REQUEST_ID_HEADER, rid.as_str())
+                // Who sent it and which path carried it, for the server's sink.
+                .header(DEVICE_HEADER, device_name.as_str())
+                .header(PATH_HEADER, path.0)
                 .body(())
                 .expect("valid request");
             // Handed back however the attempt ends, this future dropped mid-way included.

@@ -12,7 +12,7 @@ use qgate_transport::{
     endpoint, server_config, Identity, Socket, TransportError, TransportOptions,
 };
 
-use crate::{serve, IngestService, ServerHistory, ServerStats, Sink, Uploads};
+use crate::{serve, DedupStore, IngestService, ServerHistory, ServerStats, Sink, Uploads};
 
 /// The ingest server (HTTP/3 over QUIC); see [`Server::builder`].
 pub struct Server;
@@ -30,6 +30,7 @@ impl Server {
             history: None,
             seed: None,
             uploads: None,
+            dedup_store: None,
         }
     }
 }
@@ -55,6 +56,7 @@ pub struct ServerBuilder<'a> {
     history: Option<(Arc<HistoryStore>, Option<f64>)>,
     seed: Option<u64>,
     uploads: Option<Uploads>,
+    dedup_store: Option<DedupStore>,
 }
 
 impl<'a> ServerBuilder<'a> {
@@ -101,6 +103,13 @@ impl<'a> ServerBuilder<'a> {
         self
     }
 
+    /// Remember stored request ids in this durable table too, so a copy retried after a
+    /// restart is not stored twice.
+    pub fn dedup_store(mut self, store: DedupStore) -> Self {
+        self.dedup_store = Some(store);
+        self
+    }
+
     /// Seed quinn's choices (connection IDs, packet-number skips), so a simulation repeats.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -130,6 +139,9 @@ impl<'a> ServerBuilder<'a> {
         });
         if let Some(u) = &uploads {
             service = service.with_uploads(u.clone());
+        }
+        if let Some(d) = self.dedup_store {
+            service = service.with_dedup_store(d);
         }
         let service = Arc::new(service);
         let stats = service.stats();

@@ -10,7 +10,9 @@
 
 mod builder;
 mod dedup;
+mod dedup_store;
 mod probe;
+mod queue_sink;
 mod sink;
 pub mod upload;
 
@@ -23,8 +25,10 @@ use http::{Method, Request, Response, StatusCode};
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
 pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
+pub use dedup_store::{DedupStore, DedupStoreError};
 pub use probe::answer_probes;
-pub use sink::{Sink, SinkError};
+pub use queue_sink::{QueueSink, QueueSinkConfig, QueueSinkStats};
+pub use sink::{Record, Sink, SinkError};
 pub use upload::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 
 /// Counters of what the server has done.
@@ -107,6 +111,7 @@ pub struct IngestService {
     uploads: Option<Arc<Uploads>>,
     stats: Arc<ServerStats>,
     dedup: dedup::Dedup,
+    durable: Option<DedupStore>,
 }
 
 impl IngestService {
@@ -118,7 +123,14 @@ impl IngestService {
             stats: Arc::new(ServerStats::default()),
             // Enough for every request a gateway can retry within its timeouts.
             dedup: dedup::Dedup::new(1 << 16),
+            durable: None,
         }
+    }
+
+    /// Also remember stored request ids in `store`, so de-duplication survives a restart.
+    pub fn with_dedup_store(mut self, store: DedupStore) -> IngestService {
+        self.durable = Some(store);
+        self
     }
 
     /// Also receive uploads into `uploads`.
@@ -201,6 +213,40 @@ impl IngestService {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
             ));
         }
+        if let Sink::Queue(q) = &self.sink {
+            let st = q.stats();
+            let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            for (name, help, kind, v) in [
+                (
+                    "qgate_server_queue_accepted_total",
+                    "messages the AMQP broker accepted",
+                    "counter",
+                    r(&st.accepted),
+                ),
+                (
+                    "qgate_server_queue_failed_total",
+                    "messages the AMQP sink could not deliver (answered 503)",
+                    "counter",
+                    r(&st.failed),
+                ),
+                (
+                    "qgate_server_queue_connects_total",
+                    "connections opened to the AMQP broker",
+                    "counter",
+                    r(&st.connects),
+                ),
+                (
+                    "qgate_server_queue_up",
+                    "1 while the link to the AMQP broker is attached",
+                    "gauge",
+                    u64::from(q.is_up()),
+                ),
+            ] {
+                out.push_str(&format!(
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+                ));
+            }
+        }
         out
     }
 }
@@ -255,11 +301,27 @@ impl Handler for IngestService {
                     "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n",
                 ),
                 Some(name) => {
-                    let rid = req
-                        .headers()
-                        .get(qgate_core::protocol::REQUEST_ID_HEADER)
-                        .and_then(|v| qgate_core::protocol::parse_request_id(v.as_bytes()).ok());
-                    self.ingest(name, &body, rid, peer).await
+                    use qgate_core::protocol as wire;
+                    let h = req.headers();
+                    let rid = h
+                        .get(wire::REQUEST_ID_HEADER)
+                        .and_then(|v| wire::parse_request_id(v.as_bytes()).ok());
+                    let peer_name = peer.to_string();
+                    let device = h
+                        .get(wire::DEVICE_HEADER)
+                        .and_then(|v| wire::parse_device(v.as_bytes()).ok())
+                        .unwrap_or(&peer_name);
+                    let path = h
+                        .get(wire::PATH_HEADER)
+                        .and_then(|v| wire::parse_path(v.as_bytes()).ok());
+                    let rec = Record {
+                        stream: name,
+                        body: &body,
+                        request_id: rid,
+                        device,
+                        path,
+                    };
+                    self.ingest(&rec, peer).await
                 }
             },
             (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body, peer).await,
@@ -276,24 +338,20 @@ impl Handler for IngestService {
 
 impl IngestService {
     /// Store one body, at most once per request id.
-    async fn ingest(
-        &self,
-        name: &str,
-        body: &Bytes,
-        rid: Option<&str>,
-        peer: SocketAddr,
-    ) -> Response<Bytes> {
+    async fn ingest(&self, rec: &Record<'_>, peer: SocketAddr) -> Response<Bytes> {
+        let duplicate = |id: u64, n: usize| {
+            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+            json(
+                StatusCode::CREATED,
+                format!("{{\"id\":{id},\"bytes\":{n},\"duplicate\":true}}"),
+            )
+        };
+        let rid = rec.request_id;
         if let Some(rid) = rid {
             loop {
                 match self.dedup.admit(rid) {
                     dedup::Admission::Store => break,
-                    dedup::Admission::Duplicate(id, n) => {
-                        self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                        return json(
-                            StatusCode::CREATED,
-                            format!("{{\"id\":{id},\"bytes\":{n},\"duplicate\":true}}"),
-                        );
-                    }
+                    dedup::Admission::Duplicate(id, n) => return duplicate(id, n),
                     dedup::Admission::Wait(w) => {
                         let notified = w.notified();
                         // Re-check: the first copy may have finished before we listened.
@@ -303,26 +361,61 @@ impl IngestService {
                     }
                 }
             }
+            // Stored before a restart: the durable table remembers it.
+            if let Some(d) = &self.durable {
+                match d.lookup(rid) {
+                    Ok(Some((id, n))) => {
+                        self.dedup.finish(rid, Some((id, n)));
+                        return duplicate(id, n);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.dedup.finish(rid, None);
+                        tracing::error!(error = %e, "de-duplication lookup failed");
+                        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));
+                    }
+                }
+            }
         }
-        let result = self.sink.store(name, body).await;
+        let len = rec.body.len();
+        let result = self.sink.store(rec).await;
+        if let (Some(rid), Ok(id), Some(d)) = (rid, &result, &self.durable) {
+            // The body is stored either way; a failed record only weakens de-duplication
+            // across a restart, so the request is still acknowledged.
+            if let Err(e) = d.record(rid, *id, len).await {
+                tracing::error!(error = %e, "could not record a request id");
+            }
+        }
         if let Some(rid) = rid {
             self.dedup
-                .finish(rid, result.as_ref().ok().map(|id| (*id, body.len())));
+                .finish(rid, result.as_ref().ok().map(|id| (*id, len)));
         }
         match result {
             Ok(id) => {
                 self.stats.ingested.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .ingested_bytes
-                    .fetch_add(body.len() as u64, Ordering::Relaxed);
+                    .fetch_add(len as u64, Ordering::Relaxed);
                 json(
                     StatusCode::CREATED,
-                    format!("{{\"id\":{id},\"bytes\":{}}}", body.len()),
+                    format!("{{\"id\":{id},\"bytes\":{len}}}"),
                 )
             }
             Err(e) => {
-                tracing::error!(%peer, error = %e, "could not store an ingest body");
-                text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+                match &e {
+                    SinkError::Io { .. } => {
+                        tracing::error!(%peer, error = %e, "could not store an ingest body")
+                    }
+                    SinkError::Unavailable(_) => {
+                        tracing::debug!(%peer, error = %e, "the queue did not take a body")
+                    }
+                }
+                let mut r = text(e.status(), format!("{e}\n"));
+                if e.status() == StatusCode::SERVICE_UNAVAILABLE {
+                    r.headers_mut()
+                        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
+                }
+                r
             }
         }
     }

@@ -1,16 +1,50 @@
-//! Where ingested bodies go: counted only, or stored as files, durably, before acknowledgement.
+//! Where ingested bodies go: counted only, stored as files, or sent to an AMQP queue — durably,
+//! before acknowledgement.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Storing a body failed; the message names the path.
+use crate::queue_sink::QueueSink;
+
+/// Storing a body failed.
 #[derive(Debug, thiserror::Error)]
-#[error("sink {path}: {source}")]
-pub struct SinkError {
-    /// The file or directory involved.
-    pub path: PathBuf,
-    /// The error.
-    pub source: std::io::Error,
+pub enum SinkError {
+    /// A file or directory could not be written (answered 500).
+    #[error("sink {path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The queue did not take the message now (answered 503: try again later).
+    #[error("sink {0}")]
+    Unavailable(String),
+}
+
+impl SinkError {
+    /// The HTTP status a device gets for this failure.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            SinkError::Io { .. } => http::StatusCode::INTERNAL_SERVER_ERROR,
+            SinkError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// One ingested body and what is known about it.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// The stream (from `/ingest/<stream>`).
+    pub stream: &'a str,
+    /// The body.
+    pub body: &'a [u8],
+    /// The forwarder's request id (`qgate-request-id`), if any.
+    pub request_id: Option<&'a str>,
+    /// The device: the forwarder's `qgate-device`, else the peer's address.
+    pub device: &'a str,
+    /// The gateway's backhaul path, if it said (`qgate-path`).
+    pub path: Option<usize>,
 }
 
 /// The destination of ingested bodies.
@@ -29,10 +63,13 @@ pub enum Sink {
         /// Next id (continues after the largest id already on disk).
         next: AtomicU64,
     },
+    /// A message on an AMQP 1.0 queue, accepted by the broker before the request is
+    /// acknowledged.
+    Queue(QueueSink),
 }
 
 fn err(path: &Path) -> impl FnOnce(std::io::Error) -> SinkError + '_ {
-    move |source| SinkError {
+    move |source| SinkError::Io {
         path: path.to_path_buf(),
         source,
     }
@@ -70,17 +107,18 @@ impl Sink {
         })
     }
 
-    /// Store one body of stream `stream`; returns its id once it is durable.
-    pub async fn store(&self, stream: &str, body: &[u8]) -> Result<u64, SinkError> {
+    /// Store one record; returns its id once it is durable.
+    pub async fn store(&self, rec: &Record<'_>) -> Result<u64, SinkError> {
         match self {
             Sink::Count { next } => Ok(next.fetch_add(1, Ordering::Relaxed)),
+            Sink::Queue(q) => q.deliver(rec).await,
             Sink::Dir { root, next } => {
                 let id = next.fetch_add(1, Ordering::Relaxed);
-                let dir = root.join(stream);
-                let body = body.to_vec();
+                let dir = root.join(rec.stream);
+                let body = rec.body.to_vec();
                 tokio::task::spawn_blocking(move || write_durably(&dir, id, &body))
                     .await
-                    .map_err(|e| SinkError {
+                    .map_err(|e| SinkError::Io {
                         path: root.clone(),
                         source: std::io::Error::other(e),
                     })??;
@@ -112,16 +150,26 @@ fn write_durably(dir: &Path, id: u64, body: &[u8]) -> Result<(), SinkError> {
 mod tests {
     use super::*;
 
+    fn rec<'a>(stream: &'a str, body: &'a [u8]) -> Record<'a> {
+        Record {
+            stream,
+            body,
+            request_id: None,
+            device: "test",
+            path: None,
+        }
+    }
+
     #[tokio::test]
     async fn ids_continue_across_restarts() {
         let root = std::env::temp_dir().join(format!("qgate-sink-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let sink = Sink::directory(&root).unwrap();
-        assert_eq!(sink.store("a", b"one").await.unwrap(), 1);
-        assert_eq!(sink.store("b", b"two").await.unwrap(), 2);
+        assert_eq!(sink.store(&rec("a", b"one")).await.unwrap(), 1);
+        assert_eq!(sink.store(&rec("b", b"two")).await.unwrap(), 2);
         drop(sink);
         let sink = Sink::directory(&root).unwrap();
-        assert_eq!(sink.store("a", b"three").await.unwrap(), 3);
+        assert_eq!(sink.store(&rec("a", b"three")).await.unwrap(), 3);
         assert_eq!(
             std::fs::read(root.join("a/000000000001.bin")).unwrap(),
             b"one"

@@ -141,12 +141,12 @@ fn broker_config(a: &BrokerArgs, b: &BrokerSection) -> Result<BrokerConfig, Fail
     c.store = if a.memory || b.memory.unwrap_or(false) {
         None
     } else {
-        Some(a.store.clone().or(c.store).unwrap_or_else(|| {
-            default_dev_pki_dir()
-                .parent()
-                .map(|p| p.join("broker.redb"))
-                .unwrap_or_else(|| PathBuf::from("broker.redb"))
-        }))
+        Some(
+            a.store
+                .clone()
+                .or(c.store)
+                .unwrap_or_else(|| crate::home_file("broker.redb")),
+        )
     };
     c.validate()
         .map_err(|e| usage(format!("[broker] or its flags: {e}")))?;

@@ -78,8 +78,13 @@ pub struct ServerConfig {
     pub key: Option<PathBuf>,
     /// Directory of the development PKI used when no cert/key is given.
     pub dev_pki: Option<PathBuf>,
-    /// Directory to store ingested bodies in; none = count only.
-    pub sink: Option<PathBuf>,
+    /// Where ingested bodies go: a directory, or an `amqp://`, `amqps://` or `amqp+quic://`
+    /// URL of a queue; none = count only.
+    pub sink: Option<String>,
+    /// CA certificate (PEM) the queue sink checks an `amqps` or `amqp+quic` broker against.
+    pub sink_ca: Option<PathBuf>,
+    /// The durable de-duplication table.
+    pub dedup_store: Option<PathBuf>,
     /// Largest request body, bytes.
     pub max_body: Option<usize>,
     /// Directory receiving `qgate upload` files; none = uploads off.

@@ -12,10 +12,7 @@ use crate::{usage, Failure};
 
 /// The default store file: `$QGATE_HOME/history.redb` (beside the dev PKI).
 pub fn default_store() -> PathBuf {
-    crate::default_dev_pki_dir()
-        .parent()
-        .map(|p| p.join("history.redb"))
-        .unwrap_or_else(|| PathBuf::from("history.redb"))
+    crate::home_file("history.redb")
 }
 
 /// The history settings from the config file.

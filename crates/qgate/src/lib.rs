@@ -222,6 +222,14 @@ pub fn run() -> ExitCode {
 
 /// Where the development PKI lives by default: `$QGATE_HOME/dev-pki`, else
 /// `$XDG_DATA_HOME/qgate/dev-pki`, else `~/.local/share/qgate/dev-pki`.
+/// `$QGATE_HOME/<name>` (beside the development PKI): where state files go unless told.
+pub fn home_file(name: &str) -> PathBuf {
+    default_dev_pki_dir()
+        .parent()
+        .map(|p| p.join(name))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 pub fn default_dev_pki_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("QGATE_HOME") {
         return PathBuf::from(h).join("dev-pki");

@@ -5,15 +5,28 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use qgate_server::{Server, Sink, UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
+use qgate_amqp::client::Connector;
+use qgate_server::{
+    DedupStore, QueueSink, QueueSinkConfig, Server, Sink, UploadLimits, Uploads, EXPIRE_CHECK_EVERY,
+};
 use qgate_transport::http3::ServeLimits;
-use qgate_transport::{Congestion, DevPki, Identity, Socket};
+use qgate_transport::{Congestion, DevPki, Identity, Socket, TrustRoots};
 
 use crate::config::Config;
 use crate::{default_dev_pki_dir, usage, Failure};
 
 /// Where `qgate server` listens unless told.
 const DEFAULT_LISTEN: &str = "0.0.0.0:4433";
+
+/// Request ids the durable de-duplication table remembers (~100 bytes each on disk): over a
+/// minute of requests at 10,000 a second, far longer than a gateway retries one request.
+const DEDUP_CAPACITY: u64 = 1 << 20;
+
+/// `--sink`: a directory or a queue.
+enum SinkSpec {
+    Dir(PathBuf),
+    Queue(qgate_amqp::url::AmqpUrl),
+}
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
@@ -30,10 +43,21 @@ pub struct ServerArgs {
     /// DIR/ca.pem [default: $QGATE_HOME/dev-pki or ~/.local/share/qgate/dev-pki].
     #[arg(long, value_name = "DIR")]
     dev_pki: Option<PathBuf>,
-    /// Store each ingested body durably as a file under DIR/<stream>/ before acknowledging it;
-    /// without it bodies are only counted.
-    #[arg(long, value_name = "DIR")]
-    sink: Option<PathBuf>,
+    /// Where each ingested body goes before it is acknowledged: a directory (a file under
+    /// DIR/<stream>/, fsynced) or an AMQP 1.0 queue, amqp://[USER:PASS@]HOST[:PORT]/QUEUE
+    /// (amqps:// for TLS, amqp+quic:// for QUIC), answered 201 only once the broker accepted
+    /// it and 503 while it cannot; without it bodies are only counted.
+    #[arg(long, value_name = "DIR|URL")]
+    sink: Option<String>,
+    /// CA certificate (PEM) of an amqps:// or amqp+quic:// sink's broker [default: the
+    /// development CA].
+    #[arg(long, value_name = "FILE")]
+    sink_ca: Option<PathBuf>,
+    /// Durable de-duplication table: request ids stored survive a restart [default:
+    /// DIR/.dedup.redb with a directory sink, $QGATE_HOME/ingest-dedup.redb with a queue; none
+    /// when only counting].
+    #[arg(long, value_name = "FILE")]
+    dedup_store: Option<PathBuf>,
     /// Receive `qgate upload` files (paper 001) into DIR: each complete file is verified
     /// against its SHA-256 and fsynced before the upload is confirmed [default: off].
     #[arg(long, value_name = "DIR")]
@@ -90,10 +114,22 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             ))
         }
     };
-    let sink = match a.sink.or(c.sink.clone()) {
-        Some(dir) => Sink::directory(&dir).map_err(usage)?,
-        None => Sink::count_only(),
+    let sink_spec = match a.sink.or(c.sink.clone()) {
+        None => None,
+        Some(s) if s.contains("://") => {
+            Some(SinkSpec::Queue(qgate_amqp::url::parse(&s).map_err(usage)?))
+        }
+        Some(dir) => Some(SinkSpec::Dir(PathBuf::from(dir))),
     };
+    let dedup_path = a
+        .dedup_store
+        .or(c.dedup_store.clone())
+        .or(match &sink_spec {
+            Some(SinkSpec::Dir(d)) => Some(d.join(".dedup.redb")),
+            Some(SinkSpec::Queue(_)) => Some(crate::home_file("ingest-dedup.redb")),
+            None => None,
+        });
+    let sink_ca = a.sink_ca.or(c.sink_ca.clone());
     let limits = ServeLimits {
         max_body: a
             .max_body
@@ -122,6 +158,56 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
     crate::runtime().block_on(async move {
         // Watch for Ctrl-C and SIGTERM before saying the service is up.
         let stop = crate::stop_requested();
+        let (dedup, max_id) = match &dedup_path {
+            Some(p) => {
+                let (d, max) = DedupStore::open(p, DEDUP_CAPACITY).map_err(|e| {
+                    let hint = if e.msg.contains("lock") || e.msg.contains("already open") {
+                        " (another server is using it: give each its own --dedup-store)"
+                    } else {
+                        ""
+                    };
+                    usage(format!("{e}{hint}"))
+                })?;
+                (Some(d), max)
+            }
+            None => (None, 0),
+        };
+        let sink = match sink_spec {
+            None => Sink::count_only(),
+            Some(SinkSpec::Dir(dir)) => Sink::directory(&dir).map_err(usage)?,
+            Some(SinkSpec::Queue(url)) => {
+                let addr = url.resolve().await.map_err(usage)?;
+                let trust = match &sink_ca {
+                    Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
+                    None => DevPki::load_or_create(&default_dev_pki_dir())
+                        .map_err(usage)?
+                        .trust(),
+                };
+                // A dead broker is noticed within seconds, not quinn's 30 s (M20).
+                let opts = qgate_amqp::client::with_idle_timeout(
+                    &cfg.transport,
+                    qgate_amqp::client::DEFAULT_IDLE_TIMEOUT,
+                );
+                let connector = Connector::new(
+                    url.scheme,
+                    addr,
+                    &url.host,
+                    &trust,
+                    url.credentials.clone(),
+                    None,
+                    &opts,
+                )
+                .map_err(usage)?;
+                eprintln!("qgate: ingesting into {url}");
+                Sink::Queue(QueueSink::start(
+                    connector,
+                    &url.address,
+                    &url.to_string(),
+                    QueueSinkConfig::default(),
+                    max_id + 1,
+                ))
+            }
+        };
         let mut builder = Server::builder()
             .socket(Socket::bind_udp(listen).map_err(usage)?)
             .identity(&identity)
@@ -133,6 +219,9 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         }
         if let Some(u) = uploads {
             builder = builder.uploads(u);
+        }
+        if let Some(d) = dedup {
+            builder = builder.dedup_store(d);
         }
         let server = builder.start().map_err(usage)?;
         println!("qgate server listening on udp/{} (HTTP/3)", server.addr());

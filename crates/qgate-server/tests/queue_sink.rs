@@ -1,0 +1,327 @@
+//! The queue sink against our broker on loopback: a body is acknowledged only once the broker
+//! accepted it, with the request id as message-id and device, stream and path as application
+//! properties; a dead broker means 503 (never 201), and the sink reconnects when it returns; a
+//! copy retried after the server restarted is answered from the durable table, not sent again.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fe2o3_amqp::types::messaging::{Body, MessageId};
+use fe2o3_amqp::types::primitives::{SimpleValue, Value};
+use qgate_amqp::broker::{Broker, BrokerConfig};
+use qgate_amqp::builder::RunningBroker;
+use qgate_amqp::client::Connector;
+use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
+use qgate_server::{DedupStore, IngestService, QueueSink, QueueSinkConfig, Sink};
+use qgate_transport::http3::Handler;
+use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
+
+/// A broker in its own runtime, so the test can kill it (every task and socket at once) the way
+/// a crash would.
+struct Killable {
+    rt: Option<tokio::runtime::Runtime>,
+    running: Option<RunningBroker>,
+    tcp: SocketAddr,
+    quic: SocketAddr,
+}
+
+impl Killable {
+    /// A broker on `tcp` (plain AMQP) and `quic` (port 0: any), keeping queues in memory.
+    fn start(pki: &DevPki, tcp: SocketAddr, quic: SocketAddr) -> Killable {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let running = {
+            let _g = rt.enter();
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_reuseaddr(true).unwrap();
+            s.bind(tcp).unwrap();
+            let listener = s.listen(64).unwrap();
+            let opts = transport::broker_options(&TransportOptions::default());
+            let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).unwrap();
+            let ep = endpoint(Socket::bind_udp(quic).unwrap(), Some(scfg), None).unwrap();
+            Broker::builder()
+                .config(BrokerConfig::default())
+                .tcp(listener, None)
+                .quic(ep)
+                .start()
+                .unwrap()
+        };
+        Killable {
+            tcp: running.tcp_addrs()[0],
+            quic: running.quic_addrs()[0],
+            rt: Some(rt),
+            running: Some(running),
+        }
+    }
+
+    fn kill(&mut self) {
+        drop(self.running.take());
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Killable {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn connector(scheme: Scheme, addr: SocketAddr, pki: &DevPki) -> Connector {
+    let opts =
+        qgate_amqp::client::with_idle_timeout(&TransportOptions::default(), Duration::from_secs(2));
+    Connector::new(scheme, addr, "localhost", &pki.trust(), None, None, &opts).unwrap()
+}
+
+fn post(
+    stream: &str,
+    rid: Option<&str>,
+    device: Option<&str>,
+    path: Option<&str>,
+) -> http::Request<()> {
+    let mut b = http::Request::post(format!("https://localhost/ingest/{stream}"));
+    for (k, v) in [
+        ("qgate-request-id", rid),
+        ("qgate-device", device),
+        ("qgate-path", path),
+    ] {
+        if let Some(v) = v {
+            b = b.header(k, v);
+        }
+    }
+    b.body(()).unwrap()
+}
+
+/// What the consumer saw: message-id → (body, application properties).
+type Seen = HashMap<String, (Vec<u8>, HashMap<String, SimpleValue>)>;
+
+/// Take every message waiting on `queue` (until 500 ms pass without one).
+async fn drain(c: &Connector, queue: &str) -> Seen {
+    let (mut client, _) = c.open().await.unwrap();
+    let mut rx = client
+        .receiver("test-consumer", queue, false, 100)
+        .await
+        .unwrap();
+    let mut seen = Seen::new();
+    while let Ok(Ok(d)) =
+        tokio::time::timeout(Duration::from_millis(500), rx.recv::<Body<Value>>()).await
+    {
+        let id = match d
+            .message()
+            .properties
+            .as_ref()
+            .and_then(|p| p.message_id.clone())
+        {
+            Some(MessageId::String(s)) => s,
+            other => panic!("message-id {other:?}"),
+        };
+        let body = match d.body() {
+            Body::Data(b) => b.iter().flat_map(|x| x.0.to_vec()).collect(),
+            other => panic!("body {other:?}"),
+        };
+        let props = d
+            .message()
+            .application_properties
+            .as_ref()
+            .map(|p| p.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        rx.accept(&d).await.unwrap();
+        assert!(
+            seen.insert(id.clone(), (body, props)).is_none(),
+            "{id} twice"
+        );
+    }
+    let _ = rx.close().await;
+    client.close().await;
+    seen
+}
+
+fn service(sink: Sink, dedup: &std::path::Path) -> Arc<IngestService> {
+    let (store, _) = DedupStore::open(dedup, 1 << 16).unwrap();
+    Arc::new(IngestService::new(sink).with_dedup_store(store))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_only_once_the_broker_accepted() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut broker = Killable::start(&pki, any, any);
+    let (tcp, quic) = (broker.tcp, broker.quic);
+    let dedup = std::env::temp_dir().join(format!("qgate-qsink-{}.redb", std::process::id()));
+    let _ = std::fs::remove_file(&dedup);
+    let cfg = QueueSinkConfig {
+        delivery_timeout: Duration::from_secs(2),
+        max_backoff: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let sink = QueueSink::start(
+        connector(Scheme::Tcp, tcp, &pki),
+        "ingest",
+        "test",
+        cfg.clone(),
+        1,
+    );
+    let svc = service(Sink::Queue(sink), &dedup);
+    let peer: SocketAddr = "10.0.0.9:7000".parse().unwrap();
+
+    // Forwarded by a gateway: its id, device and path travel with the body; a retried copy is
+    // answered, not sent again.
+    let r = svc
+        .handle(
+            post("temps", Some("gw-1"), Some("10.1.1.1:5000"), Some("1")),
+            Bytes::from_static(b"21.5"),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 201, "{:?}", r.body());
+    let r = svc
+        .handle(
+            post("temps", Some("gw-1"), Some("10.1.1.1:5000"), Some("1")),
+            Bytes::from_static(b"21.5"),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    assert!(String::from_utf8_lossy(r.body()).contains("\"duplicate\":true"));
+    // Straight from a device: no id, its own address, no path.
+    let r = svc
+        .handle(
+            post("hum", None, None, None),
+            Bytes::from_static(b"40"),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    // Many at once are pipelined, each acknowledged once accepted.
+    let many = (0..200).map(|i| {
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            svc.handle(
+                post("bulk", Some(&format!("gw-b{i}")), Some("d"), Some("0")),
+                Bytes::from(vec![i as u8; 100]),
+                peer,
+            )
+            .await
+            .status()
+        })
+    });
+    for t in many {
+        assert_eq!(t.await.unwrap(), 201);
+    }
+
+    let seen = drain(&connector(Scheme::Tcp, tcp, &pki), "ingest").await;
+    let missing: Vec<_> = (0..200)
+        .map(|i| format!("gw-b{i}"))
+        .chain(["gw-1".to_string()])
+        .filter(|k| !seen.contains_key(k))
+        .collect();
+    assert_eq!(
+        seen.len(),
+        202,
+        "every acknowledged body once; missing {missing:?}"
+    );
+    let (body, props) = &seen["gw-1"];
+    assert_eq!(body, b"21.5");
+    assert_eq!(props["device"], SimpleValue::String("10.1.1.1:5000".into()));
+    assert_eq!(props["stream"], SimpleValue::String("temps".into()));
+    assert_eq!(props["path"], SimpleValue::Uint(1));
+    let (_, (body, props)) = seen
+        .iter()
+        .find(|(_, (_, p))| p["stream"] == SimpleValue::String("hum".into()))
+        .unwrap();
+    assert_eq!(body, b"40");
+    assert_eq!(props["device"], SimpleValue::String(peer.to_string()));
+    assert!(!props.contains_key("path"));
+
+    // The broker dies: requests fail with 503 (nothing acknowledged that was not accepted).
+    broker.kill();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        svc.handle(
+            post("temps", Some("gw-2"), None, None),
+            Bytes::from_static(b"x"),
+            peer,
+        ),
+    )
+    .await
+    .expect("answered within the delivery timeout");
+    assert_eq!(r.status(), 503, "{:?}", r.body());
+    assert!(r.headers().contains_key("retry-after"));
+    // It comes back on the same address: the sink reconnects by itself, and the retried
+    // request is stored.
+    let broker = Killable::start(&pki, tcp, quic);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = svc
+            .handle(
+                post("temps", Some("gw-2"), None, None),
+                Bytes::from_static(b"x"),
+                peer,
+            )
+            .await;
+        if r.status() == 201 {
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sink never reconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The server restarts (same durable table, now over QUIC): a copy of an id stored before is
+    // answered as a duplicate and not sent; a new one is.
+    drop(svc);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sink = QueueSink::start(
+        connector(Scheme::Quic, broker.quic, &pki),
+        "ingest",
+        "test",
+        cfg,
+        1000,
+    );
+    let svc = service(Sink::Queue(sink), &dedup);
+    let r = svc
+        .handle(
+            post("temps", Some("gw-2"), None, None),
+            Bytes::from_static(b"x"),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    assert!(
+        String::from_utf8_lossy(r.body()).contains("\"duplicate\":true"),
+        "{:?}",
+        r.body()
+    );
+    let r = svc
+        .handle(
+            post("temps", Some("gw-3"), None, None),
+            Bytes::from_static(b"y"),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 201, "{:?}", r.body());
+    assert!(
+        String::from_utf8_lossy(r.body()).contains("\"id\":1000"),
+        "{:?}",
+        r.body()
+    );
+    let seen = drain(&connector(Scheme::Quic, broker.quic, &pki), "ingest").await;
+    let ids: Vec<_> = {
+        let mut v: Vec<_> = seen.keys().cloned().collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids, ["gw-2", "gw-3"]);
+    drop(svc);
+    let _ = std::fs::remove_file(&dedup);
+}
