@@ -26,9 +26,15 @@ pub fn default_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/artemis")
 }
 
-/// Build `dir` with `mvn -q -B package` and start Artemis on a free loopback port; the error
-/// names the step that failed.
+/// Build `dir` with `mvn -q -B package` and start Artemis on a free loopback port, keeping
+/// nothing; the error names the step that failed.
 pub fn start(dir: &Path) -> Result<Artemis, String> {
+    start_with(dir, None, None)
+}
+
+/// [`start`] on `port` (None: a free one), journalling durable messages in `data` (None: no
+/// persistence), so a test can kill it and start it again where it was.
+pub fn start_with(dir: &Path, port: Option<u16>, data: Option<&Path>) -> Result<Artemis, String> {
     let built = Command::new("mvn")
         .args(["-q", "-B", "package"])
         .current_dir(dir)
@@ -41,10 +47,13 @@ pub fn start(dir: &Path) -> Result<Artemis, String> {
             String::from_utf8_lossy(&built.stdout)
         ));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("finding a free port: {e}"))?
-        .port();
+    let port = match port {
+        Some(p) => p,
+        None => std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("finding a free port: {e}"))?
+            .port(),
+    };
     let mut child = Command::new("java")
         .args([
             "-cp",
@@ -52,6 +61,7 @@ pub fn start(dir: &Path) -> Result<Artemis, String> {
             "qgate.EmbeddedArtemis",
         ])
         .arg(port.to_string())
+        .args(data)
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

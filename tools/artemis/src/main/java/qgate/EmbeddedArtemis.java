@@ -7,18 +7,30 @@ import org.apache.activemq.artemis.core.server.embedded.EmbeddedActiveMQ;
 import org.apache.activemq.artemis.core.settings.impl.AddressSettings;
 
 /**
- * Artemis with one AMQP acceptor on 127.0.0.1:PORT, no persistence, no security; queues are
- * created on first use as anycast (point-to-point, like qgate's broker). Prints "READY PORT".
+ * Artemis with one AMQP acceptor on 127.0.0.1:PORT, no security; queues are created on first use
+ * as anycast (point-to-point, like qgate's broker). Without DATA_DIR nothing persists; with it,
+ * durable messages are journalled there (fsynced before they are accepted) and survive a kill.
+ * Prints "READY PORT".
  */
 public final class EmbeddedArtemis {
     public static void main(String[] args) throws Exception {
-        if (args.length != 1) {
-            System.err.println("usage: EmbeddedArtemis PORT");
+        if (args.length < 1 || args.length > 2) {
+            System.err.println("usage: EmbeddedArtemis PORT [DATA_DIR]");
             System.exit(2);
         }
         int port = Integer.parseInt(args[0]);
         Configuration c = new ConfigurationImpl();
-        c.setPersistenceEnabled(false);
+        if (args.length == 2) {
+            String d = args[1];
+            c.setPersistenceEnabled(true);
+            c.setJournalType(org.apache.activemq.artemis.core.server.JournalType.NIO);
+            c.setJournalDirectory(d + "/journal");
+            c.setBindingsDirectory(d + "/bindings");
+            c.setLargeMessagesDirectory(d + "/large");
+            c.setPagingDirectory(d + "/paging");
+        } else {
+            c.setPersistenceEnabled(false);
+        }
         c.setSecurityEnabled(false);
         c.setJMXManagementEnabled(false);
         c.addAcceptorConfiguration("amqp", "tcp://127.0.0.1:" + port + "?protocols=AMQP;tcpNoDelay=true");
