@@ -545,7 +545,7 @@ impl Gateway {
                     self.cfg.server_authority, path_and_query
                 ))
                 .header(REQUEST_ID_HEADER, rid.as_str())
-                // Who sent it and which path carried it, for the server's sink.
+                // Who sent it and which path carried it, for the server's sink (decision S7).
                 .header(DEVICE_HEADER, device_name.as_str())
                 .header(PATH_HEADER, path.0)
                 .body(())

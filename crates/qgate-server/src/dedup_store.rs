@@ -1,6 +1,6 @@
 //! De-duplication that survives a restart: every request id stored is committed to redb before
 //! its request is acknowledged, so a copy the gateway retries after the server restarted gets
-//! the first one's answer instead of a second message (decision S2). Commits are grouped: one
+//! the first one's answer instead of a second message (decision S6). Commits are grouped: one
 //! writer task commits whatever has piled up in one transaction, and every request in it waits
 //! one shared fsync. Bounded: past `cap` ids the oldest are forgotten, in the same transaction.
 

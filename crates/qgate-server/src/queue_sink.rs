@@ -1,6 +1,6 @@
 //! Ingest into an AMQP 1.0 queue: each body becomes a durable message on one sender link, and the
 //! device's request is answered only once the broker has accepted it (at least once, decision
-//! S1). Works with `qgate broker` and any AMQP 1.0 broker (Artemis, RabbitMQ 4).
+//! S5). Works with `qgate broker` and any AMQP 1.0 broker (Artemis, RabbitMQ 4).
 //!
 //! One task owns the connection and the link; requests reach it through a bounded queue and get
 //! their outcome back. Transfers are pipelined (up to `window` unsettled), so throughput is not

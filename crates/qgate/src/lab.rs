@@ -155,7 +155,7 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
         c.seed = s;
     }
     println!(
-        "qgate demo — {} devices → gateway (3 backhaul paths: 100/75/50 Mbit/s, 10/20/30 ms) → server, scheduler {}, {} s{}",
+        "qgate demo — {} devices → gateway (3 backhaul paths: 100/75/50 Mbit/s, 10/20/30 ms) → server → broker (AMQP over QUIC) → consumer, scheduler {}, {} s{}",
         c.devices,
         c.scheduler,
         c.duration.as_secs(),
@@ -179,6 +179,9 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
     println!("\nsummary\n{}", out.summary());
     if out.failed > 0 {
         return Err(anyhow::anyhow!("{} requests failed", out.failed).into());
+    }
+    if !out.pipeline.adds_up() {
+        return Err(anyhow::anyhow!("the pipeline's counts do not add up").into());
     }
     Ok(())
 }

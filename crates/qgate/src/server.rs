@@ -19,7 +19,7 @@ use crate::{default_dev_pki_dir, usage, Failure};
 const DEFAULT_LISTEN: &str = "0.0.0.0:4433";
 
 /// Request ids the durable de-duplication table remembers (~100 bytes each on disk): over a
-/// minute of requests at 10,000 a second, far longer than a gateway retries one request.
+/// minute of requests at 10,000 a second, far longer than a gateway retries one request (S6).
 const DEDUP_CAPACITY: u64 = 1 << 20;
 
 /// `--sink`: a directory or a queue.

@@ -366,3 +366,86 @@ fn send_says_what_was_accepted_when_the_broker_dies() {
     );
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// `qgate server --sink amqp+quic://…` and `qgate broker` as processes: a posted body is on
+/// the queue (`qgate recv` prints it) before the post returns; with the broker gone a post gets
+/// 503 (exit 3) and nothing is acknowledged; a bad sink URL is a usage error.
+#[test]
+fn server_ingests_into_the_broker_as_processes() {
+    let home = tmp("sink");
+    let broker = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--memory"]);
+    let url = format!("amqp+quic://localhost:{}/telemetry", broker.quic.port());
+    let mut server = qgate(&home)
+        .args(["server", "--listen", "127.0.0.1:0", "--sink", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let server = BrokerProc {
+        child: server,
+        quic: broker.quic,
+        tcp: broker.tcp,
+    };
+    // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3)"
+    let port = line.split(':').nth(1).unwrap().split(' ').next().unwrap();
+    let post = |body: &str| {
+        qgate(&home)
+            .args([
+                "post",
+                &format!("https://localhost:{port}/ingest/meters"),
+                "--data",
+                body,
+            ])
+            .output()
+            .unwrap()
+    };
+    for i in 0..5 {
+        let o = post(&format!("reading-{i}"));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = qgate(&home)
+        .args([
+            "recv",
+            &broker.quic.to_string(),
+            "telemetry",
+            "--count",
+            "5",
+            "--print",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = String::from_utf8_lossy(&o.stdout);
+    for i in 0..5 {
+        assert!(got.contains(&format!("reading-{i}")), "{got}");
+    }
+    drop(broker);
+    let o = post("while the broker is down");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(said.contains("503"), "{said}");
+    drop(server);
+    let o = qgate(&home)
+        .args(["server", "--sink", "amqp://localhost"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("missing queue"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -829,6 +829,21 @@ fn gateway_demo_in_virtual_time() {
         "{out}"
     );
     assert!(out.contains("failed       0"), "{out}");
+    // The whole pipeline: every answered request reached the consumer once.
+    let line = out.lines().find(|l| l.starts_with("pipeline")).expect(&out);
+    assert!(line.ends_with(": adds up"), "{line}");
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // sent, answered, stored, accepted, received, distinct, missing, extra
+    assert_eq!(n.len(), 8, "{line}");
+    assert!(n[0] > 300, "6 devices × 6 s × 10/s: {line}");
+    assert_eq!(
+        (n[1], n[2], n[3], n[4], n[5], n[6]),
+        (n[0], n[0], n[0], n[0], n[0], 0),
+        "{line}"
+    );
     let o = run(&home, &["demo", "--scheduler", "fastest"]);
     assert_fails(o, 2, "unknown scheduler 'fastest'");
 }

@@ -138,7 +138,7 @@ pub(crate) struct Prepared {
     pub(crate) devices: Vec<(Device, bool)>,
     jitter: Vec<Duration>,
     pub(crate) running: RunningGateway,
-    _server: RunningServer,
+    pub(crate) server: RunningServer,
     _keep: Vec<quinn::Endpoint>,
 }
 
@@ -148,11 +148,13 @@ fn is_priority(i: usize, fraction: f64) -> bool {
     (i as f64 * fraction).fract() < fraction
 }
 
-/// Start the server and the gateway over the named paths, and register the devices.
+/// Start the server (storing into `sink`) and the gateway over the named paths, and register
+/// the devices.
 pub(crate) async fn prepare(
     g: &GatewayLoad,
     world: &mut World,
     s: &Setup,
+    sink: qgate_server::Sink,
 ) -> Result<Prepared, String> {
     let gw_host = world.host(&g.gateway).ok_or("no gateway host")?;
     let srv_host = world.host(&g.server).ok_or("no server host")?;
@@ -168,6 +170,7 @@ pub(crate) async fn prepare(
         ))
         .identity(&s.pki.server)
         .transport(opts.clone())
+        .sink(sink)
         .seed(s.seed)
         .start()
         .map_err(|e| e.to_string())?;
@@ -259,7 +262,7 @@ pub(crate) async fn prepare(
         devices,
         jitter,
         running,
-        _server: server,
+        server,
         _keep: keep,
     })
 }

@@ -109,9 +109,11 @@ pub fn check(
 pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepared, String> {
     let fail = |e: String| format!("workload '{}': {e}", w.name());
     Ok(match w {
-        Workload::Gateway(g) => {
-            Prepared::Gateway(Box::new(gateway::prepare(g, world, s).await.map_err(fail)?))
-        }
+        Workload::Gateway(g) => Prepared::Gateway(Box::new(
+            gateway::prepare(g, world, s, qgate_server::Sink::count_only())
+                .await
+                .map_err(fail)?,
+        )),
         Workload::Bulk(b) => Prepared::Bulk(Box::new(bulk::prepare(b, world, s).map_err(fail)?)),
         Workload::Downloads(d) => {
             Prepared::Downloads(Box::new(downloads::prepare(d, world, s).map_err(fail)?))
