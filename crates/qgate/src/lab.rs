@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use qgate_lab::bench::pipeline::PipelineConfig;
 use qgate_lab::bench::transport::{self as bench, LoopbackConfig, SimSpeedConfig};
 use qgate_lab::demo::transport as demo;
 use qgate_netsim::LossModel;
@@ -313,6 +314,26 @@ pub enum Bench {
         #[arg(long, value_name = "DIR")]
         artemis: Option<std::path::PathBuf>,
     },
+    /// The whole pipeline on loopback: devices → gateway → server → our broker (durable) → one
+    /// consumer, records/s and device-to-consumer latency, against the same stack with a
+    /// count-only server (alternating); checks every answered record arrives exactly once.
+    Pipeline {
+        /// Devices, each sending one record after another.
+        #[arg(long, default_value_t = PipelineConfig::default().devices)]
+        devices: usize,
+        /// Bytes per record (at least 16).
+        #[arg(long, default_value_t = PipelineConfig::default().body)]
+        body: usize,
+        /// Seconds of sending per measurement.
+        #[arg(long, default_value_t = PipelineConfig::default().secs)]
+        seconds: f64,
+        /// Alternating (queue, count-only) pairs.
+        #[arg(long, default_value_t = PipelineConfig::default().repeats)]
+        repeats: usize,
+        /// Keep the broker's queue in memory instead of its durable store.
+        #[arg(long)]
+        memory: bool,
+    },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
         /// MiB per transfer.
@@ -326,6 +347,58 @@ pub enum Bench {
 
 pub fn bench(which: Bench) -> Result<(), Failure> {
     match which {
+        Bench::Pipeline {
+            devices,
+            body,
+            seconds,
+            repeats,
+            memory,
+        } => {
+            if devices == 0
+                || repeats == 0
+                || !(seconds.is_finite() && seconds > 0.0)
+                || !(16..=1 << 20).contains(&body)
+            {
+                return Err(usage(
+                    "--devices, --repeats and --seconds must be positive, --body 16 B to 1 MiB",
+                ));
+            }
+            let durable = !memory;
+            eprintln!(
+                "bench pipeline: {devices} devices × {body} B records → gateway (2 paths) → server → broker ({}) → 1 consumer, {seconds} s per measurement, {repeats} pairs",
+                if durable { "durable" } else { "in memory" }
+            );
+            let cfg = PipelineConfig {
+                devices,
+                body,
+                secs: seconds,
+                repeats,
+                durable,
+            };
+            let r =
+                qgate_lab::bench::pipeline::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
+            println!("into the broker   {:.0} records/s", r.queue_rps());
+            println!("count-only server {:.0} records/s", r.count_rps());
+            println!("ratio             {:.3} (per pair)", r.ratio());
+            for (q, c) in r.queue.iter().zip(&r.count_only) {
+                println!(
+                    "  pair: broker {:.0}/s, answer p50 {:.2} / p99 {:.2} ms, device→consumer p50 {:.2} / p99 {:.2} ms, {} answered, {} received ({} distinct ids, {} missing); count-only {:.0}/s, p50 {:.2} / p99 {:.2} ms",
+                    q.rps, q.answer_p50_ms, q.answer_p99_ms, q.consumer_p50_ms, q.consumer_p99_ms,
+                    q.answered, q.consumed, q.distinct, q.missing, c.rps, c.answer_p50_ms, c.answer_p99_ms
+                );
+            }
+            println!(
+                "exactly once      {}",
+                if r.exactly_once() {
+                    "yes: every answered record received, each request id once"
+                } else {
+                    "NO"
+                }
+            );
+            if !r.exactly_once() {
+                return Err(anyhow::anyhow!("records were lost or duplicated").into());
+            }
+        }
         Bench::Sim {
             seconds,
             mbps,

@@ -932,6 +932,44 @@ fn bench_gateway_reports_throughput_cpu_latency_and_memory() {
 }
 
 #[test]
+fn bench_pipeline_checks_every_record_arrives_once() {
+    let home = tmp("bench-pipeline");
+    let o = run(
+        &home,
+        &[
+            "bench",
+            "pipeline",
+            "--devices",
+            "8",
+            "--seconds",
+            "0.5",
+            "--repeats",
+            "1",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    for needle in [
+        "into the broker",
+        "count-only server",
+        "ratio",
+        "device→consumer p50",
+    ] {
+        assert!(out.contains(needle), "'{needle}' missing from:\n{out}");
+    }
+    assert!(out.contains("exactly once      yes"), "{out}");
+    let answered: u64 = out
+        .split(", ")
+        .find(|w| w.ends_with(" answered"))
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no answered count in:\n{out}"));
+    assert!(answered > 50, "{out}");
+    let o = run(&home, &["bench", "pipeline", "--body", "8"]);
+    assert_fails(o, 2, "--body 16 B to 1 MiB");
+}
+
+#[test]
 fn a_gateway_path_shape_it_cannot_do_is_refused_before_anything_binds() {
     let home = tmp("shape");
     for (shape, says) in [

@@ -3,4 +3,5 @@
 
 pub mod amqp;
 pub mod gateway;
+pub mod pipeline;
 pub mod transport;
