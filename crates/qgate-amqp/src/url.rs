@@ -79,6 +79,12 @@ pub fn parse(url: &str) -> Result<AmqpUrl, String> {
     if path.contains(['?', '#']) {
         return Err(bad("query and fragment are not supported"));
     }
+    // Most likely a password with a '/' in it, which would end the host part there.
+    if path.contains('@') {
+        return Err(bad(
+            "an '@' after the host: percent-encode a '/' in the password as %2F (and an '@' in a queue name as %40)",
+        ));
+    }
     let address = decode(path).map_err(|e| bad(&e))?;
     if address.is_empty() {
         return Err(bad("missing queue: write it as the path, e.g. /telemetry"));
@@ -146,17 +152,13 @@ impl AmqpUrl {
     }
 }
 
-/// `url` with any password replaced by `***`.
+/// `url` with everything between `://` and its last `@` (user and password, even a password
+/// with a `/` in it) replaced by `***`.
 fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, _)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
-        }
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    match rest.rsplit_once('@') {
+        Some((_, host)) if scheme.is_empty() => format!("***@{host}"),
+        Some((_, host)) => format!("{scheme}://***@{host}"),
         None => url.to_string(),
     }
 }
@@ -204,6 +206,12 @@ mod tests {
             (u.scheme, u.host.as_str(), u.port),
             (Scheme::Quic, "::1", 5671)
         );
+        // RabbitMQ 4's v2 addresses start with a '/': a second slash keeps it.
+        assert_eq!(
+            parse("amqp://h//queues/telemetry").unwrap().address,
+            "/queues/telemetry"
+        );
+        assert_eq!(parse("amqp://h/%2Fq%40x").unwrap().address, "/q@x");
         let u = parse("AMQP://u%40x:p%3Aw@h:1/q%20x").unwrap();
         assert_eq!(u.credentials, Some(("u@x".to_string(), "p:w".to_string())));
         assert_eq!(u.address, "q x");
@@ -226,10 +234,13 @@ mod tests {
             ("amqp://h/q?x=1", "query"),
             ("amqp://h/%zz", "two hex digits"),
             ("amqp://u:secret@h:99999/q", "invalid port"),
+            ("amqp://bob:se/cret@h/q", "percent-encode a '/'"),
+            ("amqp://bob:12/secret@h/q", "percent-encode a '/'"),
+            ("amqp:/bob:secret@h/q", "missing scheme"),
         ] {
             let e = parse(url).unwrap_err();
             assert!(e.contains(why), "{url}: {e}");
-            assert!(!e.contains("secret"), "{e}");
+            assert!(!e.contains("cret"), "{e}");
         }
     }
 }

@@ -580,9 +580,14 @@ impl Gateway {
                     self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                     self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
                     self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
+                    let retry_after = r.headers.get(http::header::RETRY_AFTER).cloned();
                     let mut resp = text(r.status, r.body);
                     resp.headers_mut()
                         .insert(PATH_HEADER, http::HeaderValue::from(path.0));
+                    // A server whose queue is down says when to try again (decision S5).
+                    if let Some(v) = retry_after {
+                        resp.headers_mut().insert(http::header::RETRY_AFTER, v);
+                    }
                     return resp;
                 }
                 Err(e) => {

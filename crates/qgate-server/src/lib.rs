@@ -27,7 +27,7 @@ use qgate_transport::http3::{self, Handler, ServeLimits};
 pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
 pub use dedup_store::{DedupStore, DedupStoreError};
 pub use probe::answer_probes;
-pub use queue_sink::{QueueSink, QueueSinkConfig, QueueSinkStats};
+pub use queue_sink::{QueueSink, QueueSinkConfig, QueueSinkStats, Upstream};
 pub use sink::{Record, Sink, SinkError};
 pub use upload::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 
@@ -403,10 +403,10 @@ impl IngestService {
             }
             Err(e) => {
                 match &e {
-                    SinkError::Io { .. } => {
+                    SinkError::Io { .. } | SinkError::Refused(_) => {
                         tracing::error!(%peer, error = %e, "could not store an ingest body")
                     }
-                    SinkError::Unavailable(_) => {
+                    SinkError::Unavailable(_) | SinkError::TooLarge(_) => {
                         tracing::debug!(%peer, error = %e, "the queue did not take a body")
                     }
                 }

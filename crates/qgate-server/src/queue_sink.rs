@@ -2,24 +2,31 @@
 //! device's request is answered only once the broker has accepted it (at least once, decision
 //! S5). Works with `qgate broker` and any AMQP 1.0 broker (Artemis, RabbitMQ 4).
 //!
-//! One task owns the connection and the link; requests reach it through a bounded queue and get
-//! their outcome back. Transfers are pipelined (up to `window` unsettled), so throughput is not
-//! one broker round trip per message. When the broker is unreachable, requests fail at once
-//! with [`SinkError::Unavailable`] (the device or gateway retries later) while the task
-//! reconnects with backoff; a link that stops settling for `delivery_timeout` is torn down and
-//! opened again, failing what it held (never acknowledged, so nothing acknowledged is lost).
+//! One task owns the connection and the link; requests reach it through a queue bounded in
+//! messages and in bytes, and get their outcome back. Transfers are pipelined (up to `window`
+//! unsettled), so throughput is not one broker round trip per message. While the link is down
+//! (connecting, backing off) a request fails at once with [`SinkError::Unavailable`]; a request
+//! gets an answer within `answer_timeout` whatever the broker does, below the gateway's own
+//! request timeout so a broker outage is never taken for a dead backhaul path. A link that
+//! settles nothing for `delivery_timeout` is torn down and opened again, failing what it held
+//! (never acknowledged, so nothing acknowledged is lost). The broker's host is resolved again at
+//! every connection attempt, and every address it has is tried.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fe2o3_amqp::link::SendError;
 use fe2o3_amqp::types::messaging::{
     ApplicationProperties, Body, Data, Header, Message, MessageId, Outcome, Properties,
 };
 use fe2o3_amqp::types::primitives::{Binary, Value};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use qgate_amqp::client::Connector;
-use tokio::sync::{mpsc, oneshot};
+use futures_util::FutureExt;
+use qgate_amqp::client::{Client, Connector};
+use qgate_amqp::url::AmqpUrl;
+use qgate_transport::{TransportOptions, TrustRoots};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::sink::{Record, SinkError};
@@ -29,9 +36,16 @@ use crate::sink::{Record, SinkError};
 pub struct QueueSinkConfig {
     /// Most messages sent and not yet settled by the broker.
     pub window: usize,
-    /// Most requests waiting for the sender (beyond them: [`SinkError::Unavailable`] at once).
+    /// Most requests waiting for the sender.
     pub backlog: usize,
-    /// A message the broker has not settled within this long fails, and the link is reopened.
+    /// Most body bytes waiting for the sender or unsettled.
+    pub backlog_bytes: usize,
+    /// A request is answered within this long (503 if the broker has not accepted by then):
+    /// below the gateway's request timeout (5 s).
+    pub answer_timeout: Duration,
+    /// The link is torn down and opened again when the broker settles nothing for this long
+    /// with messages outstanding (checked every quarter of it), and a connection attempt
+    /// gives up after it.
     pub delivery_timeout: Duration,
     /// Longest pause between reconnection attempts (they start at 100 ms and double).
     pub max_backoff: Duration,
@@ -44,9 +58,60 @@ impl Default for QueueSinkConfig {
         QueueSinkConfig {
             window: 256,
             backlog: 4096,
+            backlog_bytes: 64 << 20,
+            answer_timeout: Duration::from_secs(4),
             delivery_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(5),
             link_name: "qgate-server".into(),
+        }
+    }
+}
+
+/// Where the sink connects.
+#[derive(Clone)]
+pub enum Upstream {
+    /// Always through this connector (tests, the simulated network).
+    Connector(Connector),
+    /// A URL resolved again at every attempt; each address it has is tried in turn.
+    Url {
+        /// The broker and queue.
+        url: AmqpUrl,
+        /// CAs its certificate is checked against (amqps, amqp+quic).
+        trust: TrustRoots,
+        /// Transport options (idle timeout, keep-alive).
+        opts: TransportOptions,
+    },
+}
+
+impl Upstream {
+    /// Connectors to try, in order.
+    async fn connectors(&self) -> Result<Vec<Connector>, String> {
+        match self {
+            Upstream::Connector(c) => Ok(vec![c.clone()]),
+            Upstream::Url { url, trust, opts } => {
+                let addrs: Vec<_> = tokio::net::lookup_host((url.host.as_str(), url.port))
+                    .await
+                    .map_err(|e| format!("cannot resolve host '{}': {e}", url.host))?
+                    .collect();
+                if addrs.is_empty() {
+                    return Err(format!("host '{}' has no address", url.host));
+                }
+                addrs
+                    .into_iter()
+                    .map(|a| {
+                        Connector::new(
+                            url.scheme,
+                            a,
+                            &url.host,
+                            trust,
+                            url.credentials.clone(),
+                            None,
+                            opts,
+                        )
+                        .map_err(|e| e.to_string())
+                    })
+                    .collect()
+            }
         }
     }
 }
@@ -56,39 +121,52 @@ impl Default for QueueSinkConfig {
 pub struct QueueSinkStats {
     /// Messages the broker accepted.
     pub accepted: AtomicU64,
-    /// Messages that failed (refused by the broker, timed out, connection lost, unreachable).
+    /// Requests answered with an error (refused, timed out, connection lost, unreachable).
     pub failed: AtomicU64,
     /// Connections opened to the broker (the first included).
     pub connects: AtomicU64,
 }
 
+/// Why one message was not accepted.
+enum Failure {
+    /// Try again later (503).
+    Transient(String),
+    /// Larger than the broker takes (413).
+    TooLarge(String),
+    /// The broker refused it for good (500).
+    Refused(String),
+}
+
 struct Job {
     msg: Message<Body<Value>>,
-    reply: oneshot::Sender<Result<(), String>>,
+    reply: oneshot::Sender<Result<(), Failure>>,
+    /// Its share of the byte budget, held until it is settled.
+    _bytes: OwnedSemaphorePermit,
 }
 
 /// The sink; see the module docs.
 pub struct QueueSink {
     jobs: mpsc::Sender<Job>,
-    target: String,
+    bytes: Arc<Semaphore>,
     instance: u64,
     next: AtomicU64,
     cfg: QueueSinkConfig,
     stats: Arc<QueueSinkStats>,
-    up: Arc<std::sync::atomic::AtomicBool>,
+    up: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for QueueSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QueueSink({})", self.target)
+        write!(f, "QueueSink")
     }
 }
 
 impl QueueSink {
-    /// Start sending to `address` through `connector` (on the current tokio runtime); `target`
-    /// names the broker and queue in errors (no password); response ids start at `first_id`.
+    /// Start sending to `address` on `upstream` (on the current tokio runtime); `target` names
+    /// the broker and queue in the server's logs (no password); response ids start at
+    /// `first_id`.
     pub fn start(
-        connector: Connector,
+        upstream: Upstream,
         address: &str,
         target: &str,
         cfg: QueueSinkConfig,
@@ -96,9 +174,9 @@ impl QueueSink {
     ) -> QueueSink {
         let (tx, rx) = mpsc::channel(cfg.backlog.max(1));
         let stats = Arc::new(QueueSinkStats::default());
-        let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let up = Arc::new(AtomicBool::new(false));
         tokio::spawn(run(
-            connector,
+            upstream,
             address.to_string(),
             target.to_string(),
             cfg.clone(),
@@ -108,7 +186,7 @@ impl QueueSink {
         ));
         QueueSink {
             jobs: tx,
-            target: target.to_string(),
+            bytes: Arc::new(Semaphore::new(cfg.backlog_bytes.max(1))),
             instance: qgate_amqp::client::run_id(),
             next: AtomicU64::new(first_id.max(1)),
             cfg,
@@ -129,6 +207,24 @@ impl QueueSink {
 
     /// Send `rec` and wait for the broker's accept; returns the response id.
     pub(crate) async fn deliver(&self, rec: &Record<'_>) -> Result<u64, SinkError> {
+        let fail = |e: SinkError| {
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            e
+        };
+        let unavailable = |why: &str| fail(SinkError::Unavailable(format!("queue: {why}")));
+        // Nothing is sent while the link is down: the device retries later (no duplicate).
+        if !self.is_up() {
+            return Err(unavailable("the broker is unreachable now"));
+        }
+        let size = u32::try_from(rec.body.len())
+            .ok()
+            .filter(|n| (*n as usize) <= self.cfg.backlog_bytes)
+            .ok_or_else(|| fail(SinkError::TooLarge("queue: the body is too large".into())))?;
+        let permit = self
+            .bytes
+            .clone()
+            .try_acquire_many_owned(size.max(1))
+            .map_err(|_| unavailable("too many bytes waiting for the broker"))?;
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let message_id = match rec.request_id {
             Some(r) => r.to_string(),
@@ -136,32 +232,30 @@ impl QueueSink {
             None => format!("{:016x}-{id}", self.instance),
         };
         let (reply, answer) = oneshot::channel();
-        let unavailable = |why: String| {
-            self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            SinkError::Unavailable(format!("{}: {why}", self.target))
-        };
         self.jobs
             .try_send(Job {
                 msg: message(rec, message_id),
                 reply,
+                _bytes: permit,
             })
-            .map_err(|e| {
-                unavailable(match e {
-                    mpsc::error::TrySendError::Full(_) => "too many messages waiting".into(),
-                    mpsc::error::TrySendError::Closed(_) => "the sink has stopped".into(),
-                })
-            })?;
-        // The task fails or times out every job itself; this bound only guards against a bug.
-        match tokio::time::timeout(self.cfg.delivery_timeout * 3, answer).await {
+            .map_err(|_| unavailable("too many messages waiting for the broker"))?;
+        match tokio::time::timeout(self.cfg.answer_timeout, answer).await {
             Ok(Ok(Ok(()))) => {
                 self.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 Ok(id)
             }
-            Ok(Ok(Err(why))) => Err(unavailable(why)),
+            Ok(Ok(Err(Failure::Transient(why)))) => Err(unavailable(&why)),
+            Ok(Ok(Err(Failure::TooLarge(why)))) => {
+                Err(fail(SinkError::TooLarge(format!("queue: {why}"))))
+            }
+            Ok(Ok(Err(Failure::Refused(why)))) => {
+                Err(fail(SinkError::Refused(format!("queue: {why}"))))
+            }
             Ok(Err(_)) => Err(unavailable(
-                "the broker connection ended before the message was accepted".into(),
+                "the broker connection ended before the message was accepted",
             )),
-            Err(_) => Err(unavailable("no answer from the sender".into())),
+            // It may still be accepted later: at least once (its retry is a new request).
+            Err(_) => Err(unavailable("the broker did not accept in time")),
         }
     }
 }
@@ -192,50 +286,76 @@ fn message(rec: &Record<'_>, message_id: String) -> Message<Body<Value>> {
         .build()
 }
 
+/// Open a connection and attach the sender, trying each connector; bounded by `within`.
+async fn open(
+    upstream: &Upstream,
+    link: &str,
+    address: &str,
+    within: Duration,
+) -> Result<(Client, Option<quinn::Connection>, fe2o3_amqp::Sender), String> {
+    tokio::time::timeout(within, async {
+        let mut last = String::from("no address to try");
+        for c in upstream.connectors().await? {
+            match c.open().await {
+                Ok((mut client, info)) => match client.sender(link, address, false).await {
+                    Ok(s) => return Ok((client, info.quic, s)),
+                    Err(e) => {
+                        bounded(client.close()).await;
+                        last = e.to_string();
+                    }
+                },
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
+    })
+    .await
+    .unwrap_or_else(|_| Err("timed out connecting".into()))
+}
+
+/// `fut`, given at most 5 s: a close must never hold the task (fe2o3 waits for a peer's close
+/// that a dead peer never sends).
+async fn bounded(fut: impl std::future::Future<Output = ()>) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), fut).await;
+}
+
 /// Connect, send, reconnect: the sink's task. Ends when every [`QueueSink`] handle is gone.
 async fn run(
-    connector: Connector,
+    upstream: Upstream,
     address: String,
     target: String,
     cfg: QueueSinkConfig,
     mut jobs: mpsc::Receiver<Job>,
     stats: Arc<QueueSinkStats>,
-    up: Arc<std::sync::atomic::AtomicBool>,
+    up: Arc<AtomicBool>,
 ) {
     let mut backoff = Duration::from_millis(100);
     let mut reported = false;
     loop {
-        let opened = tokio::time::timeout(cfg.delivery_timeout, async {
-            let (mut client, info) = connector.open().await.map_err(|e| e.to_string())?;
-            match client.sender(&cfg.link_name, &address, false).await {
-                Ok(s) => Ok((client, info, s)),
-                Err(e) => {
-                    client.close().await;
-                    Err(e.to_string())
-                }
-            }
-        })
+        let (client, quic, mut sender) = match open(
+            &upstream,
+            &cfg.link_name,
+            &address,
+            cfg.delivery_timeout,
+        )
         .await
-        .unwrap_or_else(|_| Err("timed out connecting".into()));
-        let (client, info, mut sender) = match opened {
+        {
             Ok(c) => c,
             Err(why) => {
                 if !reported {
                     tracing::warn!(%target, error = %why, "AMQP sink: broker unreachable; retrying");
                     reported = true;
                 }
-                // Fail what arrives during the pause rather than let it wait for an outage.
-                let pause = tokio::time::sleep(backoff);
-                tokio::pin!(pause);
-                loop {
-                    tokio::select! {
-                        _ = &mut pause => break,
-                        job = jobs.recv() => match job {
-                            Some(j) => { let _ = j.reply.send(Err(format!("broker unreachable: {why}"))); }
-                            None => return,
-                        },
-                    }
+                // Requests that arrived meanwhile were queued while the link looked up.
+                while let Ok(j) = jobs.try_recv() {
+                    let _ = j.reply.send(Err(Failure::Transient(format!(
+                        "the broker is unreachable: {why}"
+                    ))));
                 }
+                if jobs.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(cfg.max_backoff);
                 continue;
             }
@@ -247,44 +367,63 @@ async fn run(
         }
         reported = false;
         backoff = Duration::from_millis(100);
-        let quic = info.quic.clone();
         let mut inflight = FuturesUnordered::new();
         // When the broker last settled something (or the link came up).
         let mut progress = Instant::now();
         let mut check = tokio::time::interval(cfg.delivery_timeout / 4);
         let why = loop {
             tokio::select! {
+                // Outcomes first: a settled message is answered before anything can end the link.
+                biased;
+                Some((reply, r)) = inflight.next(), if !inflight.is_empty() => {
+                    progress = Instant::now();
+                    if let Err(e) = reply_to(reply, r) {
+                        break e;
+                    }
+                }
                 job = jobs.recv(), if inflight.len() < cfg.window.max(1) => {
-                    let Some(Job { msg, reply }) = job else {
-                        // Every handle is gone: settle what is in flight, then stop.
-                        while let Some((reply, r)) = inflight.next().await {
-                            let _ = reply_to(reply, r);
-                        }
-                        let _ = sender.close().await;
-                        client.close().await;
+                    let Some(Job { msg, reply, _bytes }) = job else {
+                        // Every handle is gone: settle what is in flight (bounded), then stop.
+                        let settle = async {
+                            while let Some((reply, r)) = inflight.next().await {
+                                let _ = reply_to(reply, r);
+                            }
+                        };
+                        let _ = tokio::time::timeout(cfg.delivery_timeout, settle).await;
                         up.store(false, Ordering::Relaxed);
+                        bounded(async { let _ = sender.close().await; }).await;
+                        bounded(client.close()).await;
                         return;
                     };
+                    // Its request has been answered already (timed out): do not send it.
+                    if reply.is_closed() {
+                        continue;
+                    }
                     if inflight.is_empty() {
                         progress = Instant::now();
                     }
                     // Waits for credit: bounded, so a broker that grants none cannot hold it.
                     match tokio::time::timeout(cfg.delivery_timeout, sender.send_batchable(msg)).await {
-                        Ok(Ok(fut)) => inflight.push(async move { (reply, fut.await) }),
+                        Ok(Ok(fut)) => inflight.push(async move {
+                            let r = fut.await;
+                            drop(_bytes);
+                            (reply, r)
+                        }),
+                        // This message alone cannot be sent; the link is fine.
+                        Ok(Err(e @ SendError::MessageSizeExceeded(_))) => {
+                            let _ = reply.send(Err(Failure::TooLarge(e.to_string())));
+                        }
+                        Ok(Err(e @ SendError::MessageEncodeError)) => {
+                            let _ = reply.send(Err(Failure::Refused(e.to_string())));
+                        }
                         Ok(Err(e)) => {
-                            let _ = reply.send(Err(format!("sending: {e}")));
+                            let _ = reply.send(Err(Failure::Transient(format!("sending: {e}"))));
                             break format!("sending: {e}");
                         }
                         Err(_) => {
-                            let _ = reply.send(Err("the broker granted no credit in time".into()));
+                            let _ = reply.send(Err(Failure::Transient("the broker granted no credit in time".into())));
                             break "no credit".into();
                         }
-                    }
-                }
-                Some((reply, r)) = inflight.next(), if !inflight.is_empty() => {
-                    progress = Instant::now();
-                    if let Err(e) = reply_to(reply, r) {
-                        break e;
                     }
                 }
                 e = closed(quic.as_ref()) => break format!("the QUIC connection closed: {e}"),
@@ -296,40 +435,63 @@ async fn run(
             }
         };
         up.store(false, Ordering::Relaxed);
+        // Outcomes that arrived with the failure still count.
+        while let Some(Some((reply, r))) = inflight.next().now_or_never() {
+            let _ = reply_to(reply, r);
+        }
         tracing::warn!(%target, error = %why, unsettled = inflight.len(), "AMQP sink: link lost; reconnecting");
         // Dropping the unsettled deliveries fails their requests (never acknowledged).
         drop(inflight);
         drop(sender);
-        tokio::spawn(client.close());
+        tokio::spawn(bounded(client.close()));
     }
 }
 
 /// Answer one request from its outcome; Err when the link itself has ended.
 fn reply_to(
-    reply: oneshot::Sender<Result<(), String>>,
-    r: Result<Outcome, fe2o3_amqp::link::SendError>,
+    reply: oneshot::Sender<Result<(), Failure>>,
+    r: Result<Outcome, SendError>,
 ) -> Result<(), String> {
-    use fe2o3_amqp::link::SendError;
     let (answer, fatal) = match r {
         Ok(Outcome::Accepted(_)) => (Ok(()), None),
-        Ok(Outcome::Rejected(rej)) => (
-            Err(rej.error.map_or_else(
+        Ok(Outcome::Rejected(rej)) => {
+            let why = rej.error.as_ref().map_or_else(
                 || "the broker rejected the message".to_string(),
                 |e| {
                     format!(
                         "the broker rejected the message: {:?} {}",
                         e.condition,
-                        e.description.unwrap_or_default()
+                        e.description.clone().unwrap_or_default()
                     )
                 },
-            )),
+            );
+            // A full queue clears; anything else will be refused again.
+            let transient = rej.error.as_ref().is_some_and(|e| {
+                matches!(
+                    e.condition,
+                    fe2o3_amqp::types::definitions::ErrorCondition::AmqpError(
+                        fe2o3_amqp::types::definitions::AmqpError::ResourceLimitExceeded
+                    )
+                )
+            });
+            let f = if transient {
+                Failure::Transient(why)
+            } else {
+                Failure::Refused(why)
+            };
+            (Err(f), None)
+        }
+        Ok(other) => (
+            Err(Failure::Transient(format!(
+                "the broker did not accept: {other:?}"
+            ))),
             None,
         ),
-        Ok(other) => (Err(format!("the broker did not accept: {other:?}")), None),
-        Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => {
-            (Err(format!("the link ended: {e}")), Some(e.to_string()))
-        }
-        Err(e) => (Err(format!("sending: {e}")), None),
+        Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => (
+            Err(Failure::Transient(format!("the link ended: {e}"))),
+            Some(e.to_string()),
+        ),
+        Err(e) => (Err(Failure::Transient(format!("sending: {e}"))), None),
     };
     let _ = reply.send(answer);
     fatal.map_or(Ok(()), Err)

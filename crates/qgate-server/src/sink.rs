@@ -18,16 +18,23 @@ pub enum SinkError {
         source: std::io::Error,
     },
     /// The queue did not take the message now (answered 503: try again later).
-    #[error("sink {0}")]
+    #[error("{0}")]
     Unavailable(String),
+    /// Larger than the queue takes (answered 413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The queue refused the message for good (answered 500).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl SinkError {
     /// The HTTP status a device gets for this failure.
     pub fn status(&self) -> http::StatusCode {
         match self {
-            SinkError::Io { .. } => http::StatusCode::INTERNAL_SERVER_ERROR,
+            SinkError::Io { .. } | SinkError::Refused(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
             SinkError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
+            SinkError::TooLarge(_) => http::StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 }

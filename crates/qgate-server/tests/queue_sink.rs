@@ -15,7 +15,7 @@ use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
-use qgate_server::{DedupStore, IngestService, QueueSink, QueueSinkConfig, Sink};
+use qgate_server::{DedupStore, IngestService, QueueSink, QueueSinkConfig, Sink, Upstream};
 use qgate_transport::http3::Handler;
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 
@@ -60,7 +60,20 @@ impl Killable {
         }
     }
 
-    fn kill(&mut self) {
+    /// Stop every task and close every socket, and wait until they are closed (so the
+    /// addresses can be bound again).
+    async fn kill(&mut self) {
+        drop(self.running.take());
+        if let Some(rt) = self.rt.take() {
+            tokio::task::spawn_blocking(move || rt.shutdown_timeout(Duration::from_secs(5)))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for Killable {
+    fn drop(&mut self) {
         drop(self.running.take());
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
@@ -68,9 +81,29 @@ impl Killable {
     }
 }
 
-impl Drop for Killable {
-    fn drop(&mut self) {
-        self.kill();
+/// Wait until the sink's link is attached.
+async fn up(sink: &QueueSink) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !sink.is_up() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sink never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Open the durable table, waiting for a previous owner's writer to let go of the file.
+async fn reopen(path: &std::path::Path) -> DedupStore {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match DedupStore::open(path, 1 << 16) {
+            Ok((s, _)) => return s,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "{e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 }
 
@@ -143,9 +176,10 @@ async fn drain(c: &Connector, queue: &str) -> Seen {
     seen
 }
 
-fn service(sink: Sink, dedup: &std::path::Path) -> Arc<IngestService> {
-    let (store, _) = DedupStore::open(dedup, 1 << 16).unwrap();
-    Arc::new(IngestService::new(sink).with_dedup_store(store))
+async fn service(sink: QueueSink, dedup: &std::path::Path) -> Arc<IngestService> {
+    up(&sink).await;
+    let store = reopen(dedup).await;
+    Arc::new(IngestService::new(Sink::Queue(sink)).with_dedup_store(store))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,13 +196,13 @@ async fn acknowledged_only_once_the_broker_accepted() {
         ..Default::default()
     };
     let sink = QueueSink::start(
-        connector(Scheme::Tcp, tcp, &pki),
+        Upstream::Connector(connector(Scheme::Tcp, tcp, &pki)),
         "ingest",
         "test",
         cfg.clone(),
         1,
     );
-    let svc = service(Sink::Queue(sink), &dedup);
+    let svc = service(sink, &dedup).await;
     let peer: SocketAddr = "10.0.0.9:7000".parse().unwrap();
 
     // Forwarded by a gateway: its id, device and path travel with the body; a retried copy is
@@ -240,8 +274,27 @@ async fn acknowledged_only_once_the_broker_accepted() {
     assert_eq!(props["device"], SimpleValue::String(peer.to_string()));
     assert!(!props.contains_key("path"));
 
+    // Too large for the broker (4 MiB): refused on its own, the link stays up.
+    let r = svc
+        .handle(
+            post("big", Some("gw-big"), None, None),
+            Bytes::from(vec![0u8; 5 << 20]),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 413, "{:?}", r.body());
+    let r = svc
+        .handle(
+            post("temps", Some("gw-after-big"), None, None),
+            Bytes::from_static(b"1"),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 201, "{:?}", r.body());
+    let _ = drain(&connector(Scheme::Tcp, tcp, &pki), "ingest").await;
+
     // The broker dies: requests fail with 503 (nothing acknowledged that was not accepted).
-    broker.kill();
+    broker.kill().await;
     let r = tokio::time::timeout(
         Duration::from_secs(10),
         svc.handle(
@@ -282,13 +335,13 @@ async fn acknowledged_only_once_the_broker_accepted() {
     drop(svc);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let sink = QueueSink::start(
-        connector(Scheme::Quic, broker.quic, &pki),
+        Upstream::Connector(connector(Scheme::Quic, broker.quic, &pki)),
         "ingest",
         "test",
         cfg,
         1000,
     );
-    let svc = service(Sink::Queue(sink), &dedup);
+    let svc = service(sink, &dedup).await;
     let r = svc
         .handle(
             post("temps", Some("gw-2"), None, None),
@@ -324,4 +377,53 @@ async fn acknowledged_only_once_the_broker_accepted() {
     assert_eq!(ids, ["gw-2", "gw-3"]);
     drop(svc);
     let _ = std::fs::remove_file(&dedup);
+}
+
+/// A "broker" that accepts TCP connections and never says a word: the sink never comes up,
+/// and every request is answered 503 at once instead of waiting on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_broker_gets_503_at_once_not_a_hang() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut socks = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            socks.push(s);
+        }
+    });
+    let cfg = QueueSinkConfig {
+        delivery_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let sink = QueueSink::start(
+        Upstream::Connector(connector(Scheme::Tcp, addr, &pki)),
+        "ingest",
+        "silent",
+        cfg,
+        1,
+    );
+    let stats = sink.stats();
+    let svc = Arc::new(IngestService::new(Sink::Queue(sink)));
+    let peer: SocketAddr = "10.0.0.9:7000".parse().unwrap();
+    let t = tokio::time::Instant::now();
+    for i in 0..50 {
+        let r = svc
+            .handle(
+                post("x", Some(&format!("r{i}")), None, None),
+                Bytes::from_static(b"v"),
+                peer,
+            )
+            .await;
+        assert_eq!(r.status(), 503);
+        assert!(
+            !String::from_utf8_lossy(r.body()).contains("127.0.0.1"),
+            "no broker address for devices"
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // It keeps trying (the connect attempts time out) without coming up.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(stats.connects.load(std::sync::atomic::Ordering::Relaxed), 0);
+    held.abort();
 }

@@ -13,7 +13,7 @@ use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use qgate_amqp::artemis::{self, Artemis};
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::Scheme;
-use qgate_server::{IngestService, QueueSink, QueueSinkConfig, Sink};
+use qgate_server::{IngestService, QueueSink, QueueSinkConfig, Sink, Upstream};
 use qgate_transport::http3::Handler;
 
 async fn start(port: Option<u16>, data: &std::path::Path) -> Option<Artemis> {
@@ -65,12 +65,21 @@ async fn nothing_acknowledged_is_lost_when_artemis_is_killed_mid_run() {
         max_backoff: Duration::from_millis(300),
         ..Default::default()
     };
-    let sink = QueueSink::start(connector(), "qgate.ingest", "artemis", cfg, 1);
+    let sink = QueueSink::start(
+        Upstream::Connector(connector()),
+        "qgate.ingest",
+        "artemis",
+        cfg,
+        1,
+    );
+    while !sink.is_up() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let svc = Arc::new(IngestService::new(Sink::Queue(sink)));
     let acked = Arc::new(Mutex::new(HashSet::new()));
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    // Posters retry a refused request with the same id until it is acknowledged, as a gateway
-    // does.
+    // Posters retry a refused request with the same id until it is acknowledged (a gateway's
+    // retries within its budget keep the id; a device's later retry is a new request).
     let posters: Vec<_> = (0..POSTERS)
         .map(|p| {
             let (svc, acked, refused) = (svc.clone(), acked.clone(), refused.clone());

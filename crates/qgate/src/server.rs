@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use qgate_amqp::client::Connector;
 use qgate_server::{
-    DedupStore, QueueSink, QueueSinkConfig, Server, Sink, UploadLimits, Uploads, EXPIRE_CHECK_EVERY,
+    DedupStore, QueueSink, QueueSinkConfig, Server, Sink, UploadLimits, Uploads, Upstream,
+    EXPIRE_CHECK_EVERY,
 };
 use qgate_transport::http3::ServeLimits;
 use qgate_transport::{Congestion, DevPki, Identity, Socket, TrustRoots};
@@ -21,6 +21,9 @@ const DEFAULT_LISTEN: &str = "0.0.0.0:4433";
 /// Request ids the durable de-duplication table remembers (~100 bytes each on disk): over a
 /// minute of requests at 10,000 a second, far longer than a gateway retries one request (S6).
 const DEDUP_CAPACITY: u64 = 1 << 20;
+
+/// How long `qgate server` waits for a queue sink's broker before it listens anyway.
+const SINK_STARTUP_WAIT: Duration = Duration::from_secs(5);
 
 /// `--sink`: a directory or a queue.
 enum SinkSpec {
@@ -49,13 +52,14 @@ pub struct ServerArgs {
     /// it and 503 while it cannot; without it bodies are only counted.
     #[arg(long, value_name = "DIR|URL")]
     sink: Option<String>,
-    /// CA certificate (PEM) of an amqps:// or amqp+quic:// sink's broker [default: the
-    /// development CA].
+    /// CA certificate(s) (PEM) of an amqps:// or amqp+quic:// sink's broker, e.g. the system
+    /// bundle /etc/ssl/certs/ca-certificates.crt for a public one [default: the development
+    /// CA of --dev-pki].
     #[arg(long, value_name = "FILE")]
     sink_ca: Option<PathBuf>,
     /// Durable de-duplication table: request ids stored survive a restart [default:
-    /// DIR/.dedup.redb with a directory sink, $QGATE_HOME/ingest-dedup.redb with a queue; none
-    /// when only counting].
+    /// DIR/.dedup.redb with a directory sink, $QGATE_HOME/ingest-dedup-<hash of the broker and
+    /// queue>.redb with a queue; none when only counting].
     #[arg(long, value_name = "FILE")]
     dedup_store: Option<PathBuf>,
     /// Receive `qgate upload` files (paper 001) into DIR: each complete file is verified
@@ -94,13 +98,14 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
     if let Some(cc) = a.congestion {
         transport.congestion = cc;
     }
+    let pki_dir = a
+        .dev_pki
+        .or(c.dev_pki.clone())
+        .unwrap_or_else(default_dev_pki_dir);
     let identity = match (a.cert.or(c.cert.clone()), a.key.or(c.key.clone())) {
         (Some(cert), Some(key)) => Identity::from_pem_files(&cert, &key).map_err(usage)?,
         (None, None) => {
-            let dir = a
-                .dev_pki
-                .or(c.dev_pki.clone())
-                .unwrap_or_else(default_dev_pki_dir);
+            let dir = pki_dir.clone();
             let pki = DevPki::load_or_create(&dir).map_err(usage)?;
             eprintln!(
                 "qgate: using the development certificate; clients trust {}",
@@ -116,7 +121,8 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
     };
     let sink_spec = match a.sink.or(c.sink.clone()) {
         None => None,
-        Some(s) if s.contains("://") => {
+        // Any scheme-like start is a URL (a typo such as amqp:/… must not become a directory).
+        Some(s) if s.contains("://") || s.to_ascii_lowercase().starts_with("amqp") => {
             Some(SinkSpec::Queue(qgate_amqp::url::parse(&s).map_err(usage)?))
         }
         Some(dir) => Some(SinkSpec::Dir(PathBuf::from(dir))),
@@ -126,7 +132,14 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         .or(c.dedup_store.clone())
         .or(match &sink_spec {
             Some(SinkSpec::Dir(d)) => Some(d.join(".dedup.redb")),
-            Some(SinkSpec::Queue(_)) => Some(crate::home_file("ingest-dedup.redb")),
+            // One table per broker and queue: ids stored in another queue are not in this one.
+            Some(SinkSpec::Queue(u)) => Some(crate::home_file(&format!(
+                "ingest-dedup-{:016x}.redb",
+                fnv1a(&format!(
+                    "{}://{}:{}/{}",
+                    u.scheme, u.host, u.port, u.address
+                ))
+            ))),
             None => None,
         });
     let sink_ca = a.sink_ca.or(c.sink_ca.clone());
@@ -176,36 +189,39 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             None => Sink::count_only(),
             Some(SinkSpec::Dir(dir)) => Sink::directory(&dir).map_err(usage)?,
             Some(SinkSpec::Queue(url)) => {
-                let addr = url.resolve().await.map_err(usage)?;
                 let trust = match &sink_ca {
                     Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
-                    None => DevPki::load_or_create(&default_dev_pki_dir())
-                        .map_err(usage)?
-                        .trust(),
+                    None => DevPki::load_or_create(&pki_dir).map_err(usage)?.trust(),
                 };
                 // A dead broker is noticed within seconds, not quinn's 30 s (M20).
                 let opts = qgate_amqp::client::with_idle_timeout(
                     &cfg.transport,
                     qgate_amqp::client::DEFAULT_IDLE_TIMEOUT,
                 );
-                let connector = Connector::new(
-                    url.scheme,
-                    addr,
-                    &url.host,
-                    &trust,
-                    url.credentials.clone(),
-                    None,
-                    &opts,
-                )
-                .map_err(usage)?;
                 eprintln!("qgate: ingesting into {url}");
-                Sink::Queue(QueueSink::start(
-                    connector,
-                    &url.address,
-                    &url.to_string(),
+                // Resolved at every connection attempt: a broker not up yet, or moved, is
+                // reached once it answers.
+                let address = url.address.clone();
+                let target = url.to_string();
+                let sink = QueueSink::start(
+                    Upstream::Url { url, trust, opts },
+                    &address,
+                    &target,
                     QueueSinkConfig::default(),
                     max_id + 1,
-                ))
+                );
+                // Listen once the broker is reached (or after a few seconds without it), so
+                // the first devices are not refused only because the server was quicker.
+                let wait = tokio::time::Instant::now() + SINK_STARTUP_WAIT;
+                while !sink.is_up() && tokio::time::Instant::now() < wait {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if !sink.is_up() {
+                    eprintln!(
+                        "qgate: {target} is not reachable yet; ingest requests get 503 until it is"
+                    );
+                }
+                Sink::Queue(sink)
             }
         };
         let mut builder = Server::builder()
@@ -264,4 +280,11 @@ async fn expire_uploads(uploads: std::sync::Arc<Uploads>) {
         }
         tokio::time::sleep(EXPIRE_CHECK_EVERY).await;
     }
+}
+
+/// FNV-1a, 64 bits: a stable short name for a sink (file names).
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }

@@ -18,7 +18,7 @@ use qgate_amqp::client::Connector;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::Gateway;
-use qgate_server::{DedupStore, QueueSink, QueueSinkConfig, Sink};
+use qgate_server::{DedupStore, QueueSink, QueueSinkConfig, Sink, Upstream};
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 
 use crate::stats::Summary;
@@ -243,7 +243,7 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
         let (dedup, _) = DedupStore::open(&dir.join("dedup.redb"), 1 << 20).expect("dedup store");
         (
             Sink::Queue(QueueSink::start(
-                connector(),
+                Upstream::Connector(connector()),
                 "ingest",
                 "bench",
                 QueueSinkConfig::default(),

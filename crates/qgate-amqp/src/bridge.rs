@@ -1,0 +1,258 @@
+//! Store-and-forward bridges (shovels): a local queue's messages forwarded to a queue on an
+//! upstream AMQP 1.0 broker (the cloud's Artemis or RabbitMQ cluster), at least once
+//! (decision M28).
+//!
+//! A bridge takes a message off the local queue only while the upstream link is attached, sends
+//! it upstream (durable), and settles it locally only once the upstream accepted it; until then
+//! it stays in the local queue (and its durable store). When the upstream goes away, the local
+//! link is closed and the broker puts every unsettled message back, so nothing waits on a dead
+//! connection and nothing is lost: a message in flight at that moment may arrive upstream twice,
+//! with the same message-id. At most `window` messages are unsettled at once.
+//!
+//! The local side is an in-process AMQP connection (a byte pipe served by the broker itself,
+//! [`Broker::serve_trusted`]): the bridge uses the broker exactly as any consumer does.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fe2o3_amqp::link::delivery::DeliveryInfo;
+use fe2o3_amqp::types::messaging::{Body, Header, Outcome};
+use fe2o3_amqp::types::primitives::Value;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use qgate_transport::TransportOptions;
+use tokio::time::Instant;
+
+use crate::broker::Broker;
+use crate::client::{Client, Connector};
+use crate::transport::{BoxStream, Dialer, Scheme};
+
+/// One bridge; every default lives here.
+#[derive(Clone)]
+pub struct BridgeConfig {
+    /// The local queue to drain.
+    pub queue: String,
+    /// Where its messages go: a connector to the upstream broker.
+    pub upstream: Connector,
+    /// The upstream address (queue) they are sent to.
+    pub address: String,
+    /// The upstream as shown in logs and metrics (no password).
+    pub upstream_name: String,
+    /// Most messages sent upstream and not yet settled there.
+    pub window: u32,
+    /// A message the upstream has not settled within this long tears the link down (and the
+    /// local messages are put back).
+    pub settle_timeout: Duration,
+    /// Longest pause between attempts to reach the upstream (from 100 ms, doubling).
+    pub max_backoff: Duration,
+}
+
+impl BridgeConfig {
+    /// A bridge from `queue` to `address` through `upstream`, with the default window (256),
+    /// settle timeout (10 s) and backoff (at most 5 s).
+    pub fn new(queue: &str, upstream: Connector, address: &str, upstream_name: &str) -> Self {
+        BridgeConfig {
+            queue: queue.to_string(),
+            upstream,
+            address: address.to_string(),
+            upstream_name: upstream_name.to_string(),
+            window: 256,
+            settle_timeout: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a bridge has done.
+#[derive(Debug, Default)]
+pub struct BridgeStats {
+    /// Messages the upstream accepted (and the local queue then forgot).
+    pub forwarded: AtomicU64,
+    /// Messages the upstream rejected (rejected locally too: they are not retried).
+    pub rejected: AtomicU64,
+    /// Upstream connections opened.
+    pub connects: AtomicU64,
+    /// The upstream link is attached.
+    pub up: AtomicBool,
+}
+
+/// A connector whose connections are in-process pipes served by `broker` as trusted.
+fn local_connector(broker: &Broker) -> Connector {
+    let b = broker.clone();
+    let dial: Dialer = Arc::new(move |_| {
+        let b = b.clone();
+        Box::pin(async move {
+            let (ours, theirs) = tokio::io::duplex(256 * 1024);
+            tokio::spawn(async move { b.serve_trusted(theirs).await });
+            Ok(Box::new(ours) as BoxStream)
+        })
+    });
+    let unused: SocketAddr = ([127, 0, 0, 1], 0).into();
+    Connector::new(
+        Scheme::Tcp,
+        unused,
+        "localhost",
+        &Default::default(),
+        None,
+        None,
+        &TransportOptions::default(),
+    )
+    .expect("a plain connector needs nothing that can fail")
+    .with_dialer(dial)
+}
+
+/// Run the bridge until the broker stops it (its task is aborted).
+pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStats>) {
+    let local = local_connector(&broker);
+    let name = format!("qgate-bridge-{}", cfg.queue);
+    let mut backoff = Duration::from_millis(100);
+    let mut reported = false;
+    loop {
+        let opened = tokio::time::timeout(cfg.settle_timeout, async {
+            let (mut up, info) = cfg.upstream.open().await.map_err(|e| e.to_string())?;
+            match up.sender(&name, &cfg.address, false).await {
+                Ok(s) => Ok((up, info, s)),
+                Err(e) => {
+                    up.close().await;
+                    Err(e.to_string())
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err("timed out connecting".into()));
+        let (up, info, mut sender) = match opened {
+            Ok(x) => x,
+            Err(why) => {
+                if !reported {
+                    tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %why, "bridge: upstream unreachable; messages wait in the local queue");
+                    reported = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(cfg.max_backoff);
+                continue;
+            }
+        };
+        let (mut here, mut rx) = match open_local(&local, &name, &cfg.queue, cfg.window).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(queue = %cfg.queue, error = %e, "bridge: cannot consume the local queue");
+                up.close().await;
+                tokio::time::sleep(cfg.max_backoff).await;
+                continue;
+            }
+        };
+        stats.connects.fetch_add(1, Ordering::Relaxed);
+        stats.up.store(true, Ordering::Relaxed);
+        if reported {
+            tracing::info!(queue = %cfg.queue, upstream = %cfg.upstream_name, "bridge: upstream reachable again");
+        }
+        reported = false;
+        backoff = Duration::from_millis(100);
+        let quic = info.quic.clone();
+        let mut inflight = FuturesUnordered::new();
+        let mut progress = Instant::now();
+        let mut check = tokio::time::interval(cfg.settle_timeout / 4);
+        let why: String = loop {
+            tokio::select! {
+                d = rx.recv::<Body<Value>>(), if inflight.len() < cfg.window as usize => {
+                    let d = match d {
+                        Ok(d) => d,
+                        Err(e) => break format!("the local link ended: {e}"),
+                    };
+                    if inflight.is_empty() {
+                        progress = Instant::now();
+                    }
+                    let local_id = DeliveryInfo::from(&d);
+                    let mut msg = d.into_message();
+                    // Upstream keeps it on disk: it has left our store once accepted there.
+                    msg.header.get_or_insert_with(Header::default).durable = true;
+                    match tokio::time::timeout(cfg.settle_timeout, sender.send_batchable(msg)).await {
+                        Ok(Ok(fut)) => inflight.push(async move { (local_id, fut.await) }),
+                        Ok(Err(e)) => {
+                            let _ = rx.release(local_id).await;
+                            break format!("sending upstream: {e}");
+                        }
+                        Err(_) => {
+                            let _ = rx.release(local_id).await;
+                            break "the upstream granted no credit in time".into();
+                        }
+                    }
+                }
+                Some((local_id, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                    progress = Instant::now();
+                    use fe2o3_amqp::link::SendError;
+                    match outcome {
+                        Ok(Outcome::Accepted(_)) => {
+                            if let Err(e) = rx.accept(local_id).await {
+                                break format!("settling locally: {e}");
+                            }
+                            stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Outcome::Rejected(r)) => {
+                            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, "bridge: the upstream rejected a message; dropping it");
+                            stats.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = rx.reject(local_id, r.error).await;
+                        }
+                        Ok(_) => {
+                            let _ = rx.release(local_id).await;
+                        }
+                        Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => {
+                            break format!("the upstream link ended: {e}");
+                        }
+                        Err(e) => {
+                            let _ = rx.release(local_id).await;
+                            tracing::warn!(queue = %cfg.queue, error = %e, "bridge: send failed; the message goes back to the queue");
+                        }
+                    }
+                }
+                e = closed(quic.as_ref()) => break format!("the upstream QUIC connection closed: {e}"),
+                _ = check.tick() => {
+                    if !inflight.is_empty() && progress.elapsed() >= cfg.settle_timeout {
+                        break "the upstream settled nothing in time".into();
+                    }
+                }
+            }
+        };
+        stats.up.store(false, Ordering::Relaxed);
+        tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %why, unsettled = inflight.len(), "bridge: link lost; the unsettled messages go back to the local queue");
+        // Closing the local link puts everything it held unsettled back in the queue.
+        drop(inflight);
+        drop(sender);
+        let _ = rx.close().await;
+        here_close(here.take()).await;
+        tokio::spawn(up.close());
+    }
+}
+
+/// The local consumer: a connection to the broker itself and a receiver on `queue` with
+/// `credit` (refilled as messages are settled).
+async fn open_local(
+    local: &Connector,
+    name: &str,
+    queue: &str,
+    credit: u32,
+) -> Result<(Option<Client>, fe2o3_amqp::Receiver), String> {
+    let (mut c, _) = local.open().await.map_err(|e| e.to_string())?;
+    match c.receiver(name, queue, false, credit).await {
+        Ok(r) => Ok((Some(c), r)),
+        Err(e) => {
+            c.close().await;
+            Err(e.to_string())
+        }
+    }
+}
+
+async fn here_close(c: Option<Client>) {
+    if let Some(c) = c {
+        c.close().await;
+    }
+}
+
+/// Resolves when the QUIC connection closes; never for TCP (fe2o3 reports its end itself).
+async fn closed(quic: Option<&quinn::Connection>) -> quinn::ConnectionError {
+    match quic {
+        Some(c) => c.closed().await,
+        None => std::future::pending().await,
+    }
+}
