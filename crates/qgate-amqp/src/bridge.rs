@@ -21,20 +21,22 @@ use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::types::messaging::{Body, Header, Outcome};
 use fe2o3_amqp::types::primitives::Value;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use qgate_transport::TransportOptions;
 use tokio::time::Instant;
 
 use crate::broker::Broker;
 use crate::client::{Client, Connector};
 use crate::transport::{BoxStream, Dialer, Scheme};
+use crate::url::Upstream;
 
 /// One bridge; every default lives here.
 #[derive(Clone)]
 pub struct BridgeConfig {
     /// The local queue to drain.
     pub queue: String,
-    /// Where its messages go: a connector to the upstream broker.
-    pub upstream: Connector,
+    /// Where its messages go: the upstream broker.
+    pub upstream: Upstream,
     /// The upstream address (queue) they are sent to.
     pub address: String,
     /// The upstream as shown in logs and metrics (no password).
@@ -51,7 +53,7 @@ pub struct BridgeConfig {
 impl BridgeConfig {
     /// A bridge from `queue` to `address` through `upstream`, with the default window (256),
     /// settle timeout (10 s) and backoff (at most 5 s).
-    pub fn new(queue: &str, upstream: Connector, address: &str, upstream_name: &str) -> Self {
+    pub fn new(queue: &str, upstream: Upstream, address: &str, upstream_name: &str) -> Self {
         BridgeConfig {
             queue: queue.to_string(),
             upstream,
@@ -110,14 +112,20 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
     let mut reported = false;
     loop {
         let opened = tokio::time::timeout(cfg.settle_timeout, async {
-            let (mut up, info) = cfg.upstream.open().await.map_err(|e| e.to_string())?;
-            match up.sender(&name, &cfg.address, false).await {
-                Ok(s) => Ok((up, info, s)),
-                Err(e) => {
-                    up.close().await;
-                    Err(e.to_string())
+            let mut last = String::from("no address to try");
+            for c in cfg.upstream.connectors().await? {
+                match c.open().await {
+                    Ok((mut up, info)) => match up.sender(&name, &cfg.address, false).await {
+                        Ok(s) => return Ok((up, info, s)),
+                        Err(e) => {
+                            bounded(up.close()).await;
+                            last = e.to_string();
+                        }
+                    },
+                    Err(e) => last = e.to_string(),
                 }
             }
+            Err(last)
         })
         .await
         .unwrap_or_else(|_| Err("timed out connecting".into()));
@@ -133,11 +141,11 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
                 continue;
             }
         };
-        let (mut here, mut rx) = match open_local(&local, &name, &cfg.queue, cfg.window).await {
+        let (here, mut rx) = match open_local(&local, &name, &cfg.queue, cfg.window).await {
             Ok(x) => x,
             Err(e) => {
                 tracing::error!(queue = %cfg.queue, error = %e, "bridge: cannot consume the local queue");
-                up.close().await;
+                bounded(up.close()).await;
                 tokio::time::sleep(cfg.max_backoff).await;
                 continue;
             }
@@ -155,6 +163,14 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
         let mut check = tokio::time::interval(cfg.settle_timeout / 4);
         let why: String = loop {
             tokio::select! {
+                // Outcomes first: an accepted message is settled before anything ends the link.
+                biased;
+                Some((local_id, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                    progress = Instant::now();
+                    if let Err(e) = settle(&mut rx, &cfg, &stats, local_id, outcome).await {
+                        break e;
+                    }
+                }
                 d = rx.recv::<Body<Value>>(), if inflight.len() < cfg.window as usize => {
                     let d = match d {
                         Ok(d) => d,
@@ -169,6 +185,13 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
                     msg.header.get_or_insert_with(Header::default).durable = true;
                     match tokio::time::timeout(cfg.settle_timeout, sender.send_batchable(msg)).await {
                         Ok(Ok(fut)) => inflight.push(async move { (local_id, fut.await) }),
+                        // This message alone cannot go upstream: it would fail for ever.
+                        Ok(Err(e @ (fe2o3_amqp::link::SendError::MessageSizeExceeded(_)
+                            | fe2o3_amqp::link::SendError::MessageEncodeError))) => {
+                            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %e, "bridge: the upstream cannot take a message; dropping it");
+                            stats.rejected.fetch_add(1, Ordering::Relaxed);
+                            let _ = rx.reject(local_id, None).await;
+                        }
                         Ok(Err(e)) => {
                             let _ = rx.release(local_id).await;
                             break format!("sending upstream: {e}");
@@ -176,33 +199,6 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
                         Err(_) => {
                             let _ = rx.release(local_id).await;
                             break "the upstream granted no credit in time".into();
-                        }
-                    }
-                }
-                Some((local_id, outcome)) = inflight.next(), if !inflight.is_empty() => {
-                    progress = Instant::now();
-                    use fe2o3_amqp::link::SendError;
-                    match outcome {
-                        Ok(Outcome::Accepted(_)) => {
-                            if let Err(e) = rx.accept(local_id).await {
-                                break format!("settling locally: {e}");
-                            }
-                            stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Outcome::Rejected(r)) => {
-                            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, "bridge: the upstream rejected a message; dropping it");
-                            stats.rejected.fetch_add(1, Ordering::Relaxed);
-                            let _ = rx.reject(local_id, r.error).await;
-                        }
-                        Ok(_) => {
-                            let _ = rx.release(local_id).await;
-                        }
-                        Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => {
-                            break format!("the upstream link ended: {e}");
-                        }
-                        Err(e) => {
-                            let _ = rx.release(local_id).await;
-                            tracing::warn!(queue = %cfg.queue, error = %e, "bridge: send failed; the message goes back to the queue");
                         }
                     }
                 }
@@ -215,14 +211,64 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
             }
         };
         stats.up.store(false, Ordering::Relaxed);
+        // Outcomes that arrived with the failure still count.
+        while let Some(Some((local_id, outcome))) = inflight.next().now_or_never() {
+            let _ = settle(&mut rx, &cfg, &stats, local_id, outcome).await;
+        }
         tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %why, unsettled = inflight.len(), "bridge: link lost; the unsettled messages go back to the local queue");
         // Closing the local link puts everything it held unsettled back in the queue.
         drop(inflight);
         drop(sender);
-        let _ = rx.close().await;
-        here_close(here.take()).await;
-        tokio::spawn(up.close());
+        bounded(async {
+            let _ = rx.close().await;
+        })
+        .await;
+        bounded(here.close()).await;
+        tokio::spawn(bounded(up.close()));
     }
+}
+
+/// Settle one local message by its upstream outcome; Err when the upstream link has ended.
+async fn settle(
+    rx: &mut fe2o3_amqp::Receiver,
+    cfg: &BridgeConfig,
+    stats: &BridgeStats,
+    local_id: DeliveryInfo,
+    outcome: Result<Outcome, fe2o3_amqp::link::SendError>,
+) -> Result<(), String> {
+    use fe2o3_amqp::link::SendError;
+    match outcome {
+        Ok(Outcome::Accepted(_)) => {
+            rx.accept(local_id)
+                .await
+                .map_err(|e| format!("settling locally: {e}"))?;
+            stats.forwarded.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Outcome::Rejected(r)) => {
+            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, "bridge: the upstream rejected a message; dropping it");
+            stats.rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = rx.reject(local_id, r.error).await;
+        }
+        // Released or modified: it goes back to the local queue and is tried again.
+        Ok(_) => {
+            let _ = rx.release(local_id).await;
+        }
+        Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => {
+            let _ = rx.release(local_id).await;
+            return Err(format!("the upstream link ended: {e}"));
+        }
+        Err(e) => {
+            let _ = rx.release(local_id).await;
+            tracing::warn!(queue = %cfg.queue, error = %e, "bridge: send failed; the message goes back to the queue");
+        }
+    }
+    Ok(())
+}
+
+/// `fut`, given at most 5 s: a close must never hold the bridge (fe2o3 waits for a peer's
+/// close that a dead peer never sends).
+async fn bounded(fut: impl std::future::Future<Output = ()>) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), fut).await;
 }
 
 /// The local consumer: a connection to the broker itself and a receiver on `queue` with
@@ -232,20 +278,14 @@ async fn open_local(
     name: &str,
     queue: &str,
     credit: u32,
-) -> Result<(Option<Client>, fe2o3_amqp::Receiver), String> {
+) -> Result<(Client, fe2o3_amqp::Receiver), String> {
     let (mut c, _) = local.open().await.map_err(|e| e.to_string())?;
     match c.receiver(name, queue, false, credit).await {
-        Ok(r) => Ok((Some(c), r)),
+        Ok(r) => Ok((c, r)),
         Err(e) => {
-            c.close().await;
+            bounded(c.close()).await;
             Err(e.to_string())
         }
-    }
-}
-
-async fn here_close(c: Option<Client>) {
-    if let Some(c) = c {
-        c.close().await;
     }
 }
 

@@ -30,6 +30,7 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 
 use crate::auth::Credentials;
+use crate::bridge::{BridgeConfig, BridgeStats};
 use crate::queue::{ConsumerId, Limits, Queue, QueueStats};
 use crate::shim;
 use crate::store::{Store, StoreError};
@@ -281,6 +282,8 @@ struct Inner {
     replays: Mutex<ReplayGuard>,
     /// Connections held per source address (entries at zero are removed).
     per_address: Mutex<std::collections::HashMap<IpAddr, usize>>,
+    /// Bridges started: (local queue, upstream as shown, counters).
+    bridges: Mutex<Vec<(String, String, Arc<BridgeStats>)>>,
 }
 
 /// One connection's hold on the broker's tables, from accept until its last task ends: the
@@ -366,6 +369,7 @@ impl Broker {
             counters: Counters::default(),
             replays: Mutex::new(ReplayGuard::default()),
             per_address: Mutex::new(std::collections::HashMap::new()),
+            bridges: Mutex::new(Vec::new()),
             cfg,
         });
         let broker = Broker { inner };
@@ -580,7 +584,44 @@ impl Broker {
         }
     }
 
+    /// Serve an in-process connection (a [bridge](crate::bridge)'s own consumer): admitted as
+    /// ANONYMOUS whatever the credentials, since it never leaves the process, and never
+    /// counted against an address.
+    pub async fn serve_trusted<S: Stream>(&self, io: S) {
+        if let Some(t) = self.tenancy(None) {
+            self.serve_as(io, false, t, true).await
+        }
+    }
+
+    /// Forward `cfg.queue` to its upstream until the returned future is dropped (decision
+    /// M28); its counters show in [`Broker::metrics`].
+    pub fn bridge(
+        &self,
+        cfg: BridgeConfig,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let stats = Arc::new(BridgeStats::default());
+        self.inner
+            .bridges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((cfg.queue.clone(), cfg.upstream_name.clone(), stats.clone()));
+        crate::bridge::run(self.clone(), cfg, stats)
+    }
+
+    /// The bridges' counters: (local queue, upstream, counters).
+    pub fn bridges(&self) -> Vec<(String, String, Arc<BridgeStats>)> {
+        self.inner
+            .bridges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     async fn serve_guarded<S: Stream>(&self, io: S, early: bool, tenancy: Arc<Tenancy>) {
+        self.serve_as(io, early, tenancy, false).await
+    }
+
+    async fn serve_as<S: Stream>(&self, io: S, early: bool, tenancy: Arc<Tenancy>, trusted: bool) {
         let c = &self.inner.counters;
         // The shim holds the tenancy until both its pumps end (M16).
         let mut io = shim::shim(io, self.shim_config(), tenancy.clone());
@@ -600,14 +641,15 @@ impl Broker {
             .container_id(cfg.container_id.clone())
             .max_frame_size(cfg.max_frame_size);
         let plain = cfg.plain_amqp && cfg.credentials.admits_anonymous();
+        let credentials = if trusted {
+            crate::auth::Credentials::anonymous()
+        } else {
+            cfg.credentials.clone()
+        };
         let accepted = if plain && head == *b"AMQP\x00\x01\x00\x00" {
             builder.build().accept(io).await
         } else {
-            builder
-                .sasl_acceptor(cfg.credentials.clone())
-                .build()
-                .accept(io)
-                .await
+            builder.sasl_acceptor(credentials).build().accept(io).await
         };
         let mut conn = match accepted {
             Ok(conn) => conn,
@@ -1106,6 +1148,47 @@ impl Broker {
         let _ = writeln!(o, "# HELP qgate_amqp_connections_early_total AMQP connections whose QUIC stream arrived during the handshake (0-RTT)\n# TYPE qgate_amqp_connections_early_total counter\nqgate_amqp_connections_early_total {}", c.connections_early.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_replays_dropped_total replayed 0-RTT transfers accepted without queueing them again\n# TYPE qgate_amqp_replays_dropped_total counter\nqgate_amqp_replays_dropped_total {}", c.replays_dropped.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP qgate_amqp_links_refused_total links refused (unknown address, limits)\n# TYPE qgate_amqp_links_refused_total counter\nqgate_amqp_links_refused_total {}", c.links_refused.load(Ordering::Relaxed));
+        let bridges = self.bridges();
+        if !bridges.is_empty() {
+            for (name, help, kind, f) in [
+                (
+                    "qgate_amqp_bridge_forwarded_total",
+                    "messages the upstream accepted (then forgotten here)",
+                    "counter",
+                    &(|s: &BridgeStats| s.forwarded.load(Ordering::Relaxed))
+                        as &dyn Fn(&BridgeStats) -> u64,
+                ),
+                (
+                    "qgate_amqp_bridge_rejected_total",
+                    "messages the upstream refused for good (dropped)",
+                    "counter",
+                    &|s: &BridgeStats| s.rejected.load(Ordering::Relaxed),
+                ),
+                (
+                    "qgate_amqp_bridge_connects_total",
+                    "connections opened to the upstream",
+                    "counter",
+                    &|s: &BridgeStats| s.connects.load(Ordering::Relaxed),
+                ),
+                (
+                    "qgate_amqp_bridge_up",
+                    "1 while the upstream link is attached",
+                    "gauge",
+                    &|s: &BridgeStats| u64::from(s.up.load(Ordering::Relaxed)),
+                ),
+            ] {
+                let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for (q, up, st) in &bridges {
+                    let _ = writeln!(
+                        o,
+                        "{name}{{queue=\"{}\",upstream=\"{}\"}} {}",
+                        escape(q),
+                        escape(up),
+                        f(st)
+                    );
+                }
+            }
+        }
         o
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use futures_util::{Stream as Incoming, StreamExt};
 use tokio::task::JoinSet;
 
+use crate::bridge::BridgeConfig;
 use crate::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, BrokerError};
 use crate::transport::{BoxStream, Stream};
 
@@ -24,6 +25,7 @@ pub struct BrokerBuilder {
     quic: Vec<quinn::Endpoint>,
     tcp: Vec<(tokio::net::TcpListener, Option<Arc<rustls::ServerConfig>>)>,
     accepted: Vec<(Accepted, Arc<rustls::ServerConfig>)>,
+    bridges: Vec<BridgeConfig>,
 }
 
 impl Broker {
@@ -69,6 +71,12 @@ impl BrokerBuilder {
         self
     }
 
+    /// Forward a local queue to an upstream broker, store and forward (decision M28).
+    pub fn bridge(mut self, bridge: BridgeConfig) -> Self {
+        self.bridges.push(bridge);
+        self
+    }
+
     /// Start the broker (open its store, recover, declare queues) and serve every listener.
     /// Call within a tokio runtime.
     pub fn start(self) -> Result<RunningBroker, BrokerError> {
@@ -78,6 +86,9 @@ impl BrokerBuilder {
         for ep in self.quic {
             quic.extend(ep.local_addr().ok());
             tasks.spawn(serve_quic(broker.clone(), ep));
+        }
+        for b in self.bridges {
+            tasks.spawn(broker.bridge(b));
         }
         let mut tcp = Vec::new();
         for (l, tls) in self.tcp {

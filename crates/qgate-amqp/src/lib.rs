@@ -9,11 +9,13 @@
 //! - [`wire`]: our view of AMQP encodings, checking every length before anything decodes;
 //! - [`oneshot`]: pipelined clients whose whole opening rides in 0-RTT;
 //! - [`auth`]: SASL PLAIN (credentials file) and ANONYMOUS;
+//! - [`bridge`]: store-and-forward of a local queue to an upstream broker;
 //! - [`transport`]: QUIC / TCP / TCP+TLS streams, listeners and connectors;
 //! - [`broker`]: the broker; [`client`]: senders and receivers; [`url`]: `amqp://` URLs.
 
 pub mod artemis;
 pub mod auth;
+pub mod bridge;
 pub mod broker;
 pub mod builder;
 pub mod client;

@@ -7,6 +7,9 @@
 
 use std::net::SocketAddr;
 
+use qgate_transport::{TransportOptions, TrustRoots};
+
+use crate::client::Connector;
 use crate::transport::{Scheme, TlsVersion};
 
 /// A parsed AMQP URL.
@@ -149,6 +152,55 @@ impl AmqpUrl {
         addrs
             .next()
             .ok_or_else(|| format!("host '{}' has no address", self.host))
+    }
+}
+
+/// Where a client (the server's queue sink, a bridge) connects, again at every attempt.
+#[derive(Clone)]
+pub enum Upstream {
+    /// Always through this connector (tests, the simulated network).
+    Connector(Connector),
+    /// A URL resolved again at every attempt; each address it has is tried in turn.
+    Url {
+        /// The broker and queue.
+        url: AmqpUrl,
+        /// CAs its certificate is checked against (amqps, amqp+quic).
+        trust: TrustRoots,
+        /// Transport options (idle timeout, keep-alive).
+        opts: TransportOptions,
+    },
+}
+
+impl Upstream {
+    /// Connectors to try, in order.
+    pub async fn connectors(&self) -> Result<Vec<Connector>, String> {
+        match self {
+            Upstream::Connector(c) => Ok(vec![c.clone()]),
+            Upstream::Url { url, trust, opts } => {
+                let addrs: Vec<_> = tokio::net::lookup_host((url.host.as_str(), url.port))
+                    .await
+                    .map_err(|e| format!("cannot resolve host '{}': {e}", url.host))?
+                    .collect();
+                if addrs.is_empty() {
+                    return Err(format!("host '{}' has no address", url.host));
+                }
+                addrs
+                    .into_iter()
+                    .map(|a| {
+                        Connector::new(
+                            url.scheme,
+                            a,
+                            &url.host,
+                            trust,
+                            url.credentials.clone(),
+                            None,
+                            opts,
+                        )
+                        .map_err(|e| e.to_string())
+                    })
+                    .collect()
+            }
+        }
     }
 }
 

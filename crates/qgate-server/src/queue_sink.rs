@@ -23,9 +23,8 @@ use fe2o3_amqp::types::messaging::{
 use fe2o3_amqp::types::primitives::{Binary, Value};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
-use qgate_amqp::client::{Client, Connector};
-use qgate_amqp::url::AmqpUrl;
-use qgate_transport::{TransportOptions, TrustRoots};
+use qgate_amqp::client::Client;
+pub use qgate_amqp::url::Upstream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -63,55 +62,6 @@ impl Default for QueueSinkConfig {
             delivery_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(5),
             link_name: "qgate-server".into(),
-        }
-    }
-}
-
-/// Where the sink connects.
-#[derive(Clone)]
-pub enum Upstream {
-    /// Always through this connector (tests, the simulated network).
-    Connector(Connector),
-    /// A URL resolved again at every attempt; each address it has is tried in turn.
-    Url {
-        /// The broker and queue.
-        url: AmqpUrl,
-        /// CAs its certificate is checked against (amqps, amqp+quic).
-        trust: TrustRoots,
-        /// Transport options (idle timeout, keep-alive).
-        opts: TransportOptions,
-    },
-}
-
-impl Upstream {
-    /// Connectors to try, in order.
-    async fn connectors(&self) -> Result<Vec<Connector>, String> {
-        match self {
-            Upstream::Connector(c) => Ok(vec![c.clone()]),
-            Upstream::Url { url, trust, opts } => {
-                let addrs: Vec<_> = tokio::net::lookup_host((url.host.as_str(), url.port))
-                    .await
-                    .map_err(|e| format!("cannot resolve host '{}': {e}", url.host))?
-                    .collect();
-                if addrs.is_empty() {
-                    return Err(format!("host '{}' has no address", url.host));
-                }
-                addrs
-                    .into_iter()
-                    .map(|a| {
-                        Connector::new(
-                            url.scheme,
-                            a,
-                            &url.host,
-                            trust,
-                            url.credentials.clone(),
-                            None,
-                            opts,
-                        )
-                        .map_err(|e| e.to_string())
-                    })
-                    .collect()
-            }
         }
     }
 }

@@ -17,6 +17,9 @@ use qgate_transport::{
 };
 use serde::Deserialize;
 
+use qgate_amqp::bridge::BridgeConfig;
+use qgate_amqp::url::Upstream;
+
 use crate::config::{parse_duration, Config};
 use crate::{default_dev_pki_dir, dflt, usage, Failure};
 
@@ -45,10 +48,25 @@ pub struct BrokerSection {
     pub client_ca: Option<PathBuf>,
     /// Prometheus text on plain HTTP/1.1 at this TCP address.
     pub metrics: Option<SocketAddr>,
+    /// `[[broker.bridges]]`: local queues forwarded to upstream brokers.
+    pub bridges: Vec<BridgeSection>,
     /// `store`, `max_messages`, `ttl = "10m"`, `idle_timeout = "off"`, `[[broker.queues]]`, …:
     /// [`BrokerConfig`]'s keys.
     #[serde(flatten)]
     pub config: BrokerConfig,
+}
+
+/// `[[broker.bridges]]`: forward `queue` to `upstream` (`amqp://`, `amqps://`, `amqp+quic://`
+/// URL), checking a TLS or QUIC upstream's certificate against `ca`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeSection {
+    /// The local queue.
+    pub queue: String,
+    /// The upstream broker and queue.
+    pub upstream: String,
+    /// CA certificate(s) (PEM) of an amqps or amqp+quic upstream [default: the development CA].
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -112,6 +130,16 @@ pub struct BrokerArgs {
     /// Clients (QUIC and TLS) must present a certificate signed by this CA (PEM).
     #[arg(long, value_name = "FILE")]
     client_ca: Option<PathBuf>,
+    /// Forward the local QUEUE to an upstream broker, store and forward: messages wait here
+    /// (durably) while it is unreachable and are settled here only once it accepted them
+    /// (repeatable; also [[broker.bridges]]). URL: amqp://[USER:PASS@]HOST[:PORT]/QUEUE,
+    /// amqps://… or amqp+quic://….
+    #[arg(long, value_name = "QUEUE=URL")]
+    bridge: Vec<String>,
+    /// CA certificate(s) (PEM) of --bridge's amqps or amqp+quic upstreams [default: the
+    /// development CA].
+    #[arg(long, value_name = "FILE")]
+    bridge_ca: Option<PathBuf>,
 }
 
 /// A duration as the flags read it back (`off` for none).
@@ -179,10 +207,31 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
     };
     let metrics = a.metrics.or(b.metrics);
     let store_path = bcfg.store.clone();
+    let mut bridges = b.bridges.clone();
+    for spec in &a.bridge {
+        let (queue, upstream) = spec
+            .split_once('=')
+            .filter(|(q, u)| !q.is_empty() && !u.is_empty())
+            .ok_or_else(|| usage(format!("--bridge takes QUEUE=URL, not '{spec}'")))?;
+        bridges.push(BridgeSection {
+            queue: queue.to_string(),
+            upstream: upstream.to_string(),
+            ca: a.bridge_ca.clone(),
+        });
+    }
+    let bridges = bridges
+        .iter()
+        .map(|b| bridge_config(b, cfg))
+        .collect::<Result<Vec<_>, _>>()?;
     crate::runtime().block_on(async move {
         // Watch for Ctrl-C and SIGTERM before saying the service is up.
         let stop = crate::stop_requested();
         let mut builder = Broker::builder().config(bcfg);
+        let mut shown = Vec::new();
+        for b in bridges {
+            shown.push(format!("bridge {} → {}", b.queue, b.upstream_name));
+            builder = builder.bridge(b);
+        }
         if let Some(addr) = quic {
             let scfg = server_config_with_client_auth(
                 &identity,
@@ -228,6 +277,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
             listening.push(format!("metrics http://{}/metrics", l.local_addr()?));
             tokio::spawn(serve_metrics(broker.clone(), l));
         }
+        listening.extend(shown);
         println!(
             "qgate broker listening: {}; store {}",
             listening.join(", "),
@@ -248,6 +298,29 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
         }
         Ok(())
     })
+}
+
+/// One bridge from its section: the URL parsed (no password in errors), the upstream resolved at
+/// every connection attempt.
+fn bridge_config(b: &BridgeSection, cfg: &Config) -> Result<BridgeConfig, Failure> {
+    let url = qgate_amqp::url::parse(&b.upstream)
+        .map_err(|e| usage(format!("bridge of queue '{}': {e}", b.queue)))?;
+    let trust = match &b.ca {
+        Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
+        None => DevPki::load_or_create(&default_dev_pki_dir())
+            .map_err(usage)?
+            .trust(),
+    };
+    // A dead upstream is noticed within seconds, not quinn's 30 s (M20).
+    let opts = client::with_idle_timeout(&cfg.transport, client::DEFAULT_IDLE_TIMEOUT);
+    let name = url.to_string();
+    let address = url.address.clone();
+    Ok(BridgeConfig::new(
+        &b.queue,
+        Upstream::Url { url, trust, opts },
+        &address,
+        &name,
+    ))
 }
 
 /// A minimal HTTP/1.1 responder: `GET /metrics` → Prometheus text, anything else 404.

@@ -449,3 +449,70 @@ fn server_ingests_into_the_broker_as_processes() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// `qgate broker --bridge out=amqp://…/in` as processes: what a producer sends to the edge's
+/// queue arrives on the upstream's; a malformed bridge is a usage error naming the problem.
+#[test]
+fn a_bridge_forwards_between_broker_processes() {
+    let home = tmp("bridge");
+    let upstream = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--memory"]);
+    let bridge = format!("out=amqp://127.0.0.1:{}/in", upstream.tcp.port());
+    let edge = start_broker(
+        &home,
+        "127.0.0.1:0",
+        "127.0.0.1:0",
+        &["--memory", "--bridge", &bridge],
+    );
+    let o = qgate(&home)
+        .args([
+            "send",
+            &edge.quic.to_string(),
+            "out",
+            "--count",
+            "200",
+            "--size",
+            "50",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = qgate(&home)
+        .args([
+            "recv",
+            &upstream.quic.to_string(),
+            "in",
+            "--count",
+            "200",
+            "--idle",
+            "10s",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(said.contains("received 200 messages"), "{said}");
+    for (arg, why) in [
+        ("out", "--bridge takes QUEUE=URL"),
+        ("out=amqp://h", "missing queue"),
+        ("out=amqp://u:secret/x@h/q", "percent-encode"),
+    ] {
+        let o = qgate(&home)
+            .args([
+                "broker",
+                "--memory",
+                "--tcp",
+                "127.0.0.1:0",
+                "--bridge",
+                arg,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{arg}: {err}");
+        assert!(err.contains(why) && !err.contains("secret"), "{arg}: {err}");
+    }
+}
