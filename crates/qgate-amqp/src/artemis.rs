@@ -35,6 +35,29 @@ pub fn start(dir: &Path) -> Result<Artemis, String> {
 /// [`start`] on `port` (None: a free one), journalling durable messages in `data` (None: no
 /// persistence), so a test can kill it and start it again where it was.
 pub fn start_with(dir: &Path, port: Option<u16>, data: Option<&Path>) -> Result<Artemis, String> {
+    launch(dir, port, data, None)
+}
+
+/// One node of a two-node cluster (`core` its cluster port, `peer` the other node's), keeping
+/// nothing: messages go to whichever node has consumers.
+pub fn start_node(dir: &Path, core: u16, peer: u16) -> Result<Artemis, String> {
+    launch(dir, None, None, Some((core, peer)))
+}
+
+/// A free loopback TCP port.
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
+}
+
+fn launch(
+    dir: &Path,
+    port: Option<u16>,
+    data: Option<&Path>,
+    cluster: Option<(u16, u16)>,
+) -> Result<Artemis, String> {
     let built = Command::new("mvn")
         .args(["-q", "-B", "package"])
         .current_dir(dir)
@@ -49,11 +72,16 @@ pub fn start_with(dir: &Path, port: Option<u16>, data: Option<&Path>) -> Result<
     }
     let port = match port {
         Some(p) => p,
-        None => std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("finding a free port: {e}"))?
-            .port(),
+        None => free_port()?,
     };
+    let mut extra: Vec<String> = Vec::new();
+    if let Some(d) = data {
+        extra.push("--data".into());
+        extra.push(d.display().to_string());
+    }
+    if let Some((core, peer)) = cluster {
+        extra.extend(["--cluster".into(), core.to_string(), peer.to_string()]);
+    }
     let mut child = Command::new("java")
         .args([
             "-cp",
@@ -61,7 +89,7 @@ pub fn start_with(dir: &Path, port: Option<u16>, data: Option<&Path>) -> Result<
             "qgate.EmbeddedArtemis",
         ])
         .arg(port.to_string())
-        .args(data)
+        .args(&extra)
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -177,3 +177,134 @@ async fn nothing_acknowledged_is_lost_when_artemis_is_killed_mid_run() {
     drop(second);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// Two qgate servers feed a two-node Artemis cluster, one node each; one consumer on the second
+/// node receives every message both servers acknowledged (Artemis moves them to the node with
+/// the consumer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_feed_a_two_node_artemis_cluster() {
+    const EACH: usize = 200;
+    let ports = (artemis::free_port(), artemis::free_port());
+    let (Ok(core_a), Ok(core_b)) = ports else {
+        panic!("no free ports");
+    };
+    let node = |core: u16, peer: u16| {
+        tokio::task::spawn_blocking(move || {
+            artemis::start_node(&artemis::default_dir(), core, peer)
+        })
+    };
+    let (a, b) = (
+        node(core_a, core_b).await.unwrap(),
+        node(core_b, core_a).await.unwrap(),
+    );
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        other => {
+            assert!(
+                std::env::var_os("QGATE_INTEROP").is_none(),
+                "QGATE_INTEROP is set but the Artemis cluster does not start: {:?}",
+                other.0.err().or(other.1.err())
+            );
+            eprintln!("skipped: Maven or Artemis unavailable");
+            return;
+        }
+    };
+    let opts = qgate_amqp::client::with_idle_timeout(&Default::default(), Duration::from_secs(2));
+    let tcp = |addr| {
+        Connector::new(
+            Scheme::Tcp,
+            addr,
+            "localhost",
+            &Default::default(),
+            None,
+            None,
+            &opts,
+        )
+        .unwrap()
+    };
+    // The consumer is on node B from the start: node A sends it what it gets.
+    let (mut client, _) = tcp(b.addr).open().await.unwrap();
+    let mut rx = client
+        .receiver("cluster-check", "cluster.ingest", false, 200)
+        .await
+        .unwrap();
+    // Give the cluster connection time to form (its retry interval is 200 ms).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let server = |addr| {
+        let sink = QueueSink::start(
+            Upstream::Connector(tcp(addr)),
+            "cluster.ingest",
+            "artemis",
+            QueueSinkConfig::default(),
+            1,
+        );
+        Arc::new(IngestService::new(Sink::Queue(sink)))
+    };
+    let (svc_a, svc_b) = (server(a.addr), server(b.addr));
+    let acked = Arc::new(Mutex::new(HashSet::new()));
+    let posters: Vec<_> = [("a", svc_a), ("b", svc_b)]
+        .into_iter()
+        .map(|(name, svc)| {
+            let acked = acked.clone();
+            tokio::spawn(async move {
+                for i in 0..EACH {
+                    let rid = format!("{name}-{i}");
+                    for _ in 0..200 {
+                        let req = http::Request::post("https://localhost/ingest/meters")
+                            .header("qgate-request-id", rid.as_str())
+                            .body(())
+                            .unwrap();
+                        let r = svc
+                            .handle(req, Bytes::from(rid.clone()), "10.0.0.1:1".parse().unwrap())
+                            .await;
+                        if r.status() == 201 {
+                            acked.lock().unwrap().insert(rid.clone());
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for p in posters {
+        tokio::time::timeout(Duration::from_secs(120), p)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert_eq!(acked.len(), 2 * EACH, "every post acknowledged");
+    let mut seen = HashSet::new();
+    while seen.len() < acked.len() {
+        match tokio::time::timeout(Duration::from_secs(10), rx.recv::<Body<Value>>()).await {
+            Ok(Ok(d)) => {
+                if let Some(MessageId::String(id)) = d
+                    .message()
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.message_id.clone())
+                {
+                    seen.insert(id);
+                }
+                rx.accept(&d).await.unwrap();
+            }
+            _ => break,
+        }
+    }
+    let _ = rx.close().await;
+    client.close().await;
+    let from_a = seen.iter().filter(|s| s.starts_with("a-")).count();
+    eprintln!(
+        "consumer on node B received {} ({from_a} sent through node A)",
+        seen.len()
+    );
+    let lost: Vec<_> = acked.difference(&seen).collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged, never received on node B: {} e.g. {:?}",
+        lost.len(),
+        lost.iter().take(5).collect::<Vec<_>>()
+    );
+    drop((a, b));
+}
