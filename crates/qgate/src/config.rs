@@ -213,6 +213,19 @@ ttl = "30s"
     }
 
     #[test]
+    fn the_shipped_pipeline_toml_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/pipeline.toml");
+        let cfg = Config::load(&path).unwrap();
+        let sink = cfg.server.sink.as_deref().unwrap();
+        let url = qgate_amqp::url::parse(sink).unwrap();
+        assert_eq!(url.address, "telemetry");
+        let b = &cfg.broker.bridges;
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].queue, "telemetry");
+        qgate_amqp::url::parse(&b[0].upstream).unwrap();
+    }
+
+    #[test]
     fn the_shipped_gateway_toml_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/gateway.toml");
         let cfg = Config::load(&path).unwrap();
