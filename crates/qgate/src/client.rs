@@ -33,6 +33,9 @@ pub struct ClientArgs {
     /// Print the status line and headers to standard error.
     #[arg(short, long)]
     include: bool,
+    /// An extra request header, 'NAME: VALUE' (repeatable), e.g. -H 'qgate-request-id: r-17'.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
     /// Start from the congestion window of earlier connections to this server (paper 002)
     /// [default: off, or [history] mode].
     #[arg(long, value_enum, value_name = "MODE")]
@@ -74,8 +77,26 @@ pub(crate) fn trust_from(ca: Option<PathBuf>, cfg: &Config) -> Result<TrustRoots
     )))
 }
 
+/// `NAME: VALUE` → a header; the error says what is wrong with it.
+fn header(h: &str) -> Result<(http::HeaderName, http::HeaderValue), String> {
+    let (name, value) = h
+        .split_once(':')
+        .ok_or_else(|| format!("-H '{h}': write it as 'NAME: VALUE'"))?;
+    let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("-H '{h}': '{}' is not a valid header name", name.trim()))?;
+    let value = http::HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("-H '{h}': the value has characters a header cannot carry"))?;
+    Ok((name, value))
+}
+
 fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Result<(), Failure> {
     let target = crate::url::parse(&a.url).map_err(usage)?;
+    let headers = a
+        .headers
+        .iter()
+        .map(|h| header(h))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
     let trust = trust(&a, cfg)?;
     let timeout = match (a.connect_timeout, &cfg.client.connect_timeout) {
         (Some(t), _) => t,
@@ -117,11 +138,14 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
                 )
             })??;
         let h3 = H3Client::new(conn.connection().clone()).await?;
-        let req = http::Request::builder()
+        let mut req = http::Request::builder()
             .method(method)
             .uri(target.uri.clone())
             .body(())
             .context("building the request")?;
+        for (k, v) in headers {
+            req.headers_mut().append(k, v);
+        }
         let resp = h3.request(req, body, max_response).await?;
         h3.close();
         if include {
@@ -165,4 +189,23 @@ pub fn post(a: PostArgs, cfg: &Config) -> Result<(), Failure> {
         }
     };
     request(a.common, cfg, http::Method::POST, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_parse_or_say_why_not() {
+        let (k, v) = header("qgate-request-id:  r-17 ").unwrap();
+        assert_eq!(
+            (k.as_str(), v.to_str().unwrap()),
+            ("qgate-request-id", "r-17")
+        );
+        assert!(header("no-colon").unwrap_err().contains("'NAME: VALUE'"));
+        assert!(header("bad name: x")
+            .unwrap_err()
+            .contains("not a valid header name"));
+        assert!(header("x: a\u{7f}b").unwrap_err().contains("cannot carry"));
+    }
 }

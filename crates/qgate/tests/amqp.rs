@@ -375,35 +375,62 @@ fn server_ingests_into_the_broker_as_processes() {
     let home = tmp("sink");
     let broker = start_broker(&home, "127.0.0.1:0", "127.0.0.1:0", &["--memory"]);
     let url = format!("amqp+quic://localhost:{}/telemetry", broker.quic.port());
-    let mut server = qgate(&home)
-        .args(["server", "--listen", "127.0.0.1:0", "--sink", &url])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let server = BrokerProc {
-        child: server,
-        quic: broker.quic,
-        tcp: broker.tcp,
-    };
-    // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3)"
-    let port = line.split(':').nth(1).unwrap().split(' ').next().unwrap();
-    let post = |body: &str| {
-        qgate(&home)
-            .args([
-                "post",
-                &format!("https://localhost:{port}/ingest/meters"),
-                "--data",
-                body,
-            ])
-            .output()
+    let start_server = || {
+        let mut server = qgate(&home)
+            .args(["server", "--listen", "127.0.0.1:0", "--sink", &url])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3)"
+        let port = line
+            .split(':')
+            .nth(1)
             .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        let server = BrokerProc {
+            child: server,
+            quic: broker.quic,
+            tcp: broker.tcp,
+        };
+        (server, port)
     };
-    for i in 0..5 {
+    let (server, port) = start_server();
+    let post_to = |port: &str, body: &str, rid: Option<&str>| {
+        let mut c = qgate(&home);
+        c.args([
+            "post",
+            &format!("https://localhost:{port}/ingest/meters"),
+            "--data",
+            body,
+        ]);
+        if let Some(r) = rid {
+            c.args(["-H", &format!("qgate-request-id: {r}")]);
+        }
+        c.output().unwrap()
+    };
+    // A request id is stored once, also across a server restart (the durable table).
+    let o = post_to(&port, "reading-4", Some("r-4"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = post_to(&port, "reading-4", Some("r-4"));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"duplicate\":true"));
+    drop(server);
+    let (server, port) = start_server();
+    let o = post_to(&port, "reading-4", Some("r-4"));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"duplicate\":true"),
+        "after a restart: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let post = |body: &str| post_to(&port, body, None);
+    for i in 0..4 {
         let o = post(&format!("reading-{i}"));
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
