@@ -99,9 +99,9 @@ pub fn parse(url: &str) -> Result<AmqpUrl, String> {
     let credentials = match userinfo {
         None => None,
         Some(u) => {
-            let (user, pass) = u
-                .split_once(':')
-                .ok_or_else(|| bad("the user needs a password: user:password@host"))?;
+            // A user without a password takes it from the environment (not the command line,
+            // where `ps` shows it): see AmqpUrl::password_from.
+            let (user, pass) = u.split_once(':').unwrap_or((u, ""));
             let user = decode(user).map_err(|e| bad(&e))?;
             if user.is_empty() {
                 return Err(bad("empty user name"));
@@ -144,6 +144,21 @@ pub fn parse(url: &str) -> Result<AmqpUrl, String> {
 }
 
 impl AmqpUrl {
+    /// A user given without a password gets `password` (e.g. from `QGATE_AMQP_PASSWORD`); an
+    /// error if there is none.
+    pub fn password_from(mut self, password: Option<String>) -> Result<AmqpUrl, String> {
+        if let Some((user, pass)) = &mut self.credentials {
+            if pass.is_empty() {
+                *pass = password.filter(|p| !p.is_empty()).ok_or_else(|| {
+                    format!(
+                        "the AMQP user '{user}' needs a password: user:password@host in the URL, or QGATE_AMQP_PASSWORD"
+                    )
+                })?;
+            }
+        }
+        Ok(self)
+    }
+
     /// Resolve the host (the first address the resolver returns).
     pub async fn resolve(&self) -> Result<SocketAddr, String> {
         let mut addrs = tokio::net::lookup_host((self.host.as_str(), self.port))
@@ -272,6 +287,22 @@ mod tests {
     }
 
     #[test]
+    fn a_password_can_come_from_elsewhere() {
+        let u = parse("amqp://bob@h/q").unwrap();
+        assert!(u
+            .clone()
+            .password_from(None)
+            .unwrap_err()
+            .contains("QGATE_AMQP_PASSWORD"));
+        let u = u.password_from(Some("pw".into())).unwrap();
+        assert_eq!(u.credentials, Some(("bob".into(), "pw".into())));
+        // One in the URL wins.
+        let u = parse("amqp://bob:url@h/q").unwrap();
+        let u = u.password_from(Some("env".into())).unwrap();
+        assert_eq!(u.credentials, Some(("bob".into(), "url".into())));
+    }
+
+    #[test]
     fn errors_name_the_problem_and_hide_the_password() {
         for (url, why) in [
             ("localhost:5672/q", "missing scheme"),
@@ -281,7 +312,6 @@ mod tests {
             ("amqp://h:x/q", "invalid port"),
             ("amqp://h:0/q", "port 0"),
             ("amqp://:5672/q", "missing host"),
-            ("amqp://user@h/q", "needs a password"),
             ("amqp://[::1/q", "unclosed"),
             ("amqp://h/q?x=1", "query"),
             ("amqp://h/%zz", "two hex digits"),

@@ -25,7 +25,30 @@ pub enum DeviceError {
         status: http::StatusCode,
         /// Its explanation.
         body: String,
+        /// When to try again, if it said (`Retry-After` in seconds).
+        retry_after: Option<Duration>,
     },
+}
+
+impl DeviceError {
+    /// Worth sending the same record again later: the server's queue or every backhaul path was
+    /// unavailable (503, 502), or the exchange itself failed. Returns how long to wait first.
+    pub fn retry_in(&self) -> Option<Duration> {
+        match self {
+            DeviceError::Refused {
+                status,
+                retry_after,
+                ..
+            } if *status == http::StatusCode::SERVICE_UNAVAILABLE
+                || *status == http::StatusCode::BAD_GATEWAY =>
+            {
+                Some(retry_after.unwrap_or(Duration::from_secs(1)))
+            }
+            DeviceError::Refused { .. } => None,
+            DeviceError::H3(H3Error::TimedOut(_)) => Some(Duration::from_secs(1)),
+            DeviceError::H3(_) => None,
+        }
+    }
 }
 
 /// A registered device on one HTTP/3 connection to a gateway.
@@ -63,12 +86,14 @@ impl Device {
             return Err(DeviceError::Refused {
                 status: r.status,
                 body: body.trim().to_string(),
+                retry_after: retry_after(&r.headers),
             });
         }
         let hash = Registered::parse(&r.body)
             .map_err(|e| DeviceError::Refused {
                 status: r.status,
                 body: e.to_string(),
+                retry_after: None,
             })?
             .hash
             .to_string();
@@ -92,6 +117,7 @@ impl Device {
             return Err(DeviceError::Refused {
                 status: r.status,
                 body: String::from_utf8_lossy(&r.body).trim().to_string(),
+                retry_after: retry_after(&r.headers),
             });
         }
         Ok(Sent {
@@ -106,5 +132,46 @@ impl Device {
     /// The HTTP/3 client underneath.
     pub fn client(&self) -> &H3Client {
         &self.h3
+    }
+}
+
+/// `Retry-After` as a number of seconds (at most an hour); dates are not used here.
+fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
+    h.get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| Duration::from_secs(s.min(3600)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_worth_retrying() {
+        let refused = |status: u16, after: Option<u64>| DeviceError::Refused {
+            status: http::StatusCode::from_u16(status).unwrap(),
+            body: String::new(),
+            retry_after: after.map(Duration::from_secs),
+        };
+        assert_eq!(
+            refused(503, Some(3)).retry_in(),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(refused(503, None).retry_in(), Some(Duration::from_secs(1)));
+        assert_eq!(refused(502, None).retry_in(), Some(Duration::from_secs(1)));
+        for permanent in [400, 401, 413, 500] {
+            assert_eq!(refused(permanent, Some(1)).retry_in(), None, "{permanent}");
+        }
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, "7".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        h.insert(http::header::RETRY_AFTER, "99999".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(3600)));
+        h.insert(
+            http::header::RETRY_AFTER,
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&h), None);
     }
 }

@@ -292,6 +292,7 @@ impl Gateway {
         let _ = self.endpoint.set(endpoint.stats());
         let limits = ServeLimits {
             max_body: self.cfg.max_body,
+            ..Default::default()
         };
         // Idle sessions are looked for every quarter of the idle timeout (at most every 10 s).
         let sweep = (self.cfg.session_idle_timeout / 4)
@@ -315,6 +316,7 @@ impl Gateway {
                 id,
                 conn: conn.clone(),
             });
+            let limits = limits.clone();
             tokio::spawn(async move {
                 let device = conn.remote_address();
                 let _ = http3::serve_quic(conn, device, handler.clone(), limits).await;

@@ -289,7 +289,13 @@ impl Handler for IngestService {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let path = req.uri().path();
         let resp = match (req.method(), path) {
-            (&Method::GET, "/health") => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, "/health") => match &self.sink {
+                Sink::Queue(q) if !q.is_up() => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the queue sink's broker is unreachable\n",
+                ),
+                _ => text(StatusCode::OK, "ok\n"),
+            },
             (&Method::GET, "/stats") => json(
                 StatusCode::OK,
                 serde_json_like(&self.stats.snapshot()),
@@ -346,7 +352,9 @@ impl IngestService {
                 format!("{{\"id\":{id},\"bytes\":{n},\"duplicate\":true}}"),
             )
         };
-        let rid = rec.request_id;
+        // Keyed by stream and id: the same id on another stream is another request.
+        let key = rec.request_id.map(|r| format!("{}/{r}", rec.stream));
+        let rid = key.as_deref();
         if let Some(rid) = rid {
             loop {
                 match self.dedup.admit(rid) {
@@ -581,7 +589,7 @@ pub async fn serve_with<H: Handler>(
     history: Option<Arc<ServerHistory>>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
-        let service = service.clone();
+        let (service, limits) = (service.clone(), limits.clone());
         let stats = stats.clone();
         let history = history.clone();
         tokio::spawn(async move {

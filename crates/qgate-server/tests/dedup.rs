@@ -48,4 +48,13 @@ async fn retried_requests_are_stored_once() {
     assert_eq!((s.ingested, s.duplicates), (4, 10));
     let files = std::fs::read_dir(dir.join("x")).unwrap().count();
     assert_eq!(files, 4);
+    // The same id on another stream is another request.
+    let other = http::Request::post("https://localhost/ingest/y")
+        .header("qgate-request-id", "gw1-7")
+        .body(())
+        .unwrap();
+    let r = svc.handle(other, body.clone(), peer).await;
+    assert_eq!(r.status(), 201);
+    assert!(!String::from_utf8_lossy(r.body()).contains("duplicate"));
+    assert_eq!(svc.stats().snapshot().ingested, 5);
 }

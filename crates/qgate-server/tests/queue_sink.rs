@@ -422,6 +422,11 @@ async fn a_silent_broker_gets_503_at_once_not_a_hang() {
         );
     }
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let health = http::Request::get("https://localhost/health")
+        .body(())
+        .unwrap();
+    let r = svc.handle(health, Bytes::new(), peer).await;
+    assert_eq!(r.status(), 503, "health says the sink is down");
     // It keeps trying (the connect attempts time out) without coming up.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(stats.connects.load(std::sync::atomic::Ordering::Relaxed), 0);

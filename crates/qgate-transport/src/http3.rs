@@ -34,6 +34,9 @@ pub enum H3Error {
         /// The limit.
         limit: usize,
     },
+    /// The server's budget of buffered request bytes is spent.
+    #[error("the server holds too many request bytes now")]
+    Busy,
 }
 
 fn stream_err(e: h3::error::StreamError) -> H3Error {
@@ -53,14 +56,37 @@ pub struct H3Response {
 
 /// Read a body of at most `limit` bytes from a receiving stream's `poll_recv_data`.
 async fn read_body<B: Buf>(
+    poll: impl FnMut(&mut Context<'_>) -> Poll<Result<Option<B>, h3::error::StreamError>>,
+    limit: usize,
+    what: &'static str,
+) -> Result<Bytes, H3Error> {
+    read_body_within(poll, limit, what, None).await
+}
+
+/// [`read_body`], taking each chunk's bytes from `budget` (kept in `held`) when one is given:
+/// `H3Error::Busy` once it is spent.
+async fn read_body_within<B: Buf>(
     mut poll: impl FnMut(&mut Context<'_>) -> Poll<Result<Option<B>, h3::error::StreamError>>,
     limit: usize,
     what: &'static str,
+    mut budget: Option<(&BodyBudget, &mut Option<tokio::sync::OwnedSemaphorePermit>)>,
 ) -> Result<Bytes, H3Error> {
     let mut body = BytesMut::new();
     while let Some(mut chunk) = std::future::poll_fn(&mut poll).await.map_err(stream_err)? {
         if body.len() + chunk.remaining() > limit {
             return Err(H3Error::TooLarge { what, limit });
+        }
+        if let Some((b, held)) = budget.as_mut() {
+            let n = u32::try_from(chunk.remaining()).unwrap_or(u32::MAX);
+            let more = b
+                .bytes
+                .clone()
+                .try_acquire_many_owned(n)
+                .map_err(|_| H3Error::Busy)?;
+            match held.as_mut() {
+                Some(p) => p.merge(more),
+                None => **held = Some(more),
+            }
         }
         while chunk.has_remaining() {
             let c = chunk.chunk();
@@ -230,17 +256,61 @@ pub trait Handler: Send + Sync + 'static {
 /// response body in `qgate get/post`.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 
-/// Limits a server applies per request.
-#[derive(Debug, Clone, Copy)]
+/// The request bytes a server holds at once, over all its connections, when none is
+/// configured: sixteen of the largest default bodies.
+pub const DEFAULT_MAX_BUFFERED: usize = 16 * DEFAULT_MAX_BODY;
+
+/// A budget of request-body bytes shared by every connection of one server (clones share it):
+/// a body's bytes are taken as they arrive and given back once its request is answered, so
+/// many connections each sending a large body cannot exhaust memory.
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    bytes: Arc<tokio::sync::Semaphore>,
+    total: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `total` bytes.
+    pub fn new(total: usize) -> BodyBudget {
+        let total = total.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        BodyBudget {
+            bytes: Arc::new(tokio::sync::Semaphore::new(total)),
+            total,
+        }
+    }
+
+    /// Its size.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Bytes not taken now.
+    pub fn available(&self) -> usize {
+        self.bytes.available_permits()
+    }
+}
+
+impl Default for BodyBudget {
+    fn default() -> Self {
+        BodyBudget::new(DEFAULT_MAX_BUFFERED)
+    }
+}
+
+/// Limits a server applies to requests.
+#[derive(Debug, Clone)]
 pub struct ServeLimits {
     /// Largest request body accepted; larger ones get 413.
     pub max_body: usize,
+    /// Request-body bytes held at once over every connection; a request that would exceed it
+    /// gets 503 and its stream is stopped.
+    pub buffered: BodyBudget,
 }
 
 impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
             max_body: DEFAULT_MAX_BODY,
+            buffered: BodyBudget::default(),
         }
     }
 }
@@ -281,7 +351,7 @@ where
     loop {
         match h3c.accept().await {
             Ok(Some(resolver)) => {
-                let handler = handler.clone();
+                let (handler, limits) = (handler.clone(), limits.clone());
                 tokio::spawn(async move {
                     if let Err(e) = serve_request(resolver, handler, limits, peer).await {
                         tracing::debug!(%peer, error = %e, "request failed");
@@ -312,8 +382,27 @@ where
     H: Handler,
 {
     let (req, mut stream) = resolver.resolve_request().await.map_err(stream_err)?;
-    let resp = match read_body(|cx| stream.poll_recv_data(cx), limits.max_body, "request").await {
+    // The body's share of the server's budget, held until the request is answered.
+    let mut held = None;
+    let read = read_body_within(
+        |cx| stream.poll_recv_data(cx),
+        limits.max_body,
+        "request",
+        Some((&limits.buffered, &mut held)),
+    )
+    .await;
+    let resp = match read {
         Ok(body) => handler.handle(req, body, peer).await,
+        Err(H3Error::Busy) => {
+            stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .header(http::header::RETRY_AFTER, "1")
+                .body(Bytes::from_static(
+                    b"the server holds too many request bytes now; try again later\n",
+                ))
+                .expect("static response")
+        }
         Err(H3Error::TooLarge { limit, .. }) => {
             // Stop the peer from sending the rest (RFC 9114 §4.1.1 H3_REQUEST_REJECTED-like).
             stream.stop_sending(h3::error::Code::H3_NO_ERROR);
@@ -333,5 +422,6 @@ where
         stream.send_data(body).await.map_err(stream_err)?;
     }
     stream.finish().await.map_err(stream_err)?;
+    drop(held);
     Ok(())
 }

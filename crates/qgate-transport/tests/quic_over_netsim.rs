@@ -262,6 +262,7 @@ impl Handler for Echo {
 fn spawn_h3(server: quinn::Endpoint, limits: ServeLimits) {
     tokio::spawn(async move {
         while let Some(incoming) = server.accept().await {
+            let limits = limits.clone();
             tokio::spawn(async move {
                 let conn = incoming.await.unwrap();
                 http3::serve_connection(conn, Arc::new(Echo), limits)
@@ -325,7 +326,13 @@ async fn http3_over_netsim() {
         &[ALPN_H3],
         5,
     );
-    spawn_h3(s.server.clone(), ServeLimits { max_body: 10_000 });
+    spawn_h3(
+        s.server.clone(),
+        ServeLimits {
+            max_body: 10_000,
+            ..Default::default()
+        },
+    );
     let t0 = Instant::now();
     h3_exchange(&s.client, &s.client_cfg, sa(SERVER)).await;
     assert!(
@@ -346,7 +353,13 @@ async fn http3_over_loopback_udp() {
     )
     .unwrap();
     let addr = server.local_addr().unwrap();
-    spawn_h3(server, ServeLimits { max_body: 10_000 });
+    spawn_h3(
+        server,
+        ServeLimits {
+            max_body: 10_000,
+            ..Default::default()
+        },
+    );
     let client = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     tokio::time::timeout(Duration::from_secs(20), h3_exchange(&client, &cfg, addr))
@@ -371,4 +384,78 @@ async fn untrusted_server_is_refused() {
         .to_string();
     assert!(e.contains("connection to 10.0.0.2:4433 failed"), "{e}");
     assert!(e.to_lowercase().contains("certificate"), "{e}");
+}
+
+/// Holds every request for a second before answering.
+struct Slow;
+
+impl Handler for Slow {
+    async fn handle(&self, _req: Request<()>, body: Bytes, _peer: SocketAddr) -> Response<Bytes> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Response::new(Bytes::from(body.len().to_string()))
+    }
+}
+
+/// Many large bodies at once cannot take more memory than the server's budget: past it a
+/// request gets 503 with Retry-After, and the budget is whole again once they are answered.
+#[tokio::test(start_paused = true)]
+async fn request_bodies_held_at_once_are_bounded_by_the_budget() {
+    let s = setup(
+        LinkParams::new(1_000_000_000, Duration::from_millis(1)),
+        &[ALPN_H3],
+        9,
+    );
+    let budget = http3::BodyBudget::new(200_000);
+    let limits = ServeLimits {
+        max_body: 1 << 20,
+        buffered: budget.clone(),
+    };
+    let server = s.server.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            let limits = limits.clone();
+            tokio::spawn(async move {
+                let conn = incoming.await.unwrap();
+                http3::serve_connection(conn, Arc::new(Slow), limits)
+                    .await
+                    .ok();
+            });
+        }
+    });
+    let conn = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let h3 = Arc::new(H3Client::new(conn.connection().clone()).await.unwrap());
+    let sends: Vec<_> = (0..8)
+        .map(|_| {
+            let h3 = h3.clone();
+            tokio::spawn(async move {
+                h3.request(
+                    Request::post("https://localhost/x").body(()).unwrap(),
+                    Bytes::from(vec![0u8; 60_000]),
+                    1 << 20,
+                )
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut busy = 0;
+    for t in sends {
+        let r = t.await.unwrap();
+        match r.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(r.headers.contains_key(http::header::RETRY_AFTER));
+                busy += 1;
+            }
+            other => panic!("{other}"),
+        }
+    }
+    // 200,000 bytes hold three 60,000-byte bodies at most.
+    assert!((1..=3).contains(&ok), "{ok} answered");
+    assert_eq!(ok + busy, 8);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(budget.available(), budget.total(), "every byte given back");
 }

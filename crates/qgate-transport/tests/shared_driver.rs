@@ -35,7 +35,10 @@ fn serve(ep: shared_driver::Endpoint) {
                 c,
                 peer,
                 Arc::new(Echo),
-                ServeLimits { max_body: 4 << 20 },
+                ServeLimits {
+                    max_body: 4 << 20,
+                    ..Default::default()
+                },
             ));
         }
     });

@@ -304,6 +304,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
 /// every connection attempt.
 fn bridge_config(b: &BridgeSection, cfg: &Config) -> Result<BridgeConfig, Failure> {
     let url = qgate_amqp::url::parse(&b.upstream)
+        .and_then(|u| u.password_from(std::env::var("QGATE_AMQP_PASSWORD").ok()))
         .map_err(|e| usage(format!("bridge of queue '{}': {e}", b.queue)))?;
     let trust = match &b.ca {
         Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,

@@ -87,6 +87,8 @@ pub struct ServerConfig {
     pub dedup_store: Option<PathBuf>,
     /// Largest request body, bytes.
     pub max_body: Option<usize>,
+    /// Request-body bytes held at once over all connections.
+    pub max_buffered: Option<usize>,
     /// Directory receiving `qgate upload` files; none = uploads off.
     pub uploads: Option<PathBuf>,
     /// Largest file an upload may announce, bytes.

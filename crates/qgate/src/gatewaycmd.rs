@@ -317,7 +317,14 @@ pub struct DeviceArgs {
     /// The history database [default: $QGATE_HOME/device-history.redb].
     #[arg(long, value_name = "FILE")]
     history_store: Option<PathBuf>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = crate::dflt(
+        "Keep sending a record the gateway could not pass on (503 or 502: the server's queue or every backhaul path down; waiting as Retry-After says) for this long before giving up",
+        qgate_core::units::format_duration(DEFAULT_RETRY_FOR)))]
+    retry_for: Option<Duration>,
 }
+
+/// How long `qgate device` keeps retrying one record unless told.
+const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(60);
 
 pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
     let target = crate::url::parse(&a.gateway).map_err(usage)?;
@@ -383,13 +390,38 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         let mut delays = Vec::with_capacity(records.len());
         let mut by_path = std::collections::BTreeMap::new();
         let start = tokio::time::Instant::now();
+        let retry_for = a.retry_for.unwrap_or(DEFAULT_RETRY_FOR);
+        let mut retries = 0u64;
         for (i, record) in records.iter().enumerate() {
             if a.rate > 0.0 {
                 tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / a.rate)).await;
             }
-            let s = dev
-                .send(&format!("/ingest/{}", a.stream), record.clone())
-                .await?;
+            let first_try = tokio::time::Instant::now();
+            let s = loop {
+                match dev
+                    .send(&format!("/ingest/{}", a.stream), record.clone())
+                    .await
+                {
+                    Ok(s) => break s,
+                    Err(e) => match e.retry_in() {
+                        Some(wait) if first_try.elapsed() + wait <= retry_for => {
+                            if retries == 0 {
+                                eprintln!("qgate: {e}; retrying (up to {retry_for:?} per record)");
+                            }
+                            retries += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        _ => {
+                            return Err(anyhow::anyhow!(
+                                "{e} (record {} of {}; {i} acknowledged before it)",
+                                i + 1,
+                                records.len()
+                            )
+                            .into())
+                        }
+                    },
+                }
+            };
             delays.push(s.delay.as_secs_f64() * 1000.0);
             *by_path
                 .entry(s.path.map_or("?".to_string(), |p| p.to_string()))
@@ -413,6 +445,9 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
             q(0.5),
             q(0.99)
         );
+        if retries > 0 {
+            println!("retries: {retries} (the gateway could not pass a record on)");
+        }
         println!(
             "paths used: {}",
             by_path

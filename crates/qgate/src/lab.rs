@@ -333,6 +333,9 @@ pub enum Bench {
         /// Keep the broker's queue in memory instead of its durable store.
         #[arg(long)]
         memory: bool,
+        /// How the server and the consumer reach the broker: quic or tcp (plain, loopback).
+        #[arg(long, default_value = "quic", value_name = "SCHEME")]
+        transport: qgate_amqp::transport::Scheme,
     },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
@@ -353,6 +356,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             seconds,
             repeats,
             memory,
+            transport,
         } => {
             if devices == 0
                 || repeats == 0
@@ -365,7 +369,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             }
             let durable = !memory;
             eprintln!(
-                "bench pipeline: {devices} devices × {body} B records → gateway (2 paths) → server → broker ({}) → 1 consumer, {seconds} s per measurement, {repeats} pairs",
+                "bench pipeline: {devices} devices × {body} B records → gateway (2 paths) → server → broker ({}, over {transport}) → 1 consumer, {seconds} s per measurement, {repeats} pairs",
                 if durable { "durable" } else { "in memory" }
             );
             let cfg = PipelineConfig {
@@ -374,6 +378,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 secs: seconds,
                 repeats,
                 durable,
+                scheme: transport,
             };
             let r =
                 qgate_lab::bench::pipeline::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));

@@ -9,7 +9,7 @@ use qgate_server::{
     DedupStore, QueueSink, QueueSinkConfig, Server, Sink, UploadLimits, Uploads, Upstream,
     EXPIRE_CHECK_EVERY,
 };
-use qgate_transport::http3::ServeLimits;
+use qgate_transport::http3::{BodyBudget, ServeLimits, DEFAULT_MAX_BUFFERED};
 use qgate_transport::{Congestion, DevPki, Identity, Socket, TrustRoots};
 
 use crate::config::Config;
@@ -47,9 +47,11 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DIR")]
     dev_pki: Option<PathBuf>,
     /// Where each ingested body goes before it is acknowledged: a directory (a file under
-    /// DIR/<stream>/, fsynced) or an AMQP 1.0 queue, amqp://[USER:PASS@]HOST[:PORT]/QUEUE
-    /// (amqps:// for TLS, amqp+quic:// for QUIC), answered 201 only once the broker accepted
-    /// it and 503 while it cannot; without it bodies are only counted.
+    /// DIR/<stream>/, fsynced) or an AMQP 1.0 queue, amqp://[USER[:PASS]@]HOST[:5672]/QUEUE
+    /// (amqps://…:5671 for TLS 1.3, amqp+quic://…:5671 for QUIC; '/' in a password as %2F; a
+    /// user without a password takes QGATE_AMQP_PASSWORD). Answered 201 only once the broker
+    /// accepted it, 503 + Retry-After while it cannot, 413 over the broker's message size;
+    /// anything not starting with amqp is a directory. Without it bodies are only counted.
     #[arg(long, value_name = "DIR|URL")]
     sink: Option<String>,
     /// CA certificate(s) (PEM) of an amqps:// or amqp+quic:// sink's broker, e.g. the system
@@ -76,6 +78,10 @@ pub struct ServerArgs {
     #[arg(long, value_name = "BYTES", help = crate::dflt(
         "Largest request body in bytes; larger ones get 413", ServeLimits::default().max_body))]
     max_body: Option<usize>,
+    #[arg(long, value_name = "BYTES", help = crate::dflt(
+        "Request-body bytes held at once over all connections; past it a request gets 503 and Retry-After",
+        DEFAULT_MAX_BUFFERED))]
+    max_buffered: Option<usize>,
     /// Congestion controller: cubic, new-reno or bbr [default: cubic].
     #[arg(long, value_name = "NAME")]
     congestion: Option<Congestion>,
@@ -123,7 +129,11 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         None => None,
         // Any scheme-like start is a URL (a typo such as amqp:/… must not become a directory).
         Some(s) if s.contains("://") || s.to_ascii_lowercase().starts_with("amqp") => {
-            Some(SinkSpec::Queue(qgate_amqp::url::parse(&s).map_err(usage)?))
+            Some(SinkSpec::Queue(
+                qgate_amqp::url::parse(&s)
+                    .and_then(|u| u.password_from(std::env::var("QGATE_AMQP_PASSWORD").ok()))
+                    .map_err(usage)?,
+            ))
         }
         Some(dir) => Some(SinkSpec::Dir(PathBuf::from(dir))),
     };
@@ -148,6 +158,11 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             .max_body
             .or(c.max_body)
             .unwrap_or(ServeLimits::default().max_body),
+        buffered: BodyBudget::new(
+            a.max_buffered
+                .or(c.max_buffered)
+                .unwrap_or(DEFAULT_MAX_BUFFERED),
+        ),
     };
     let uploads = match a.uploads.or(c.uploads.clone()) {
         Some(dir) => {

@@ -36,6 +36,8 @@ pub struct PipelineConfig {
     pub repeats: usize,
     /// Keep queued messages in the broker's durable store (fsynced before accepting).
     pub durable: bool,
+    /// How the server and the consumer reach the broker: QUIC or plain TCP.
+    pub scheme: Scheme,
 }
 
 impl Default for PipelineConfig {
@@ -46,6 +48,7 @@ impl Default for PipelineConfig {
             secs: 5.0,
             repeats: 3,
             durable: true,
+            scheme: Scheme::Quic,
         }
     }
 }
@@ -167,27 +170,27 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
             None,
         )
         .expect("endpoint");
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let running = Broker::builder()
             .config(BrokerConfig {
                 store: cfg.durable.then(|| dir.join("broker.redb")),
                 ..Default::default()
             })
             .quic(ep)
+            .tcp(tcp, None)
             .start()
             .expect("broker");
-        let addr = running.quic_addrs()[0];
+        let addr = match cfg.scheme {
+            Scheme::Tcp => running.tcp_addrs()[0],
+            _ => running.quic_addrs()[0],
+        };
         broker = Some(running);
+        let scheme = cfg.scheme;
         let connector = || {
-            Connector::new(
-                Scheme::Quic,
-                addr,
-                "localhost",
-                &pki.trust(),
-                None,
-                None,
-                &opts,
-            )
-            .expect("connector")
+            Connector::new(scheme, addr, "localhost", &pki.trust(), None, None, &opts)
+                .expect("connector")
         };
         let c = connector();
         let (received, stop) = (received.clone(), stop.clone());
