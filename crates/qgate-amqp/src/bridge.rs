@@ -71,8 +71,11 @@ impl BridgeConfig {
 pub struct BridgeStats {
     /// Messages the upstream accepted (and the local queue then forgot).
     pub forwarded: AtomicU64,
-    /// Messages the upstream rejected (rejected locally too: they are not retried).
+    /// Messages the upstream refused for good (malformed, too large): dropped here.
     pub rejected: AtomicU64,
+    /// Times the upstream turned a message away for now (full queue, released): it went back
+    /// to the local queue.
+    pub deferred: AtomicU64,
     /// Upstream connections opened.
     pub connects: AtomicU64,
     /// The upstream link is attached.
@@ -104,6 +107,37 @@ fn local_connector(broker: &Broker) -> Connector {
     .with_dialer(dial)
 }
 
+/// Open a connection to the upstream and attach the sender: each address in turn, each given
+/// `settle_timeout` (a silent first address must not use up the second's time).
+async fn open_upstream(
+    cfg: &BridgeConfig,
+    name: &str,
+) -> Result<(Client, crate::client::StreamInfo, fe2o3_amqp::Sender), String> {
+    let mut last = String::from("no address to try");
+    for c in cfg.upstream.connectors().await? {
+        let attempt = async {
+            let (mut up, info) = c.open().await.map_err(|e| e.to_string())?;
+            match up.sender(name, &cfg.address, false).await {
+                Ok(s) => Ok((up, info, s)),
+                Err(e) => {
+                    bounded(up.close()).await;
+                    Err(e.to_string())
+                }
+            }
+        };
+        match tokio::time::timeout(cfg.settle_timeout, attempt).await {
+            Ok(Ok(x)) => return Ok(x),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "timed out connecting".into(),
+        }
+    }
+    Err(last)
+}
+
+/// How long the bridge stops pulling after the upstream turned a message away for now (full
+/// queue, released): the message is back in the local queue and would come straight back.
+const REFUSED_PAUSE: Duration = Duration::from_secs(1);
+
 /// Run the bridge until the broker stops it (its task is aborted).
 pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStats>) {
     let local = local_connector(&broker);
@@ -111,25 +145,7 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
     let mut backoff = Duration::from_millis(100);
     let mut reported = false;
     loop {
-        let opened = tokio::time::timeout(cfg.settle_timeout, async {
-            let mut last = String::from("no address to try");
-            for c in cfg.upstream.connectors().await? {
-                match c.open().await {
-                    Ok((mut up, info)) => match up.sender(&name, &cfg.address, false).await {
-                        Ok(s) => return Ok((up, info, s)),
-                        Err(e) => {
-                            bounded(up.close()).await;
-                            last = e.to_string();
-                        }
-                    },
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(last)
-        })
-        .await
-        .unwrap_or_else(|_| Err("timed out connecting".into()));
-        let (up, info, mut sender) = match opened {
+        let (up, info, mut sender) = match open_upstream(&cfg, &name).await {
             Ok(x) => x,
             Err(why) => {
                 if !reported {
@@ -156,22 +172,31 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
             tracing::info!(queue = %cfg.queue, upstream = %cfg.upstream_name, "bridge: upstream reachable again");
         }
         reported = false;
-        backoff = Duration::from_millis(100);
+        let forwarded_before = stats.forwarded.load(Ordering::Relaxed);
         let quic = info.quic.clone();
         let mut inflight = FuturesUnordered::new();
         let mut progress = Instant::now();
-        let mut check = tokio::time::interval(cfg.settle_timeout / 4);
+        // Pulling stops until then after a message was turned away for now.
+        let mut paused_until: Option<Instant> = None;
+        let mut check =
+            tokio::time::interval((cfg.settle_timeout / 4).max(Duration::from_millis(10)));
         let why: String = loop {
+            let pulling = inflight.len() < cfg.window as usize && paused_until.is_none();
             tokio::select! {
                 // Outcomes first: an accepted message is settled before anything ends the link.
                 biased;
                 Some((local_id, outcome)) = inflight.next(), if !inflight.is_empty() => {
                     progress = Instant::now();
-                    if let Err(e) = settle(&mut rx, &cfg, &stats, local_id, outcome).await {
-                        break e;
+                    match settle(&mut rx, &cfg, &stats, local_id, outcome).await {
+                        Settled::Done => {}
+                        Settled::Later => paused_until = Some(Instant::now() + REFUSED_PAUSE),
+                        Settled::LinkEnded(e) => break e,
                     }
                 }
-                d = rx.recv::<Body<Value>>(), if inflight.len() < cfg.window as usize => {
+                _ = tokio::time::sleep_until(paused_until.unwrap_or_else(Instant::now)), if paused_until.is_some() => {
+                    paused_until = None;
+                }
+                d = rx.recv::<Body<Value>>(), if pulling => {
                     let d = match d {
                         Ok(d) => d,
                         Err(e) => break format!("the local link ended: {e}"),
@@ -211,13 +236,25 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
             }
         };
         stats.up.store(false, Ordering::Relaxed);
-        // Outcomes that arrived with the failure still count.
-        while let Some(Some((local_id, outcome))) = inflight.next().now_or_never() {
+        // Outcomes that arrived with the failure still count. Each delivery is polled directly:
+        // `FuturesUnordered::next` may answer Pending while another is being woken.
+        let ready: Vec<_> = std::pin::Pin::new(&mut inflight)
+            .iter_pin_mut()
+            .filter_map(|f| f.now_or_never())
+            .collect();
+        drop(inflight);
+        for (local_id, outcome) in ready {
             let _ = settle(&mut rx, &cfg, &stats, local_id, outcome).await;
         }
-        tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %why, unsettled = inflight.len(), "bridge: link lost; the unsettled messages go back to the local queue");
+        // A session that forwarded nothing (a stalled or refusing upstream) does not earn a
+        // quick reconnect: each one would send the same unsettled window again.
+        if stats.forwarded.load(Ordering::Relaxed) > forwarded_before {
+            backoff = Duration::from_millis(100);
+        } else {
+            backoff = (backoff * 2).min(cfg.max_backoff);
+        }
+        tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %why, "bridge: link lost; the unsettled messages go back to the local queue");
         // Closing the local link puts everything it held unsettled back in the queue.
-        drop(inflight);
         drop(sender);
         bounded(async {
             let _ = rx.close().await;
@@ -225,44 +262,72 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
         .await;
         bounded(here.close()).await;
         tokio::spawn(bounded(up.close()));
+        tokio::time::sleep(backoff).await;
     }
 }
 
-/// Settle one local message by its upstream outcome; Err when the upstream link has ended.
+/// What became of one local message.
+enum Settled {
+    /// Accepted upstream (and forgotten here), or refused for good (dropped here).
+    Done,
+    /// Turned away for now: back in the local queue; pause before pulling more.
+    Later,
+    /// The upstream link has ended.
+    LinkEnded(String),
+}
+
+/// A rejection the upstream would give again whatever we wait: the message itself is bad.
+fn refused_for_good(e: Option<&fe2o3_amqp::types::definitions::Error>) -> bool {
+    use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition, LinkError};
+    e.is_some_and(|e| {
+        matches!(
+            e.condition,
+            ErrorCondition::AmqpError(AmqpError::DecodeError | AmqpError::InvalidField)
+                | ErrorCondition::LinkError(LinkError::MessageSizeExceeded)
+        )
+    })
+}
+
+/// Settle one local message by its upstream outcome.
 async fn settle(
     rx: &mut fe2o3_amqp::Receiver,
     cfg: &BridgeConfig,
     stats: &BridgeStats,
     local_id: DeliveryInfo,
     outcome: Result<Outcome, fe2o3_amqp::link::SendError>,
-) -> Result<(), String> {
+) -> Settled {
     use fe2o3_amqp::link::SendError;
     match outcome {
         Ok(Outcome::Accepted(_)) => {
-            rx.accept(local_id)
-                .await
-                .map_err(|e| format!("settling locally: {e}"))?;
+            if let Err(e) = rx.accept(local_id).await {
+                return Settled::LinkEnded(format!("settling locally: {e}"));
+            }
             stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            Settled::Done
         }
-        Ok(Outcome::Rejected(r)) => {
-            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, "bridge: the upstream rejected a message; dropping it");
+        Ok(Outcome::Rejected(r)) if refused_for_good(r.error.as_ref()) => {
+            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, "bridge: the upstream refuses a message for good; dropping it");
             stats.rejected.fetch_add(1, Ordering::Relaxed);
             let _ = rx.reject(local_id, r.error).await;
+            Settled::Done
         }
-        // Released or modified: it goes back to the local queue and is tried again.
-        Ok(_) => {
+        // A full queue, a failing store, released, modified: it goes back here, tried later.
+        Ok(other) => {
+            tracing::debug!(queue = %cfg.queue, outcome = ?other, "bridge: the upstream turned a message away for now");
+            stats.deferred.fetch_add(1, Ordering::Relaxed);
             let _ = rx.release(local_id).await;
+            Settled::Later
         }
         Err(e @ (SendError::LinkStateError(_) | SendError::Detached(_))) => {
             let _ = rx.release(local_id).await;
-            return Err(format!("the upstream link ended: {e}"));
+            Settled::LinkEnded(format!("the upstream link ended: {e}"))
         }
         Err(e) => {
             let _ = rx.release(local_id).await;
             tracing::warn!(queue = %cfg.queue, error = %e, "bridge: send failed; the message goes back to the queue");
+            Settled::Later
         }
     }
-    Ok(())
 }
 
 /// `fut`, given at most 5 s: a close must never hold the bridge (fe2o3 waits for a peer's

@@ -587,7 +587,7 @@ impl Broker {
     /// Serve an in-process connection (a [bridge](crate::bridge)'s own consumer): admitted as
     /// ANONYMOUS whatever the credentials, since it never leaves the process, and never
     /// counted against an address.
-    pub async fn serve_trusted<S: Stream>(&self, io: S) {
+    pub(crate) async fn serve_trusted<S: Stream>(&self, io: S) {
         if let Some(t) = self.tenancy(None) {
             self.serve_as(io, false, t, true).await
         }

@@ -80,6 +80,19 @@ impl BrokerBuilder {
     /// Start the broker (open its store, recover, declare queues) and serve every listener.
     /// Call within a tokio runtime.
     pub fn start(self) -> Result<RunningBroker, BrokerError> {
+        // A bridge of a queue that can never exist would retry for ever.
+        if !self.config.auto_create {
+            if let Some(b) = self
+                .bridges
+                .iter()
+                .find(|b| !self.config.queues.iter().any(|q| q.name == b.queue))
+            {
+                return Err(BrokerError::Config(format!(
+                    "the bridge of queue '{}' needs it declared in [[broker.queues]] (auto-create is off)",
+                    b.queue
+                )));
+            }
+        }
         let broker = Broker::start(self.config)?;
         let mut tasks = JoinSet::new();
         let mut quic = Vec::new();

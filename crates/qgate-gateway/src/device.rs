@@ -42,7 +42,12 @@ impl DeviceError {
             } if *status == http::StatusCode::SERVICE_UNAVAILABLE
                 || *status == http::StatusCode::BAD_GATEWAY =>
             {
-                Some(retry_after.unwrap_or(Duration::from_secs(1)))
+                // Never sooner than 100 ms: `Retry-After: 0` must not make a busy loop.
+                Some(
+                    retry_after
+                        .unwrap_or(Duration::from_secs(1))
+                        .max(Duration::from_millis(100)),
+                )
             }
             DeviceError::Refused { .. } => None,
             DeviceError::H3(H3Error::TimedOut(_)) => Some(Duration::from_secs(1)),
@@ -50,6 +55,10 @@ impl DeviceError {
         }
     }
 }
+
+/// A record not answered within this long is given up (its stream cancelled): longer than the
+/// gateway's whole retry budget (its attempts × its request timeout).
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A registered device on one HTTP/3 connection to a gateway.
 pub struct Device {
@@ -112,7 +121,10 @@ impl Device {
             .body(())
             .expect("valid request");
         let t = Instant::now();
-        let r = self.h3.request(req, record, 1 << 16).await?;
+        let r = self
+            .h3
+            .request_within(req, record, 1 << 16, SEND_TIMEOUT)
+            .await?;
         if !r.status.is_success() {
             return Err(DeviceError::Refused {
                 status: r.status,
@@ -159,6 +171,10 @@ mod tests {
             Some(Duration::from_secs(3))
         );
         assert_eq!(refused(503, None).retry_in(), Some(Duration::from_secs(1)));
+        assert_eq!(
+            refused(503, Some(0)).retry_in(),
+            Some(Duration::from_millis(100))
+        );
         assert_eq!(refused(502, None).retry_in(), Some(Duration::from_secs(1)));
         for permanent in [400, 401, 413, 500] {
             assert_eq!(refused(permanent, Some(1)).retry_in(), None, "{permanent}");

@@ -236,31 +236,33 @@ fn message(rec: &Record<'_>, message_id: String) -> Message<Body<Value>> {
         .build()
 }
 
-/// Open a connection and attach the sender, trying each connector; bounded by `within`.
+/// Open a connection and attach the sender, trying each address in turn, each given `within`
+/// (a silent first address must not use up the second's time).
 async fn open(
     upstream: &Upstream,
     link: &str,
     address: &str,
     within: Duration,
 ) -> Result<(Client, Option<quinn::Connection>, fe2o3_amqp::Sender), String> {
-    tokio::time::timeout(within, async {
-        let mut last = String::from("no address to try");
-        for c in upstream.connectors().await? {
-            match c.open().await {
-                Ok((mut client, info)) => match client.sender(link, address, false).await {
-                    Ok(s) => return Ok((client, info.quic, s)),
-                    Err(e) => {
-                        bounded(client.close()).await;
-                        last = e.to_string();
-                    }
-                },
-                Err(e) => last = e.to_string(),
+    let mut last = String::from("no address to try");
+    for c in upstream.connectors().await? {
+        let attempt = async {
+            let (mut client, info) = c.open().await.map_err(|e| e.to_string())?;
+            match client.sender(link, address, false).await {
+                Ok(s) => Ok((client, info.quic, s)),
+                Err(e) => {
+                    bounded(client.close()).await;
+                    Err(e.to_string())
+                }
             }
+        };
+        match tokio::time::timeout(within, attempt).await {
+            Ok(Ok(x)) => return Ok(x),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "timed out connecting".into(),
         }
-        Err(last)
-    })
-    .await
-    .unwrap_or_else(|_| Err("timed out connecting".into()))
+    }
+    Err(last)
 }
 
 /// `fut`, given at most 5 s: a close must never hold the task (fe2o3 waits for a peer's close
@@ -316,11 +318,12 @@ async fn run(
             tracing::info!(%target, "AMQP sink: connected again");
         }
         reported = false;
-        backoff = Duration::from_millis(100);
+        let accepted_before = stats.accepted.load(Ordering::Relaxed);
         let mut inflight = FuturesUnordered::new();
         // When the broker last settled something (or the link came up).
         let mut progress = Instant::now();
-        let mut check = tokio::time::interval(cfg.delivery_timeout / 4);
+        let mut check =
+            tokio::time::interval((cfg.delivery_timeout / 4).max(Duration::from_millis(10)));
         let why = loop {
             tokio::select! {
                 // Outcomes first: a settled message is answered before anything can end the link.
@@ -385,15 +388,29 @@ async fn run(
             }
         };
         up.store(false, Ordering::Relaxed);
-        // Outcomes that arrived with the failure still count.
-        while let Some(Some((reply, r))) = inflight.next().now_or_never() {
-            let _ = reply_to(reply, r);
-        }
-        tracing::warn!(%target, error = %why, unsettled = inflight.len(), "AMQP sink: link lost; reconnecting");
+        // Outcomes that arrived with the failure still count. Each delivery is polled directly:
+        // `FuturesUnordered::next` may answer Pending while another is being woken.
+        let ready: Vec<_> = std::pin::Pin::new(&mut inflight)
+            .iter_pin_mut()
+            .filter_map(|f| f.now_or_never())
+            .collect();
+        let unsettled = inflight.len() - ready.len();
         // Dropping the unsettled deliveries fails their requests (never acknowledged).
         drop(inflight);
+        for (reply, r) in ready {
+            let _ = reply_to(reply, r);
+        }
+        tracing::warn!(%target, error = %why, unsettled, "AMQP sink: link lost; reconnecting");
+        // A link that settled nothing does not earn a quick reconnect.
+        let settled_any = stats.accepted.load(Ordering::Relaxed) > accepted_before;
+        backoff = if settled_any {
+            Duration::from_millis(100)
+        } else {
+            (backoff * 2).min(cfg.max_backoff)
+        };
         drop(sender);
         tokio::spawn(bounded(client.close()));
+        tokio::time::sleep(backoff).await;
     }
 }
 

@@ -72,16 +72,28 @@ async fn read_body_within<B: Buf>(
     mut budget: Option<(&BodyBudget, &mut Option<tokio::sync::OwnedSemaphorePermit>)>,
 ) -> Result<Bytes, H3Error> {
     let mut body = BytesMut::new();
-    while let Some(mut chunk) = std::future::poll_fn(&mut poll).await.map_err(stream_err)? {
+    loop {
+        let next = std::future::poll_fn(&mut poll);
+        // A server does not let a stalled body hold its budget (T7); a client waits.
+        let next = match budget {
+            Some(_) => tokio::time::timeout(BODY_STALL, next)
+                .await
+                .map_err(|_| H3Error::TimedOut(BODY_STALL))?,
+            None => next.await,
+        };
+        let Some(mut chunk) = next.map_err(stream_err)? else {
+            break;
+        };
         if body.len() + chunk.remaining() > limit {
             return Err(H3Error::TooLarge { what, limit });
         }
         if let Some((b, held)) = budget.as_mut() {
             let n = u32::try_from(chunk.remaining()).unwrap_or(u32::MAX);
-            let more = b
-                .bytes
-                .clone()
-                .try_acquire_many_owned(n)
+            // A short wait, not none: bodies arriving together would otherwise all fail at
+            // once, each holding a part of the budget; the first to give up frees the rest.
+            let more = tokio::time::timeout(BUDGET_WAIT, b.bytes.clone().acquire_many_owned(n))
+                .await
+                .map_err(|_| H3Error::Busy)?
                 .map_err(|_| H3Error::Busy)?;
             match held.as_mut() {
                 Some(p) => p.merge(more),
@@ -255,6 +267,12 @@ pub trait Handler: Send + Sync + 'static {
 /// The largest HTTP/3 body accepted when none is configured: a request body on the server, a
 /// response body in `qgate get/post`.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
+
+/// A request body that sends nothing for this long is dropped (its bytes given back).
+pub const BODY_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a request body waits for room in the budget before its request gets 503.
+const BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The request bytes a server holds at once, over all its connections, when none is
 /// configured: sixteen of the largest default bodies.

@@ -386,12 +386,12 @@ async fn untrusted_server_is_refused() {
     assert!(e.to_lowercase().contains("certificate"), "{e}");
 }
 
-/// Holds every request for a second before answering.
+/// Holds every request for five seconds (longer than a body waits for room) before answering.
 struct Slow;
 
 impl Handler for Slow {
     async fn handle(&self, _req: Request<()>, body: Bytes, _peer: SocketAddr) -> Response<Bytes> {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
         Response::new(Bytes::from(body.len().to_string()))
     }
 }

@@ -164,6 +164,13 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
                 .unwrap_or(DEFAULT_MAX_BUFFERED),
         ),
     };
+    if limits.max_body > limits.buffered.total() {
+        return Err(usage(format!(
+            "--max-body ({}) is larger than --max-buffered ({}): such a body could never be taken",
+            limits.max_body,
+            limits.buffered.total()
+        )));
+    }
     let uploads = match a.uploads.or(c.uploads.clone()) {
         Some(dir) => {
             let limits = UploadLimits {
