@@ -114,7 +114,10 @@ async fn open_upstream(
     name: &str,
 ) -> Result<(Client, crate::client::StreamInfo, fe2o3_amqp::Sender), String> {
     let mut last = String::from("no address to try");
-    for c in cfg.upstream.connectors().await? {
+    let connectors = tokio::time::timeout(cfg.settle_timeout, cfg.upstream.connectors())
+        .await
+        .map_err(|_| "timed out resolving the upstream's host".to_string())??;
+    for c in connectors {
         let attempt = async {
             let (mut up, info) = c.open().await.map_err(|e| e.to_string())?;
             match up.sender(name, &cfg.address, false).await {
@@ -137,6 +140,11 @@ async fn open_upstream(
 /// How long the bridge stops pulling after the upstream turned a message away for now (full
 /// queue, released): the message is back in the local queue and would come straight back.
 const REFUSED_PAUSE: Duration = Duration::from_secs(1);
+
+/// A message the upstream rejected (for a reason other than a full queue) this many times is
+/// dropped and counted: a rejection we cannot classify must neither lose data at once nor slow
+/// the bridge for ever.
+const MAX_REJECTIONS: u32 = 10;
 
 /// Run the bridge until the broker stops it (its task is aborted).
 pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStats>) {
@@ -173,6 +181,7 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
         }
         reported = false;
         let forwarded_before = stats.forwarded.load(Ordering::Relaxed);
+        let mut sent_any = false;
         let quic = info.quic.clone();
         let mut inflight = FuturesUnordered::new();
         let mut progress = Instant::now();
@@ -185,9 +194,9 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
             tokio::select! {
                 // Outcomes first: an accepted message is settled before anything ends the link.
                 biased;
-                Some((local_id, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                Some((local_id, tries, outcome)) = inflight.next(), if !inflight.is_empty() => {
                     progress = Instant::now();
-                    match settle(&mut rx, &cfg, &stats, local_id, outcome).await {
+                    match settle(&mut rx, &cfg, &stats, local_id, tries, outcome).await {
                         Settled::Done => {}
                         Settled::Later => paused_until = Some(Instant::now() + REFUSED_PAUSE),
                         Settled::LinkEnded(e) => break e,
@@ -206,10 +215,13 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
                     }
                     let local_id = DeliveryInfo::from(&d);
                     let mut msg = d.into_message();
+                    // Times the local broker has handed it out before (it counts redeliveries).
+                    let tries = msg.header.as_ref().map_or(0, |h| h.delivery_count);
+                    sent_any = true;
                     // Upstream keeps it on disk: it has left our store once accepted there.
                     msg.header.get_or_insert_with(Header::default).durable = true;
                     match tokio::time::timeout(cfg.settle_timeout, sender.send_batchable(msg)).await {
-                        Ok(Ok(fut)) => inflight.push(async move { (local_id, fut.await) }),
+                        Ok(Ok(fut)) => inflight.push(async move { (local_id, tries, fut.await) }),
                         // This message alone cannot go upstream: it would fail for ever.
                         Ok(Err(e @ (fe2o3_amqp::link::SendError::MessageSizeExceeded(_)
                             | fe2o3_amqp::link::SendError::MessageEncodeError))) => {
@@ -243,15 +255,15 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
             .filter_map(|f| f.now_or_never())
             .collect();
         drop(inflight);
-        for (local_id, outcome) in ready {
-            let _ = settle(&mut rx, &cfg, &stats, local_id, outcome).await;
+        for (local_id, tries, outcome) in ready {
+            let _ = settle(&mut rx, &cfg, &stats, local_id, tries, outcome).await;
         }
-        // A session that forwarded nothing (a stalled or refusing upstream) does not earn a
-        // quick reconnect: each one would send the same unsettled window again.
-        if stats.forwarded.load(Ordering::Relaxed) > forwarded_before {
-            backoff = Duration::from_millis(100);
-        } else {
+        // A session that sent but forwarded nothing (a stalled or refusing upstream) does not
+        // earn a quick reconnect: each one would send the same unsettled window again.
+        if sent_any && stats.forwarded.load(Ordering::Relaxed) == forwarded_before {
             backoff = (backoff * 2).min(cfg.max_backoff);
+        } else {
+            backoff = Duration::from_millis(100);
         }
         tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = %why, "bridge: link lost; the unsettled messages go back to the local queue");
         // Closing the local link puts everything it held unsettled back in the queue.
@@ -276,6 +288,17 @@ enum Settled {
     LinkEnded(String),
 }
 
+/// A full queue: the upstream takes it again once a consumer makes room, however long that is.
+fn full(e: Option<&fe2o3_amqp::types::definitions::Error>) -> bool {
+    use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
+    e.is_some_and(|e| {
+        matches!(
+            e.condition,
+            ErrorCondition::AmqpError(AmqpError::ResourceLimitExceeded)
+        )
+    })
+}
+
 /// A rejection the upstream would give again whatever we wait: the message itself is bad.
 fn refused_for_good(e: Option<&fe2o3_amqp::types::definitions::Error>) -> bool {
     use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition, LinkError};
@@ -294,6 +317,7 @@ async fn settle(
     cfg: &BridgeConfig,
     stats: &BridgeStats,
     local_id: DeliveryInfo,
+    tries: u32,
     outcome: Result<Outcome, fe2o3_amqp::link::SendError>,
 ) -> Settled {
     use fe2o3_amqp::link::SendError;
@@ -311,7 +335,19 @@ async fn settle(
             let _ = rx.reject(local_id, r.error).await;
             Settled::Done
         }
-        // A full queue, a failing store, released, modified: it goes back here, tried later.
+        Ok(Outcome::Rejected(r)) if !full(r.error.as_ref()) && tries + 1 >= MAX_REJECTIONS => {
+            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, tries = tries + 1, "bridge: the upstream keeps rejecting a message; dropping it");
+            stats.rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = rx.reject(local_id, r.error).await;
+            Settled::Done
+        }
+        Ok(Outcome::Rejected(r)) if !full(r.error.as_ref()) => {
+            tracing::warn!(queue = %cfg.queue, upstream = %cfg.upstream_name, error = ?r.error, tries = tries + 1, "bridge: the upstream rejected a message; it goes back to the queue");
+            stats.deferred.fetch_add(1, Ordering::Relaxed);
+            let _ = rx.release(local_id).await;
+            Settled::Later
+        }
+        // A full queue, released, modified: it goes back here, tried later.
         Ok(other) => {
             tracing::debug!(queue = %cfg.queue, outcome = ?other, "bridge: the upstream turned a message away for now");
             stats.deferred.fetch_add(1, Ordering::Relaxed);

@@ -245,7 +245,10 @@ async fn open(
     within: Duration,
 ) -> Result<(Client, Option<quinn::Connection>, fe2o3_amqp::Sender), String> {
     let mut last = String::from("no address to try");
-    for c in upstream.connectors().await? {
+    let connectors = tokio::time::timeout(within, upstream.connectors())
+        .await
+        .map_err(|_| "timed out resolving the broker's host".to_string())??;
+    for c in connectors {
         let attempt = async {
             let (mut client, info) = c.open().await.map_err(|e| e.to_string())?;
             match client.sender(link, address, false).await {
@@ -318,7 +321,7 @@ async fn run(
             tracing::info!(%target, "AMQP sink: connected again");
         }
         reported = false;
-        let accepted_before = stats.accepted.load(Ordering::Relaxed);
+        let (mut sent_any, mut settled_any) = (false, false);
         let mut inflight = FuturesUnordered::new();
         // When the broker last settled something (or the link came up).
         let mut progress = Instant::now();
@@ -330,8 +333,9 @@ async fn run(
                 biased;
                 Some((reply, r)) = inflight.next(), if !inflight.is_empty() => {
                     progress = Instant::now();
-                    if let Err(e) = reply_to(reply, r) {
-                        break e;
+                    match reply_to(reply, r) {
+                        Ok(accepted) => settled_any |= accepted,
+                        Err(e) => break e,
                     }
                 }
                 job = jobs.recv(), if inflight.len() < cfg.window.max(1) => {
@@ -357,10 +361,13 @@ async fn run(
                     }
                     // Waits for credit: bounded, so a broker that grants none cannot hold it.
                     match tokio::time::timeout(cfg.delivery_timeout, sender.send_batchable(msg)).await {
-                        Ok(Ok(fut)) => inflight.push(async move {
-                            let r = fut.await;
-                            drop(_bytes);
-                            (reply, r)
+                        Ok(Ok(fut)) => inflight.push({
+                            sent_any = true;
+                            async move {
+                                let r = fut.await;
+                                drop(_bytes);
+                                (reply, r)
+                            }
                         }),
                         // This message alone cannot be sent; the link is fine.
                         Ok(Err(e @ SendError::MessageSizeExceeded(_))) => {
@@ -398,15 +405,14 @@ async fn run(
         // Dropping the unsettled deliveries fails their requests (never acknowledged).
         drop(inflight);
         for (reply, r) in ready {
-            let _ = reply_to(reply, r);
+            settled_any |= reply_to(reply, r).unwrap_or(false);
         }
         tracing::warn!(%target, error = %why, unsettled, "AMQP sink: link lost; reconnecting");
-        // A link that settled nothing does not earn a quick reconnect.
-        let settled_any = stats.accepted.load(Ordering::Relaxed) > accepted_before;
-        backoff = if settled_any {
-            Duration::from_millis(100)
-        } else {
+        // A link that was sent messages and settled none does not earn a quick reconnect.
+        backoff = if sent_any && !settled_any {
             (backoff * 2).min(cfg.max_backoff)
+        } else {
+            Duration::from_millis(100)
         };
         drop(sender);
         tokio::spawn(bounded(client.close()));
@@ -414,11 +420,12 @@ async fn run(
     }
 }
 
-/// Answer one request from its outcome; Err when the link itself has ended.
+/// Answer one request from its outcome: Ok(whether the broker accepted it), Err when the link
+/// itself has ended.
 fn reply_to(
     reply: oneshot::Sender<Result<(), Failure>>,
     r: Result<Outcome, SendError>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let (answer, fatal) = match r {
         Ok(Outcome::Accepted(_)) => (Ok(()), None),
         Ok(Outcome::Rejected(rej)) => {
@@ -460,8 +467,9 @@ fn reply_to(
         ),
         Err(e) => (Err(Failure::Transient(format!("sending: {e}"))), None),
     };
+    let accepted = answer.is_ok();
     let _ = reply.send(answer);
-    fatal.map_or(Ok(()), Err)
+    fatal.map_or(Ok(accepted), Err)
 }
 
 /// Resolves when the QUIC connection closes; never for TCP (fe2o3 reports its end itself).

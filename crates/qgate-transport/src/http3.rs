@@ -72,13 +72,18 @@ async fn read_body_within<B: Buf>(
     mut budget: Option<(&BodyBudget, &mut Option<tokio::sync::OwnedSemaphorePermit>)>,
 ) -> Result<Bytes, H3Error> {
     let mut body = BytesMut::new();
+    let deadline = tokio::time::Instant::now() + BODY_DEADLINE;
     loop {
         let next = std::future::poll_fn(&mut poll);
-        // A server does not let a stalled body hold its budget (T7); a client waits.
+        // A server does not let a stalled or trickling body hold its budget (T7); a client
+        // waits.
         let next = match budget {
-            Some(_) => tokio::time::timeout(BODY_STALL, next)
-                .await
-                .map_err(|_| H3Error::TimedOut(BODY_STALL))?,
+            Some(_) => {
+                let stall = tokio::time::Instant::now() + BODY_STALL;
+                tokio::time::timeout_at(stall.min(deadline), next)
+                    .await
+                    .map_err(|_| H3Error::TimedOut(BODY_STALL))?
+            }
             None => next.await,
         };
         let Some(mut chunk) = next.map_err(stream_err)? else {
@@ -271,6 +276,11 @@ pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// A request body that sends nothing for this long is dropped (its bytes given back).
 pub const BODY_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// A request body not complete this long after it started is dropped: a client trickling a byte
+/// now and then must not hold its share of the budget for ever. Bodies too large to arrive in
+/// time over a slow radio belong in the chunked upload (paper 001).
+pub const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// How long a request body waits for room in the budget before its request gets 503.
 const BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -410,7 +420,13 @@ where
     )
     .await;
     let resp = match read {
-        Ok(body) => handler.handle(req, body, peer).await,
+        // The budget is given back once the handler is done with the body, not after a peer
+        // that reads its response slowly.
+        Ok(body) => {
+            let r = handler.handle(req, body, peer).await;
+            held = None;
+            r
+        }
         Err(H3Error::Busy) => {
             stream.stop_sending(h3::error::Code::H3_NO_ERROR);
             Response::builder()
