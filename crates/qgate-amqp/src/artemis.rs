@@ -52,24 +52,37 @@ pub fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("finding a free port: {e}"))
 }
 
+/// `mvn -q -B package` in `dir`, once per process: tests that start Artemis at the same time
+/// must not run two Maven builds into one target directory (they race copying the jars).
+fn build(dir: &Path) -> Result<(), String> {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if built.as_deref() == Some(dir) {
+        return Ok(());
+    }
+    let out = Command::new("mvn")
+        .args(["-q", "-B", "package"])
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("running mvn in {}: {e}", dir.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mvn package failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    *built = Some(dir.to_path_buf());
+    Ok(())
+}
+
 fn launch(
     dir: &Path,
     port: Option<u16>,
     data: Option<&Path>,
     cluster: Option<(u16, u16)>,
 ) -> Result<Artemis, String> {
-    let built = Command::new("mvn")
-        .args(["-q", "-B", "package"])
-        .current_dir(dir)
-        .output()
-        .map_err(|e| format!("running mvn in {}: {e}", dir.display()))?;
-    if !built.status.success() {
-        return Err(format!(
-            "mvn package failed in {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&built.stdout)
-        ));
-    }
+    build(dir)?;
     let port = match port {
         Some(p) => p,
         None => free_port()?,
