@@ -26,7 +26,7 @@ use qgate_transport::TransportOptions;
 use tokio::time::Instant;
 
 use crate::broker::Broker;
-use crate::client::{Client, Connector};
+use crate::client::{bounded, quic_closed, Client, Connector};
 use crate::transport::{BoxStream, Dialer, Scheme};
 use crate::url::Upstream;
 
@@ -107,36 +107,6 @@ fn local_connector(broker: &Broker) -> Connector {
     .with_dialer(dial)
 }
 
-/// Open a connection to the upstream and attach the sender: each address in turn, each given
-/// `settle_timeout` (a silent first address must not use up the second's time).
-async fn open_upstream(
-    cfg: &BridgeConfig,
-    name: &str,
-) -> Result<(Client, crate::client::StreamInfo, fe2o3_amqp::Sender), String> {
-    let mut last = String::from("no address to try");
-    let connectors = tokio::time::timeout(cfg.settle_timeout, cfg.upstream.connectors())
-        .await
-        .map_err(|_| "timed out resolving the upstream's host".to_string())??;
-    for c in connectors {
-        let attempt = async {
-            let (mut up, info) = c.open().await.map_err(|e| e.to_string())?;
-            match up.sender(name, &cfg.address, false).await {
-                Ok(s) => Ok((up, info, s)),
-                Err(e) => {
-                    bounded(up.close()).await;
-                    Err(e.to_string())
-                }
-            }
-        };
-        match tokio::time::timeout(cfg.settle_timeout, attempt).await {
-            Ok(Ok(x)) => return Ok(x),
-            Ok(Err(e)) => last = e,
-            Err(_) => last = "timed out connecting".into(),
-        }
-    }
-    Err(last)
-}
-
 /// How long the bridge stops pulling after the upstream turned a message away for now (full
 /// queue, released): the message is back in the local queue and would come straight back.
 const REFUSED_PAUSE: Duration = Duration::from_secs(1);
@@ -153,7 +123,11 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
     let mut backoff = Duration::from_millis(100);
     let mut reported = false;
     loop {
-        let (up, info, mut sender) = match open_upstream(&cfg, &name).await {
+        let (up, info, mut sender) = match cfg
+            .upstream
+            .open_sender(&name, &cfg.address, cfg.settle_timeout)
+            .await
+        {
             Ok(x) => x,
             Err(why) => {
                 if !reported {
@@ -239,7 +213,7 @@ pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStat
                         }
                     }
                 }
-                e = closed(quic.as_ref()) => break format!("the upstream QUIC connection closed: {e}"),
+                e = quic_closed(quic.as_ref()) => break format!("the upstream QUIC connection closed: {e}"),
                 _ = check.tick() => {
                     if !inflight.is_empty() && progress.elapsed() >= cfg.settle_timeout {
                         break "the upstream settled nothing in time".into();
@@ -366,12 +340,6 @@ async fn settle(
     }
 }
 
-/// `fut`, given at most 5 s: a close must never hold the bridge (fe2o3 waits for a peer's
-/// close that a dead peer never sends).
-async fn bounded(fut: impl std::future::Future<Output = ()>) {
-    let _ = tokio::time::timeout(Duration::from_secs(5), fut).await;
-}
-
 /// The local consumer: a connection to the broker itself and a receiver on `queue` with
 /// `credit` (refilled as messages are settled).
 async fn open_local(
@@ -387,13 +355,5 @@ async fn open_local(
             bounded(c.close()).await;
             Err(e.to_string())
         }
-    }
-}
-
-/// Resolves when the QUIC connection closes; never for TCP (fe2o3 reports its end itself).
-async fn closed(quic: Option<&quinn::Connection>) -> quinn::ConnectionError {
-    match quic {
-        Some(c) => c.closed().await,
-        None => std::future::pending().await,
     }
 }

@@ -585,6 +585,20 @@ impl Client {
     }
 }
 
+/// `fut` (a close), given at most 5 s: a close must never hold a long-lived task (fe2o3 waits
+/// for a peer's close that a dead peer never sends).
+pub async fn bounded(fut: impl std::future::Future<Output = ()>) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), fut).await;
+}
+
+/// Resolves when the QUIC connection closes; never for TCP (fe2o3 reports its end itself).
+pub async fn quic_closed(quic: Option<&quinn::Connection>) -> quinn::ConnectionError {
+    match quic {
+        Some(c) => c.closed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What to send.
 #[derive(Debug, Clone)]
 pub struct SendSpec {

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use qgate_transport::{TransportOptions, TrustRoots};
 
-use crate::client::Connector;
+use crate::client::{bounded, Client, Connector, StreamInfo};
 use crate::transport::{Scheme, TlsVersion};
 
 /// A parsed AMQP URL.
@@ -188,6 +188,39 @@ pub enum Upstream {
 
 impl Upstream {
     /// Connectors to try, in order.
+    /// Open a connection and attach a sender on `link` to `address`: each address in turn,
+    /// each given `within` (a silent first address must not use up the second's time), the
+    /// host resolved within it too.
+    pub async fn open_sender(
+        &self,
+        link: &str,
+        address: &str,
+        within: std::time::Duration,
+    ) -> Result<(Client, StreamInfo, fe2o3_amqp::Sender), String> {
+        let mut last = String::from("no address to try");
+        let connectors = tokio::time::timeout(within, self.connectors())
+            .await
+            .map_err(|_| "timed out resolving the host".to_string())??;
+        for c in connectors {
+            let attempt = async {
+                let (mut client, info) = c.open().await.map_err(|e| e.to_string())?;
+                match client.sender(link, address, false).await {
+                    Ok(s) => Ok((client, info, s)),
+                    Err(e) => {
+                        bounded(client.close()).await;
+                        Err(e.to_string())
+                    }
+                }
+            };
+            match tokio::time::timeout(within, attempt).await {
+                Ok(Ok(x)) => return Ok(x),
+                Ok(Err(e)) => last = e,
+                Err(_) => last = "timed out connecting".into(),
+            }
+        }
+        Err(last)
+    }
+
     pub async fn connectors(&self) -> Result<Vec<Connector>, String> {
         match self {
             Upstream::Connector(c) => Ok(vec![c.clone()]),

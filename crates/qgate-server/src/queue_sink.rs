@@ -23,7 +23,7 @@ use fe2o3_amqp::types::messaging::{
 use fe2o3_amqp::types::primitives::{Binary, Value};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
-use qgate_amqp::client::Client;
+use qgate_amqp::client::{bounded, quic_closed};
 pub use qgate_amqp::url::Upstream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -236,44 +236,6 @@ fn message(rec: &Record<'_>, message_id: String) -> Message<Body<Value>> {
         .build()
 }
 
-/// Open a connection and attach the sender, trying each address in turn, each given `within`
-/// (a silent first address must not use up the second's time).
-async fn open(
-    upstream: &Upstream,
-    link: &str,
-    address: &str,
-    within: Duration,
-) -> Result<(Client, Option<quinn::Connection>, fe2o3_amqp::Sender), String> {
-    let mut last = String::from("no address to try");
-    let connectors = tokio::time::timeout(within, upstream.connectors())
-        .await
-        .map_err(|_| "timed out resolving the broker's host".to_string())??;
-    for c in connectors {
-        let attempt = async {
-            let (mut client, info) = c.open().await.map_err(|e| e.to_string())?;
-            match client.sender(link, address, false).await {
-                Ok(s) => Ok((client, info.quic, s)),
-                Err(e) => {
-                    bounded(client.close()).await;
-                    Err(e.to_string())
-                }
-            }
-        };
-        match tokio::time::timeout(within, attempt).await {
-            Ok(Ok(x)) => return Ok(x),
-            Ok(Err(e)) => last = e,
-            Err(_) => last = "timed out connecting".into(),
-        }
-    }
-    Err(last)
-}
-
-/// `fut`, given at most 5 s: a close must never hold the task (fe2o3 waits for a peer's close
-/// that a dead peer never sends).
-async fn bounded(fut: impl std::future::Future<Output = ()>) {
-    let _ = tokio::time::timeout(Duration::from_secs(5), fut).await;
-}
-
 /// Connect, send, reconnect: the sink's task. Ends when every [`QueueSink`] handle is gone.
 async fn run(
     upstream: Upstream,
@@ -287,15 +249,11 @@ async fn run(
     let mut backoff = Duration::from_millis(100);
     let mut reported = false;
     loop {
-        let (client, quic, mut sender) = match open(
-            &upstream,
-            &cfg.link_name,
-            &address,
-            cfg.delivery_timeout,
-        )
-        .await
+        let (client, quic, mut sender) = match upstream
+            .open_sender(&cfg.link_name, &address, cfg.delivery_timeout)
+            .await
         {
-            Ok(c) => c,
+            Ok((client, info, sender)) => (client, info.quic, sender),
             Err(why) => {
                 if !reported {
                     tracing::warn!(%target, error = %why, "AMQP sink: broker unreachable; retrying");
@@ -386,7 +344,7 @@ async fn run(
                         }
                     }
                 }
-                e = closed(quic.as_ref()) => break format!("the QUIC connection closed: {e}"),
+                e = quic_closed(quic.as_ref()) => break format!("the QUIC connection closed: {e}"),
                 _ = check.tick() => {
                     if !inflight.is_empty() && progress.elapsed() >= cfg.delivery_timeout {
                         break "the broker settled nothing in time".into();
@@ -470,12 +428,4 @@ fn reply_to(
     let accepted = answer.is_ok();
     let _ = reply.send(answer);
     fatal.map_or(Ok(accepted), Err)
-}
-
-/// Resolves when the QUIC connection closes; never for TCP (fe2o3 reports its end itself).
-async fn closed(quic: Option<&quinn::Connection>) -> quinn::ConnectionError {
-    match quic {
-        Some(c) => c.closed().await,
-        None => std::future::pending().await,
-    }
 }
