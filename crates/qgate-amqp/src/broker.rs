@@ -29,6 +29,8 @@ use futures_util::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use tokio::sync::Notify;
 
+use qgate_core::metrics;
+
 use crate::auth::Credentials;
 use crate::bridge::{BridgeConfig, BridgeStats};
 use crate::queue::{ConsumerId, Limits, Queue, QueueStats};
@@ -284,6 +286,9 @@ struct Inner {
     per_address: Mutex<std::collections::HashMap<IpAddr, usize>>,
     /// Bridges started: (local queue, upstream as shown, counters).
     bridges: Mutex<Vec<(String, String, Arc<BridgeStats>)>>,
+    /// Connections held, by id, for the admin port's list and close.
+    conns: Mutex<BTreeMap<u64, std::sync::Weak<Tenancy>>>,
+    next_conn: AtomicU64,
 }
 
 /// One connection's hold on the broker's tables, from accept until its last task ends: the
@@ -291,6 +296,11 @@ struct Inner {
 struct Tenancy {
     inner: Arc<Inner>,
     addr: Option<IpAddr>,
+    id: u64,
+    since: Instant,
+    kind: &'static str,
+    /// Set (and notified) when the operator closes the connection.
+    forced: (std::sync::atomic::AtomicBool, Notify),
 }
 
 impl shim::Watch for Tenancy {
@@ -300,10 +310,27 @@ impl shim::Watch for Tenancy {
             .connections_timed_out
             .fetch_add(1, Ordering::Relaxed);
     }
+
+    fn forced(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            loop {
+                let woken = self.forced.1.notified();
+                if self.forced.0.load(Ordering::Acquire) {
+                    return;
+                }
+                woken.await;
+            }
+        })
+    }
 }
 
 impl Drop for Tenancy {
     fn drop(&mut self) {
+        self.inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
         self.inner
             .counters
             .connections_open
@@ -370,6 +397,8 @@ impl Broker {
             replays: Mutex::new(ReplayGuard::default()),
             per_address: Mutex::new(std::collections::HashMap::new()),
             bridges: Mutex::new(Vec::new()),
+            conns: Mutex::default(),
+            next_conn: AtomicU64::new(1),
             cfg,
         });
         let broker = Broker { inner };
@@ -488,6 +517,59 @@ impl Broker {
         ))
     }
 
+    /// Remove every ready message of queue `name` (delivered, unsettled ones stay with their
+    /// consumers); the store forgets them too. None if there is no such queue.
+    pub async fn purge(&self, name: &str) -> Option<usize> {
+        let q = self.find(name)?;
+        let mut purged = Vec::new();
+        q.lock().purge(&mut purged);
+        q.drained.notify_waiters();
+        if let Some(s) = &self.inner.store {
+            for &seq in &purged {
+                s.delete(&q.name, seq).await;
+            }
+        }
+        tracing::info!(queue = name, messages = purged.len(), "queue purged");
+        Some(purged.len())
+    }
+
+    /// Up to `limit` connections held, by id, and how many there are in all.
+    pub fn connection_views(&self, limit: usize) -> (Vec<ConnectionView>, usize) {
+        let now = Instant::now();
+        let conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let rows = conns
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .take(limit)
+            .map(|t| ConnectionView {
+                id: t.id,
+                address: t.addr.map(|a| a.to_string()),
+                kind: t.kind,
+                age_s: now.saturating_duration_since(t.since).as_secs(),
+            })
+            .collect();
+        (rows, conns.len())
+    }
+
+    /// Close connection `id` (the peer hears `amqp:connection:forced`); false if there is none.
+    pub fn close_connection(&self, id: u64) -> bool {
+        let t = self
+            .inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .and_then(std::sync::Weak::upgrade);
+        match t {
+            Some(t) => {
+                t.forced.0.store(true, Ordering::Release);
+                t.forced.1.notify_waiters();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Drop expired messages everywhere (the store forgets them too).
     async fn sweep(&self) {
         let queues: Vec<_> = self.queues().values().cloned().collect();
@@ -508,7 +590,7 @@ impl Broker {
 
     /// Take a place for a connection from `addr` (None: unknown, e.g. a simulated stream);
     /// None when that address holds `max_connections_per_address` already (counted, M16).
-    fn tenancy(&self, addr: Option<IpAddr>) -> Option<Arc<Tenancy>> {
+    fn tenancy(&self, addr: Option<IpAddr>, kind: &'static str) -> Option<Arc<Tenancy>> {
         let c = &self.inner.counters;
         c.connections_total.fetch_add(1, Ordering::Relaxed);
         if let Some(a) = addr {
@@ -527,10 +609,21 @@ impl Broker {
             *n += 1;
         }
         c.connections_open.fetch_add(1, Ordering::Relaxed);
-        Some(Arc::new(Tenancy {
+        let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
+        let t = Arc::new(Tenancy {
             inner: self.inner.clone(),
             addr,
-        }))
+            id,
+            since: Instant::now(),
+            kind,
+            forced: Default::default(),
+        });
+        self.inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::downgrade(&t));
+        Some(t)
     }
 
     /// Serve one AMQP connection on `io` until it closes. Bad framing, failed SASL or a
@@ -541,7 +634,7 @@ impl Broker {
 
     /// [`Broker::serve`] for a connection from `peer`, counted against its address's limit.
     pub async fn serve_from<S: Stream>(&self, io: S, peer: Option<IpAddr>) {
-        if let Some(t) = self.tenancy(peer) {
+        if let Some(t) = self.tenancy(peer, "tcp") {
             self.serve_guarded(io, false, t).await
         }
     }
@@ -568,7 +661,7 @@ impl Broker {
                 .connections_early
                 .fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(t) = self.tenancy(peer) {
+        if let Some(t) = self.tenancy(peer, "quic") {
             self.serve_guarded(io, true, t).await
         }
     }
@@ -588,7 +681,7 @@ impl Broker {
     /// ANONYMOUS whatever the credentials, since it never leaves the process, and never
     /// counted against an address.
     pub(crate) async fn serve_trusted<S: Stream>(&self, io: S) {
-        if let Some(t) = self.tenancy(None) {
+        if let Some(t) = self.tenancy(None, "bridge") {
             self.serve_as(io, false, t, true).await
         }
     }
@@ -1065,132 +1158,137 @@ impl Broker {
             .collect()
     }
 
-    /// Prometheus text: queues (depth, bytes, counters) and connections.
-    pub fn metrics(&self) -> String {
-        use std::fmt::Write;
-        let mut o = String::new();
-        let qs = self.queue_stats();
-        let gauge = |o: &mut String, name: &str, help: &str, f: &dyn Fn(&QueueReport) -> u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for q in &qs {
-                let _ = writeln!(o, "{name}{{queue=\"{}\"}} {}", escape(&q.name), f(q));
-            }
-        };
-        gauge(
-            &mut o,
-            "qgate_amqp_queue_depth",
-            "messages held (ready + unsettled)",
-            &|q| q.depth as u64,
-        );
-        gauge(
-            &mut o,
-            "qgate_amqp_queue_ready",
-            "messages waiting for a consumer",
-            &|q| q.ready as u64,
-        );
-        gauge(
-            &mut o,
-            "qgate_amqp_queue_unacked",
-            "messages delivered, not yet settled",
-            &|q| q.unacked as u64,
-        );
-        gauge(
-            &mut o,
-            "qgate_amqp_queue_bytes",
-            "message bytes held",
-            &|q| q.bytes as u64,
-        );
-        let counter = |o: &mut String, name: &str, help: &str, f: &dyn Fn(&QueueStats) -> u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-            for q in &qs {
-                let _ = writeln!(o, "{name}{{queue=\"{}\"}} {}", escape(&q.name), f(&q.stats));
-            }
-        };
-        counter(
-            &mut o,
-            "qgate_amqp_enqueued_total",
-            "messages accepted into the queue",
-            &|s| s.enqueued,
-        );
-        counter(
-            &mut o,
-            "qgate_amqp_acked_total",
-            "messages settled by consumers",
-            &|s| s.acked,
-        );
-        counter(
-            &mut o,
-            "qgate_amqp_redelivered_total",
-            "messages put back for redelivery",
-            &|s| s.released,
-        );
-        counter(
-            &mut o,
-            "qgate_amqp_expired_total",
-            "messages dropped by TTL",
-            &|s| s.expired,
-        );
-        counter(
-            &mut o,
-            "qgate_amqp_refused_total",
-            "messages refused by the queue's limits",
-            &|s| s.refused,
-        );
-        let c = &self.inner.counters;
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_open AMQP connections held, from accept (handshake included) until their state is freed\n# TYPE qgate_amqp_connections_open gauge\nqgate_amqp_connections_open {}", c.connections_open.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_refused_total connections closed on accept: their address held max_connections_per_address\n# TYPE qgate_amqp_connections_refused_total counter\nqgate_amqp_connections_refused_total {}", c.connections_refused.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_timed_out_total connections closed by a deadline (handshake, idle, held frame, close, write)\n# TYPE qgate_amqp_connections_timed_out_total counter\nqgate_amqp_connections_timed_out_total {}", c.connections_timed_out.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_max_connections_per_address configured limit of connections per source address\n# TYPE qgate_amqp_max_connections_per_address gauge\nqgate_amqp_max_connections_per_address {}", self.inner.cfg.max_connections_per_address);
-        let _ = writeln!(o, "# HELP qgate_amqp_handshake_timeout_seconds configured handshake deadline\n# TYPE qgate_amqp_handshake_timeout_seconds gauge\nqgate_amqp_handshake_timeout_seconds {}", self.inner.cfg.handshake_timeout.as_secs_f64());
-        let _ = writeln!(o, "# HELP qgate_amqp_idle_timeout_seconds configured idle timeout (0: none)\n# TYPE qgate_amqp_idle_timeout_seconds gauge\nqgate_amqp_idle_timeout_seconds {}", self.inner.cfg.idle_timeout.as_secs_f64());
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_total AMQP connections accepted or refused\n# TYPE qgate_amqp_connections_total counter\nqgate_amqp_connections_total {}", c.connections_total.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_failed_total connections that failed before open (framing, SASL)\n# TYPE qgate_amqp_connections_failed_total counter\nqgate_amqp_connections_failed_total {}", c.connections_failed.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_connections_early_total AMQP connections whose QUIC stream arrived during the handshake (0-RTT)\n# TYPE qgate_amqp_connections_early_total counter\nqgate_amqp_connections_early_total {}", c.connections_early.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_replays_dropped_total replayed 0-RTT transfers accepted without queueing them again\n# TYPE qgate_amqp_replays_dropped_total counter\nqgate_amqp_replays_dropped_total {}", c.replays_dropped.load(Ordering::Relaxed));
-        let _ = writeln!(o, "# HELP qgate_amqp_links_refused_total links refused (unknown address, limits)\n# TYPE qgate_amqp_links_refused_total counter\nqgate_amqp_links_refused_total {}", c.links_refused.load(Ordering::Relaxed));
-        let bridges = self.bridges();
-        if !bridges.is_empty() {
-            for (name, help, kind, f) in [
-                (
-                    "qgate_amqp_bridge_forwarded_total",
-                    "messages the upstream accepted (then forgotten here)",
-                    "counter",
-                    &(|s: &BridgeStats| s.forwarded.load(Ordering::Relaxed))
-                        as &dyn Fn(&BridgeStats) -> u64,
-                ),
-                (
-                    "qgate_amqp_bridge_rejected_total",
-                    "messages the upstream refused for good (dropped)",
-                    "counter",
-                    &|s: &BridgeStats| s.rejected.load(Ordering::Relaxed),
-                ),
-                (
-                    "qgate_amqp_bridge_connects_total",
-                    "connections opened to the upstream",
-                    "counter",
-                    &|s: &BridgeStats| s.connects.load(Ordering::Relaxed),
-                ),
-                (
-                    "qgate_amqp_bridge_up",
-                    "1 while the upstream link is attached",
-                    "gauge",
-                    &|s: &BridgeStats| u64::from(s.up.load(Ordering::Relaxed)),
-                ),
-            ] {
-                let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-                for (q, up, st) in &bridges {
-                    let _ = writeln!(
-                        o,
-                        "{name}{{queue=\"{}\",upstream=\"{}\"}} {}",
-                        escape(q),
-                        escape(up),
-                        f(st)
-                    );
-                }
-            }
-        }
-        o
+    /// The broker's metrics as a registry collector (decision O1).
+    pub fn collector(&self) -> BrokerMetrics {
+        BrokerMetrics(self.clone())
     }
+
+    /// The broker's metrics text (OpenMetrics), as the admin port serves it.
+    pub fn metrics(&self) -> String {
+        metrics::render(self.collector())
+    }
+}
+
+/// Reads the broker's queues, connections and bridges at scrape time.
+#[derive(Clone)]
+pub struct BrokerMetrics(Broker);
+
+impl std::fmt::Debug for BrokerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BrokerMetrics")
+    }
+}
+
+impl metrics::Collector for BrokerMetrics {
+    fn encode(&self, mut e: metrics::DescriptorEncoder) -> std::fmt::Result {
+        let b = &self.0;
+        let qs = b.queue_stats();
+        let by_queue = |f: &dyn Fn(&QueueReport) -> u64| {
+            qs.iter()
+                .map(move |q| ([("queue", q.name.as_str())], f(q)))
+                .collect::<Vec<_>>()
+        };
+        for (name, help, f) in [
+            (
+                "qgate_amqp_queue_depth",
+                "messages held (ready + unsettled)",
+                &(|q: &QueueReport| q.depth as u64) as &dyn Fn(&QueueReport) -> u64,
+            ),
+            (
+                "qgate_amqp_queue_ready",
+                "messages waiting for a consumer",
+                &|q| q.ready as u64,
+            ),
+            (
+                "qgate_amqp_queue_unacked",
+                "messages delivered, not yet settled",
+                &|q| q.unacked as u64,
+            ),
+            ("qgate_amqp_queue_bytes", "message bytes held", &|q| q.bytes as u64),
+        ] {
+            metrics::gauges(&mut e, name, help, by_queue(f))?;
+        }
+        for (name, help, f) in [
+            (
+                "qgate_amqp_enqueued",
+                "messages accepted into the queue",
+                &(|q: &QueueReport| q.stats.enqueued) as &dyn Fn(&QueueReport) -> u64,
+            ),
+            ("qgate_amqp_acked", "messages settled by consumers", &|q| q.stats.acked),
+            (
+                "qgate_amqp_redelivered",
+                "messages put back for redelivery",
+                &|q| q.stats.released,
+            ),
+            ("qgate_amqp_expired", "messages dropped by TTL", &|q| q.stats.expired),
+            (
+                "qgate_amqp_refused",
+                "messages refused by the queue's limits",
+                &|q| q.stats.refused,
+            ),
+        ] {
+            metrics::counters(&mut e, name, help, by_queue(f))?;
+        }
+        let c = &b.inner.counters;
+        let cfg = &b.inner.cfg;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        metrics::gauge(&mut e, "qgate_amqp_connections_open", "AMQP connections held, from accept (handshake included) until their state is freed", r(&c.connections_open))?;
+        metrics::counter(&mut e, "qgate_amqp_connections_refused", "connections closed on accept: their address held max_connections_per_address", r(&c.connections_refused))?;
+        metrics::counter(&mut e, "qgate_amqp_connections_timed_out", "connections closed by a deadline (handshake, idle, held frame, close, write)", r(&c.connections_timed_out))?;
+        metrics::gauge(&mut e, "qgate_amqp_max_connections_per_address", "configured limit of connections per source address", cfg.max_connections_per_address as u64)?;
+        metrics::gauge(&mut e, "qgate_amqp_handshake_timeout_seconds", "configured handshake deadline", cfg.handshake_timeout.as_secs_f64())?;
+        metrics::gauge(&mut e, "qgate_amqp_idle_timeout_seconds", "configured idle timeout (0: none)", cfg.idle_timeout.as_secs_f64())?;
+        metrics::counter(&mut e, "qgate_amqp_connections", "AMQP connections accepted or refused", r(&c.connections_total))?;
+        metrics::counter(&mut e, "qgate_amqp_connections_failed", "connections that failed before open (framing, SASL)", r(&c.connections_failed))?;
+        metrics::counter(&mut e, "qgate_amqp_connections_early", "AMQP connections whose QUIC stream arrived during the handshake (0-RTT)", r(&c.connections_early))?;
+        metrics::counter(&mut e, "qgate_amqp_replays_dropped", "replayed 0-RTT transfers accepted without queueing them again", r(&c.replays_dropped))?;
+        metrics::counter(&mut e, "qgate_amqp_links_refused", "links refused (unknown address, limits)", r(&c.links_refused))?;
+        let bridges = b.bridges();
+        let by_bridge = |f: &dyn Fn(&BridgeStats) -> u64| {
+            bridges
+                .iter()
+                .map(|(q, up, st)| ([("queue", q.as_str()), ("upstream", up.as_str())], f(st)))
+                .collect::<Vec<_>>()
+        };
+        for (name, help, f) in [
+            (
+                "qgate_amqp_bridge_forwarded",
+                "messages the upstream accepted (then forgotten here)",
+                &(|s: &BridgeStats| r(&s.forwarded)) as &dyn Fn(&BridgeStats) -> u64,
+            ),
+            (
+                "qgate_amqp_bridge_rejected",
+                "messages the upstream refused for good (dropped)",
+                &|s| r(&s.rejected),
+            ),
+            (
+                "qgate_amqp_bridge_connects",
+                "connections opened to the upstream",
+                &|s| r(&s.connects),
+            ),
+        ] {
+            metrics::counters(&mut e, name, help, by_bridge(f))?;
+        }
+        metrics::gauges(
+            &mut e,
+            "qgate_amqp_bridge_up",
+            "1 while the upstream link is attached",
+            by_bridge(&|s| u64::from(s.up.load(Ordering::Relaxed))),
+        )
+    }
+}
+
+/// One connection, as the admin port lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConnectionView {
+    /// Its id (for closing it).
+    pub id: u64,
+    /// The peer's IP address, when known.
+    pub address: Option<String>,
+    /// `quic`, `tls`, `tcp` or `bridge` (a bridge's own consumer).
+    pub kind: &'static str,
+    /// Seconds since it was accepted.
+    pub age_s: u64,
 }
 
 /// One queue's state for reports.
@@ -1208,12 +1306,6 @@ pub struct QueueReport {
     pub bytes: usize,
     /// Counters.
     pub stats: QueueStats,
-}
-
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Transfers from 0-RTT connections seen recently: a replayed flight repeats queue, message-id
@@ -1328,7 +1420,7 @@ pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
                 // Every stream is an AMQP connection and takes a place of its address (M16);
                 // the first one refused closes the QUIC connection, so a peer cannot open and
                 // drop streams at line rate against the limit (decision M25).
-                let Some(t) = broker.tenancy(Some(peer)) else {
+                let Some(t) = broker.tenancy(Some(peer), "quic") else {
                     conn.close(1u32.into(), b"per-address connection limit");
                     break;
                 };
@@ -1362,7 +1454,8 @@ pub async fn serve_tcp(
         let broker = broker.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let Some(tenancy) = broker.tenancy(Some(peer.ip())) else {
+            let kind = if acceptor.is_some() { "tls" } else { "tcp" };
+            let Some(tenancy) = broker.tenancy(Some(peer.ip()), kind) else {
                 return;
             };
             match acceptor {
@@ -1389,7 +1482,7 @@ impl Broker {
     /// The TLS server handshake on `io` (any byte stream: a user-space TCP on the simulated
     /// network, say), then serve the AMQP connection over it.
     pub async fn serve_tls<S: Stream>(&self, io: S, tls: Arc<rustls::ServerConfig>) {
-        let Some(tenancy) = self.tenancy(None) else {
+        let Some(tenancy) = self.tenancy(None, "tls") else {
             return;
         };
         let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);

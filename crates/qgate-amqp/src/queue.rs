@@ -72,6 +72,8 @@ pub struct QueueStats {
     pub expired: u64,
     /// Messages refused by the limits.
     pub refused: u64,
+    /// Ready messages removed by a purge.
+    pub purged: u64,
 }
 
 /// One queue.
@@ -270,6 +272,16 @@ impl<M: Clone> Queue<M> {
         mine.len()
     }
 
+    /// Drop every ready message (an operator's purge); their sequence numbers go to `purged`.
+    /// Messages delivered and not yet settled stay: their consumers still hold them.
+    pub fn purge(&mut self, purged: &mut Vec<u64>) {
+        for (s, e) in std::mem::take(&mut self.ready) {
+            self.bytes -= e.size;
+            self.stats.purged += 1;
+            purged.push(s);
+        }
+    }
+
     /// Drop every ready message whose TTL has passed; their sequence numbers go to `expired`.
     pub fn expire(&mut self, now: Instant, expired: &mut Vec<u64>) {
         let dead: Vec<u64> = self
@@ -291,6 +303,26 @@ impl<M: Clone> Queue<M> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn purge_drops_ready_messages_and_keeps_delivered_ones() {
+        let mut q = q();
+        for m in ["a", "b", "c"] {
+            q.enqueue(m, 10, None).unwrap();
+        }
+        let t = q.take(7, false, Instant::now(), &mut Vec::new()).unwrap();
+        let mut gone = Vec::new();
+        q.purge(&mut gone);
+        assert_eq!(gone.len(), 2);
+        assert!(!gone.contains(&t.seq));
+        assert_eq!((q.depth(), q.ready(), q.unacked(), q.bytes()), (1, 0, 1, 10));
+        assert_eq!(q.stats().purged, 2);
+        assert!(q.ack(7, t.seq));
+        assert_eq!((q.depth(), q.bytes()), (0, 0));
+        // Room is back for new messages.
+        q.enqueue("d", 10, None).unwrap();
+        assert_eq!(q.ready(), 1);
+    }
 
     fn q() -> Queue<&'static str> {
         Queue::new(Limits {

@@ -744,6 +744,12 @@ pub trait Watch: Send + Sync + 'static {
     fn timed_out(&self, what: Deadline) {
         let _ = what;
     }
+
+    /// Resolves when the connection is to be closed from outside (the admin port's close):
+    /// the peer is sent `amqp:connection:forced` and both pumps end.
+    fn forced(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::pending())
+    }
 }
 
 impl Watch for () {}
@@ -811,6 +817,14 @@ where
                 .min_by_key(|(t, _)| *t);
                 let at = due.map_or(start + Duration::from_secs(365 * 86_400), |(t, _)| t);
                 tokio::select! {
+                    _ = watch.forced() => {
+                        tracing::info!("closing connection: closed by the operator");
+                        break Some(if rw.in_amqp() {
+                            Fail::Close(ConnectionError::ConnectionForced.into(), "closed by the operator".into())
+                        } else {
+                            Fail::Header
+                        });
+                    }
                     r = peer_rd.read_buf(&mut input), if !eof => match r {
                         Ok(0) | Err(_) => eof = true,
                         Ok(_) => last_read = Instant::now(),

@@ -3,6 +3,7 @@
 
 pub mod history;
 pub mod loggate;
+pub mod metrics;
 pub mod path;
 pub mod probe;
 pub mod protocol;

@@ -332,6 +332,11 @@ impl SessionTable {
             .collect()
     }
 
+    /// Every session, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Session> {
+        self.by_hash.values()
+    }
+
     /// Devices registered.
     pub fn len(&self) -> usize {
         self.by_hash.len()

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use qgate_core::loggate::LogGate;
+use qgate_core::metrics;
 use qgate_core::path::PathId;
 use qgate_core::path::{ConnectionSample, Ticket};
 use qgate_core::scheduler::{self, Ask, Priority, Scheduler};
@@ -143,25 +144,19 @@ const DELAY_BUCKETS: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 ];
 
-/// A fixed-bucket histogram of response delays for one class (Prometheus cumulative buckets).
-#[derive(Debug, Default)]
-pub struct DelayHistogram {
-    buckets: [AtomicU64; 12],
-    count: AtomicU64,
-    sum_us: AtomicU64,
+/// Response delays of one class.
+#[derive(Debug)]
+pub struct DelayHistogram(metrics::Histogram);
+
+impl Default for DelayHistogram {
+    fn default() -> Self {
+        DelayHistogram(metrics::Histogram::new(DELAY_BUCKETS))
+    }
 }
 
 impl DelayHistogram {
     fn record(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (b, le) in self.buckets.iter().zip(DELAY_BUCKETS) {
-            if secs <= le {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.0.observe(d.as_secs_f64());
     }
 }
 
@@ -227,6 +222,8 @@ pub struct Gateway {
     /// The device endpoint's handshake counters, once serving.
     endpoint: std::sync::OnceLock<Arc<EndpointStats>>,
     next_conn: AtomicU64,
+    /// Device connections being served, for the admin port's list and close.
+    conns: Mutex<std::collections::HashMap<ConnId, shared_driver::Connection>>,
     instance: u64,
     next_rid: AtomicU64,
     cfg: GatewayConfig,
@@ -270,6 +267,7 @@ impl Gateway {
             logs: Mutex::default(),
             endpoint: std::sync::OnceLock::new(),
             next_conn: AtomicU64::new(0),
+            conns: Mutex::default(),
             instance: u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
             next_rid: AtomicU64::new(1),
             per_path: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -317,9 +315,11 @@ impl Gateway {
                 conn: conn.clone(),
             });
             let limits = limits.clone();
+            lock(&self.conns).insert(id, conn.clone());
             tokio::spawn(async move {
                 let device = conn.remote_address();
                 let _ = http3::serve_quic(conn, device, handler.clone(), limits).await;
+                lock(&handler.gw.conns).remove(&id);
                 handler.gw.end_sessions(id);
             });
         }
@@ -667,202 +667,220 @@ struct DeviceConnection {
 }
 
 impl Gateway {
-    /// Prometheus text: the path table, per-path traffic, sessions, counters, delay histograms.
-    pub fn metrics(&self) -> String {
-        use std::fmt::Write;
-        let mut o = String::new();
-        let table = self.paths.table();
-        let _ = writeln!(o, "# HELP qgate_gateway_path_rtt_seconds smoothed RTT of each backhaul path\n# TYPE qgate_gateway_path_rtt_seconds gauge");
-        for p in table.paths() {
-            if let Some(r) = p.rtt {
-                let _ = writeln!(
-                    o,
-                    "qgate_gateway_path_rtt_seconds{{path=\"{}\"}} {}",
-                    p.id.0,
-                    r.as_secs_f64()
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP qgate_gateway_path_hits devices assigned to each path\n# TYPE qgate_gateway_path_hits gauge");
-        for p in table.paths() {
-            let _ = writeln!(
-                o,
-                "qgate_gateway_path_hits{{path=\"{}\"}} {}",
-                p.id.0, p.hits
-            );
-        }
-        let _ = writeln!(o, "# HELP qgate_gateway_path_up whether each path is up\n# TYPE qgate_gateway_path_up gauge");
-        for p in table.paths() {
-            let _ = writeln!(
-                o,
-                "qgate_gateway_path_up{{path=\"{}\"}} {}",
-                p.id.0,
-                u8::from(p.up)
-            );
-        }
-        let _ = writeln!(o, "# HELP qgate_gateway_path_requests_total requests forwarded on each path\n# TYPE qgate_gateway_path_requests_total counter");
-        for (i, n) in self.per_path.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "qgate_gateway_path_requests_total{{path=\"{i}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(o, "# HELP qgate_gateway_path_bytes_total request body bytes forwarded on each path\n# TYPE qgate_gateway_path_bytes_total counter");
-        for (i, n) in self.per_path_bytes.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "qgate_gateway_path_bytes_total{{path=\"{i}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
-        let shaped: Vec<(usize, qgate_link::LinkStats, usize)> = self
+    /// The gateway's metrics text (OpenMetrics), as the admin port serves it.
+    pub fn metrics(self: &Arc<Self>) -> String {
+        metrics::render(self.collector())
+    }
+
+    /// The gateway's metrics as a registry collector (decision O1).
+    pub fn collector(self: &Arc<Self>) -> GatewayMetrics {
+        GatewayMetrics(self.clone())
+    }
+}
+
+/// Reads the path table, per-path traffic, sessions, counters and delay histograms at scrape
+/// time.
+#[derive(Clone)]
+pub struct GatewayMetrics(Arc<Gateway>);
+
+impl std::fmt::Debug for GatewayMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewayMetrics")
+    }
+}
+
+impl metrics::Collector for GatewayMetrics {
+    fn encode(&self, mut e: metrics::DescriptorEncoder) -> std::fmt::Result {
+        let gw = &self.0;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let table = gw.paths.table();
+        // Path ids are their places in the table and in the per-path counters.
+        let ids: Vec<String> = (0..gw.per_path.len().max(table.paths().len()))
+            .map(|i| i.to_string())
+            .collect();
+        let per_path = |i: usize| [("path", ids.get(i).map_or("?", String::as_str))];
+        metrics::gauges(
+            &mut e,
+            "qgate_gateway_path_rtt_seconds",
+            "smoothed RTT of each backhaul path",
+            table
+                .paths()
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| p.rtt.map(|rtt| (per_path(i), rtt.as_secs_f64()))),
+        )?;
+        metrics::gauges(
+            &mut e,
+            "qgate_gateway_path_hits",
+            "devices assigned to each path",
+            table.paths().iter().enumerate().map(|(i, p)| (per_path(i), p.hits as u64)),
+        )?;
+        metrics::gauges(
+            &mut e,
+            "qgate_gateway_path_up",
+            "whether each path is up",
+            table.paths().iter().enumerate().map(|(i, p)| (per_path(i), u64::from(p.up))),
+        )?;
+        metrics::counters(
+            &mut e,
+            "qgate_gateway_path_requests",
+            "requests forwarded on each path",
+            gw.per_path.iter().enumerate().map(|(i, n)| (per_path(i), r(n))),
+        )?;
+        metrics::counters(
+            &mut e,
+            "qgate_gateway_path_bytes",
+            "request body bytes forwarded on each path",
+            gw.per_path_bytes.iter().enumerate().map(|(i, n)| (per_path(i), r(n))),
+        )?;
+        let shaped: Vec<(usize, qgate_link::LinkStats, u64)> = gw
             .shapers
             .iter()
             .enumerate()
-            .filter_map(|(i, h)| h.as_ref().map(|h| (i, h.stats(), h.backlog_packets())))
+            .filter_map(|(i, h)| h.as_ref().map(|h| (i, h.stats(), h.backlog_packets() as u64)))
             .collect();
-        if !shaped.is_empty() {
-            for (name, help, kind) in [
-                (
-                    "dropped_total",
-                    "packets the path's egress shaper dropped (queue limit or AQM)",
-                    "counter",
-                ),
-                (
-                    "marked_total",
-                    "packets the path's egress shaper marked CE",
-                    "counter",
-                ),
-                (
-                    "sent_total",
-                    "packets offered to the path's egress shaper",
-                    "counter",
-                ),
-                (
-                    "queue_packets",
-                    "packets queued in the path's egress shaper",
-                    "gauge",
-                ),
-            ] {
-                let _ = writeln!(o, "# HELP qgate_gateway_shaper_{name} {help}\n# TYPE qgate_gateway_shaper_{name} {kind}");
-                for (i, s, backlog) in &shaped {
-                    let v = match name {
-                        "dropped_total" => s.dropped_queue,
-                        "marked_total" => s.marked,
-                        "sent_total" => s.sent,
-                        _ => *backlog as u64,
-                    };
-                    let _ = writeln!(o, "qgate_gateway_shaper_{name}{{path=\"{i}\"}} {v}");
-                }
-            }
-        }
+        let by_shaper = |f: fn(&qgate_link::LinkStats, u64) -> u64| {
+            shaped.iter().map(move |(i, s, b)| (per_path(*i), f(s, *b)))
+        };
+        metrics::counters(
+            &mut e,
+            "qgate_gateway_shaper_dropped",
+            "packets the path's egress shaper dropped (queue limit or AQM)",
+            by_shaper(|s, _| s.dropped_queue),
+        )?;
+        metrics::counters(
+            &mut e,
+            "qgate_gateway_shaper_marked",
+            "packets the path's egress shaper marked CE",
+            by_shaper(|s, _| s.marked),
+        )?;
+        metrics::counters(
+            &mut e,
+            "qgate_gateway_shaper_sent",
+            "packets offered to the path's egress shaper",
+            by_shaper(|s, _| s.sent),
+        )?;
+        metrics::gauges(
+            &mut e,
+            "qgate_gateway_shaper_queue_packets",
+            "packets queued in the path's egress shaper",
+            by_shaper(|_, b| b),
+        )?;
         let (sessions, (conns, addrs)) = {
-            let t = lock(&self.sessions);
+            let t = lock(&gw.sessions);
             (t.len(), t.owners())
         };
-        let _ = writeln!(o, "# HELP qgate_gateway_sessions registered devices\n# TYPE qgate_gateway_sessions gauge\nqgate_gateway_sessions {sessions}");
-        let _ = writeln!(o, "# HELP qgate_gateway_session_connections device connections holding sessions\n# TYPE qgate_gateway_session_connections gauge\nqgate_gateway_session_connections {conns}");
-        let _ = writeln!(o, "# HELP qgate_gateway_session_addresses source addresses holding sessions\n# TYPE qgate_gateway_session_addresses gauge\nqgate_gateway_session_addresses {addrs}");
-        let limits = self.cfg.session_limits();
+        metrics::gauge(&mut e, "qgate_gateway_sessions", "registered devices", sessions as u64)?;
+        metrics::gauge(
+            &mut e,
+            "qgate_gateway_session_connections",
+            "device connections holding sessions",
+            conns as u64,
+        )?;
+        metrics::gauge(
+            &mut e,
+            "qgate_gateway_session_addresses",
+            "source addresses holding sessions",
+            addrs as u64,
+        )?;
+        let limits = gw.cfg.session_limits();
         for (name, v) in [
-            ("max_devices", limits.max_devices),
-            ("max_sessions_per_connection", limits.per_connection),
-            ("max_sessions_per_address", limits.per_address),
-            ("max_inflight_per_device", limits.max_inflight),
-            ("max_handshakes", self.cfg.max_handshakes),
-            ("retry_above", self.cfg.retry_above),
+            ("qgate_gateway_limit_max_devices", limits.max_devices),
+            ("qgate_gateway_limit_max_sessions_per_connection", limits.per_connection),
+            ("qgate_gateway_limit_max_sessions_per_address", limits.per_address),
+            ("qgate_gateway_limit_max_inflight_per_device", limits.max_inflight),
+            ("qgate_gateway_limit_max_handshakes", gw.cfg.max_handshakes),
+            ("qgate_gateway_limit_retry_above", gw.cfg.retry_above),
         ] {
-            let _ = writeln!(o, "# HELP qgate_gateway_limit_{name} configured limit\n# TYPE qgate_gateway_limit_{name} gauge\nqgate_gateway_limit_{name} {v}");
+            metrics::gauge(&mut e, name, "configured limit", v as u64)?;
         }
-        if let Some(ep) = self.endpoint.get() {
-            let _ = writeln!(o, "# HELP qgate_gateway_handshakes device handshakes in progress\n# TYPE qgate_gateway_handshakes gauge\nqgate_gateway_handshakes {}", ep.handshaking.load(Ordering::Relaxed));
-            let _ = writeln!(o, "# HELP qgate_gateway_device_connections established device connections\n# TYPE qgate_gateway_device_connections gauge\nqgate_gateway_device_connections {}", ep.established.load(Ordering::Relaxed));
+        if let Some(ep) = gw.endpoint.get() {
+            metrics::gauge(
+                &mut e,
+                "qgate_gateway_handshakes",
+                "device handshakes in progress",
+                ep.handshaking.load(Ordering::Relaxed) as u64,
+            )?;
+            metrics::gauge(
+                &mut e,
+                "qgate_gateway_device_connections",
+                "established device connections",
+                ep.established.load(Ordering::Relaxed) as u64,
+            )?;
             for (name, help, v) in [
                 (
-                    "retries_sent",
+                    "qgate_gateway_retries_sent",
                     "QUIC Retry packets sent to unproved device addresses",
                     &ep.retries,
                 ),
                 (
-                    "connections_refused",
+                    "qgate_gateway_connections_refused",
                     "device connections refused: every slot taken",
                     &ep.refused_full,
                 ),
                 (
-                    "handshakes_ignored",
+                    "qgate_gateway_handshakes_ignored",
                     "device Initials ignored: handshake budget spent",
                     &ep.ignored_busy,
                 ),
                 (
-                    "handshake_timeouts",
+                    "qgate_gateway_handshake_timeouts",
                     "device handshakes closed at their deadline",
                     &ep.handshake_timeouts,
                 ),
             ] {
-                let _ = writeln!(o, "# HELP qgate_gateway_{name}_total {help}\n# TYPE qgate_gateway_{name}_total counter\nqgate_gateway_{name}_total {}", v.load(Ordering::Relaxed));
+                metrics::counter(&mut e, name, help, r(v))?;
             }
         }
-        let suppressed: u64 = lock(&self.logs).0.iter().map(LogGate::suppressed).sum();
-        let _ = writeln!(o, "# HELP qgate_gateway_log_lines_suppressed_total warnings left out by the log rate limit\n# TYPE qgate_gateway_log_lines_suppressed_total counter\nqgate_gateway_log_lines_suppressed_total {suppressed}");
-        let st = &self.stats;
+        let suppressed: u64 = lock(&gw.logs).0.iter().map(LogGate::suppressed).sum();
+        metrics::counter(
+            &mut e,
+            "qgate_gateway_log_lines_suppressed",
+            "warnings left out by the log rate limit",
+            suppressed,
+        )?;
+        let st = &gw.stats;
         for (name, help, v) in [
-            ("registered", "devices registered", &st.registered),
+            ("qgate_gateway_registered", "devices registered", &st.registered),
+            ("qgate_gateway_forwarded", "requests answered by the server", &st.forwarded),
             (
-                "forwarded",
-                "requests answered by the server",
-                &st.forwarded,
-            ),
-            (
-                "retried",
+                "qgate_gateway_retried",
                 "forwarding attempts retried on another path",
                 &st.retried,
             ),
             (
-                "refused",
+                "qgate_gateway_refused",
                 "requests refused for their Hash ID or in-flight limit",
                 &st.refused,
             ),
             (
-                "registrations_refused",
+                "qgate_gateway_registrations_refused",
                 "registrations refused: gateway, connection or address full",
                 &st.registrations_refused,
             ),
             (
-                "sessions_expired",
+                "qgate_gateway_sessions_expired",
                 "sessions ended for being idle",
                 &st.sessions_expired,
             ),
             (
-                "timeouts",
+                "qgate_gateway_timeouts",
                 "forwarding attempts timed out (stream cancelled, connection kept)",
                 &st.timeouts,
             ),
-            ("failed", "requests that failed on every path", &st.failed),
+            ("qgate_gateway_failed", "requests that failed on every path", &st.failed),
         ] {
-            let _ = writeln!(o, "# HELP qgate_gateway_{name}_total {help}\n# TYPE qgate_gateway_{name}_total counter\nqgate_gateway_{name}_total {}", v.load(Ordering::Relaxed));
+            metrics::counter(&mut e, name, help, r(v))?;
         }
-        let _ = writeln!(o, "# HELP qgate_gateway_response_delay_seconds device request in to response out\n# TYPE qgate_gateway_response_delay_seconds histogram");
-        for (class, h) in [
-            ("priority", &st.delay_priority),
-            ("best_effort", &st.delay_best_effort),
-        ] {
-            for (b, le) in h.buckets.iter().zip(DELAY_BUCKETS) {
-                let _ = writeln!(o, "qgate_gateway_response_delay_seconds_bucket{{class=\"{class}\",le=\"{le}\"}} {}", b.load(Ordering::Relaxed));
-            }
-            let count = h.count.load(Ordering::Relaxed);
-            let _ = writeln!(o, "qgate_gateway_response_delay_seconds_bucket{{class=\"{class}\",le=\"+Inf\"}} {count}");
-            let _ = writeln!(
-                o,
-                "qgate_gateway_response_delay_seconds_sum{{class=\"{class}\"}} {}",
-                h.sum_us.load(Ordering::Relaxed) as f64 / 1e6
-            );
-            let _ = writeln!(
-                o,
-                "qgate_gateway_response_delay_seconds_count{{class=\"{class}\"}} {count}"
-            );
-        }
-        o
+        metrics::histograms(
+            &mut e,
+            "qgate_gateway_response_delay_seconds",
+            "device request in to response out",
+            [
+                ([("class", "priority")], &st.delay_priority.0),
+                ([("class", "best_effort")], &st.delay_best_effort.0),
+            ],
+        )
     }
 }
 
@@ -870,11 +888,13 @@ impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         match (req.method().as_str(), req.uri().path()) {
             ("POST", "/register") => self.gw.register(&req, self),
-            ("GET", "/metrics") => text(StatusCode::OK, self.gw.metrics()),
             _ => self.gw.forward(req, body, self.id, peer).await,
         }
     }
 }
+
+mod view;
+pub use view::{ConnectionView, PathView, SessionView};
 
 #[cfg(test)]
 mod tests {

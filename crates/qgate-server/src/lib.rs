@@ -6,7 +6,10 @@
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
 //! - `POST /upload/<name>`, `PUT /upload/<name>/<chunk>`: the two-ended multi-homed upload
 //!   (paper 001; [`upload`] and `qgate_core::upload`), when an upload directory is set.
-//! - `GET /stats`: counters as JSON. `GET /metrics`: Prometheus text. `GET /health`: `ok`.
+//! - `GET /health`: `ok` (503 while a queue sink's broker is unreachable).
+//!
+//! Counters and metrics are on the admin port (`qgate_admin`), not here: a device must not
+//! read them.
 
 mod builder;
 mod dedup;
@@ -22,6 +25,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
+use qgate_core::metrics;
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
 pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
@@ -144,110 +148,62 @@ impl IngestService {
         self.stats.clone()
     }
 
-    fn metrics(&self) -> String {
+    /// The service's metrics as a registry collector (decision O1).
+    pub fn collector(&self) -> ServerMetrics {
+        ServerMetrics {
+            stats: self.stats.clone(),
+            queue: self.queue_sink().map(QueueSink::watch),
+        }
+    }
+
+    /// The queue sink, when the service delivers into a broker.
+    pub fn queue_sink(&self) -> Option<&QueueSink> {
+        match &self.sink {
+            Sink::Queue(q) => Some(q),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the ingest counters (and the queue sink's) at scrape time.
+#[derive(Clone)]
+pub struct ServerMetrics {
+    stats: Arc<ServerStats>,
+    queue: Option<(Arc<QueueSinkStats>, Arc<std::sync::atomic::AtomicBool>)>,
+}
+
+impl std::fmt::Debug for ServerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerMetrics")
+    }
+}
+
+impl metrics::Collector for ServerMetrics {
+    fn encode(&self, mut e: metrics::DescriptorEncoder) -> std::fmt::Result {
         let s = self.stats.snapshot();
-        let mut out = String::new();
-        for (name, help, kind, v) in [
-            (
-                "qgate_server_connections_total",
-                "QUIC connections accepted",
-                "counter",
-                s.connections,
-            ),
-            (
-                "qgate_server_requests_total",
-                "HTTP/3 requests received",
-                "counter",
-                s.requests,
-            ),
-            (
-                "qgate_server_ingested_total",
-                "ingest requests stored",
-                "counter",
-                s.ingested,
-            ),
-            (
-                "qgate_server_ingested_bytes_total",
-                "ingest bytes stored",
-                "counter",
-                s.ingested_bytes,
-            ),
-            (
-                "qgate_server_errors_total",
-                "requests answered with an error status",
-                "counter",
-                s.errors,
-            ),
-            (
-                "qgate_server_upload_chunks_total",
-                "upload chunks written",
-                "counter",
-                s.upload_chunks,
-            ),
-            (
-                "qgate_server_upload_bytes_total",
-                "upload bytes written",
-                "counter",
-                s.upload_bytes,
-            ),
-            (
-                "qgate_server_uploads_completed_total",
-                "uploads completed, verified and durable",
-                "counter",
-                s.uploads_completed,
-            ),
-            (
-                "qgate_server_probes_total",
-                "path probes answered",
-                "counter",
-                s.probes,
-            ),
-            (
-                "qgate_server_bad_probes_total",
-                "datagrams that were not valid probes",
-                "counter",
-                s.bad_probes,
-            ),
+        for (name, help, v) in [
+            ("qgate_server_connections", "QUIC connections accepted", s.connections),
+            ("qgate_server_requests", "HTTP/3 requests received", s.requests),
+            ("qgate_server_ingested", "ingest requests stored", s.ingested),
+            ("qgate_server_ingested_bytes", "ingest bytes stored", s.ingested_bytes),
+            ("qgate_server_duplicates", "retried copies of stored requests (answered, not stored again)", s.duplicates),
+            ("qgate_server_errors", "requests answered with an error status", s.errors),
+            ("qgate_server_upload_chunks", "upload chunks written", s.upload_chunks),
+            ("qgate_server_upload_bytes", "upload bytes written", s.upload_bytes),
+            ("qgate_server_uploads_completed", "uploads completed, verified and durable", s.uploads_completed),
+            ("qgate_server_probes", "path probes answered", s.probes),
+            ("qgate_server_bad_probes", "datagrams that were not valid probes", s.bad_probes),
         ] {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            ));
+            metrics::counter(&mut e, name, help, v)?;
         }
-        if let Sink::Queue(q) = &self.sink {
-            let st = q.stats();
+        if let Some((st, up)) = &self.queue {
             let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            for (name, help, kind, v) in [
-                (
-                    "qgate_server_queue_accepted_total",
-                    "messages the AMQP broker accepted",
-                    "counter",
-                    r(&st.accepted),
-                ),
-                (
-                    "qgate_server_queue_failed_total",
-                    "messages the AMQP sink could not deliver (answered 503)",
-                    "counter",
-                    r(&st.failed),
-                ),
-                (
-                    "qgate_server_queue_connects_total",
-                    "connections opened to the AMQP broker",
-                    "counter",
-                    r(&st.connects),
-                ),
-                (
-                    "qgate_server_queue_up",
-                    "1 while the link to the AMQP broker is attached",
-                    "gauge",
-                    u64::from(q.is_up()),
-                ),
-            ] {
-                out.push_str(&format!(
-                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-                ));
-            }
+            metrics::counter(&mut e, "qgate_server_queue_accepted", "messages the AMQP broker accepted", r(&st.accepted))?;
+            metrics::counter(&mut e, "qgate_server_queue_failed", "messages the AMQP sink could not deliver (answered 503)", r(&st.failed))?;
+            metrics::counter(&mut e, "qgate_server_queue_connects", "connections opened to the AMQP broker", r(&st.connects))?;
+            metrics::gauge(&mut e, "qgate_server_queue_up", "1 while the link to the AMQP broker is attached", u64::from(up.load(Ordering::Relaxed)))?;
         }
-        out
+        Ok(())
     }
 }
 
@@ -296,11 +252,6 @@ impl Handler for IngestService {
                 ),
                 _ => text(StatusCode::OK, "ok\n"),
             },
-            (&Method::GET, "/stats") => json(
-                StatusCode::OK,
-                serde_json_like(&self.stats.snapshot()),
-            ),
-            (&Method::GET, "/metrics") => text(StatusCode::OK, self.metrics()),
             (&Method::POST, p) if p.starts_with("/ingest") => match stream_name(p) {
                 None => text(
                     StatusCode::BAD_REQUEST,
@@ -331,7 +282,7 @@ impl Handler for IngestService {
                 }
             },
             (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body, peer).await,
-            (_, "/health" | "/stats" | "/metrics") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
+            (_, "/health") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
             (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
             _ => text(StatusCode::NOT_FOUND, format!("no route {path}\n")),
         };
@@ -427,13 +378,6 @@ impl IngestService {
             }
         }
     }
-}
-
-fn serde_json_like(s: &StatsSnapshot) -> String {
-    format!(
-        "{{\"connections\":{},\"requests\":{},\"ingested\":{},\"ingested_bytes\":{},\"errors\":{},\"duplicates\":{},\"probes\":{},\"bad_probes\":{},\"upload_chunks\":{},\"upload_bytes\":{},\"uploads_completed\":{}}}",
-        s.connections, s.requests, s.ingested, s.ingested_bytes, s.errors, s.duplicates, s.probes, s.bad_probes, s.upload_chunks, s.upload_bytes, s.uploads_completed
-    )
 }
 
 impl IngestService {

@@ -155,6 +155,11 @@ impl QueueSink {
         self.up.load(Ordering::Relaxed)
     }
 
+    /// Its counters and up flag, shared with readers that outlive a borrow (the metrics).
+    pub(crate) fn watch(&self) -> (Arc<QueueSinkStats>, Arc<AtomicBool>) {
+        (self.stats.clone(), self.up.clone())
+    }
+
     /// Send `rec` and wait for the broker's accept; returns the response id.
     pub(crate) async fn deliver(&self, rec: &Record<'_>) -> Result<u64, SinkError> {
         let fail = |e: SinkError| {

@@ -1,0 +1,175 @@
+//! What the admin port shows of a running gateway, and the actions it may take on it
+//! (`qgate_admin`; issue 17 item 3). Views are plain serializable rows, built under each table's
+//! lock and released before they are encoded.
+
+use std::sync::atomic::Ordering;
+
+use qgate_core::scheduler::{self, Priority};
+use qgate_core::session::ConnId;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::{lock, Gateway};
+
+/// One backhaul path.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathView {
+    /// Its id (its place in the configuration).
+    pub id: usize,
+    /// Whether it carries traffic.
+    pub up: bool,
+    /// Smoothed RTT from the gateway's probes, ms.
+    pub rtt_ms: Option<f64>,
+    /// QUIC's smoothed RTT of its connection, ms.
+    pub quic_rtt_ms: Option<f64>,
+    /// Congestion window, bytes.
+    pub cwnd: Option<u64>,
+    /// Fraction of packets lost, recent.
+    pub loss: f64,
+    /// Devices assigned to it.
+    pub hits: u32,
+    /// Request bytes sent on it and not yet answered.
+    pub queued_bytes: u64,
+    /// Requests forwarded on it.
+    pub requests: u64,
+    /// Request body bytes forwarded on it.
+    pub bytes: u64,
+    /// The server address its connection reaches, while connected.
+    pub server: Option<String>,
+}
+
+/// One registered device.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionView {
+    /// The first 8 hex digits of its Hash ID: enough to tell devices apart, too few to act as
+    /// the device (the full id is its credential).
+    pub hash_prefix: String,
+    /// The device connection that registered it.
+    pub connection: ConnId,
+    /// The address it registered from.
+    pub device: String,
+    /// `priority` or `best-effort`.
+    pub class: &'static str,
+    /// Its backhaul path, once assigned.
+    pub path: Option<usize>,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Milliseconds since its last request (or registration).
+    pub idle_ms: u64,
+}
+
+/// One device connection.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionView {
+    /// Its id (as in [`SessionView::connection`]).
+    pub id: ConnId,
+    /// The device's address now.
+    pub remote: String,
+    /// Sessions it holds.
+    pub sessions: usize,
+}
+
+impl Gateway {
+    /// Every path, in id order.
+    pub fn path_views(&self) -> Vec<PathView> {
+        let table = self.paths.table();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        table
+            .paths()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PathView {
+                id: i,
+                up: p.up,
+                rtt_ms: p.rtt.map(ms),
+                quic_rtt_ms: p.quic_rtt.map(ms),
+                cwnd: p.cwnd,
+                loss: p.loss,
+                hits: p.hits,
+                queued_bytes: p.queued_bytes,
+                requests: self.per_path.get(i).map_or(0, |n| n.load(Ordering::Relaxed)),
+                bytes: self
+                    .per_path_bytes
+                    .get(i)
+                    .map_or(0, |n| n.load(Ordering::Relaxed)),
+                server: self
+                    .paths
+                    .connection(p.id)
+                    .map(|c| c.remote_address().to_string()),
+            })
+            .collect()
+    }
+
+    /// Up to `limit` sessions, longest idle last, and how many there are in all.
+    pub fn session_views(&self, limit: usize) -> (Vec<SessionView>, usize) {
+        let now = Instant::now().into_std();
+        let t = lock(&self.sessions);
+        let mut rows: Vec<SessionView> = t
+            .iter()
+            .map(|s| SessionView {
+                hash_prefix: s.hash.to_string()[..8].to_string(),
+                connection: s.conn,
+                device: s.device.to_string(),
+                class: match s.priority {
+                    Priority::Priority => "priority",
+                    Priority::BestEffort => "best-effort",
+                },
+                path: s.path.map(|p| p.0),
+                in_flight: s.inflight,
+                idle_ms: now.saturating_duration_since(s.last_seen).as_millis() as u64,
+            })
+            .collect();
+        let total = rows.len();
+        rows.sort_by_key(|r| (r.idle_ms, r.connection));
+        rows.truncate(limit);
+        (rows, total)
+    }
+
+    /// Up to `limit` device connections, by id, and how many there are in all.
+    pub fn connection_views(&self, limit: usize) -> (Vec<ConnectionView>, usize) {
+        let mut per_conn = std::collections::HashMap::<ConnId, usize>::new();
+        for s in lock(&self.sessions).iter() {
+            *per_conn.entry(s.conn).or_default() += 1;
+        }
+        let conns = lock(&self.conns);
+        let mut rows: Vec<ConnectionView> = conns
+            .iter()
+            .map(|(id, c)| ConnectionView {
+                id: *id,
+                remote: c.remote_address().to_string(),
+                sessions: per_conn.get(id).copied().unwrap_or(0),
+            })
+            .collect();
+        let total = rows.len();
+        rows.sort_by_key(|r| r.id);
+        rows.truncate(limit);
+        (rows, total)
+    }
+
+    /// Close device connection `id` (its sessions end with it); false if there is none.
+    pub fn close_connection(&self, id: ConnId) -> bool {
+        match lock(&self.conns).get(&id) {
+            Some(c) => {
+                c.close(0, b"closed by the operator");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The scheduler's name.
+    pub fn scheduler_name(&self) -> &'static str {
+        lock(&self.scheduler).name()
+    }
+
+    /// Choose paths with scheduler `name` from now on (sessions keep their paths until they
+    /// are assigned again); returns the previous one's name.
+    pub fn set_scheduler(&self, name: &str) -> Result<&'static str, String> {
+        let next = scheduler::by_name(name)?;
+        let mut s = lock(&self.scheduler);
+        let before = s.name();
+        *s = next;
+        tracing::info!(from = before, to = name, "scheduler switched");
+        Ok(before)
+    }
+}
