@@ -20,7 +20,9 @@ pub enum ClientError {
     #[error("'{0}' is not an admin address: give HOST:PORT or http://HOST:PORT")]
     Address(String),
     /// Nothing answered.
-    #[error("cannot reach the admin port at {addr}: {why} (is the daemon running with --admin {addr}?)")]
+    #[error(
+        "cannot reach the admin port at {addr}: {why} (is the daemon running with --admin {addr}?)"
+    )]
     Connect {
         /// Where.
         addr: String,
@@ -119,7 +121,10 @@ impl AdminClient {
         let req = req
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| fail(e.to_string()))?;
-        let resp = send.send_request(req).await.map_err(|e| fail(e.to_string()))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), MAX_ANSWER)
             .collect()
@@ -137,10 +142,22 @@ mod tests {
 
     #[test]
     fn addresses_are_host_port_or_an_http_url() {
-        for ok in ["127.0.0.1:9464", "http://localhost:9464", "http://[::1]:1/", "gw.example:80"] {
+        for ok in [
+            "127.0.0.1:9464",
+            "http://localhost:9464",
+            "http://[::1]:1/",
+            "gw.example:80",
+        ] {
             assert!(AdminClient::new(ok, None).is_ok(), "{ok}");
         }
-        for bad in ["9464", "https://x:1", "http://x", "x:port", "http://x:1/api", ":80"] {
+        for bad in [
+            "9464",
+            "https://x:1",
+            "http://x",
+            "x:port",
+            "http://x:1/api",
+            ":80",
+        ] {
             assert!(AdminClient::new(bad, None).is_err(), "{bad}");
         }
     }

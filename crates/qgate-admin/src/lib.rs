@@ -16,7 +16,7 @@ mod auth;
 mod client;
 mod serve;
 
-pub use api::{Api, ApiError, Call, Reply, Route};
+pub use api::{Api, ApiError, Call, Reply, Route, DEFAULT_LIST_LIMIT};
 pub use auth::Token;
 pub use client::{AdminClient, ClientError};
 pub use serve::{Admin, AdminBuilder, AdminError, AdminLimits, RunningAdmin};

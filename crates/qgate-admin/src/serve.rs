@@ -122,7 +122,9 @@ impl AdminBuilder {
 
     /// Serve on `listener` (its address is not checked: the caller chose it).
     pub fn serve(self, listener: TcpListener) -> RunningAdmin {
-        let addr = listener.local_addr().expect("a bound listener has an address");
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
         let shared = Arc::new(Shared {
             registry: self.registry,
             api: self.api,
@@ -247,7 +249,11 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
         };
     }
     if let Some(t) = &shared.token {
-        if !t.admits(req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
+        if !t.admits(
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+        ) {
             let mut a = error(
                 StatusCode::UNAUTHORIZED,
                 "this admin port needs 'Authorization: Bearer TOKEN' (qgate ctl --token, or QGATE_ADMIN_TOKEN)",
@@ -261,9 +267,11 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
     }
     let routes = shared.api.as_ref().map(|a| a.routes()).unwrap_or_default();
     match (&method, path.as_str()) {
-        (&Method::GET, "/metrics") => {
-            answer(StatusCode::OK, metrics::CONTENT_TYPE, metrics::encode(&shared.registry))
-        }
+        (&Method::GET, "/metrics") => answer(
+            StatusCode::OK,
+            metrics::CONTENT_TYPE,
+            metrics::encode(&shared.registry),
+        ),
         (&Method::GET, "/") => answer(StatusCode::OK, "text/plain; charset=utf-8", index(&routes)),
         (&Method::GET, "/api" | "/api/") => json_answer(
             StatusCode::OK,
@@ -279,7 +287,10 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                 return error(StatusCode::NOT_FOUND, "this daemon has no JSON API");
             };
             if m != Method::GET && m != Method::POST {
-                return error(StatusCode::METHOD_NOT_ALLOWED, "use GET to read, POST to act");
+                return error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "use GET to read, POST to act",
+                );
             }
             let query = req.uri().query().map(str::to_string);
             let body = match read_json(req, shared.limits.max_body).await {
@@ -288,7 +299,10 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
             };
             let call = Call {
                 method: &method,
-                path: p["/api/".len()..].split('/').filter(|s| !s.is_empty()).collect(),
+                path: p["/api/".len()..]
+                    .split('/')
+                    .filter(|s| !s.is_empty())
+                    .collect(),
                 query: query.as_deref(),
                 body,
             };
@@ -336,8 +350,12 @@ async fn read_json(req: Request<Incoming>, max: usize) -> Result<Value, Answer> 
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
-    serde_json::from_slice(&bytes)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("the body is not JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            &format!("the body is not JSON: {e}"),
+        )
+    })
 }
 
 /// The `/` page: what a newcomer can do here.

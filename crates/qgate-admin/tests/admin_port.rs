@@ -21,7 +21,12 @@ struct Clicks(Arc<AtomicU64>);
 
 impl Collector for Clicks {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        metrics::counter(&mut e, "test_clicks", "clicks", self.0.load(Ordering::Relaxed))
+        metrics::counter(
+            &mut e,
+            "test_clicks",
+            "clicks",
+            self.0.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -72,11 +77,7 @@ async fn start(token: Option<&str>, limits: AdminLimits) -> (RunningAdmin, Click
 }
 
 fn client(a: &RunningAdmin, token: Option<&str>) -> AdminClient {
-    AdminClient::new(
-        &a.addr().to_string(),
-        token.map(|t| Token::new(t).unwrap()),
-    )
-    .unwrap()
+    AdminClient::new(&a.addr().to_string(), token.map(|t| Token::new(t).unwrap())).unwrap()
 }
 
 #[tokio::test]
@@ -88,7 +89,11 @@ async fn routes_answer_and_the_token_guards_all_but_health() {
     let (s, b) = anon.request(Method::GET, "/health", None).await.unwrap();
     assert_eq!((s, &b[..]), (StatusCode::OK, &b"ok\n"[..]));
     for c in [&anon, &wrong] {
-        for (m, p) in [(Method::GET, "/metrics"), (Method::GET, "/api"), (Method::POST, "/api/click")] {
+        for (m, p) in [
+            (Method::GET, "/metrics"),
+            (Method::GET, "/api"),
+            (Method::POST, "/api/click"),
+        ] {
             let (s, _) = c.request(m, p, None).await.unwrap();
             assert_eq!(s, StatusCode::UNAUTHORIZED, "{p}");
         }
@@ -105,14 +110,23 @@ async fn routes_answer_and_the_token_guards_all_but_health() {
     assert!(text.contains("test_clicks_total 3\n"), "{text}");
     let (s, b) = ok.request(Method::GET, "/api", None).await.unwrap();
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(serde_json::from_slice::<Value>(&b).unwrap()[0]["path"], "click");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&b).unwrap()[0]["path"],
+        "click"
+    );
     let (s, b) = ok.request(Method::GET, "/api/fail", None).await.unwrap();
     assert_eq!(s, StatusCode::CONFLICT);
     assert!(String::from_utf8_lossy(&b).contains("not now"));
-    let (s, b) = ok.request(Method::GET, "/api/nothing/here", None).await.unwrap();
+    let (s, b) = ok
+        .request(Method::GET, "/api/nothing/here", None)
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(String::from_utf8_lossy(&b).contains("GET /api lists them"));
-    let (s, _) = ok.request(Method::DELETE, "/api/click", None).await.unwrap();
+    let (s, _) = ok
+        .request(Method::DELETE, "/api/click", None)
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
     let (s, b) = ok.request(Method::GET, "/", None).await.unwrap();
     assert_eq!(s, StatusCode::OK);
@@ -150,7 +164,10 @@ async fn bad_bodies_get_clear_errors() {
     let (a, c) = start(None, limits).await;
     let cl = client(&a, None);
     let big = json!({ "by": 1, "pad": "x".repeat(2000) });
-    let (s, _) = cl.request(Method::POST, "/api/click", Some(&big)).await.unwrap();
+    let (s, _) = cl
+        .request(Method::POST, "/api/click", Some(&big))
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     // Garbage, and a body that lies about its length being chunked past the limit.
     let mut raw = TcpStream::connect(a.addr()).await.unwrap();
@@ -172,7 +189,9 @@ async fn bad_bodies_get_clear_errors() {
     let got = read_some(&mut raw).await;
     assert!(got.starts_with("HTTP/1.1 413"), "{got}");
     let mut raw = TcpStream::connect(a.addr()).await.unwrap();
-    raw.write_all(b"\x16\x03\x01garbage that is not HTTP\r\n\r\n").await.unwrap();
+    raw.write_all(b"\x16\x03\x01garbage that is not HTTP\r\n\r\n")
+        .await
+        .unwrap();
     let got = read_some(&mut raw).await;
     assert!(got.is_empty() || got.starts_with("HTTP/1.1 400"), "{got}");
     assert_eq!(c.0.load(Ordering::Relaxed), 0, "nothing was acted on");

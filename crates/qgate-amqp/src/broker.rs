@@ -517,6 +517,18 @@ impl Broker {
         ))
     }
 
+    /// Declare `decl` unless a queue has its name already (a config reload adds queues; it
+    /// does not change live ones). True if it was created.
+    pub fn declare_queue(&self, decl: &QueueDecl) -> bool {
+        if self.find(&decl.name).is_some() {
+            return false;
+        }
+        let limits = self.inner.cfg.default_limits();
+        self.declare(&decl.name, decl.limits(limits), decl.ttl);
+        tracing::info!(queue = decl.name, "queue declared");
+        true
+    }
+
     /// Remove every ready message of queue `name` (delivered, unsettled ones stay with their
     /// consumers); the store forgets them too. None if there is no such queue.
     pub async fn purge(&self, name: &str) -> Option<usize> {
@@ -1204,7 +1216,9 @@ impl metrics::Collector for BrokerMetrics {
                 "messages delivered, not yet settled",
                 &|q| q.unacked as u64,
             ),
-            ("qgate_amqp_queue_bytes", "message bytes held", &|q| q.bytes as u64),
+            ("qgate_amqp_queue_bytes", "message bytes held", &|q| {
+                q.bytes as u64
+            }),
         ] {
             metrics::gauges(&mut e, name, help, by_queue(f))?;
         }
@@ -1214,13 +1228,17 @@ impl metrics::Collector for BrokerMetrics {
                 "messages accepted into the queue",
                 &(|q: &QueueReport| q.stats.enqueued) as &dyn Fn(&QueueReport) -> u64,
             ),
-            ("qgate_amqp_acked", "messages settled by consumers", &|q| q.stats.acked),
+            ("qgate_amqp_acked", "messages settled by consumers", &|q| {
+                q.stats.acked
+            }),
             (
                 "qgate_amqp_redelivered",
                 "messages put back for redelivery",
                 &|q| q.stats.released,
             ),
-            ("qgate_amqp_expired", "messages dropped by TTL", &|q| q.stats.expired),
+            ("qgate_amqp_expired", "messages dropped by TTL", &|q| {
+                q.stats.expired
+            }),
             (
                 "qgate_amqp_refused",
                 "messages refused by the queue's limits",
@@ -1232,17 +1250,72 @@ impl metrics::Collector for BrokerMetrics {
         let c = &b.inner.counters;
         let cfg = &b.inner.cfg;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        metrics::gauge(&mut e, "qgate_amqp_connections_open", "AMQP connections held, from accept (handshake included) until their state is freed", r(&c.connections_open))?;
-        metrics::counter(&mut e, "qgate_amqp_connections_refused", "connections closed on accept: their address held max_connections_per_address", r(&c.connections_refused))?;
-        metrics::counter(&mut e, "qgate_amqp_connections_timed_out", "connections closed by a deadline (handshake, idle, held frame, close, write)", r(&c.connections_timed_out))?;
-        metrics::gauge(&mut e, "qgate_amqp_max_connections_per_address", "configured limit of connections per source address", cfg.max_connections_per_address as u64)?;
-        metrics::gauge(&mut e, "qgate_amqp_handshake_timeout_seconds", "configured handshake deadline", cfg.handshake_timeout.as_secs_f64())?;
-        metrics::gauge(&mut e, "qgate_amqp_idle_timeout_seconds", "configured idle timeout (0: none)", cfg.idle_timeout.as_secs_f64())?;
-        metrics::counter(&mut e, "qgate_amqp_connections", "AMQP connections accepted or refused", r(&c.connections_total))?;
-        metrics::counter(&mut e, "qgate_amqp_connections_failed", "connections that failed before open (framing, SASL)", r(&c.connections_failed))?;
-        metrics::counter(&mut e, "qgate_amqp_connections_early", "AMQP connections whose QUIC stream arrived during the handshake (0-RTT)", r(&c.connections_early))?;
-        metrics::counter(&mut e, "qgate_amqp_replays_dropped", "replayed 0-RTT transfers accepted without queueing them again", r(&c.replays_dropped))?;
-        metrics::counter(&mut e, "qgate_amqp_links_refused", "links refused (unknown address, limits)", r(&c.links_refused))?;
+        metrics::gauge(
+            &mut e,
+            "qgate_amqp_connections_open",
+            "AMQP connections held, from accept (handshake included) until their state is freed",
+            r(&c.connections_open),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_connections_refused",
+            "connections closed on accept: their address held max_connections_per_address",
+            r(&c.connections_refused),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_connections_timed_out",
+            "connections closed by a deadline (handshake, idle, held frame, close, write)",
+            r(&c.connections_timed_out),
+        )?;
+        metrics::gauge(
+            &mut e,
+            "qgate_amqp_max_connections_per_address",
+            "configured limit of connections per source address",
+            cfg.max_connections_per_address as u64,
+        )?;
+        metrics::gauge(
+            &mut e,
+            "qgate_amqp_handshake_timeout_seconds",
+            "configured handshake deadline",
+            cfg.handshake_timeout.as_secs_f64(),
+        )?;
+        metrics::gauge(
+            &mut e,
+            "qgate_amqp_idle_timeout_seconds",
+            "configured idle timeout (0: none)",
+            cfg.idle_timeout.as_secs_f64(),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_connections",
+            "AMQP connections accepted or refused",
+            r(&c.connections_total),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_connections_failed",
+            "connections that failed before open (framing, SASL)",
+            r(&c.connections_failed),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_connections_early",
+            "AMQP connections whose QUIC stream arrived during the handshake (0-RTT)",
+            r(&c.connections_early),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_replays_dropped",
+            "replayed 0-RTT transfers accepted without queueing them again",
+            r(&c.replays_dropped),
+        )?;
+        metrics::counter(
+            &mut e,
+            "qgate_amqp_links_refused",
+            "links refused (unknown address, limits)",
+            r(&c.links_refused),
+        )?;
         let bridges = b.bridges();
         let by_bridge = |f: &dyn Fn(&BridgeStats) -> u64| {
             bridges

@@ -315,7 +315,10 @@ mod tests {
         q.purge(&mut gone);
         assert_eq!(gone.len(), 2);
         assert!(!gone.contains(&t.seq));
-        assert_eq!((q.depth(), q.ready(), q.unacked(), q.bytes()), (1, 0, 1, 10));
+        assert_eq!(
+            (q.depth(), q.ready(), q.unacked(), q.bytes()),
+            (1, 0, 1, 10)
+        );
         assert_eq!(q.stats().purged, 2);
         assert!(q.ack(7, t.seq));
         assert_eq!((q.depth(), q.bytes()), (0, 0));

@@ -56,7 +56,9 @@ pub fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
     help: &str,
     rows: impl IntoIterator<Item = (L, V)>,
 ) -> fmt::Result {
-    family(e, name, help, MetricType::Gauge, rows, |mut m, v| m.encode_gauge(v))
+    family(e, name, help, MetricType::Gauge, rows, |mut m, v| {
+        m.encode_gauge(v)
+    })
 }
 
 /// A histogram per label set.
@@ -136,7 +138,10 @@ mod tests {
         assert!(t.contains("x_up 1\n"), "{t}");
         assert!(t.contains("x_depth{queue=\"a\\\"b\"} 2\n"), "{t}");
         assert!(!t.contains("x_none"), "{t}");
-        assert!(t.contains("x_delay_seconds_bucket{le=\"1.0\",class=\"p\"} 1\n"), "{t}");
+        assert!(
+            t.contains("x_delay_seconds_bucket{le=\"1.0\",class=\"p\"} 1\n"),
+            "{t}"
+        );
         assert!(t.ends_with("# EOF\n"), "{t}");
     }
 }

@@ -185,6 +185,44 @@ pub struct GatewayStats {
     pub delay_best_effort: DelayHistogram,
 }
 
+/// A snapshot of [`GatewayStats`]' counters (the admin port's `stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StatsSnapshot {
+    /// Devices registered.
+    pub registered: u64,
+    /// Requests answered by the server.
+    pub forwarded: u64,
+    /// Forwarding attempts retried on another path.
+    pub retried: u64,
+    /// Requests refused for their Hash ID or in-flight limit.
+    pub refused: u64,
+    /// Registrations refused.
+    pub registrations_refused: u64,
+    /// Sessions ended for being idle.
+    pub sessions_expired: u64,
+    /// Forwarding attempts timed out.
+    pub timeouts: u64,
+    /// Requests that failed on every path.
+    pub failed: u64,
+}
+
+impl GatewayStats {
+    /// Read every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            registered: r(&self.registered),
+            forwarded: r(&self.forwarded),
+            retried: r(&self.retried),
+            refused: r(&self.refused),
+            registrations_refused: r(&self.registrations_refused),
+            sessions_expired: r(&self.sessions_expired),
+            timeouts: r(&self.timeouts),
+            failed: r(&self.failed),
+        }
+    }
+}
+
 /// Kinds of log line that a peer can cause at will, each rate-limited (decision G11).
 #[derive(Debug, Clone, Copy)]
 enum Noise {
@@ -713,31 +751,48 @@ impl metrics::Collector for GatewayMetrics {
             &mut e,
             "qgate_gateway_path_hits",
             "devices assigned to each path",
-            table.paths().iter().enumerate().map(|(i, p)| (per_path(i), p.hits as u64)),
+            table
+                .paths()
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (per_path(i), p.hits as u64)),
         )?;
         metrics::gauges(
             &mut e,
             "qgate_gateway_path_up",
             "whether each path is up",
-            table.paths().iter().enumerate().map(|(i, p)| (per_path(i), u64::from(p.up))),
+            table
+                .paths()
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (per_path(i), u64::from(p.up))),
         )?;
         metrics::counters(
             &mut e,
             "qgate_gateway_path_requests",
             "requests forwarded on each path",
-            gw.per_path.iter().enumerate().map(|(i, n)| (per_path(i), r(n))),
+            gw.per_path
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (per_path(i), r(n))),
         )?;
         metrics::counters(
             &mut e,
             "qgate_gateway_path_bytes",
             "request body bytes forwarded on each path",
-            gw.per_path_bytes.iter().enumerate().map(|(i, n)| (per_path(i), r(n))),
+            gw.per_path_bytes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (per_path(i), r(n))),
         )?;
         let shaped: Vec<(usize, qgate_link::LinkStats, u64)> = gw
             .shapers
             .iter()
             .enumerate()
-            .filter_map(|(i, h)| h.as_ref().map(|h| (i, h.stats(), h.backlog_packets() as u64)))
+            .filter_map(|(i, h)| {
+                h.as_ref()
+                    .map(|h| (i, h.stats(), h.backlog_packets() as u64))
+            })
             .collect();
         let by_shaper = |f: fn(&qgate_link::LinkStats, u64) -> u64| {
             shaped.iter().map(move |(i, s, b)| (per_path(*i), f(s, *b)))
@@ -770,7 +825,12 @@ impl metrics::Collector for GatewayMetrics {
             let t = lock(&gw.sessions);
             (t.len(), t.owners())
         };
-        metrics::gauge(&mut e, "qgate_gateway_sessions", "registered devices", sessions as u64)?;
+        metrics::gauge(
+            &mut e,
+            "qgate_gateway_sessions",
+            "registered devices",
+            sessions as u64,
+        )?;
         metrics::gauge(
             &mut e,
             "qgate_gateway_session_connections",
@@ -786,9 +846,18 @@ impl metrics::Collector for GatewayMetrics {
         let limits = gw.cfg.session_limits();
         for (name, v) in [
             ("qgate_gateway_limit_max_devices", limits.max_devices),
-            ("qgate_gateway_limit_max_sessions_per_connection", limits.per_connection),
-            ("qgate_gateway_limit_max_sessions_per_address", limits.per_address),
-            ("qgate_gateway_limit_max_inflight_per_device", limits.max_inflight),
+            (
+                "qgate_gateway_limit_max_sessions_per_connection",
+                limits.per_connection,
+            ),
+            (
+                "qgate_gateway_limit_max_sessions_per_address",
+                limits.per_address,
+            ),
+            (
+                "qgate_gateway_limit_max_inflight_per_device",
+                limits.max_inflight,
+            ),
             ("qgate_gateway_limit_max_handshakes", gw.cfg.max_handshakes),
             ("qgate_gateway_limit_retry_above", gw.cfg.retry_above),
         ] {
@@ -841,8 +910,16 @@ impl metrics::Collector for GatewayMetrics {
         )?;
         let st = &gw.stats;
         for (name, help, v) in [
-            ("qgate_gateway_registered", "devices registered", &st.registered),
-            ("qgate_gateway_forwarded", "requests answered by the server", &st.forwarded),
+            (
+                "qgate_gateway_registered",
+                "devices registered",
+                &st.registered,
+            ),
+            (
+                "qgate_gateway_forwarded",
+                "requests answered by the server",
+                &st.forwarded,
+            ),
             (
                 "qgate_gateway_retried",
                 "forwarding attempts retried on another path",
@@ -868,7 +945,11 @@ impl metrics::Collector for GatewayMetrics {
                 "forwarding attempts timed out (stream cancelled, connection kept)",
                 &st.timeouts,
             ),
-            ("qgate_gateway_failed", "requests that failed on every path", &st.failed),
+            (
+                "qgate_gateway_failed",
+                "requests that failed on every path",
+                &st.failed,
+            ),
         ] {
             metrics::counter(&mut e, name, help, r(v))?;
         }

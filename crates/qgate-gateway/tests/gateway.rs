@@ -83,7 +83,7 @@ async fn a_forged_hash_id_is_refused() {
     let b = register(&w.devices[1], 0).await;
     assert_eq!(send(&w.devices[1], &b).await.0, 201);
     // The gateway's metrics show all of it.
-    let m = metrics(&w.devices[0]).await;
+    let m = metrics(&w).await;
     assert_metrics(
         &m,
         &[

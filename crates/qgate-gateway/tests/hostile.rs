@@ -37,7 +37,7 @@ async fn one_connection_cannot_take_every_device_slot() {
         let h = register(d, 1).await;
         assert_eq!(send(d, &h).await.0, 201);
     }
-    let m = metrics(&w.devices[1]).await;
+    let m = metrics(&w).await;
     assert_metrics(
         &m,
         &[
@@ -73,7 +73,7 @@ async fn idle_sessions_expire_and_release_their_path() {
         401,
         "an expired session is unknown"
     );
-    let m = metrics(&w.devices[1]).await;
+    let m = metrics(&w).await;
     assert_metrics(
         &m,
         &[
@@ -104,7 +104,7 @@ async fn made_up_hash_ids_leave_no_state() {
         assert_eq!(send(&w.devices[1], &fake).await.0, 401);
     }
     assert_eq!(send(&w.devices[0], &h).await.0, 201);
-    let m = metrics(&w.devices[0]).await;
+    let m = metrics(&w).await;
     assert_metrics(
         &m,
         &[

@@ -46,7 +46,7 @@ async fn refusals_do_not_flood_the_log() {
         .count();
     assert!(lines <= 10, "{lines} lines:\n{text}");
     assert!(lines > 0, "the first refusals are logged");
-    let m = metrics(&w.devices[0]).await;
+    let m = metrics(&w).await;
     assert_metrics(
         &m,
         &[

@@ -143,12 +143,14 @@ impl<'a> ServerBuilder<'a> {
         if let Some(d) = self.dedup_store {
             service = service.with_dedup_store(d);
         }
+        let metrics = service.collector();
         let service = Arc::new(service);
         let stats = service.stats();
         let task = tokio::spawn(serve(endpoint.clone(), service, self.limits, history));
         Ok(RunningServer {
             endpoint,
             stats,
+            metrics,
             task,
             uploads,
         })
@@ -161,6 +163,8 @@ pub struct RunningServer {
     pub endpoint: quinn::Endpoint,
     /// Its counters.
     pub stats: Arc<ServerStats>,
+    /// Its metrics (for the admin port's registry) and status.
+    pub metrics: crate::ServerMetrics,
     /// The accept loop.
     pub task: tokio::task::JoinHandle<()>,
     /// The upload receiver, if on.

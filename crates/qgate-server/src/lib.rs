@@ -178,30 +178,123 @@ impl std::fmt::Debug for ServerMetrics {
     }
 }
 
+/// The queue sink's state, as the admin port shows it.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct QueueSinkView {
+    /// Whether the link to the broker is attached.
+    pub up: bool,
+    /// Messages the broker accepted.
+    pub accepted: u64,
+    /// Messages that could not be delivered (answered 503).
+    pub failed: u64,
+    /// Connections opened to the broker.
+    pub connects: u64,
+}
+
+impl ServerMetrics {
+    /// The ingest counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// The queue sink's state, when the server delivers into a broker.
+    pub fn queue_sink(&self) -> Option<QueueSinkView> {
+        self.queue.as_ref().map(|(st, up)| {
+            let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            QueueSinkView {
+                up: up.load(Ordering::Relaxed),
+                accepted: r(&st.accepted),
+                failed: r(&st.failed),
+                connects: r(&st.connects),
+            }
+        })
+    }
+}
+
 impl metrics::Collector for ServerMetrics {
     fn encode(&self, mut e: metrics::DescriptorEncoder) -> std::fmt::Result {
         let s = self.stats.snapshot();
         for (name, help, v) in [
-            ("qgate_server_connections", "QUIC connections accepted", s.connections),
-            ("qgate_server_requests", "HTTP/3 requests received", s.requests),
-            ("qgate_server_ingested", "ingest requests stored", s.ingested),
-            ("qgate_server_ingested_bytes", "ingest bytes stored", s.ingested_bytes),
-            ("qgate_server_duplicates", "retried copies of stored requests (answered, not stored again)", s.duplicates),
-            ("qgate_server_errors", "requests answered with an error status", s.errors),
-            ("qgate_server_upload_chunks", "upload chunks written", s.upload_chunks),
-            ("qgate_server_upload_bytes", "upload bytes written", s.upload_bytes),
-            ("qgate_server_uploads_completed", "uploads completed, verified and durable", s.uploads_completed),
+            (
+                "qgate_server_connections",
+                "QUIC connections accepted",
+                s.connections,
+            ),
+            (
+                "qgate_server_requests",
+                "HTTP/3 requests received",
+                s.requests,
+            ),
+            (
+                "qgate_server_ingested",
+                "ingest requests stored",
+                s.ingested,
+            ),
+            (
+                "qgate_server_ingested_bytes",
+                "ingest bytes stored",
+                s.ingested_bytes,
+            ),
+            (
+                "qgate_server_duplicates",
+                "retried copies of stored requests (answered, not stored again)",
+                s.duplicates,
+            ),
+            (
+                "qgate_server_errors",
+                "requests answered with an error status",
+                s.errors,
+            ),
+            (
+                "qgate_server_upload_chunks",
+                "upload chunks written",
+                s.upload_chunks,
+            ),
+            (
+                "qgate_server_upload_bytes",
+                "upload bytes written",
+                s.upload_bytes,
+            ),
+            (
+                "qgate_server_uploads_completed",
+                "uploads completed, verified and durable",
+                s.uploads_completed,
+            ),
             ("qgate_server_probes", "path probes answered", s.probes),
-            ("qgate_server_bad_probes", "datagrams that were not valid probes", s.bad_probes),
+            (
+                "qgate_server_bad_probes",
+                "datagrams that were not valid probes",
+                s.bad_probes,
+            ),
         ] {
             metrics::counter(&mut e, name, help, v)?;
         }
         if let Some((st, up)) = &self.queue {
             let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            metrics::counter(&mut e, "qgate_server_queue_accepted", "messages the AMQP broker accepted", r(&st.accepted))?;
-            metrics::counter(&mut e, "qgate_server_queue_failed", "messages the AMQP sink could not deliver (answered 503)", r(&st.failed))?;
-            metrics::counter(&mut e, "qgate_server_queue_connects", "connections opened to the AMQP broker", r(&st.connects))?;
-            metrics::gauge(&mut e, "qgate_server_queue_up", "1 while the link to the AMQP broker is attached", u64::from(up.load(Ordering::Relaxed)))?;
+            metrics::counter(
+                &mut e,
+                "qgate_server_queue_accepted",
+                "messages the AMQP broker accepted",
+                r(&st.accepted),
+            )?;
+            metrics::counter(
+                &mut e,
+                "qgate_server_queue_failed",
+                "messages the AMQP sink could not deliver (answered 503)",
+                r(&st.failed),
+            )?;
+            metrics::counter(
+                &mut e,
+                "qgate_server_queue_connects",
+                "connections opened to the AMQP broker",
+                r(&st.connects),
+            )?;
+            metrics::gauge(
+                &mut e,
+                "qgate_server_queue_up",
+                "1 while the link to the AMQP broker is attached",
+                u64::from(up.load(Ordering::Relaxed)),
+            )?;
         }
         Ok(())
     }

@@ -46,8 +46,9 @@ pub struct BrokerSection {
     pub key: Option<PathBuf>,
     /// CA whose certificates clients (QUIC and TLS) must present.
     pub client_ca: Option<PathBuf>,
-    /// Prometheus text on plain HTTP/1.1 at this TCP address.
-    pub metrics: Option<SocketAddr>,
+    /// Admin HTTP port (metrics, JSON API), e.g. "127.0.0.1:9466" (`metrics` is its old name).
+    #[serde(alias = "metrics")]
+    pub admin: Option<String>,
     /// `[[broker.bridges]]`: local queues forwarded to upstream brokers.
     pub bridges: Vec<BridgeSection>,
     /// `store`, `max_messages`, `ttl = "10m"`, `idle_timeout = "off"`, `[[broker.queues]]`, …:
@@ -118,9 +119,8 @@ pub struct BrokerArgs {
     /// Longest a message waits in an auto-created queue (e.g. 10m) [default: forever].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     ttl: Option<Duration>,
-    /// Prometheus metrics on plain HTTP at this TCP address (GET /metrics).
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<SocketAddr>,
+    #[command(flatten)]
+    admin: crate::admin::AdminArgs,
     /// PEM certificate chain (with --key) [default: the development certificate].
     #[arg(long, value_name = "FILE", requires = "key")]
     cert: Option<PathBuf>,
@@ -205,7 +205,6 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
         Some(f) => Some(TrustRoots::from_pem_file(&f).map_err(usage)?),
         None => None,
     };
-    let metrics = a.metrics.or(b.metrics);
     let store_path = bcfg.store.clone();
     let mut bridges = b.bridges.clone();
     for spec in &a.bridge {
@@ -272,11 +271,13 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
             listening.extend(tcp_addrs.next().map(|a| format!("tcp-tls tcp/{a}")));
         }
         listening.extend(tcp_addrs.map(|a| format!("tcp tcp/{a}")));
-        if let Some(addr) = metrics {
-            let l = bind(addr).await?;
-            listening.push(format!("metrics http://{}/metrics", l.local_addr()?));
-            tokio::spawn(serve_metrics(broker.clone(), l));
-        }
+        let admin = crate::admin::start(&a.admin, b.admin.as_deref(), cfg, || {
+            qgate_admin::Admin::builder()
+                .metrics(broker.collector())
+                .api(crate::admin::BrokerApi::new(broker.clone(), b.clone()))
+        })
+        .await?;
+        listening.extend(admin.as_ref().map(|(_, l)| l.clone()));
         listening.extend(shown);
         println!(
             "qgate broker listening: {}; store {}",
@@ -322,41 +323,6 @@ fn bridge_config(b: &BridgeSection, cfg: &Config) -> Result<BridgeConfig, Failur
         &address,
         &name,
     ))
-}
-
-/// A minimal HTTP/1.1 responder: `GET /metrics` → Prometheus text, anything else 404.
-async fn serve_metrics(broker: Broker, l: tokio::net::TcpListener) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut s, _)) = l.accept().await else {
-            continue;
-        };
-        let broker = broker.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            while n < buf.len() {
-                match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf[n..])).await {
-                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
-                    Ok(Ok(k)) => n += k,
-                }
-                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if head.starts_with("GET /metrics ") {
-                ("200 OK", broker.metrics())
-            } else {
-                ("404 Not Found", "try GET /metrics\n".to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
-        });
-    }
 }
 
 /// Where a client connects.

@@ -29,6 +29,8 @@ pub struct Config {
     pub broker: crate::amqpcmd::BrokerSection,
     /// `[linkem]`, `[[linkem.path]]`, `[[linkem.timeline]]`: real-time link emulation.
     pub linkem: qgate_linkem::LinkemConfig,
+    /// `[admin]`: the admin ports' token (each daemon's section names its address).
+    pub admin: crate::admin::AdminSection,
 }
 
 /// Whether and how new connections start from the congestion window of earlier ones.
@@ -70,6 +72,8 @@ pub struct HistorySection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
+    /// Admin HTTP port (metrics, JSON API), e.g. "127.0.0.1:9464".
+    pub admin: Option<String>,
     /// UDP address to listen on.
     pub listen: Option<SocketAddr>,
     /// PEM certificate chain.

@@ -20,6 +20,8 @@ use crate::{default_dev_pki_dir, dflt, usage, Failure};
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewaySection {
+    /// Admin HTTP port (metrics, JSON API), e.g. "127.0.0.1:9465".
+    pub admin: Option<String>,
     /// Device-facing UDP address.
     pub listen: Option<SocketAddr>,
     /// The server, for paths that do not name their own.
@@ -59,6 +61,8 @@ const DEFAULT_LISTEN: &str = "0.0.0.0:4443";
 
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
+    #[command(flatten)]
+    admin: crate::admin::AdminArgs,
     #[arg(long, value_name = "ADDR", help = dflt("Device-facing UDP address", DEFAULT_LISTEN))]
     listen: Option<SocketAddr>,
     /// The server's address, for paths that do not name their own.
@@ -203,8 +207,10 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         opts: cfg.transport.clone(),
         safeguard,
     });
+    let scheduler_flag = a.scheduler.is_some();
     let sched_name = a
         .scheduler
+        .clone()
         .or(g.scheduler.clone())
         .unwrap_or_else(|| qgate_core::scheduler::DEFAULT_SCHEDULER.into());
     let mut pcfg = PathConfig::default();
@@ -272,9 +278,19 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         }
         let running = builder.start()?;
         let local = running.addr();
+        let gw = running.gateway.clone();
+        let admin = crate::admin::start(&a.admin, g.admin.as_deref(), cfg, || {
+            qgate_admin::Admin::builder().metrics(gw.collector()).api(
+                crate::admin::GatewayApi::new(gw.clone(), g.clone(), scheduler_flag),
+            )
+        })
+        .await?;
         println!(
-            "qgate gateway listening on udp/{local} (HTTP/3), {} paths, scheduler {sched_name}",
-            paths.len()
+            "qgate gateway listening on udp/{local} (HTTP/3), {} paths, scheduler {sched_name}{}",
+            paths.len(),
+            admin
+                .as_ref()
+                .map_or(String::new(), |(_, l)| format!(", {l}"))
         );
         use std::io::Write;
         std::io::stdout().flush().ok();

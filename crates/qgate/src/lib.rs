@@ -2,6 +2,7 @@
 //! this library's [`run`]; the binary only calls it (and picks the allocator), so the parsers of
 //! untrusted input here (config files, URLs, durations) can be fuzzed (`fuzz/`).
 
+pub mod admin;
 mod amqpcmd;
 mod client;
 pub mod config;
@@ -84,8 +85,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], GET /stats,
-    /// /metrics, /health).
+    /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], GET /health;
+    /// metrics and counters on --admin).
     Server(server::ServerArgs),
     /// Run the edge gateway: devices register for a Hash ID and send through it; it forwards
     /// over several backhaul paths (paper 000).
@@ -119,6 +120,9 @@ enum Command {
     /// Run a program across emulated links in real time (rate, delay, loss, any queue
     /// discipline), in network namespaces it creates and removes (Linux, root).
     Linkem(linkemcmd::LinkemArgs),
+    /// Talk to a running server, gateway or broker through its admin port (--admin): paths,
+    /// sessions, queues, connections; purge, close, switch the scheduler, reload.
+    Ctl(admin::ctl::CtlArgs),
 }
 
 #[derive(Args, Debug)]
@@ -181,10 +185,21 @@ pub fn usage(msg: impl std::fmt::Display) -> Failure {
     }
 }
 
+/// The config file given with --config, for a daemon's reload.
+static CONFIG_PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The config file given with --config, if any.
+pub fn config_path() -> Option<PathBuf> {
+    CONFIG_PATH.get().cloned()
+}
+
 /// Run the command line; the process's exit status.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    if let Some(p) = &cli.config {
+        let _ = CONFIG_PATH.set(p.clone());
+    }
     let config = match &cli.config {
         Some(path) => match Config::load(path) {
             Ok(c) => c,
@@ -209,6 +224,7 @@ pub fn run() -> ExitCode {
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),
         Command::Linkem(a) => linkemcmd::run(a, &config),
+        Command::Ctl(a) => admin::ctl::ctl(a),
         Command::Upload(a) => uploadcmd::run(a, &config),
     };
     match result {

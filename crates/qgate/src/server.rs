@@ -33,6 +33,8 @@ enum SinkSpec {
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
+    #[command(flatten)]
+    admin: crate::admin::AdminArgs,
     #[arg(short, long, value_name = "ADDR", help = crate::dflt(
         "UDP address to listen on (port 0 picks a free port)", DEFAULT_LISTEN))]
     listen: Option<SocketAddr>,
@@ -262,7 +264,16 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             builder = builder.dedup_store(d);
         }
         let server = builder.start().map_err(usage)?;
-        println!("qgate server listening on udp/{} (HTTP/3)", server.addr());
+        let api = crate::admin::ServerApi::new(server.metrics.clone(), c.clone());
+        let metrics = server.metrics.clone();
+        let admin = crate::admin::start(&a.admin, c.admin.as_deref(), cfg, || {
+            qgate_admin::Admin::builder().metrics(metrics).api(api)
+        })
+        .await?;
+        match &admin {
+            Some((_, line)) => println!("qgate server listening on udp/{} (HTTP/3), {line}", server.addr()),
+            None => println!("qgate server listening on udp/{} (HTTP/3)", server.addr()),
+        }
         if let Some(u) = &server.uploads {
             eprintln!("qgate: receiving uploads into {}", u.root().display());
             tokio::spawn(expire_uploads(u.clone()));

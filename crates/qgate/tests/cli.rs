@@ -230,8 +230,8 @@ fn run_lab_quick(lab: &str, files: &[&str]) -> (PathBuf, PathBuf) {
     (home, out)
 }
 
-/// A `qgate server` on 127.0.0.1 with a free port, killed when dropped.
-struct Server(Child);
+/// A `qgate server` on 127.0.0.1 with a free port, killed when dropped; its admin address.
+struct Server(Child, String);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -243,7 +243,13 @@ impl Drop for Server {
 /// Start `qgate server --listen 127.0.0.1:0 ARGS…` and return it with the port it printed.
 fn start_server(home: &Path, args: &[&std::ffi::OsStr]) -> (Server, String) {
     let mut child = qgate(home)
-        .args(["server", "--listen", "127.0.0.1:0"])
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -253,7 +259,13 @@ fn start_server(home: &Path, args: &[&std::ffi::OsStr]) -> (Server, String) {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3)"
+    // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3), admin http://ADDR/ (no token)"
+    let admin = line
+        .split("admin http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no admin address in {line}"))
+        .to_string();
     let port = line
         .split(':')
         .nth(1)
@@ -262,14 +274,14 @@ fn start_server(home: &Path, args: &[&std::ffi::OsStr]) -> (Server, String) {
         .next()
         .unwrap()
         .to_string();
-    (Server(child), port)
+    (Server(child, admin), port)
 }
 
 #[test]
 fn server_post_get_over_loopback() {
     let home = tmp("e2e");
     let sink = home.join("sink");
-    let (_server, port) = start_server(
+    let (server, port) = start_server(
         &home,
         &[
             "--max-body".as_ref(),
@@ -302,12 +314,16 @@ fn server_post_get_over_loopback() {
         b"t=21.5"
     );
 
-    let o = qgate(&home)
-        .args(["get", &format!("{base}/stats"), "--ca"])
-        .arg(&ca)
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":1"));
+    let o = run(&home, &["ctl", "--admin", &server.1, "--json", "stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"ingested\": 1"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // Counters are on the admin port only.
+    let o = run(&home, &["get", &format!("{base}/stats")]);
+    assert_fails(o, 3, "404 Not Found");
 
     // Too large → 413 and exit status 3; the server keeps serving.
     let big = home.join("big.bin");
@@ -320,8 +336,12 @@ fn server_post_get_over_loopback() {
     assert_fails(o, 3, "413 Payload Too Large");
     let o = run(&home, &["get", &format!("{base}/nope")]);
     assert_fails(o, 3, "404 Not Found");
-    let o = run(&home, &["get", &format!("{base}/metrics")]);
+    let o = run(&home, &["ctl", "--admin", &server.1, "metrics"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("qgate_server_ingested_total 1"));
+    let o = run(&home, &["ctl", "--admin", &server.1, "health"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
+    let o = run(&home, &["ctl", "--admin", &server.1, "queues"]);
+    assert_fails(o, 3, "404 Not Found: no route GET /api/queues");
 }
 
 #[test]
@@ -535,10 +555,12 @@ fn lab_history_quick_writes_every_result_file() {
 #[test]
 fn device_through_gateway_to_server_as_processes() {
     let home = tmp("gateway");
-    let (_server, sport) = start_server(&home, &[]);
+    let (server, sport) = start_server(&home, &[]);
     let mut child = qgate(&home)
         .args([
             "gateway",
+            "--admin",
+            "127.0.0.1:0",
             "--listen",
             "127.0.0.1:0",
             "--server",
@@ -558,7 +580,13 @@ fn device_through_gateway_to_server_as_processes() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let _gateway = Server(child);
+    let gadmin = line
+        .split("admin http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no admin address in {line}"))
+        .to_string();
+    let _gateway = Server(child, gadmin.clone());
     assert!(line.contains("2 paths, scheduler round-robin"), "{line}");
     let gport = line
         .split(':')
@@ -588,8 +616,27 @@ fn device_through_gateway_to_server_as_processes() {
         out.contains("paths used: 0: 10, 1: 10"),
         "round-robin alternates: {out}"
     );
-    let o = run(&home, &["get", &format!("https://localhost:{sport}/stats")]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\":20"));
+    let o = run(&home, &["ctl", "--admin", &server.1, "--json", "stats"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\": 20"));
+    // The gateway's admin port: paths, counters, the scheduler switched live.
+    let ctl = |args: &[&str]| {
+        let o = run(&home, &[&["ctl", "--admin", &gadmin], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let paths = ctl(&["paths"]);
+    assert!(paths.starts_with("id  up    rtt_ms"), "{paths}");
+    assert_eq!(paths.lines().count(), 3, "{paths}");
+    assert!(paths.lines().skip(1).all(|l| l.contains("true")), "{paths}");
+    assert!(ctl(&["--json", "stats"]).contains("\"forwarded\": 20"));
+    assert!(ctl(&["scheduler"]).contains("\"name\": \"round-robin\""));
+    assert!(ctl(&["scheduler", "single"]).contains("\"before\": \"round-robin\""));
+    assert!(ctl(&["scheduler"]).contains("\"name\": \"single\""));
+    let o = run(&home, &["ctl", "--admin", &gadmin, "scheduler", "fastest"]);
+    assert_fails(o, 3, "400 Bad Request: unknown scheduler");
+    assert!(ctl(&["metrics"]).contains("qgate_gateway_forwarded_total 20\n"));
+    let o = run(&home, &["ctl", "--admin", &gadmin, "close", "999"]);
+    assert_fails(o, 3, "404 Not Found: no device connection 999");
     // Devices keep a window history by default (paper 002, decision H6).
     let o = qgate(&home)
         .args(["history", "list", "--store"])

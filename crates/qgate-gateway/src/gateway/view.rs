@@ -87,7 +87,10 @@ impl Gateway {
                 loss: p.loss,
                 hits: p.hits,
                 queued_bytes: p.queued_bytes,
-                requests: self.per_path.get(i).map_or(0, |n| n.load(Ordering::Relaxed)),
+                requests: self
+                    .per_path
+                    .get(i)
+                    .map_or(0, |n| n.load(Ordering::Relaxed)),
                 bytes: self
                     .per_path_bytes
                     .get(i)

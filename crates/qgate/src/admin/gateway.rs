@@ -1,0 +1,131 @@
+//! `qgate gateway --admin`: paths, sessions and device connections; close a connection, switch
+//! the scheduler, reload the config.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use http::Method;
+use qgate_admin::{Api, ApiError, Call, Reply, Route};
+use qgate_gateway::gateway::Gateway;
+use serde_json::json;
+
+use super::{differs, reload_config};
+use crate::gatewaycmd::GatewaySection;
+
+/// The gateway's JSON API.
+pub struct GatewayApi {
+    gw: Arc<Gateway>,
+    /// The `[gateway]` section the gateway started with (reload compares against it).
+    started: Mutex<GatewaySection>,
+    /// Whether `--scheduler` fixed the scheduler (a reload then leaves it alone).
+    scheduler_flag: bool,
+}
+
+impl GatewayApi {
+    /// The API of `gw`, started from `section` (`scheduler_flag`: given on the command line).
+    pub fn new(gw: Arc<Gateway>, section: GatewaySection, scheduler_flag: bool) -> GatewayApi {
+        GatewayApi {
+            gw,
+            started: Mutex::new(section),
+            scheduler_flag,
+        }
+    }
+
+    fn reload(&self) -> Reply {
+        let new = reload_config()?.gateway;
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let mut applied = Vec::new();
+        let mut kept = Vec::new();
+        if let Some(name) = &new.scheduler {
+            if self.scheduler_flag {
+                kept.push("scheduler (fixed by --scheduler)".to_string());
+            } else if name != self.gw.scheduler_name() {
+                self.gw
+                    .set_scheduler(name)
+                    .map_err(|e| ApiError::bad_request(format!("gateway.scheduler: {e}")))?;
+                applied.push(format!("scheduler = {name}"));
+            }
+        }
+        let needs_restart: Vec<&str> = [
+            ("admin", differs(&started.admin, &new.admin)),
+            ("listen", differs(&started.listen, &new.listen)),
+            ("server", differs(&started.server, &new.server)),
+            ("ca", differs(&started.ca, &new.ca)),
+            (
+                "probe_interval",
+                differs(&started.probe_interval, &new.probe_interval),
+            ),
+            ("paths", differs(&started.paths, &new.paths)),
+            ("limits and timeouts", differs(&started.limits, &new.limits)),
+        ]
+        .into_iter()
+        .filter_map(|(n, d)| d.then_some(n))
+        .collect();
+        started.scheduler = new.scheduler.clone();
+        Ok(json!({ "applied": applied, "kept": kept, "needs_restart": needs_restart }))
+    }
+}
+
+const ROUTES: [Route; 8] = [
+    Route { method: "GET", path: "paths", about: "backhaul paths: up, RTT, cwnd, loss, hits, requests, bytes" },
+    Route { method: "GET", path: "sessions", about: "registered devices (?limit=N, default 1000)" },
+    Route { method: "GET", path: "connections", about: "device connections (?limit=N)" },
+    Route { method: "POST", path: "connections/{id}/close", about: "close a device connection (its sessions end)" },
+    Route { method: "GET", path: "scheduler", about: "the path scheduler and the choices" },
+    Route { method: "POST", path: "scheduler", about: "switch the scheduler: {\"name\": \"adaptive\"}" },
+    Route { method: "GET", path: "stats", about: "counters" },
+    Route { method: "POST", path: "reload", about: "read the config file again: the scheduler changes live; other changes are listed as needing a restart" },
+];
+
+impl Api for GatewayApi {
+    fn routes(&self) -> Vec<Route> {
+        ROUTES.to_vec()
+    }
+
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Reply> {
+        Box::pin(async move {
+            let gw = &self.gw;
+            match (call.method, call.path.as_slice()) {
+                (&Method::GET, ["paths"]) => Ok(json!(gw.path_views())),
+                (&Method::GET, ["sessions"]) => {
+                    let (rows, total) = gw.session_views(call.limit()?);
+                    Ok(json!({ "total": total, "sessions": rows }))
+                }
+                (&Method::GET, ["connections"]) => {
+                    let (rows, total) = gw.connection_views(call.limit()?);
+                    Ok(json!({ "total": total, "connections": rows }))
+                }
+                (&Method::POST, ["connections", id, "close"]) => {
+                    let id: u64 = id.parse().map_err(|_| {
+                        ApiError::bad_request(format!("'{id}' is not a connection id"))
+                    })?;
+                    if gw.close_connection(id) {
+                        Ok(json!({ "closed": id }))
+                    } else {
+                        Err(ApiError::not_found(format!("no device connection {id}")))
+                    }
+                }
+                (&Method::GET, ["scheduler"]) => Ok(json!({
+                    "name": gw.scheduler_name(),
+                    "choices": qgate_core::scheduler::SCHEDULERS,
+                })),
+                (&Method::POST, ["scheduler"]) => {
+                    let name = call.str_field("name")?;
+                    let before = gw.set_scheduler(name).map_err(ApiError::bad_request)?;
+                    Ok(json!({ "name": name, "before": before }))
+                }
+                (&Method::GET, ["stats"]) => Ok(json!(gw.stats.snapshot())),
+                (&Method::POST, ["reload"]) => self.reload(),
+                _ => Err(call.no_route()),
+            }
+        })
+    }
+
+    fn health(&self) -> Result<(), String> {
+        if self.gw.path_views().iter().any(|p| p.up) {
+            Ok(())
+        } else {
+            Err("no backhaul path is up".into())
+        }
+    }
+}

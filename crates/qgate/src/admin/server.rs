@@ -1,0 +1,79 @@
+//! `qgate server --admin`: ingest counters, the queue sink, reload.
+
+use futures_util::future::BoxFuture;
+use http::Method;
+use qgate_admin::{Api, Call, Reply, Route};
+use qgate_server::ServerMetrics;
+use serde_json::json;
+
+use super::{differs, reload_config};
+use crate::config::ServerConfig;
+
+/// The ingest server's JSON API.
+pub struct ServerApi {
+    metrics: ServerMetrics,
+    started: ServerConfig,
+}
+
+impl ServerApi {
+    /// The API over `metrics` of a server started from `section`.
+    pub fn new(metrics: ServerMetrics, section: ServerConfig) -> ServerApi {
+        ServerApi {
+            metrics,
+            started: section,
+        }
+    }
+}
+
+const ROUTES: [Route; 3] = [
+    Route {
+        method: "GET",
+        path: "stats",
+        about: "ingest counters, and the queue sink's state",
+    },
+    Route {
+        method: "GET",
+        path: "sink",
+        about: "the queue sink: up, accepted, failed, connects (null for a file sink)",
+    },
+    Route {
+        method: "POST",
+        path: "reload",
+        about:
+            "read the config file again: lists what changed (every [server] key needs a restart)",
+    },
+];
+
+impl Api for ServerApi {
+    fn routes(&self) -> Vec<Route> {
+        ROUTES.to_vec()
+    }
+
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Reply> {
+        Box::pin(async move {
+            match (call.method, call.path.as_slice()) {
+                (&Method::GET, ["stats"]) => Ok(json!({
+                    "ingest": self.metrics.snapshot(),
+                    "sink": self.metrics.queue_sink(),
+                })),
+                (&Method::GET, ["sink"]) => Ok(json!(self.metrics.queue_sink())),
+                (&Method::POST, ["reload"]) => {
+                    let new = reload_config()?.server;
+                    let changed = differs(&self.started, &new);
+                    Ok(json!({
+                        "applied": [],
+                        "needs_restart": if changed { vec!["[server]"] } else { vec![] },
+                    }))
+                }
+                _ => Err(call.no_route()),
+            }
+        })
+    }
+
+    fn health(&self) -> Result<(), String> {
+        match self.metrics.queue_sink() {
+            Some(q) if !q.up => Err("the queue sink's broker is unreachable".into()),
+            _ => Ok(()),
+        }
+    }
+}
