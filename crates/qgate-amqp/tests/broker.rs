@@ -763,3 +763,67 @@ async fn a_peer_without_the_sasl_layer_is_served_while_anonymous_is_admitted() {
         assert_eq!(buf, b"AMQP\x03\x01\x00\x00");
     }
 }
+
+/// The admin port's actions: a purge drops the ready messages (the delivered one stays with its
+/// consumer) and frees their room; a closed connection hears `connection:forced` and its
+/// unsettled message comes back; both are listed and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_can_purge_a_queue_and_close_a_connection() {
+    let r = start(BrokerConfig::default()).await;
+    let c = r.connector(Scheme::Tcp, None);
+    client::send(&c, &send_spec("jobs", false), bodies(10, 4))
+        .await
+        .unwrap();
+    let (mut cl, _) = c.open().await.unwrap();
+    let mut rx = cl.receiver("holder", "jobs", false, 1).await.unwrap();
+    rx.set_credit_mode(CreditMode::Manual);
+    tokio::time::timeout(Duration::from_secs(5), rx.recv::<Body<Value>>())
+        .await
+        .unwrap()
+        .unwrap();
+    // The consumer holds what its credit let through (at least the one it read).
+    let held = r.broker.queue_stats()[0].unacked;
+    assert!(held >= 1);
+    assert_eq!(r.broker.purge("jobs").await, Some(10 - held));
+    assert_eq!(r.broker.purge("nope").await, None);
+    let q = &r.broker.queue_stats()[0];
+    assert_eq!(
+        (q.depth, q.ready, q.unacked, q.stats.purged),
+        (held, 0, held, (10 - held) as u64)
+    );
+    // The holder's connection is listed; closing it sends its message back.
+    let (conns, total) = r.broker.connection_views(100);
+    assert_eq!(total, 1);
+    assert_eq!(conns[0].kind, "tcp");
+    assert!(!r.broker.close_connection(conns[0].id + 1000));
+    assert!(r.broker.close_connection(conns[0].id));
+    let err = tokio::time::timeout(Duration::from_secs(5), rx.recv::<Body<Value>>())
+        .await
+        .expect("the receiver hears the close")
+        .expect_err("no more messages");
+    let _ = err;
+    let mut freed = false;
+    for _ in 0..100 {
+        if r.broker.connection_views(100).1 == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the closed connection's state is freed");
+    let q = &r.broker.queue_stats()[0];
+    assert_eq!(
+        (q.ready, q.unacked),
+        (held, 0),
+        "the unsettled messages are back"
+    );
+    let got = client::receive(&c, &recv_spec("jobs", held as u64), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(got.messages, held as u64);
+    let m = r.broker.metrics();
+    assert!(
+        m.contains("qgate_amqp_queue_depth{queue=\"jobs\"} 0\n"),
+        "{m}"
+    );
+}

@@ -229,6 +229,13 @@ ttl = "30s"
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].queue, "telemetry");
         qgate_amqp::url::parse(&b[0].upstream).unwrap();
+        for a in [&cfg.server.admin, &cfg.broker.admin] {
+            let addr = crate::admin::parse_addr(a.as_deref().unwrap()).unwrap();
+            assert!(
+                addr.ip().is_loopback(),
+                "no token in the example: loopback only"
+            );
+        }
     }
 
     #[test]

@@ -543,3 +543,101 @@ fn a_bridge_forwards_between_broker_processes() {
         assert!(err.contains(why) && !err.contains("secret"), "{arg}: {err}");
     }
 }
+
+/// `qgate broker --admin` with a token, driven by `qgate ctl`: queues with depth, a purge, the
+/// connections, and a config reload that declares a new queue and names what needs a restart.
+#[test]
+fn the_broker_admin_port_answers_qgate_ctl() {
+    let home = tmp("admin");
+    let token = "broker-admin-token-0123456789";
+    let cfg = home.join("broker.toml");
+    std::fs::write(
+        &cfg,
+        "[broker]\nmemory = true\nadmin = \"127.0.0.1:0\"\n[[broker.queues]]\nname = \"a\"\n",
+    )
+    .unwrap();
+    let mut child = qgate(&home)
+        .env("QGATE_ADMIN_TOKEN", token)
+        .args(["--config", cfg.to_str().unwrap()])
+        .args(["broker", "--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let b = BrokerProc {
+        child,
+        quic: "127.0.0.1:1".parse().unwrap(),
+        tcp: "127.0.0.1:1".parse().unwrap(),
+    };
+    let admin = line
+        .split("admin http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no admin address in {line}"))
+        .to_string();
+    assert!(line.contains("(token)"), "{line}");
+    let quic = line
+        .split("quic udp/")
+        .nth(1)
+        .and_then(|r| r.split([',', ';']).next())
+        .unwrap()
+        .to_string();
+    let o = qgate(&home)
+        .args(["send", &quic, "a", "--count", "7", "--size", "10"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ctl = |args: &[&str], with_token: bool| {
+        let mut c = qgate(&home);
+        c.env_remove("QGATE_ADMIN_TOKEN");
+        if with_token {
+            c.env("QGATE_ADMIN_TOKEN", token);
+        }
+        c.args(["ctl", "--admin", &admin])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&["queues"], false);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("401"));
+    let o = ctl(&["health"], false);
+    assert!(o.status.success(), "health needs no token");
+    let o = ctl(&["queues"], true);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let row = out.lines().find(|l| l.starts_with("a ")).expect(&out);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[..3], ["a", "7", "7"], "{out}");
+    let o = ctl(&["--json", "purge", "a"], true);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"purged\": 7"));
+    let o = ctl(&["purge", "zzz"], true);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("404 Not Found: no queue 'zzz'"));
+    let o = ctl(&["--json", "connections"], true);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"total\": 0"));
+    // Reload: a new queue is declared live; a changed listener needs a restart.
+    std::fs::write(
+        &cfg,
+        "[broker]\nmemory = true\nadmin = \"127.0.0.1:0\"\ntcp = \"127.0.0.1:9\"\n[[broker.queues]]\nname = \"a\"\n[[broker.queues]]\nname = \"b\"\n",
+    )
+    .unwrap();
+    let o = ctl(&["--json", "reload"], true);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains("queue b declared"), "{out}");
+    assert!(out.contains("listeners"), "{out}");
+    let o = ctl(&["queues"], true);
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.starts_with("b ")));
+    std::fs::write(&cfg, "[broker]\nnot_a_key = 1\n").unwrap();
+    let o = ctl(&["reload"], true);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not_a_key"));
+    let m = String::from_utf8_lossy(&ctl(&["metrics"], true).stdout).to_string();
+    assert!(m.contains("qgate_amqp_queue_depth{queue=\"a\"} 0\n"), "{m}");
+    drop(b);
+}
