@@ -3,6 +3,7 @@
 //! default here; a caller sets only what it changes.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,10 +180,19 @@ impl RunningServer {
             .expect("a bound endpoint has an address")
     }
 
-    /// Close every connection, wait up to `grace` for the peers to hear it, then stop.
-    pub async fn shutdown(self, grace: Duration) {
+    /// Stop gracefully: refuse new connections, let the requests being handled finish (up to
+    /// `grace`), then close every connection and wait up to a second for the peers to hear it.
+    /// Returns how many requests were still being handled when the connections closed.
+    pub async fn shutdown(self, grace: Duration) -> u64 {
+        self.endpoint.set_server_config(None);
+        let deadline = tokio::time::Instant::now() + grace;
+        let busy = || self.stats.in_flight.load(Ordering::Relaxed);
+        while busy() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = busy();
         self.endpoint.close(0u32.into(), b"server shutting down");
-        let _ = tokio::time::timeout(grace, self.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
         self.task.abort();
         if let Some(u) = self.uploads {
             // What uploads in progress received is on disk and reported held at restart.
@@ -193,6 +203,7 @@ impl RunningServer {
                 tracing::error!(error = %e, "could not flush the uploads in progress");
             }
         }
+        left
     }
 }
 

@@ -60,6 +60,25 @@ pub struct ServerStats {
     pub upload_bytes: AtomicU64,
     /// Uploads completed (verified and durable).
     pub uploads_completed: AtomicU64,
+    /// Requests being handled now (a gauge: a graceful stop waits for it to reach 0).
+    pub in_flight: AtomicU64,
+}
+
+/// Counts a request in [`ServerStats::in_flight`] until dropped (also when its task is
+/// cancelled).
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a AtomicU64) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A snapshot of [`ServerStats`].
@@ -336,6 +355,7 @@ fn stream_name(path: &str) -> Option<&str> {
 impl Handler for IngestService {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlight::new(&self.stats.in_flight);
         let path = req.uri().path();
         let resp = match (req.method(), path) {
             (&Method::GET, "/health") => match &self.sink {

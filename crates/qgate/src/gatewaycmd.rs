@@ -295,7 +295,29 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         use std::io::Write;
         std::io::stdout().flush().ok();
         stop.await;
+        // Requests already taken are forwarded and answered; the devices' next ones find the
+        // gateway gone and go elsewhere or retry.
+        eprintln!(
+            "qgate: shutting down: waiting up to {}s for requests in flight",
+            crate::DRAIN_GRACE.as_secs()
+        );
+        let deadline = tokio::time::Instant::now() + crate::DRAIN_GRACE;
+        while gw.requests_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let left = gw.requests_in_flight();
         running.endpoint.close(0, b"gateway shutting down");
+        let s = gw.stats.snapshot();
+        eprintln!(
+            "qgate: registered {} devices, forwarded {} requests ({} retried on another path, {} failed, {} refused){}",
+            s.registered,
+            s.forwarded,
+            s.retried,
+            s.failed,
+            s.refused,
+            if left > 0 { format!("; {left} still in flight") } else { String::new() }
+        );
+        drop(admin);
         Ok(())
     })
 }

@@ -79,6 +79,10 @@ struct Cli {
     /// [gateway], [broker], [linkem]; e.g. docs/examples/gateway.toml); flags override it.
     #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Worker threads for the command's async runtime [default: one per core]
+    #[arg(long, global = true, env = "QGATE_THREADS", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -200,6 +204,9 @@ pub fn run() -> ExitCode {
     if let Some(p) = &cli.config {
         let _ = CONFIG_PATH.set(p.clone());
     }
+    if let Some(n) = cli.threads {
+        let _ = THREADS.set(usize::from(n));
+    }
     let config = match &cli.config {
         Some(path) => match Config::load(path) {
             Ok(c) => c,
@@ -257,10 +264,23 @@ pub fn default_dev_pki_dir() -> PathBuf {
     base.join("qgate").join("dev-pki")
 }
 
-/// A current-thread runtime for a command.
+/// How long a daemon stopped by SIGTERM or Ctrl-C lets the work in flight finish.
+pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Worker threads set with --threads, if any.
+static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Worker threads of a command's runtime: --threads, else one per core of this machine.
+pub fn worker_threads() -> usize {
+    THREADS.get().copied().unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+    })
+}
+
+/// The multi-threaded runtime a command runs on ([`worker_threads`] workers).
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(worker_threads())
         .enable_all()
         .build()
         .expect("a tokio runtime")

@@ -282,8 +282,15 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         std::io::stdout().flush().ok();
         let stats = server.stats.clone();
         stop.await;
-        eprintln!("qgate: shutting down");
-        server.shutdown(Duration::from_secs(3)).await;
+        eprintln!(
+            "qgate: shutting down: no new connections; waiting up to {}s for requests in flight",
+            crate::DRAIN_GRACE.as_secs()
+        );
+        let left = server.shutdown(crate::DRAIN_GRACE).await;
+        if left > 0 {
+            eprintln!("qgate: {left} requests were still in flight (their devices retry)");
+        }
+        drop(admin);
         let s = stats.snapshot();
         eprintln!(
             "qgate: served {} connections, {} requests, stored {} bodies ({} bytes), {} upload chunks ({} bytes), {} uploads complete",

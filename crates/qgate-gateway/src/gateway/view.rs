@@ -160,6 +160,11 @@ impl Gateway {
         }
     }
 
+    /// Requests being forwarded now (a graceful stop waits for them).
+    pub fn requests_in_flight(&self) -> usize {
+        lock(&self.sessions).iter().map(|s| s.inflight).sum()
+    }
+
     /// The scheduler's name.
     pub fn scheduler_name(&self) -> &'static str {
         lock(&self.scheduler).name()
