@@ -46,7 +46,11 @@ impl Token {
     /// Whether an `Authorization` header value carries this token; the comparison takes the
     /// same time wherever the first difference is.
     pub fn admits(&self, authorization: Option<&[u8]>) -> bool {
-        let Some(given) = authorization.and_then(|h| h.strip_prefix(b"Bearer ")) else {
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        let Some(given) = authorization
+            .filter(|h| h.len() > 7 && h[..7].eq_ignore_ascii_case(b"bearer "))
+            .map(|h| &h[7..])
+        else {
             return false;
         };
         let want = self.0.as_bytes();
@@ -67,11 +71,11 @@ mod tests {
     fn only_the_exact_bearer_token_is_admitted() {
         let t = Token::new(" 0123456789abcdef\n").unwrap();
         assert!(t.admits(Some(b"Bearer 0123456789abcdef")));
+        assert!(t.admits(Some(b"bearer 0123456789abcdef")));
         for bad in [
             &b"Bearer 0123456789abcdeF"[..],
             b"Bearer 0123456789abcde",
             b"Bearer 0123456789abcdef0",
-            b"bearer 0123456789abcdef",
             b"0123456789abcdef",
             b"",
         ] {

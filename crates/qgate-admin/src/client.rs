@@ -13,6 +13,9 @@ use crate::auth::Token;
 /// Largest answer read (a metrics page of a big broker fits many times over).
 const MAX_ANSWER: usize = 64 << 20;
 
+/// A request (connection included) not answered within this fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Why a request to the admin port failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -68,7 +71,7 @@ impl AdminClient {
         Ok(AdminClient {
             authority: authority.to_string(),
             token,
-            timeout: Duration::from_secs(15),
+            timeout: REQUEST_TIMEOUT,
         })
     }
 

@@ -53,7 +53,7 @@ impl Default for AdminLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     /// No token, and an address others can reach.
-    #[error("the admin port on {0} is reachable from other hosts: configure a token ([admin] token_file or QGATE_ADMIN_TOKEN), or bind it to 127.0.0.1")]
+    #[error("the admin port on {0} is reachable from other hosts: give it a token (--admin-token-file, [admin] token_file or QGATE_ADMIN_TOKEN), or bind it to 127.0.0.1")]
     NeedsToken(SocketAddr),
     /// The address could not be bound.
     #[error("cannot listen on {0} for the admin port: {1}")]
@@ -248,6 +248,9 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
             ),
         };
     }
+    if let Err(why) = same_origin(&req, shared.token.is_some()) {
+        return error(StatusCode::FORBIDDEN, why);
+    }
     if let Some(t) = &shared.token {
         if !t.admits(
             req.headers()
@@ -292,6 +295,18 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                     "use GET to read, POST to act",
                 );
             }
+            // A browser cannot send this type across origins without asking first.
+            let json_type = req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim_start().starts_with("application/json"));
+            if m == Method::POST && !json_type {
+                return error(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "send POST requests with 'Content-Type: application/json' (an empty body is fine)",
+                );
+            }
             let query = req.uri().query().map(str::to_string);
             let body = match read_json(req, shared.limits.max_body).await {
                 Ok(v) => v,
@@ -317,6 +332,38 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
             &format!("no route {path}: GET / lists the routes"),
         ),
     }
+}
+
+/// Web pages must not drive the admin port from an operator's browser (decision O2): a request
+/// with an `Origin` must come from the port's own origin; without a token, the `Host` must be a
+/// loopback name (a rebound DNS name is refused).
+fn same_origin(req: &Request<Incoming>, has_token: bool) -> Result<(), &'static str> {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        if origin.as_bytes() != format!("http://{host}").as_bytes() {
+            return Err("requests from another origin (a web page) are refused");
+        }
+    }
+    if !has_token && !is_loopback_host(host) {
+        return Err("this admin port has no token: it answers only to a loopback Host (127.0.0.1, [::1], localhost)");
+    }
+    Ok(())
+}
+
+/// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A request body as JSON: `Null` when empty; 413 past `max`, 400 when not JSON.
@@ -367,4 +414,33 @@ fn index(routes: &[Route]) -> String {
         s.push_str(&format!("{:<4} /api/{}  {}\n", r.method, r.path, r.about));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_literal_loopback_or_localhost() {
+        for ok in [
+            "127.0.0.1:9464",
+            "127.1.2.3",
+            "[::1]:80",
+            "[::1]",
+            "localhost",
+            "LocalHost:1",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "evil.example:9464",
+            "10.0.0.1:80",
+            "[::2]:1",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+    }
 }

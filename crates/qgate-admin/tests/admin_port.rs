@@ -171,14 +171,14 @@ async fn bad_bodies_get_clear_errors() {
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     // Garbage, and a body that lies about its length being chunked past the limit.
     let mut raw = TcpStream::connect(a.addr()).await.unwrap();
-    raw.write_all(b"POST /api/click HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n{nope")
+    raw.write_all(b"POST /api/click HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\n{nope")
         .await
         .unwrap();
     let got = read_some(&mut raw).await;
     assert!(got.starts_with("HTTP/1.1 400"), "{got}");
     assert!(got.contains("not JSON"), "{got}");
     let mut raw = TcpStream::connect(a.addr()).await.unwrap();
-    raw.write_all(b"POST /api/click HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+    raw.write_all(b"POST /api/click HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
         .await
         .unwrap();
     for _ in 0..3 {
@@ -195,6 +195,33 @@ async fn bad_bodies_get_clear_errors() {
     let got = read_some(&mut raw).await;
     assert!(got.is_empty() || got.starts_with("HTTP/1.1 400"), "{got}");
     assert_eq!(c.0.load(Ordering::Relaxed), 0, "nothing was acted on");
+}
+
+/// A web page in the operator's browser cannot drive a token-less admin port: a POST without
+/// the JSON content type (what a page may send without asking), a foreign Origin, or a Host
+/// that is not loopback (DNS rebinding) is refused, and nothing is acted on.
+#[tokio::test]
+async fn browsers_on_other_origins_are_refused() {
+    let (a, c) = start(None, AdminLimits::default()).await;
+    let port = a.addr().port();
+    for (req, status) in [
+        (format!("POST /api/click HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\n{{}}"), "415"),
+        (format!("POST /api/click HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\norigin: http://evil.example\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"), "403"),
+        (format!("GET /api HTTP/1.1\r\nhost: evil.example:{port}\r\n\r\n"), "403"),
+        (format!("POST /api/click HTTP/1.1\r\nhost: rebound.example:{port}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"), "403"),
+    ] {
+        let mut raw = TcpStream::connect(a.addr()).await.unwrap();
+        raw.write_all(req.as_bytes()).await.unwrap();
+        let got = read_some(&mut raw).await;
+        assert!(got.starts_with(&format!("HTTP/1.1 {status}")), "{req}\n→ {got}");
+    }
+    assert_eq!(c.0.load(Ordering::Relaxed), 0, "nothing was acted on");
+    // The port's own origin is fine.
+    let mut raw = TcpStream::connect(a.addr()).await.unwrap();
+    raw.write_all(format!("POST /api/click HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\norigin: http://127.0.0.1:{port}\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n").as_bytes()).await.unwrap();
+    let got = read_some(&mut raw).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert_eq!(c.0.load(Ordering::Relaxed), 1);
 }
 
 /// Read what arrives until the peer closes or pauses for 2 s.
@@ -264,7 +291,7 @@ async fn idle_and_slow_peers_are_cut_and_their_slots_freed() {
     let t0 = tokio::time::Instant::now();
     loop {
         if ka
-            .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            .write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
             .await
             .is_err()
         {

@@ -518,41 +518,61 @@ impl Broker {
     }
 
     /// Declare `decl` unless a queue has its name already (a config reload adds queues; it
-    /// does not change live ones). True if it was created.
-    pub fn declare_queue(&self, decl: &QueueDecl) -> bool {
+    /// does not change live ones).
+    pub fn declare_queue(&self, decl: &QueueDecl) -> Declared {
         if self.find(&decl.name).is_some() {
-            return false;
+            return Declared::Exists;
+        }
+        if self.queues().len() >= self.inner.cfg.max_queues {
+            return Declared::Full;
         }
         let limits = self.inner.cfg.default_limits();
         self.declare(&decl.name, decl.limits(limits), decl.ttl);
         tracing::info!(queue = decl.name, "queue declared");
-        true
+        Declared::Created
     }
 
     /// Remove every ready message of queue `name` (delivered, unsettled ones stay with their
-    /// consumers); the store forgets them too. None if there is no such queue.
+    /// consumers); the store forgets them too, committed before this returns, in a task of its
+    /// own so that a caller that gives up waiting cannot leave purged messages stored (to come
+    /// back at a restart). None if there is no such queue.
     pub async fn purge(&self, name: &str) -> Option<usize> {
         let q = self.find(name)?;
         let mut purged = Vec::new();
         q.lock().purge(&mut purged);
         q.drained.notify_waiters();
-        if let Some(s) = &self.inner.store {
-            for &seq in &purged {
-                s.delete(&q.name, seq).await;
-            }
+        let n = purged.len();
+        tracing::info!(queue = name, messages = n, "queue purged");
+        if let Some(s) = self.inner.store.clone() {
+            let queue = q.name.clone();
+            let forget = tokio::spawn(async move {
+                for seq in purged {
+                    s.delete(&queue, seq).await;
+                }
+                if let Err(e) = s.sync().await {
+                    tracing::error!(error = %e, "purged messages may come back at a restart");
+                }
+            });
+            let _ = forget.await;
         }
-        tracing::info!(queue = name, messages = purged.len(), "queue purged");
-        Some(purged.len())
+        Some(n)
     }
 
     /// Up to `limit` connections held, by id, and how many there are in all.
     pub fn connection_views(&self, limit: usize) -> (Vec<ConnectionView>, usize) {
         let now = Instant::now();
-        let conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let rows = conns
-            .values()
-            .filter_map(std::sync::Weak::upgrade)
-            .take(limit)
+        // The tenancies are dropped after the lock is released: the last one's drop takes it.
+        let (held, total): (Vec<Arc<Tenancy>>, usize) = {
+            let conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+            let held = conns
+                .values()
+                .filter_map(std::sync::Weak::upgrade)
+                .take(limit)
+                .collect();
+            (held, conns.len())
+        };
+        let rows = held
+            .iter()
             .map(|t| ConnectionView {
                 id: t.id,
                 address: t.addr.map(|a| a.to_string()),
@@ -560,7 +580,8 @@ impl Broker {
                 age_s: now.saturating_duration_since(t.since).as_secs(),
             })
             .collect();
-        (rows, conns.len())
+        drop(held);
+        (rows, total)
     }
 
     /// Close connection `id` (the peer hears `amqp:connection:forced`); false if there is none.
@@ -1349,6 +1370,17 @@ impl metrics::Collector for BrokerMetrics {
             by_bridge(&|s| u64::from(s.up.load(Ordering::Relaxed))),
         )
     }
+}
+
+/// What [`Broker::declare_queue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    /// The queue was created.
+    Created,
+    /// A queue of that name exists (declared before or auto-created): it keeps its limits.
+    Exists,
+    /// The broker holds `max_queues` already.
+    Full,
 }
 
 /// One connection, as the admin port lists it.

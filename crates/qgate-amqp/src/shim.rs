@@ -854,6 +854,12 @@ where
                 tokio::select! {
                     r = ours_wr.write_all(&out) => if r.is_err() { break None },
                     _ = gone => break None,
+                    // The broker may not read for a while (a producer held by back-pressure):
+                    // an operator's close does not wait for it.
+                    _ = watch.forced() => break Some(Fail::Close(
+                        ConnectionError::ConnectionForced.into(),
+                        "closed by the operator".into(),
+                    )),
                 }
             }
             out.clear();

@@ -49,6 +49,10 @@ enum Op {
         queue: String,
         seq: u64,
     },
+    /// Answered once everything sent before it is committed.
+    Sync {
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
 }
 
 /// A handle to the store; clone freely.
@@ -122,6 +126,17 @@ impl Store {
         wait.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// Wait until every operation sent before this call is committed (a purge returns only
+    /// then, so purged messages cannot come back at a restart).
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send(Op::Sync { done })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        wait.await.map_err(|_| StoreError::Closed)?
+    }
+
     /// Forget message `seq` of `queue` (settled or expired). Not awaited: if the broker dies
     /// before the next commit the message is delivered again (at-least-once).
     pub async fn delete(&self, queue: &str, seq: u64) {
@@ -168,7 +183,7 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
         };
         batch = ops;
         for op in batch.drain(..) {
-            if let Op::Put { done, .. } = op {
+            if let Op::Put { done, .. } | Op::Sync { done } = op {
                 let _ = done.send(result.as_ref().map(|_| ()).map_err(io));
             }
         }
@@ -193,6 +208,7 @@ fn commit(db: &Database, batch: &[Op]) -> Result<(), StoreError> {
                 Op::Delete { queue, seq } => {
                     t.remove((queue.as_str(), *seq)).map_err(io)?;
                 }
+                Op::Sync { .. } => {}
             }
         }
     }

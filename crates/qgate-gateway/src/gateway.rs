@@ -127,7 +127,7 @@ impl GatewayConfig {
     /// device's connection does not pre-allocate 100 + 100 stream slots (~8 KiB, decision G7).
     pub fn device_transport(&self, base: &TransportOptions) -> TransportOptions {
         TransportOptions {
-            // One stream per request in flight (registration and /metrics count too).
+            // One stream per request in flight (registration counts too).
             max_concurrent_bidi_streams: u32::try_from(self.max_inflight_per_device)
                 .unwrap_or(u32::MAX)
                 .clamp(1, base.max_concurrent_bidi_streams.max(1)),
@@ -354,10 +354,14 @@ impl Gateway {
             });
             let limits = limits.clone();
             lock(&self.conns).insert(id, conn.clone());
+            let listed = Listed {
+                gw: self.clone(),
+                id,
+            };
             tokio::spawn(async move {
                 let device = conn.remote_address();
                 let _ = http3::serve_quic(conn, device, handler.clone(), limits).await;
-                lock(&handler.gw.conns).remove(&id);
+                drop(listed);
                 handler.gw.end_sessions(id);
             });
         }
@@ -681,6 +685,19 @@ impl Drop for Queued<'_> {
     fn drop(&mut self) {
         let ticket = self.ticket;
         self.gw.paths.with_table(|t| t.on_request_done(ticket));
+    }
+}
+
+/// A device connection's entry in the admin port's list, removed on drop (also if its task
+/// panics or is aborted), so the list never holds a handle keeping a connection open.
+struct Listed {
+    gw: Arc<Gateway>,
+    id: ConnId,
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        lock(&self.gw.conns).remove(&self.id);
     }
 }
 

@@ -66,7 +66,7 @@ impl Default for QueueSinkConfig {
     }
 }
 
-/// What the sink has done (for `/stats`, `/metrics` and the demo).
+/// What the sink has done (for the admin port's metrics and API, and the demo).
 #[derive(Debug, Default)]
 pub struct QueueSinkStats {
     /// Messages the broker accepted.

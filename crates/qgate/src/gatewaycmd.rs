@@ -295,8 +295,9 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         use std::io::Write;
         std::io::stdout().flush().ok();
         stop.await;
-        // Requests already taken are forwarded and answered; the devices' next ones find the
-        // gateway gone and go elsewhere or retry.
+        // Requests already taken are forwarded and answered (the gateway keeps serving during
+        // the wait, so under steady load it lasts the whole grace); then every device
+        // connection closes and the devices retry or go elsewhere.
         eprintln!(
             "qgate: shutting down: waiting up to {}s for requests in flight",
             crate::DRAIN_GRACE.as_secs()

@@ -551,41 +551,46 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     let home = tmp("admin");
     let token = "broker-admin-token-0123456789";
     let cfg = home.join("broker.toml");
-    std::fs::write(
-        &cfg,
-        "[broker]\nmemory = true\nadmin = \"127.0.0.1:0\"\n[[broker.queues]]\nname = \"a\"\n",
-    )
-    .unwrap();
-    let mut child = qgate(&home)
-        .env("QGATE_ADMIN_TOKEN", token)
-        .args(["--config", cfg.to_str().unwrap()])
-        .args(["broker", "--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let b = BrokerProc {
-        child,
-        quic: "127.0.0.1:1".parse().unwrap(),
-        tcp: "127.0.0.1:1".parse().unwrap(),
+    let store = home.join("broker.redb");
+    let head = format!(
+        "[broker]\nstore = {:?}\nadmin = \"127.0.0.1:0\"\n",
+        store.to_str().unwrap()
+    );
+    std::fs::write(&cfg, format!("{head}[[broker.queues]]\nname = \"a\"\n")).unwrap();
+    // The broker process, its admin address and its QUIC address.
+    let start = || {
+        let mut child = qgate(&home)
+            .env("QGATE_ADMIN_TOKEN", token)
+            .args(["--config", cfg.to_str().unwrap()])
+            .args(["broker", "--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("(token)"), "{line}");
+        let after = |tag: &str, end: &[char]| {
+            line.split(tag)
+                .nth(1)
+                .and_then(|r| r.split(end).next())
+                .unwrap_or_else(|| panic!("no {tag} in {line}"))
+                .to_string()
+        };
+        let (admin, quic) = (
+            after("admin http://", &['/']),
+            after("quic udp/", &[',', ';']),
+        );
+        let proc = BrokerProc {
+            child,
+            quic: quic.parse().unwrap(),
+            tcp: "127.0.0.1:1".parse().unwrap(),
+        };
+        (proc, admin, quic)
     };
-    let admin = line
-        .split("admin http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no admin address in {line}"))
-        .to_string();
-    assert!(line.contains("(token)"), "{line}");
-    let quic = line
-        .split("quic udp/")
-        .nth(1)
-        .and_then(|r| r.split([',', ';']).next())
-        .unwrap()
-        .to_string();
+    let (b, admin, quic) = start();
     let o = qgate(&home)
         .args(["send", &quic, "a", "--count", "7", "--size", "10"])
         .output()
@@ -615,6 +620,29 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     assert_eq!(&cols[..3], ["a", "7", "7"], "{out}");
     let o = ctl(&["--json", "purge", "a"], true);
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"purged\": 7"));
+    // Purged for good: three more sent, the broker killed (SIGKILL) and started again on its
+    // store — the three are there, the seven are not.
+    let o = qgate(&home)
+        .args(["send", &quic, "a", "--count", "3", "--size", "10"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    drop(b);
+    let (b, admin, _) = start();
+    let ctl = |args: &[&str], with_token: bool| {
+        let mut c = qgate(&home);
+        c.env_remove("QGATE_ADMIN_TOKEN");
+        if with_token {
+            c.env("QGATE_ADMIN_TOKEN", token);
+        }
+        c.args(["ctl", "--admin", &admin])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&["--json", "queues"], true);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains("\"depth\": 3,"), "{out}");
     let o = ctl(&["purge", "zzz"], true);
     assert!(String::from_utf8_lossy(&o.stderr).contains("404 Not Found: no queue 'zzz'"));
     let o = ctl(&["--json", "connections"], true);
@@ -622,7 +650,7 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     // Reload: a new queue is declared live; a changed listener needs a restart.
     std::fs::write(
         &cfg,
-        "[broker]\nmemory = true\nadmin = \"127.0.0.1:0\"\ntcp = \"127.0.0.1:9\"\n[[broker.queues]]\nname = \"a\"\n[[broker.queues]]\nname = \"b\"\n",
+        format!("{head}tcp = \"127.0.0.1:9\"\n[[broker.queues]]\nname = \"a\"\n[[broker.queues]]\nname = \"b\"\n"),
     )
     .unwrap();
     let o = ctl(&["--json", "reload"], true);
@@ -638,6 +666,6 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not_a_key"));
     let m = String::from_utf8_lossy(&ctl(&["metrics"], true).stdout).to_string();
-    assert!(m.contains("qgate_amqp_queue_depth{queue=\"a\"} 0\n"), "{m}");
+    assert!(m.contains("qgate_amqp_queue_depth{queue=\"a\"} 3\n"), "{m}");
     drop(b);
 }

@@ -103,12 +103,15 @@ impl Gateway {
             .collect()
     }
 
-    /// Up to `limit` sessions, longest idle last, and how many there are in all.
+    /// Up to `limit` sessions, longest idle last, and how many there are in all. The table's
+    /// lock (which forwarding takes too) is held only to copy the rows.
     pub fn session_views(&self, limit: usize) -> (Vec<SessionView>, usize) {
         let now = Instant::now().into_std();
-        let t = lock(&self.sessions);
-        let mut rows: Vec<SessionView> = t
-            .iter()
+        let rows: Vec<qgate_core::session::Session> =
+            lock(&self.sessions).iter().cloned().collect();
+        let total = rows.len();
+        let mut rows: Vec<SessionView> = rows
+            .into_iter()
             .map(|s| SessionView {
                 hash_prefix: s.hash.to_string()[..8].to_string(),
                 connection: s.conn,
@@ -122,7 +125,6 @@ impl Gateway {
                 idle_ms: now.saturating_duration_since(s.last_seen).as_millis() as u64,
             })
             .collect();
-        let total = rows.len();
         rows.sort_by_key(|r| (r.idle_ms, r.connection));
         rows.truncate(limit);
         (rows, total)

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use http::Method;
 use qgate_admin::{Api, ApiError, Call, Reply, Route};
-use qgate_amqp::broker::Broker;
+use qgate_amqp::broker::{Broker, Declared};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -64,7 +64,8 @@ impl Rates {
 pub struct BrokerApi {
     broker: Broker,
     rates: Arc<Mutex<Rates>>,
-    started: BrokerSection,
+    /// The `[broker]` section as running now (start-up, then each reload's declarations).
+    started: Mutex<BrokerSection>,
 }
 
 impl BrokerApi {
@@ -76,7 +77,7 @@ impl BrokerApi {
         BrokerApi {
             broker,
             rates,
-            started: section,
+            started: Mutex::new(section),
         }
     }
 
@@ -114,18 +115,41 @@ impl BrokerApi {
         new.config
             .validate()
             .map_err(|e| ApiError::bad_request(format!("[broker]: {e}")))?;
-        let declared: Vec<&str> = new
-            .config
-            .queues
-            .iter()
-            .filter(|d| self.broker.declare_queue(d))
-            .map(|d| d.name.as_str())
-            .collect();
-        let applied: Vec<String> = declared
-            .iter()
-            .map(|q| format!("queue {q} declared"))
-            .collect();
-        let old = &self.started;
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let mut applied = Vec::new();
+        let mut kept = Vec::new();
+        let mut created = Vec::new();
+        for d in &new.config.queues {
+            let before = started.config.queues.iter().find(|o| o.name == d.name);
+            match (self.broker.declare_queue(d), before) {
+                (Declared::Created, _) => {
+                    applied.push(format!("queue {} declared", d.name));
+                    created.push(d.clone());
+                }
+                (Declared::Full, _) => kept.push(format!(
+                    "queue {} not declared: the broker holds max_queues already",
+                    d.name
+                )),
+                (Declared::Exists, Some(o)) if !differs(o, d) => {}
+                (Declared::Exists, Some(_)) => kept.push(format!(
+                    "queue {}: its new limits apply after a restart",
+                    d.name
+                )),
+                (Declared::Exists, None) => kept.push(format!(
+                    "queue {} exists already (a peer created it): its limits stay until a restart",
+                    d.name
+                )),
+            }
+        }
+        for o in &started.config.queues {
+            if !new.config.queues.iter().any(|d| d.name == o.name) {
+                kept.push(format!(
+                    "queue {} stays until a restart (no longer declared)",
+                    o.name
+                ));
+            }
+        }
+        let old = &*started;
         let mut needs_restart = Vec::new();
         for (name, d) in [
             (
@@ -167,16 +191,9 @@ impl BrokerApi {
         if differs(&live_queues.0, &live_queues.1) {
             needs_restart.push("broker limits, store and timeouts".into());
         }
-        let changed_decls = new.config.queues.iter().any(|d| {
-            old.config
-                .queues
-                .iter()
-                .any(|o| o.name == d.name && differs(o, d))
-        });
-        if changed_decls {
-            needs_restart.push("limits of queues already declared".into());
-        }
-        Ok(json!({ "applied": applied, "needs_restart": needs_restart }))
+        // What runs now: the queues declared are part of it from here on.
+        started.config.queues.extend(created);
+        Ok(json!({ "applied": applied, "kept": kept, "needs_restart": needs_restart }))
     }
 }
 

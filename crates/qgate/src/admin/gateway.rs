@@ -1,7 +1,7 @@
 //! `qgate gateway --admin`: paths, sessions and device connections; close a connection, switch
 //! the scheduler, reload the config.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -16,7 +16,7 @@ use crate::gatewaycmd::GatewaySection;
 pub struct GatewayApi {
     gw: Arc<Gateway>,
     /// The `[gateway]` section the gateway started with (reload compares against it).
-    started: Mutex<GatewaySection>,
+    started: GatewaySection,
     /// Whether `--scheduler` fixed the scheduler (a reload then leaves it alone).
     scheduler_flag: bool,
 }
@@ -26,20 +26,25 @@ impl GatewayApi {
     pub fn new(gw: Arc<Gateway>, section: GatewaySection, scheduler_flag: bool) -> GatewayApi {
         GatewayApi {
             gw,
-            started: Mutex::new(section),
+            started: section,
             scheduler_flag,
         }
     }
 
     fn reload(&self) -> Reply {
         let new = reload_config()?.gateway;
-        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let started = &self.started;
         let mut applied = Vec::new();
         let mut kept = Vec::new();
-        if let Some(name) = &new.scheduler {
+        // The file's scheduler, or the default where it names none.
+        let name = new
+            .scheduler
+            .as_deref()
+            .unwrap_or(qgate_core::scheduler::DEFAULT_SCHEDULER);
+        if name != self.gw.scheduler_name() {
             if self.scheduler_flag {
-                kept.push("scheduler (fixed by --scheduler)".to_string());
-            } else if name != self.gw.scheduler_name() {
+                kept.push(format!("scheduler {name}: --scheduler fixed it"));
+            } else {
                 self.gw
                     .set_scheduler(name)
                     .map_err(|e| ApiError::bad_request(format!("gateway.scheduler: {e}")))?;
@@ -61,14 +66,13 @@ impl GatewayApi {
         .into_iter()
         .filter_map(|(n, d)| d.then_some(n))
         .collect();
-        started.scheduler = new.scheduler.clone();
         Ok(json!({ "applied": applied, "kept": kept, "needs_restart": needs_restart }))
     }
 }
 
 const ROUTES: [Route; 8] = [
     Route { method: "GET", path: "paths", about: "backhaul paths: up, RTT, cwnd, loss, hits, requests, bytes" },
-    Route { method: "GET", path: "sessions", about: "registered devices (?limit=N, default 1000)" },
+    Route { method: "GET", path: "sessions", about: "registered devices, most recently active first (?limit=N)" },
     Route { method: "GET", path: "connections", about: "device connections (?limit=N)" },
     Route { method: "POST", path: "connections/{id}/close", about: "close a device connection (its sessions end)" },
     Route { method: "GET", path: "scheduler", about: "the path scheduler and the choices" },
