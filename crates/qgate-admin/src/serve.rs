@@ -213,6 +213,22 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 
 type Answer = Response<Full<Bytes>>;
 
+/// The browser dashboard (issue 17 item 4): one page and its script, served as they are.
+const DASHBOARD_HTML: &str = include_str!("dashboard/index.html");
+const DASHBOARD_JS: &str = include_str!("dashboard/dashboard.js");
+
+/// A static dashboard file, allowed to load only what comes from this port.
+fn page(content_type: &str, body: &'static str) -> Answer {
+    let mut a = answer(StatusCode::OK, content_type, body);
+    a.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        http::HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self'",
+        ),
+    );
+    a
+}
+
 fn answer(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Answer {
     Response::builder()
         .status(status)
@@ -250,6 +266,22 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
     }
     if let Err(why) = same_origin(&req, shared.token.is_some()) {
         return error(StatusCode::FORBIDDEN, why);
+    }
+    // The dashboard's page and script are static: a browser loads them, then asks for the
+    // token the API needs.
+    let wants_html = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
+    match (&method, path.as_str()) {
+        (&Method::GET, "/") if wants_html => {
+            return page("text/html; charset=utf-8", DASHBOARD_HTML)
+        }
+        (&Method::GET, "/dashboard.js") => {
+            return page("text/javascript; charset=utf-8", DASHBOARD_JS)
+        }
+        _ => {}
     }
     if let Some(t) = &shared.token {
         if !t.admits(
@@ -408,7 +440,7 @@ async fn read_json(req: Request<Incoming>, max: usize) -> Result<Value, Answer> 
 /// The `/` page: what a newcomer can do here.
 fn index(routes: &[Route]) -> String {
     let mut s = String::from(
-        "qgate admin port\n\nGET  /health   ok, or why not\nGET  /metrics  Prometheus metrics (OpenMetrics text)\nGET  /api      the routes below, as JSON\n",
+        "qgate admin port (open it in a browser for the dashboard)\n\nGET  /health   ok, or why not\nGET  /metrics  Prometheus metrics (OpenMetrics text)\nGET  /api      the routes below, as JSON\n",
     );
     for r in routes {
         s.push_str(&format!("{:<4} /api/{}  {}\n", r.method, r.path, r.about));

@@ -144,19 +144,41 @@ const DELAY_BUCKETS: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 ];
 
-/// Response delays of one class.
+/// Response delays of one class: the exposed histogram, and its count and sum for the admin
+/// API (the library reads those back only in its tests).
 #[derive(Debug)]
-pub struct DelayHistogram(metrics::Histogram);
+pub struct DelayHistogram {
+    hist: metrics::Histogram,
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
 
 impl Default for DelayHistogram {
     fn default() -> Self {
-        DelayHistogram(metrics::Histogram::new(DELAY_BUCKETS))
+        DelayHistogram {
+            hist: metrics::Histogram::new(DELAY_BUCKETS),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
     }
 }
 
 impl DelayHistogram {
     fn record(&self, d: Duration) {
-        self.0.observe(d.as_secs_f64());
+        self.hist.observe(d.as_secs_f64());
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Responses recorded.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Their delays added up, seconds.
+    pub fn sum_s(&self) -> f64 {
+        self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
     }
 }
 
@@ -975,8 +997,8 @@ impl metrics::Collector for GatewayMetrics {
             "qgate_gateway_response_delay_seconds",
             "device request in to response out",
             [
-                ([("class", "priority")], &st.delay_priority.0),
-                ([("class", "best_effort")], &st.delay_best_effort.0),
+                ([("class", "priority")], &st.delay_priority.hist),
+                ([("class", "best_effort")], &st.delay_best_effort.hist),
             ],
         )
     }

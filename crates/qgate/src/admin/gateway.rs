@@ -70,7 +70,7 @@ impl GatewayApi {
     }
 }
 
-const ROUTES: [Route; 8] = [
+const ROUTES: [Route; 9] = [
     Route { method: "GET", path: "paths", about: "backhaul paths: up, RTT, cwnd, loss, hits, requests, bytes" },
     Route { method: "GET", path: "sessions", about: "registered devices, most recently active first (?limit=N)" },
     Route { method: "GET", path: "connections", about: "device connections (?limit=N)" },
@@ -78,6 +78,7 @@ const ROUTES: [Route; 8] = [
     Route { method: "GET", path: "scheduler", about: "the path scheduler and the choices" },
     Route { method: "POST", path: "scheduler", about: "switch the scheduler: {\"name\": \"adaptive\"}" },
     Route { method: "GET", path: "stats", about: "counters" },
+    Route { method: "GET", path: "delay", about: "responses and their summed delay per class (priority, best_effort) since start" },
     Route { method: "POST", path: "reload", about: "read the config file again: the scheduler changes live; other changes are listed as needing a restart" },
 ];
 
@@ -119,6 +120,13 @@ impl Api for GatewayApi {
                     Ok(json!({ "name": name, "before": before }))
                 }
                 (&Method::GET, ["stats"]) => Ok(json!(gw.stats.snapshot())),
+                (&Method::GET, ["delay"]) => {
+                    let class = |h: &qgate_gateway::gateway::DelayHistogram| json!({ "count": h.count(), "sum_s": h.sum_s() });
+                    Ok(json!({
+                        "priority": class(&gw.stats.delay_priority),
+                        "best_effort": class(&gw.stats.delay_best_effort),
+                    }))
+                }
                 (&Method::POST, ["reload"]) => self.reload(),
                 _ => Err(call.no_route()),
             }
