@@ -299,6 +299,10 @@ pub enum Bench {
         /// shaping: compare CPU per request with and without).
         #[arg(long, value_name = "SPEC")]
         shape: Option<String>,
+        /// Also measure the gateway while its admin port is read once a second (metrics over
+        /// HTTP and the dashboard's reads): the admin port's cost.
+        #[arg(long)]
+        scrape: bool,
     },
     /// AMQP broker throughput on loopback, 100-byte messages: 1→1 and 10→10, pre-settled and
     /// unsettled, QUIC and TCP, plus durable (interleaved repeats, one run).
@@ -435,6 +439,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             memory_devices,
             paced_rate,
             shape,
+            scrape,
         } => {
             let shape = shape
                 .map(|spec| {
@@ -464,6 +469,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 repeats,
                 paced_rps: paced_rate,
                 shape,
+                scrape,
             };
             let r = qgate_lab::bench::gateway::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
             println!("closed loop (each device sends when its last request is answered):");
@@ -483,6 +489,13 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 }
             };
             pairs(&r.via_gateway, &r.direct);
+            if scrape {
+                println!(
+                    "scraped each 1 s  {:.0} requests/s; ratio to unscraped {:.3} (per repeat; goal ≥ 0.98)",
+                    qgate_lab::stats::Summary::of(&r.via_gateway_scraped.iter().map(|l| l.rps).collect::<Vec<_>>()),
+                    r.scraped_ratio()
+                );
+            }
             let cpu = r.gateway_cpu_us_per_req();
             println!(
                 "gateway CPU       {cpu:.1} µs per forwarded request (process CPU per request via \

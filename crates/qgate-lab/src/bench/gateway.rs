@@ -38,6 +38,9 @@ pub struct GatewayBench {
     pub via_gateway_paced: Vec<Load>,
     /// Straight to the server at the fixed offered load, per repeat.
     pub direct_paced: Vec<Load>,
+    /// Through the gateway, closed loop, while its admin port is read once a second as the
+    /// dashboard does, per repeat (empty when not measured).
+    pub via_gateway_scraped: Vec<Load>,
 }
 
 /// What the devices send.
@@ -57,9 +60,23 @@ pub struct BenchConfig {
     pub paced_rps: f64,
     /// Shape each backhaul path's egress with these parameters (rate and queue discipline).
     pub shape: Option<qgate_link::LinkParams>,
+    /// Also measure the gateway while its admin port is scraped every second.
+    pub scrape: bool,
 }
 
 impl GatewayBench {
+    /// Per repeat: requests/s while scraped ÷ requests/s not scraped (closed loop).
+    pub fn scraped_ratio(&self) -> Summary {
+        Summary::of(
+            &self
+                .via_gateway_scraped
+                .iter()
+                .zip(&self.via_gateway)
+                .map(|(s, g)| s.rps / g.rps.max(1e-9))
+                .collect::<Vec<_>>(),
+        )
+    }
+
     /// Requests/s through the gateway (mean ± std).
     pub fn gateway_rps(&self) -> Summary {
         Summary::of(&self.via_gateway.iter().map(|l| l.rps).collect::<Vec<_>>())
@@ -188,6 +205,7 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         repeats,
         paced_rps,
         shape,
+        scrape,
     } = cfg;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -286,10 +304,50 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             direct: Vec::new(),
             via_gateway_paced: Vec::new(),
             direct_paced: Vec::new(),
+            via_gateway_scraped: Vec::new(),
+        };
+        // The admin port with the gateway's registry; the scraper reads it as Prometheus and
+        // the dashboard would, once a second: the metrics over HTTP, and the dashboard's three
+        // API reads (paths, delay, scheduler) plus the session list, as direct calls.
+        let admin = qgate_admin::Admin::builder()
+            .metrics(gw.collector())
+            .bind(sa("127.0.0.1:0"))
+            .await
+            .expect("admin port");
+        let scraper = {
+            let client =
+                qgate_admin::AdminClient::new(&admin.addr().to_string(), None).expect("address");
+            let gw = gw.clone();
+            move || {
+                let (client, gw) = (client.clone(), gw.clone());
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(Duration::from_secs(1));
+                    loop {
+                        tick.tick().await;
+                        let (status, _) = client
+                            .request(http::Method::GET, "/metrics", None)
+                            .await
+                            .expect("scrape");
+                        assert!(status.is_success());
+                        std::hint::black_box((
+                            gw.path_views(),
+                            gw.session_views(1000),
+                            gw.stats.delay_priority.count(),
+                            gw.scheduler_name(),
+                        ));
+                    }
+                })
+            }
         };
         for r in 0..repeats {
             out.via_gateway
                 .push(drive(via_senders(), body, secs, 0.0).await);
+            if scrape {
+                let task = scraper();
+                out.via_gateway_scraped
+                    .push(drive(via_senders(), body, secs, 0.0).await);
+                task.abort();
+            }
             out.direct
                 .push(drive(direct_senders(), body, secs, 0.0).await);
             if paced_rps > 0.0 {
