@@ -19,4 +19,6 @@ mod serve;
 pub use api::{Api, ApiError, Call, Reply, Route, DEFAULT_LIST_LIMIT};
 pub use auth::Token;
 pub use client::{AdminClient, ClientError};
-pub use serve::{Admin, AdminBuilder, AdminError, AdminLimits, RunningAdmin};
+pub use serve::{
+    percent_decode, percent_encode, Admin, AdminBuilder, AdminError, AdminLimits, RunningAdmin,
+};

@@ -195,7 +195,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     let answer = tokio::time::timeout(l.request_timeout, handle(&shared, req))
                         .await
                         .unwrap_or_else(|_| {
-                            error(StatusCode::SERVICE_UNAVAILABLE, "the request took too long")
+                            error(StatusCode::REQUEST_TIMEOUT, "the request took too long")
                         });
                     Ok::<_, Infallible>(answer)
                 }
@@ -291,7 +291,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
         ) {
             let mut a = error(
                 StatusCode::UNAUTHORIZED,
-                "this admin port needs 'Authorization: Bearer TOKEN' (qgate ctl --token, or QGATE_ADMIN_TOKEN)",
+                "this admin port needs 'Authorization: Bearer TOKEN' (qgate ctl --token-file FILE, or QGATE_ADMIN_TOKEN)",
             );
             a.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -344,12 +344,20 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                 Ok(v) => v,
                 Err(e) => return e,
             };
+            let segments: Option<Vec<String>> = p["/api/".len()..]
+                .split('/')
+                .filter(|s| !s.is_empty())
+                .map(percent_decode)
+                .collect();
+            let Some(segments) = segments else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "the path has a bad %-escape or is not UTF-8",
+                );
+            };
             let call = Call {
                 method: &method,
-                path: p["/api/".len()..]
-                    .split('/')
-                    .filter(|s| !s.is_empty())
-                    .collect(),
+                path: segments.iter().map(String::as_str).collect(),
                 query: query.as_deref(),
                 body,
             };
@@ -384,6 +392,38 @@ fn same_origin(req: &Request<Incoming>, has_token: bool) -> Result<(), &'static 
         return Err("this admin port has no token: it answers only to a loopback Host (127.0.0.1, [::1], localhost)");
     }
     Ok(())
+}
+
+/// A path segment with its `%XX` escapes decoded (a queue may be named `a/b`); None if an
+/// escape is bad or the result is not UTF-8.
+pub fn percent_decode(segment: &str) -> Option<String> {
+    let b = segment.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `segment` with every byte outside RFC 3986's unreserved set `%XX`-escaped.
+pub fn percent_encode(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
@@ -451,6 +491,25 @@ fn index(routes: &[Route]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segments_round_trip_through_percent_escapes() {
+        for name in [
+            "a/b",
+            "sp ace",
+            "/topic/x",
+            "ünï",
+            "plain-name_1.2~",
+            "100%",
+        ] {
+            let e = percent_encode(name);
+            assert!(!e.contains('/') && !e.contains(' '), "{e}");
+            assert_eq!(percent_decode(&e).as_deref(), Some(name));
+        }
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%4"), None);
+        assert_eq!(percent_decode("%ff"), None);
+    }
 
     #[test]
     fn loopback_hosts_are_literal_loopback_or_localhost() {

@@ -777,7 +777,10 @@ where
     let (broker_end, ours) = tokio::io::duplex(cfg.buffer);
     let (mut peer_rd, mut peer_wr) = tokio::io::split(peer);
     let (mut ours_rd, mut ours_wr) = tokio::io::split(ours);
-    let (fail_tx, mut fail_rx) = tokio::sync::oneshot::channel::<Fail>();
+    // The failure to tell the peer, with the peer's read half: it stays open until the close
+    // is written, so the peer's transport does not fail (QUIC STOP_SENDING, a TCP reset) before
+    // it has read why.
+    let (fail_tx, mut fail_rx) = tokio::sync::oneshot::channel::<(Fail, tokio::io::ReadHalf<S>)>();
     let pipeline = Arc::new(Mutex::new(Pipeline::default()));
     let pipeline_out = pipeline.clone();
     let shared = Arc::new(Shared {
@@ -881,7 +884,7 @@ where
             }
         };
         if let Some(f) = fail {
-            let _ = fail_tx.send(f);
+            let _ = fail_tx.send((f, peer_rd));
         }
         let _ = ours_wr.shutdown().await;
     });
@@ -902,7 +905,7 @@ where
             tokio::select! {
                 biased;
                 reply = &mut fail_rx => {
-                    if let Ok(reply) = reply {
+                    if let Ok((reply, mut rd)) = reply {
                         let bytes = match reply {
                             Fail::Header if rw.sent_header() => Vec::new(),
                             Fail::Header => b"AMQP\x03\x01\x00\x00".to_vec(),
@@ -911,6 +914,14 @@ where
                             Fail::Close(c, why) => [open_frame(), error_close(c, &why)].concat(),
                         };
                         let _ = tokio::time::timeout(write_limit, send(&mut peer_wr, &bytes)).await;
+                        let _ = tokio::time::timeout(cfg.handshake_timeout, peer_wr.shutdown()).await;
+                        // Give the peer a moment to read it and answer (its close, or its end
+                        // of the stream); what it sends is not read by anyone.
+                        let mut sink = [0u8; 4096];
+                        let drain = async {
+                            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+                        };
+                        let _ = tokio::time::timeout(CLOSE_LINGER, drain).await;
                     }
                     break;
                 }
@@ -950,6 +961,9 @@ where
     });
     broker_end
 }
+
+/// How long a connection closed with an error waits for the peer to read it and hang up.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// Write `bytes` to the peer and flush them. A TLS stream (tokio-rustls) may keep records it
 /// could not write yet in its own buffer and return: without the flush the broker's last

@@ -769,8 +769,14 @@ async fn a_peer_without_the_sasl_layer_is_served_while_anonymous_is_admitted() {
 /// unsettled message comes back; both are listed and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_can_purge_a_queue_and_close_a_connection() {
+    for (scheme, kind) in [(Scheme::Tcp, "tcp"), (Scheme::Quic, "quic")] {
+        operator_actions(scheme, kind).await;
+    }
+}
+
+async fn operator_actions(scheme: Scheme, kind: &str) {
     let r = start(BrokerConfig::default()).await;
-    let c = r.connector(Scheme::Tcp, None);
+    let c = r.connector(scheme, None);
     client::send(&c, &send_spec("jobs", false), bodies(10, 4))
         .await
         .unwrap();
@@ -794,7 +800,7 @@ async fn an_operator_can_purge_a_queue_and_close_a_connection() {
     // The holder's connection is listed; closing it sends its message back.
     let (conns, total) = r.broker.connection_views(100);
     assert_eq!(total, 1);
-    assert_eq!(conns[0].kind, "tcp");
+    assert_eq!(conns[0].kind, kind);
     assert!(!r.broker.close_connection(conns[0].id + 1000));
     assert!(r.broker.close_connection(conns[0].id));
     let err = tokio::time::timeout(Duration::from_secs(5), rx.recv::<Body<Value>>())

@@ -274,7 +274,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
         let admin = crate::admin::start(&a.admin, b.admin.as_deref(), cfg, || {
             qgate_admin::Admin::builder()
                 .metrics(broker.collector())
-                .api(crate::admin::BrokerApi::new(broker.clone(), b.clone()))
+                .api(crate::admin::BrokerApi::new(broker.clone(), cfg.clone()))
         })
         .await?;
         listening.extend(admin.as_ref().map(|(_, l)| l.clone()));

@@ -281,7 +281,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         let gw = running.gateway.clone();
         let admin = crate::admin::start(&a.admin, g.admin.as_deref(), cfg, || {
             qgate_admin::Admin::builder().metrics(gw.collector()).api(
-                crate::admin::GatewayApi::new(gw.clone(), g.clone(), scheduler_flag),
+                crate::admin::GatewayApi::new(gw.clone(), cfg.clone(), scheduler_flag),
             )
         })
         .await?;

@@ -231,7 +231,7 @@ pub fn run() -> ExitCode {
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),
         Command::Linkem(a) => linkemcmd::run(a, &config),
-        Command::Ctl(a) => admin::ctl::ctl(a),
+        Command::Ctl(a) => admin::ctl::ctl(a, &config),
         Command::Upload(a) => uploadcmd::run(a, &config),
     };
     match result {

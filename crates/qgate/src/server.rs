@@ -264,7 +264,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             builder = builder.dedup_store(d);
         }
         let server = builder.start().map_err(usage)?;
-        let api = crate::admin::ServerApi::new(server.metrics.clone(), c.clone());
+        let api = crate::admin::ServerApi::new(server.metrics.clone(), cfg.clone());
         let metrics = server.metrics.clone();
         let admin = crate::admin::start(&a.admin, c.admin.as_deref(), cfg, || {
             qgate_admin::Admin::builder().metrics(metrics).api(api)

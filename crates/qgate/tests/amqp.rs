@@ -645,18 +645,36 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     assert!(out.contains("\"depth\": 3,"), "{out}");
     let o = ctl(&["purge", "zzz"], true);
     assert!(String::from_utf8_lossy(&o.stderr).contains("404 Not Found: no queue 'zzz'"));
+    // Any queue name, escaped on the way (a peer may name one "/topic/x y").
+    let quic = b.quic.to_string();
+    let o = qgate(&home)
+        .args(["send", &quic, "/topic/x y", "--count", "2", "--size", "10"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ctl(&["--json", "purge", "/topic/x y"], true);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"purged\": 2"),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = ctl(&["--json", "connections"], true);
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"total\": 0"));
     // Reload: a new queue is declared live; a changed listener needs a restart.
     std::fs::write(
         &cfg,
-        format!("{head}tcp = \"127.0.0.1:9\"\n[[broker.queues]]\nname = \"a\"\n[[broker.queues]]\nname = \"b\"\n"),
+        format!("{head}tcp = \"127.0.0.1:9\"\n[[broker.queues]]\nname = \"a\"\n[[broker.queues]]\nname = \"b\"\n[admin]\ntoken_file = \"/nonexistent\"\n"),
     )
     .unwrap();
     let o = ctl(&["--json", "reload"], true);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(out.contains("queue b declared"), "{out}");
     assert!(out.contains("listeners"), "{out}");
+    assert!(
+        out.contains("[admin]"),
+        "a new token needs a restart: {out}"
+    );
     let o = ctl(&["queues"], true);
     assert!(String::from_utf8_lossy(&o.stdout)
         .lines()

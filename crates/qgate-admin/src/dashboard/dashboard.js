@@ -133,7 +133,7 @@ async function gateway(now, values) {
 }
 
 async function broker(now, values) {
-  const queues = await api("/api/queues");
+  const queues = (await api("/api/queues?limit=200")).queues;
   panel("br-queues", "Queues", table("queues", [["name", "queue"], ["depth", "depth"], ["ready", "ready"], ["unacked", "unacked"], ["in_per_s", "in/s"], ["out_per_s", "out/s"]], queues));
   const depth = queues.reduce((a, q) => a + q.depth, 0);
   const enq = queues.reduce((a, q) => a + q.enqueued, 0), acked = queues.reduce((a, q) => a + q.acked, 0);

@@ -155,7 +155,8 @@ impl Gateway {
     pub fn close_connection(&self, id: ConnId) -> bool {
         match lock(&self.conns).get(&id) {
             Some(c) => {
-                c.close(0, b"closed by the operator");
+                // H3_NO_ERROR (RFC 9114 §8.1): the device may reconnect at once.
+                c.close(0x100, b"closed by the operator");
                 true
             }
             None => false,

@@ -340,13 +340,24 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             }
         };
         for r in 0..repeats {
+            // Scraped and unscraped take turns going first, so a drift over the run does not
+            // land on one side.
+            let scraped_first = scrape && r % 2 == 1;
+            let scraped = || {
+                let task = scraper();
+                async move {
+                    let load = drive(via_senders(), body, secs, 0.0).await;
+                    task.abort();
+                    load
+                }
+            };
+            if scraped_first {
+                out.via_gateway_scraped.push(scraped().await);
+            }
             out.via_gateway
                 .push(drive(via_senders(), body, secs, 0.0).await);
-            if scrape {
-                let task = scraper();
-                out.via_gateway_scraped
-                    .push(drive(via_senders(), body, secs, 0.0).await);
-                task.abort();
+            if scrape && !scraped_first {
+                out.via_gateway_scraped.push(scraped().await);
             }
             out.direct
                 .push(drive(direct_senders(), body, secs, 0.0).await);

@@ -12,8 +12,9 @@ use qgate_amqp::broker::{Broker, Declared};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{differs, reload_config};
+use super::{differs, reload_config, shared_sections};
 use crate::amqpcmd::BrokerSection;
+use crate::config::Config;
 
 /// Rates are measured over this window.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -66,28 +67,33 @@ pub struct BrokerApi {
     rates: Arc<Mutex<Rates>>,
     /// The `[broker]` section as running now (start-up, then each reload's declarations).
     started: Mutex<BrokerSection>,
+    /// The whole config at start (its shared sections cannot change live).
+    config: Config,
 }
 
 impl BrokerApi {
     /// The API of `broker`, started from `section`; samples the queues for rates while it
     /// lives (on the current tokio runtime).
-    pub fn new(broker: Broker, section: BrokerSection) -> BrokerApi {
+    pub fn new(broker: Broker, config: Config) -> BrokerApi {
+        let section = config.broker.clone();
         let rates = Arc::new(Mutex::new(Rates::default()));
         tokio::spawn(sample(broker.clone(), Arc::downgrade(&rates)));
         BrokerApi {
             broker,
             rates,
             started: Mutex::new(section),
+            config,
         }
     }
 
-    fn queues(&self) -> Reply {
+    fn queues(&self, limit: usize) -> Reply {
         let now = Instant::now();
+        let all = self.broker.queue_stats();
+        let total = all.len();
         let rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
-        let rows: Vec<_> = self
-            .broker
-            .queue_stats()
+        let rows: Vec<_> = all
             .into_iter()
+            .take(limit)
             .map(|q| {
                 let r = rates.of(&q.name, now, q.stats.enqueued, q.stats.acked);
                 json!({
@@ -107,11 +113,12 @@ impl BrokerApi {
                 })
             })
             .collect();
-        Ok(json!(rows))
+        Ok(json!({ "total": total, "queues": rows }))
     }
 
     fn reload(&self) -> Reply {
-        let new = reload_config()?.broker;
+        let whole = reload_config()?;
+        let new = &whole.broker;
         new.config
             .validate()
             .map_err(|e| ApiError::bad_request(format!("[broker]: {e}")))?;
@@ -191,6 +198,7 @@ impl BrokerApi {
         if differs(&live_queues.0, &live_queues.1) {
             needs_restart.push("broker limits, store and timeouts".into());
         }
+        needs_restart.extend(shared_sections(&self.config, &whole, false));
         // What runs now: the queues declared are part of it from here on.
         started.config.queues.extend(created);
         Ok(json!({ "applied": applied, "kept": kept, "needs_restart": needs_restart }))
@@ -210,7 +218,7 @@ async fn sample(broker: Broker, rates: Weak<Mutex<Rates>>) {
 }
 
 const ROUTES: [Route; 6] = [
-    Route { method: "GET", path: "queues", about: "queues: depth, ready, unacked, bytes, counters, in/out per second over the last 10 s" },
+    Route { method: "GET", path: "queues", about: "queues by name: depth, ready, unacked, bytes, counters, in/out per second over the last 10 s (?limit=N)" },
     Route { method: "POST", path: "queues/{name}/purge", about: "drop a queue's ready messages (delivered, unsettled ones stay)" },
     Route { method: "GET", path: "connections", about: "AMQP connections (?limit=N)" },
     Route { method: "POST", path: "connections/{id}/close", about: "close a connection (the peer hears amqp:connection:forced)" },
@@ -227,7 +235,7 @@ impl Api for BrokerApi {
         Box::pin(async move {
             let b = &self.broker;
             match (call.method, call.path.as_slice()) {
-                (&Method::GET, ["queues"]) => self.queues(),
+                (&Method::GET, ["queues"]) => self.queues(call.limit()?),
                 (&Method::POST, ["queues", name, "purge"]) => match b.purge(name).await {
                     Some(n) => Ok(json!({ "queue": name, "purged": n })),
                     None => Err(ApiError::not_found(format!("no queue '{name}'"))),

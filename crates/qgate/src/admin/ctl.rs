@@ -13,13 +13,15 @@ use crate::{usage, Failure, EXIT_HTTP_STATUS};
 pub struct CtlArgs {
     /// The daemon's admin port: HOST:PORT, PORT (on 127.0.0.1) or http://HOST:PORT (what it
     /// printed at start-up as "admin http://…").
-    #[arg(long, env = "QGATE_ADMIN", value_name = "ADDR")]
-    admin: String,
-    /// File holding the admin token [default: $QGATE_ADMIN_TOKEN, else none].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, global = true, env = "QGATE_ADMIN", value_name = "ADDR")]
+    admin: Option<String>,
+    /// File holding the admin token [default: [admin] token_file of --config, else
+    /// $QGATE_ADMIN_TOKEN, else none].
+    #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Print the JSON answer as it is, not as a table.
-    #[arg(long)]
+    /// Print the daemon's JSON answer as it is (lists are otherwise shown as tables, other
+    /// answers as indented JSON).
+    #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     what: Ctl,
@@ -88,14 +90,19 @@ fn qgate_admin_list_limit() -> usize {
     qgate_admin::DEFAULT_LIST_LIMIT
 }
 
-pub fn ctl(a: CtlArgs) -> Result<(), Failure> {
-    let token = match &a.token_file {
+pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
+    let token = match a.token_file.as_ref().or(cfg.admin.token_file.as_ref()) {
         Some(f) => Some(Token::from_file(f).map_err(usage)?),
         None => super::env_token()?,
     };
-    let addr = match a.admin.parse::<u16>() {
+    let Some(admin) = &a.admin else {
+        return Err(usage(
+            "which daemon? give --admin ADDR (or QGATE_ADMIN): the address it printed as \"admin http://…\"",
+        ));
+    };
+    let addr = match admin.parse::<u16>() {
         Ok(port) => format!("127.0.0.1:{port}"),
-        Err(_) => a.admin.clone(),
+        Err(_) => admin.clone(),
     };
     let client = AdminClient::new(&addr, token).map_err(usage)?;
     let api = |p: &str| {
@@ -125,10 +132,11 @@ pub fn ctl(a: CtlArgs) -> Result<(), Failure> {
         ),
         Ctl::Queues => (Method::GET, api("queues"), None),
         Ctl::Purge { queue } => {
-            if queue.is_empty() || queue.contains(['/', '?', '#', ' ']) {
-                return Err(usage(format!("'{queue}' is not a queue name")));
+            if queue.is_empty() {
+                return Err(usage("give the queue's name"));
             }
-            (Method::POST, api(&format!("queues/{queue}/purge")), None)
+            let q = qgate_admin::percent_encode(queue);
+            (Method::POST, api(&format!("queues/{q}/purge")), None)
         }
         Ctl::Bridges => (Method::GET, api("bridges"), None),
         Ctl::Stats => (Method::GET, api("stats"), None),
@@ -208,22 +216,38 @@ fn table_rows(v: &Value) -> Option<&Vec<Value>> {
     rows.iter().all(Value::is_object).then_some(rows)
 }
 
+/// `s` with control characters shown as escapes: names come from peers (a queue may be named
+/// with terminal escape sequences or newlines) and must not drive the operator's terminal.
+fn visible(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 fn table(rows: &[Value]) -> String {
     let Some(first) = rows.first().and_then(Value::as_object) else {
         return "(none)\n".into();
     };
     let cols: Vec<&String> = first.keys().collect();
-    let cell = |v: Option<&Value>| match v {
-        None | Some(Value::Null) => "-".to_string(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(f) if n.is_f64() => format!("{f:.3}")
-                .trim_end_matches('0')
-                .trim_end_matches('.')
-                .to_string(),
-            _ => n.to_string(),
-        },
-        Some(v) => v.to_string(),
+    let cell = |v: Option<&Value>| {
+        visible(&match v {
+            None | Some(Value::Null) => "-".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(f) if n.is_f64() => format!("{f:.3}")
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+                    .to_string(),
+                _ => n.to_string(),
+            },
+            Some(v) => v.to_string(),
+        })
     };
     let cells: Vec<Vec<String>> = rows
         .iter()
@@ -277,5 +301,7 @@ mod tests {
         );
         assert!(render(&json!({"name": "adaptive", "choices": ["a"]})).starts_with("{\n"));
         assert_eq!(render(&json!([])), "(none)\n");
+        let evil = render(&json!([{"name": "\u{1b}[31mred\nfake 1"}]));
+        assert_eq!(evil, "name\n\\u{1b}[31mred\\nfake 1\n");
     }
 }

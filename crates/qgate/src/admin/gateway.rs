@@ -1,7 +1,7 @@
 //! `qgate gateway --admin`: paths, sessions and device connections; close a connection, switch
 //! the scheduler, reload the config.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -9,39 +9,48 @@ use qgate_admin::{Api, ApiError, Call, Reply, Route};
 use qgate_gateway::gateway::Gateway;
 use serde_json::json;
 
-use super::{differs, reload_config};
-use crate::gatewaycmd::GatewaySection;
+use super::{differs, reload_config, shared_sections};
+use crate::config::Config;
 
 /// The gateway's JSON API.
 pub struct GatewayApi {
     gw: Arc<Gateway>,
-    /// The `[gateway]` section the gateway started with (reload compares against it).
-    started: GatewaySection,
+    /// The config the gateway started with (reload compares against it).
+    started: Config,
+    /// The scheduler the file named at start or at the last reload: a reload switches only
+    /// when the file's choice changed, so an operator's live switch survives unrelated reloads.
+    file_scheduler: Mutex<Option<String>>,
     /// Whether `--scheduler` fixed the scheduler (a reload then leaves it alone).
     scheduler_flag: bool,
 }
 
 impl GatewayApi {
-    /// The API of `gw`, started from `section` (`scheduler_flag`: given on the command line).
-    pub fn new(gw: Arc<Gateway>, section: GatewaySection, scheduler_flag: bool) -> GatewayApi {
+    /// The API of `gw`, started from `cfg` (`scheduler_flag`: given on the command line).
+    pub fn new(gw: Arc<Gateway>, cfg: Config, scheduler_flag: bool) -> GatewayApi {
         GatewayApi {
             gw,
-            started: section,
+            file_scheduler: Mutex::new(cfg.gateway.scheduler.clone()),
+            started: cfg,
             scheduler_flag,
         }
     }
 
     fn reload(&self) -> Reply {
-        let new = reload_config()?.gateway;
-        let started = &self.started;
+        let whole = reload_config()?;
+        let new = &whole.gateway;
+        let started = &self.started.gateway;
         let mut applied = Vec::new();
         let mut kept = Vec::new();
-        // The file's scheduler, or the default where it names none.
-        let name = new
-            .scheduler
-            .as_deref()
-            .unwrap_or(qgate_core::scheduler::DEFAULT_SCHEDULER);
-        if name != self.gw.scheduler_name() {
+        let mut file_scheduler = self
+            .file_scheduler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if new.scheduler != *file_scheduler {
+            // The file's scheduler, or the default where it names none.
+            let name = new
+                .scheduler
+                .as_deref()
+                .unwrap_or(qgate_core::scheduler::DEFAULT_SCHEDULER);
             if self.scheduler_flag {
                 kept.push(format!("scheduler {name}: --scheduler fixed it"));
             } else {
@@ -49,9 +58,10 @@ impl GatewayApi {
                     .set_scheduler(name)
                     .map_err(|e| ApiError::bad_request(format!("gateway.scheduler: {e}")))?;
                 applied.push(format!("scheduler = {name}"));
+                file_scheduler.clone_from(&new.scheduler);
             }
         }
-        let needs_restart: Vec<&str> = [
+        let mut needs_restart: Vec<String> = [
             ("admin", differs(&started.admin, &new.admin)),
             ("listen", differs(&started.listen, &new.listen)),
             ("server", differs(&started.server, &new.server)),
@@ -64,8 +74,10 @@ impl GatewayApi {
             ("limits and timeouts", differs(&started.limits, &new.limits)),
         ]
         .into_iter()
-        .filter_map(|(n, d)| d.then_some(n))
+        .filter(|&(_, d)| d)
+        .map(|(n, _)| n.to_string())
         .collect();
+        needs_restart.extend(shared_sections(&self.started, &whole, true));
         Ok(json!({ "applied": applied, "kept": kept, "needs_restart": needs_restart }))
     }
 }

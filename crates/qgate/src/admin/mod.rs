@@ -44,9 +44,10 @@ pub struct AdminSection {
     pub token_file: Option<PathBuf>,
 }
 
-/// `PORT` (on 127.0.0.1) or `HOST:PORT`.
+/// `PORT` or `localhost:PORT` (on 127.0.0.1), or `HOST:PORT` with an IP address.
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    if let Ok(port) = s.parse::<u16>() {
+    let port = s.strip_prefix("localhost:").unwrap_or(s);
+    if let Ok(port) = port.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
     s.parse()
@@ -116,6 +117,24 @@ pub(crate) fn reload_config() -> Result<crate::config::Config, qgate_admin::ApiE
         .map_err(|e| qgate_admin::ApiError::bad_request(format!("{e:#}")))
 }
 
+/// The shared sections a daemon reads at start (`[admin]`, `[transport]`, and `[history]` when
+/// `history`) that differ between `old` and `new`: a reload cannot apply them.
+pub(crate) fn shared_sections(
+    old: &crate::config::Config,
+    new: &crate::config::Config,
+    history: bool,
+) -> Vec<String> {
+    [
+        ("[admin]", differs(&old.admin, &new.admin)),
+        ("[transport]", differs(&old.transport, &new.transport)),
+        ("[history]", history && differs(&old.history, &new.history)),
+    ]
+    .into_iter()
+    .filter(|&(_, d)| d)
+    .map(|(n, _)| n.to_string())
+    .collect()
+}
+
 /// Whether two config values differ (compared as printed: the sections have no `PartialEq`).
 pub(crate) fn differs(a: &impl std::fmt::Debug, b: &impl std::fmt::Debug) -> bool {
     format!("{a:?}") != format!("{b:?}")
@@ -136,5 +155,9 @@ mod tests {
             "0.0.0.0:1".parse().unwrap()
         );
         assert!(parse_addr("localhost").is_err());
+        assert_eq!(
+            parse_addr("localhost:80").unwrap(),
+            "127.0.0.1:80".parse().unwrap()
+        );
     }
 }

@@ -6,21 +6,21 @@ use qgate_admin::{Api, Call, Reply, Route};
 use qgate_server::ServerMetrics;
 use serde_json::json;
 
-use super::{differs, reload_config};
-use crate::config::ServerConfig;
+use super::{differs, reload_config, shared_sections};
+use crate::config::Config;
 
 /// The ingest server's JSON API.
 pub struct ServerApi {
     metrics: ServerMetrics,
-    started: ServerConfig,
+    started: Config,
 }
 
 impl ServerApi {
-    /// The API over `metrics` of a server started from `section`.
-    pub fn new(metrics: ServerMetrics, section: ServerConfig) -> ServerApi {
+    /// The API over `metrics` of a server started from `cfg`.
+    pub fn new(metrics: ServerMetrics, cfg: Config) -> ServerApi {
         ServerApi {
             metrics,
-            started: section,
+            started: cfg,
         }
     }
 }
@@ -58,12 +58,12 @@ impl Api for ServerApi {
                 })),
                 (&Method::GET, ["sink"]) => Ok(json!(self.metrics.queue_sink())),
                 (&Method::POST, ["reload"]) => {
-                    let new = reload_config()?.server;
-                    let changed = differs(&self.started, &new);
-                    Ok(json!({
-                        "applied": [],
-                        "needs_restart": if changed { vec!["[server]"] } else { vec![] },
-                    }))
+                    let new = reload_config()?;
+                    let mut needs_restart = shared_sections(&self.started, &new, true);
+                    if differs(&self.started.server, &new.server) {
+                        needs_restart.insert(0, "[server]".into());
+                    }
+                    Ok(json!({ "applied": [], "needs_restart": needs_restart }))
                 }
                 _ => Err(call.no_route()),
             }
