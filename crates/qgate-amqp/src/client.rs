@@ -572,6 +572,15 @@ impl Client {
             })
     }
 
+    /// Resolves once the connection's engine has stopped (the broker closed it, or the
+    /// transport failed). fe2o3-amqp 0.18 does not wake a sender waiting for link credit when
+    /// that happens, so a send races this (looked at every 200 ms).
+    pub async fn ended(&self) {
+        while !self.conn.is_closed() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Close the connection (which ends its session, AMQP 1.0 §2.4.3) without waiting for the
     /// broker's close: fe2o3-amqp's engines would busy-loop for that round trip (decision
     /// M15). Detach the links first.
@@ -731,7 +740,7 @@ pub async fn send_into(
             p.tick().await;
         }
         while inflight.len() >= spec.window.max(1) {
-            if let Some(r) = unless_closed(quic, &spec.address, inflight.next()).await? {
+            if let Some(r) = unless_closed(&client, quic, &spec.address, inflight.next()).await? {
                 tally(report, r).map_err(|e| link_gone(&spec.address, e))?;
                 report.total = start.elapsed();
             }
@@ -741,7 +750,7 @@ pub async fn send_into(
             MessageId::String(format!("{run:016x}-{i}")),
             body,
         ));
-        let fut = unless_closed(quic, &spec.address, send)
+        let fut = unless_closed(&client, quic, &spec.address, send)
             .await?
             .map_err(|e| ClientError::Link(format!("sending: {e}")))?;
         if first {
@@ -750,7 +759,7 @@ pub async fn send_into(
         }
         inflight.push(async move { (len, fut.await) });
     }
-    while let Some(r) = unless_closed(quic, &spec.address, inflight.next()).await? {
+    while let Some(r) = unless_closed(&client, quic, &spec.address, inflight.next()).await? {
         tally(report, r).map_err(|e| link_gone(&spec.address, e))?;
         report.total = start.elapsed();
     }
@@ -806,17 +815,16 @@ fn tally(
 /// outcome pending for ever when its transport dies (found by `qgate lab faults`), so a sender
 /// would hang on a dead broker with messages in flight (decision M20).
 async fn unless_closed<T>(
+    client: &Client,
     quic: Option<&quinn::Connection>,
     address: &str,
     fut: impl std::future::Future<Output = T>,
 ) -> Result<T, ClientError> {
-    let Some(conn) = quic else {
-        return Ok(fut.await);
-    };
     tokio::select! {
         biased;
         r = fut => Ok(r),
-        e = conn.closed() => Err(link_gone(address, format!("the QUIC connection closed: {e}"))),
+        e = quic_closed(quic) => Err(link_gone(address, format!("the QUIC connection closed: {e}"))),
+        _ = client.ended() => Err(link_gone(address, "the broker closed the connection".into())),
     }
 }
 

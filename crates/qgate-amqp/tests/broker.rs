@@ -771,7 +771,47 @@ async fn a_peer_without_the_sasl_layer_is_served_while_anonymous_is_admitted() {
 async fn an_operator_can_purge_a_queue_and_close_a_connection() {
     for (scheme, kind) in [(Scheme::Tcp, "tcp"), (Scheme::Quic, "quic")] {
         operator_actions(scheme, kind).await;
+        closing_a_held_producer_ends_its_send(scheme).await;
     }
+}
+
+/// A producer held by back-pressure (a full queue grants no credit) whose connection the
+/// operator closes gets an error at once instead of waiting for credit forever.
+async fn closing_a_held_producer_ends_its_send(scheme: Scheme) {
+    let r = start(BrokerConfig {
+        queues: vec![QueueDecl {
+            name: "small".into(),
+            max_messages: Some(10),
+            max_bytes: None,
+            ttl: None,
+        }],
+        ..Default::default()
+    })
+    .await;
+    let c = r.connector(scheme, None);
+    let send =
+        tokio::spawn(
+            async move { client::send(&c, &send_spec("small", false), bodies(50, 5)).await },
+        );
+    // Held: the depth stops below the limit and the sender waits.
+    let mut last = usize::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let d = r.broker.queue_stats()[0].depth;
+        if d == last && d > 0 {
+            break;
+        }
+        last = d;
+    }
+    assert!(!send.is_finished(), "the producer is held");
+    let (conns, _) = r.broker.connection_views(10);
+    assert!(r.broker.close_connection(conns[0].id));
+    let out = tokio::time::timeout(Duration::from_secs(5), send)
+        .await
+        .expect("the send ends once its connection is closed")
+        .unwrap();
+    let e = out.expect_err("the link ended").to_string();
+    assert!(e.contains("closed"), "{e}");
 }
 
 async fn operator_actions(scheme: Scheme, kind: &str) {
