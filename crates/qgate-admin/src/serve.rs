@@ -2,7 +2,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,16 +120,22 @@ impl AdminBuilder {
     }
 
     /// Serve on `listener` (its address is not checked: the caller chose it).
-    pub fn serve(self, listener: TcpListener) -> RunningAdmin {
+    pub fn serve(mut self, listener: TcpListener) -> RunningAdmin {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
+        let refused = prometheus_client::metrics::counter::Counter::<u64>::default();
+        self.registry.register(
+            "qgate_admin_connections_refused",
+            "admin port connections closed on accept: every slot was taken",
+            refused.clone(),
+        );
         let shared = Arc::new(Shared {
             registry: self.registry,
             api: self.api,
             token: self.token,
             limits: self.limits,
-            refused: AtomicU64::new(0),
+            refused,
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         RunningAdmin { addr, task, shared }
@@ -152,7 +157,7 @@ impl RunningAdmin {
 
     /// Connections closed on accept because every slot was taken.
     pub fn refused(&self) -> u64 {
-        self.shared.refused.load(Ordering::Relaxed)
+        self.shared.refused.get()
     }
 }
 
@@ -167,7 +172,7 @@ struct Shared {
     api: Option<Arc<dyn Api>>,
     token: Option<Token>,
     limits: AdminLimits,
-    refused: AtomicU64,
+    refused: prometheus_client::metrics::counter::Counter<u64>,
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
@@ -183,7 +188,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            shared.refused.fetch_add(1, Ordering::Relaxed);
+            shared.refused.inc();
             continue;
         };
         let shared = shared.clone();
@@ -244,6 +249,17 @@ fn json_answer(status: StatusCode, v: &Value) -> Answer {
     answer(status, "application/json", body)
 }
 
+/// 405 with the methods the route takes (RFC 9110 §15.5.6).
+fn not_allowed(allow: &'static str) -> Answer {
+    let mut a = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("this route takes {allow}"),
+    );
+    a.headers_mut()
+        .insert(header::ALLOW, http::HeaderValue::from_static(allow));
+    a
+}
+
 fn error(status: StatusCode, message: &str) -> Answer {
     json_answer(status, &json!({ "error": message }))
 }
@@ -253,7 +269,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
     let method = req.method().clone();
     if path == "/health" {
         if method != Method::GET {
-            return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
+            return not_allowed("GET");
         }
         return match shared.api.as_ref().map_or(Ok(()), |a| a.health()) {
             Ok(()) => answer(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
@@ -322,10 +338,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                 return error(StatusCode::NOT_FOUND, "this daemon has no JSON API");
             };
             if m != Method::GET && m != Method::POST {
-                return error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "use GET to read, POST to act",
-                );
+                return not_allowed("GET, POST");
             }
             // A browser cannot send this type across origins without asking first.
             let json_type = req
@@ -366,7 +379,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                 Err(e) => error(e.status, &e.message),
             }
         }
-        (_, "/metrics" | "/") => error(StatusCode::METHOD_NOT_ALLOWED, "use GET"),
+        (_, "/metrics" | "/") => not_allowed("GET"),
         _ => error(
             StatusCode::NOT_FOUND,
             &format!("no route {path}: GET / lists the routes"),

@@ -123,11 +123,12 @@ async fn routes_answer_and_the_token_guards_all_but_health() {
         .unwrap();
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(String::from_utf8_lossy(&b).contains("GET /api lists them"));
-    let (s, _) = ok
+    let (s, b) = ok
         .request(Method::DELETE, "/api/click", None)
         .await
         .unwrap();
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(String::from_utf8_lossy(&b).contains("GET, POST"));
     let (s, b) = ok.request(Method::GET, "/", None).await.unwrap();
     assert_eq!(s, StatusCode::OK);
     assert!(String::from_utf8_lossy(&b).contains("/api/click"));
@@ -277,15 +278,22 @@ async fn idle_and_slow_peers_are_cut_and_their_slots_freed() {
     assert!(t0.elapsed() < Duration::from_secs(3));
     // The slots are back: the operator gets an answer.
     let cl = client(&a, None);
-    let mut answered = false;
+    let mut answered = None;
     for _ in 0..50 {
-        if let Ok((StatusCode::OK, _)) = cl.request(Method::GET, "/metrics", None).await {
-            answered = true;
+        if let Ok((StatusCode::OK, body)) = cl.request(Method::GET, "/metrics", None).await {
+            answered = Some(String::from_utf8_lossy(&body).into_owned());
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(answered);
+    let text = answered.expect("the operator gets through");
+    // The refusals are counted where Prometheus sees them.
+    let refused = text
+        .lines()
+        .find_map(|l| l.strip_prefix("qgate_admin_connections_refused_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect(&text);
+    assert!(refused >= 1, "{text}");
     // A keep-alive connection that keeps asking is still closed at the end of its life.
     let mut ka = TcpStream::connect(a.addr()).await.unwrap();
     let t0 = tokio::time::Instant::now();

@@ -328,15 +328,17 @@ fn bridge_config(b: &BridgeSection, cfg: &Config) -> Result<BridgeConfig, Failur
 /// Where a client connects.
 #[derive(Args, Debug, Clone)]
 pub struct Target {
-    /// Broker address, e.g. 127.0.0.1:5671.
+    /// The broker: HOST:PORT (names are resolved, e.g. broker.example:5671), or a URL
+    /// amqp+quic://[USER[:PASSWORD]@]HOST[:PORT]/QUEUE (also amqp:// for TCP, amqps:// for TLS
+    /// 1.3), which names the queue and the transport too.
     #[arg(value_name = "BROKER")]
-    broker: SocketAddr,
-    /// Queue address.
+    broker: String,
+    /// Queue address (a URL names it in its path instead).
     #[arg(value_name = "QUEUE")]
-    queue: String,
-    /// quic, quic-mux (every AMQP connection a stream of one shared QUIC connection: one handshake for all of `send --one-per-connection`'s), tcp-tls (TLS 1.3), tcp-tls12 or tcp.
-    #[arg(long, default_value = "quic", value_name = "SCHEME")]
-    transport: Scheme,
+    queue: Option<String>,
+    /// quic, quic-mux (every AMQP connection a stream of one shared QUIC connection: one handshake for all of `send --one-per-connection`'s), tcp-tls (TLS 1.3), tcp-tls12 or tcp [default: the URL's scheme, else quic].
+    #[arg(long, value_name = "SCHEME")]
+    transport: Option<Scheme>,
     /// Pre-settled (at-most-once) instead of unsettled (at-least-once).
     #[arg(long)]
     settle: bool,
@@ -349,9 +351,10 @@ pub struct Target {
     /// CA certificate of the broker, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
-    /// The name on the broker's certificate.
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
+    /// The name on the broker's certificate [default: the broker's host name; localhost for an
+    /// IP address].
+    #[arg(long)]
+    server_name: Option<String>,
     /// Link name [default: qgate-send / qgate-recv].
     #[arg(long)]
     link_name: Option<String>,
@@ -367,43 +370,123 @@ pub struct Target {
     key: Option<PathBuf>,
 }
 
+/// Where a `send` or `recv` goes, once its BROKER and QUEUE are read.
+struct Resolved {
+    addr: SocketAddr,
+    scheme: Scheme,
+    server_name: String,
+    queue: String,
+    credentials: Option<(String, String)>,
+}
+
 impl Target {
-    fn connector(&self, cfg: &Config) -> Result<Connector, Failure> {
+    /// BROKER (an address, HOST:PORT or a URL) and QUEUE, with the flags that may override them.
+    fn resolve(&self) -> Result<Resolved, Failure> {
+        let (host, port, scheme, queue, credentials) = if self.broker.contains("://") {
+            let url = qgate_amqp::url::parse(&self.broker)
+                .and_then(|u| u.password_from(self.password.clone()))
+                .map_err(usage)?;
+            let family = |s: Scheme| matches!(s, Scheme::Quic | Scheme::QuicMux);
+            let scheme = match self.transport {
+                Some(t) if family(t) != family(url.scheme) || (!family(t) && t != url.scheme) => {
+                    return Err(usage(format!(
+                        "the URL's scheme means --transport {}, not {t}: give one",
+                        url.scheme
+                    )))
+                }
+                Some(t) => t,
+                None => url.scheme,
+            };
+            // The parser insists on a queue in the path.
+            let queue = match &self.queue {
+                Some(q) if *q != url.address => {
+                    return Err(usage(format!(
+                        "the URL names queue '{}' and QUEUE is '{q}': give one",
+                        url.address
+                    )))
+                }
+                _ => url.address.clone(),
+            };
+            (url.host, url.port, scheme, queue, url.credentials)
+        } else {
+            let (host, port) = self
+                .broker
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+                .filter(|(h, _)| !h.is_empty())
+                .ok_or_else(|| {
+                    usage(format!(
+                        "'{}' is not a broker: give HOST:PORT or an amqp+quic://HOST/QUEUE URL",
+                        self.broker
+                    ))
+                })?;
+            let queue = self.queue.clone().ok_or_else(|| {
+                usage("give the QUEUE after the broker (or a URL ending in /QUEUE)")
+            })?;
+            let credentials = match (&self.user, &self.password) {
+                (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+                (Some(_), None) => {
+                    return Err(usage("--user needs --password (or QGATE_AMQP_PASSWORD)"))
+                }
+                _ => None,
+            };
+            (
+                host.to_string(),
+                port,
+                self.transport.unwrap_or(Scheme::Quic),
+                queue,
+                credentials,
+            )
+        };
+        use std::net::ToSocketAddrs;
+        let addr = (host.as_str(), port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| Failure {
+                status: 1,
+                error: anyhow::anyhow!("cannot resolve the broker's host '{host}'"),
+            })?;
+        let server_name = self.server_name.clone().unwrap_or_else(|| {
+            if host.parse::<std::net::IpAddr>().is_ok() {
+                "localhost".into()
+            } else {
+                host.clone()
+            }
+        });
+        Ok(Resolved {
+            addr,
+            scheme,
+            server_name,
+            queue,
+            credentials,
+        })
+    }
+
+    fn connector(&self, cfg: &Config) -> Result<(Connector, String), Failure> {
+        let r = self.resolve()?;
         let trust = match &self.ca {
             Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
             None => DevPki::load_or_create(&default_dev_pki_dir())
                 .map_err(usage)?
                 .trust(),
         };
-        let sasl = match (&self.user, &self.password) {
-            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
-            (Some(_), None) => {
-                return Err(usage("--user needs --password (or QGATE_AMQP_PASSWORD)"))
-            }
-            _ => None,
-        };
+        let sasl = r.credentials.clone();
         // A dead broker is noticed within this, not quinn's 30 s (M20).
         let opts = client::with_idle_timeout(
             &cfg.transport,
             self.idle_timeout.unwrap_or(client::DEFAULT_IDLE_TIMEOUT),
         );
-        let c = Connector::new(
-            self.transport,
-            self.broker,
-            &self.server_name,
-            &trust,
-            sasl,
-            None,
-            &opts,
-        )
-        .map_err(usage)?;
-        match (&self.cert, &self.key) {
+        let c = Connector::new(r.scheme, r.addr, &r.server_name, &trust, sasl, None, &opts)
+            .map_err(usage)?;
+        let c = match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
                 let id = Identity::from_pem_files(cert, key).map_err(usage)?;
-                c.with_client_identity(&trust, &id).map_err(usage)
+                c.with_client_identity(&trust, &id).map_err(usage)?
             }
-            _ => Ok(c),
-        }
+            _ => c,
+        };
+        Ok((c, r.queue))
     }
 }
 
@@ -470,9 +553,9 @@ pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
     }
     let rt = crate::runtime();
     let _in_runtime = rt.enter();
-    let connector = a.target.connector(cfg)?;
+    let (connector, queue) = a.target.connector(cfg)?;
     let spec = SendSpec {
-        address: a.target.queue.clone(),
+        address: queue,
         settled: a.target.settle,
         window: a.window.max(1),
         rate: a.rate,
@@ -516,7 +599,7 @@ pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
     if r.total.is_zero() {
         r.total = started.elapsed();
     }
-    report("sent", &r, a.target.transport);
+    report("sent", &r, connector.scheme());
     if let Err(e) = outcome {
         return Err(anyhow::anyhow!(
             "{e:#} (the broker had accepted {} messages{})",
@@ -595,9 +678,9 @@ async fn one_per_connection(
 pub fn recv(a: RecvArgs, cfg: &Config) -> Result<(), Failure> {
     let rt = crate::runtime();
     let _in_runtime = rt.enter();
-    let connector = a.target.connector(cfg)?;
+    let (connector, queue) = a.target.connector(cfg)?;
     let spec = RecvSpec {
-        address: a.target.queue.clone(),
+        address: queue,
         settled: a.target.settle,
         count: a.count,
         idle: a.idle,
@@ -619,7 +702,7 @@ pub fn recv(a: RecvArgs, cfg: &Config) -> Result<(), Failure> {
             }
         }))
         .map_err(anyhow::Error::from)?;
-    report("received", &r, a.target.transport);
+    report("received", &r, connector.scheme());
     if a.count.is_some_and(|n| r.messages < n) {
         return Err(anyhow::anyhow!(
             "received {} of {} messages before --idle",

@@ -79,6 +79,15 @@ struct Cli {
     /// [gateway], [broker], [linkem]; e.g. docs/examples/gateway.toml); flags override it.
     #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Log lines as text or JSON (one object per line).
+    #[arg(
+        long,
+        global = true,
+        env = "QGATE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     /// Worker threads for the command's async runtime [default: one per core]
     #[arg(long, global = true, env = "QGATE_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -141,7 +150,16 @@ struct BenchCmd {
     which: lab::Bench,
 }
 
-fn init_logging(verbose: u8) {
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Lines for people (coloured on a terminal only).
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields), for log collectors.
+    Json,
+}
+
+fn init_logging(verbose: u8, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let level = match verbose {
         0 => "warn",
@@ -155,10 +173,17 @@ fn init_logging(verbose: u8) {
         ))
         .add_directive(format!("qgate={level}").parse().expect("valid directive"))
     });
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => fmt.json().init(),
+        LogFormat::Text => {
+            use std::io::IsTerminal;
+            // No colour codes in a file or a journal.
+            fmt.with_ansi(std::io::stderr().is_terminal()).init()
+        }
+    }
 }
 
 /// An error and the exit status it deserves.
@@ -200,7 +225,7 @@ pub fn config_path() -> Option<PathBuf> {
 /// Run the command line; the process's exit status.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, cli.log_format);
     if let Some(p) = &cli.config {
         let _ = CONFIG_PATH.set(p.clone());
     }

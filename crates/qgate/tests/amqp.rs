@@ -284,6 +284,55 @@ fn send_and_recv_round_trip_as_processes() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("received 55 of 60"), "{err}");
+    // Host names and URLs: the URL names the transport and the queue.
+    let url = format!("amqp+quic://localhost:{}/by-url", b.quic.port());
+    let o = qgate(&home)
+        .args(["send", &url, "--count", "3", "--size", "10"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sent 3 messages (30 bytes) over quic"),
+        "{err}"
+    );
+    let tcp = format!("localhost:{}", b.tcp.port());
+    let o = qgate(&home)
+        .args(["recv", &tcp, "by-url", "--transport", "tcp", "--count", "3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("received 3 messages (30 bytes) over tcp"),
+        "{err}"
+    );
+    for (args, why) in [
+        (
+            vec!["send", "amqp+quic://localhost:1/a", "b"],
+            "the URL names queue 'a' and QUEUE is 'b'",
+        ),
+        (
+            vec!["send", "amqp://localhost:1/a", "--transport", "quic"],
+            "the URL's scheme means --transport tcp, not quic",
+        ),
+        (vec!["send", "amqp+quic://localhost:1"], "missing queue"),
+        (vec!["send", "nowhere", "q"], "'nowhere' is not a broker"),
+        (vec!["send", "localhost:1"], "give the QUEUE"),
+    ] {
+        let o = qgate(&home).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    let o = qgate(&home)
+        .args(["send", "no-such-host.invalid:5671", "q"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("cannot resolve the broker's host 'no-such-host.invalid'"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let _ = std::fs::remove_dir_all(&home);
 }
 
@@ -686,4 +735,48 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     let m = String::from_utf8_lossy(&ctl(&["metrics"], true).stdout).to_string();
     assert!(m.contains("qgate_amqp_queue_depth{queue=\"a\"} 3\n"), "{m}");
     drop(b);
+}
+
+/// `--log-format json`: one JSON object per line, for log collectors (a bad peer's warning).
+#[test]
+fn logs_can_be_json_lines() {
+    use std::io::{Read, Write};
+    let home = tmp("jsonlog");
+    let mut child = qgate(&home)
+        .args(["--log-format", "json", "broker", "--memory"])
+        .args(["--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let tcp = line
+        .split("tcp tcp/")
+        .nth(1)
+        .and_then(|r| r.split([',', ';']).next())
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&tcp).unwrap();
+    s.write_all(b"garbage!").unwrap();
+    let _ = s.read(&mut [0u8; 64]);
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = child.kill();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let _ = child.wait();
+    let warned = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect(l))
+        .any(|v| v["level"] == "WARN" && v["target"] == "qgate_amqp::shim");
+    assert!(warned, "{err}");
 }

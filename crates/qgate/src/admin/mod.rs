@@ -73,9 +73,23 @@ impl AdminArgs {
             .as_ref()
             .or(section.token_file.as_ref())
         {
+            warn_if_readable(f);
             return Token::from_file(f).map(Some).map_err(usage);
         }
         env_token()
+    }
+}
+
+/// A token file other users can read gives them the admin port: say so (it still works).
+fn warn_if_readable(f: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(f) {
+        if m.permissions().mode() & 0o044 != 0 {
+            eprintln!(
+                "qgate: warning: the admin token file {} can be read by other users (chmod 600 it)",
+                f.display()
+            );
+        }
     }
 }
 
@@ -97,6 +111,11 @@ pub async fn start(
     builder: impl FnOnce() -> AdminBuilder,
 ) -> Result<Option<(RunningAdmin, String)>, Failure> {
     let Some(addr) = args.addr(section)? else {
+        if args.admin_token_file.is_some() {
+            return Err(usage(
+                "--admin-token-file needs --admin ADDR (the port it guards)",
+            ));
+        }
         return Ok(None);
     };
     let token = args.token(&cfg.admin)?;
