@@ -901,11 +901,17 @@ where
         // A peer that takes no bytes is as idle as one that sends none (M16).
         let write = |n: Duration| if n.is_zero() { Duration::MAX } else { n };
         let write_limit = write(cfg.idle_timeout);
+        // The stream was ended already (after an error close).
+        let mut shut = false;
         loop {
             tokio::select! {
                 biased;
                 reply = &mut fail_rx => {
                     if let Ok((reply, mut rd)) = reply {
+                        // Only an operator's close lingers (M29): a peer that broke a rule or
+                        // a deadline loses its read side at once, as before.
+                        let forced = matches!(&reply, Fail::Close(c, _)
+                            if *c == ErrorCondition::from(ConnectionError::ConnectionForced));
                         let bytes = match reply {
                             Fail::Header if rw.sent_header() => Vec::new(),
                             Fail::Header => b"AMQP\x03\x01\x00\x00".to_vec(),
@@ -913,15 +919,27 @@ where
                             Fail::Close(c, why) if rw.opened() => error_close(c, &why),
                             Fail::Close(c, why) => [open_frame(), error_close(c, &why)].concat(),
                         };
-                        let _ = tokio::time::timeout(write_limit, send(&mut peer_wr, &bytes)).await;
-                        let _ = tokio::time::timeout(cfg.handshake_timeout, peer_wr.shutdown()).await;
-                        // Give the peer a moment to read it and answer (its close, or its end
-                        // of the stream); what it sends is not read by anyone.
-                        let mut sink = [0u8; 4096];
-                        let drain = async {
-                            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
-                        };
-                        let _ = tokio::time::timeout(CLOSE_LINGER, drain).await;
+                        if forced {
+                            // Write the close and end the stream while reading (and dropping)
+                            // what the peer still sends — a peer blocked writing to us could
+                            // not read our close otherwise — for at most CLOSE_LINGER, the
+                            // write within the handshake deadline.
+                            let tell = async {
+                                if send(&mut peer_wr, &bytes).await.is_ok() {
+                                    let _ = peer_wr.shutdown().await;
+                                }
+                            };
+                            let mut sink = [0u8; 4096];
+                            let drain = tokio::time::timeout(CLOSE_LINGER, async {
+                                while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+                            });
+                            let both = async { tokio::join!(tell, drain) };
+                            let _ = tokio::time::timeout(cfg.handshake_timeout.max(CLOSE_LINGER), both).await;
+                            shut = true;
+                        } else {
+                            drop(rd);
+                            let _ = tokio::time::timeout(write_limit, send(&mut peer_wr, &bytes)).await;
+                        }
                     }
                     break;
                 }
@@ -955,14 +973,16 @@ where
                 input.reserve(16 * 1024);
             }
         }
-        let _ = tokio::time::timeout(cfg.handshake_timeout, peer_wr.shutdown()).await;
+        if !shut {
+            let _ = tokio::time::timeout(cfg.handshake_timeout, peer_wr.shutdown()).await;
+        }
         shared.broker_gone.store(true, Ordering::Release);
         shared.granted.notify_one();
     });
     broker_end
 }
 
-/// How long a connection closed with an error waits for the peer to read it and hang up.
+/// How long a connection the operator closed waits for the peer to read why and hang up.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// Write `bytes` to the peer and flush them. A TLS stream (tokio-rustls) may keep records it

@@ -158,6 +158,9 @@ impl Store {
 /// last handle is dropped and the batch in hand is committed.
 async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     let mut batch = Vec::with_capacity(BATCH);
+    // A commit failed since the last sync was answered: the next sync reports it, since the
+    // operations before it are not all on disk.
+    let mut failed_since_sync = false;
     while let Some(first) = rx.recv().await {
         batch.push(first);
         while batch.len() < BATCH {
@@ -178,14 +181,35 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
             // The commit panicked: its producers see the store as closed.
             Err(e) => {
                 tracing::error!(error = %e, "message store commit failed");
+                failed_since_sync = true;
                 continue;
             }
         };
         batch = ops;
+        failed_since_sync |= result.is_err();
+        let mut answered_sync = false;
         for op in batch.drain(..) {
-            if let Op::Put { done, .. } | Op::Sync { done } = op {
-                let _ = done.send(result.as_ref().map(|_| ()).map_err(io));
+            match op {
+                Op::Put { done, .. } => {
+                    let _ = done.send(result.as_ref().map(|_| ()).map_err(io));
+                }
+                Op::Sync { done } => {
+                    let r = match &result {
+                        Err(e) => Err(io(e)),
+                        Ok(()) if failed_since_sync => Err(StoreError::Io(
+                            "an earlier commit failed: not everything before this sync is stored"
+                                .into(),
+                        )),
+                        Ok(()) => Ok(()),
+                    };
+                    let _ = done.send(r);
+                    answered_sync = true;
+                }
+                Op::Delete { .. } => {}
             }
+        }
+        if answered_sync {
+            failed_since_sync = false;
         }
         if let Err(e) = result {
             tracing::error!(error = %e, "message store commit failed");

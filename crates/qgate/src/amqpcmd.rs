@@ -407,7 +407,23 @@ impl Target {
                 }
                 _ => url.address.clone(),
             };
-            (url.host, url.port, scheme, queue, url.credentials)
+            // --user applies to a URL without one; a different user in both is a conflict.
+            let credentials = match (url.credentials, &self.user) {
+                (Some((u, _)), Some(flag)) if u != *flag => {
+                    return Err(usage(format!(
+                        "the URL's user is '{u}' and --user is '{flag}': give one"
+                    )))
+                }
+                (Some(c), _) => Some(c),
+                (None, Some(u)) => Some((
+                    u.clone(),
+                    self.password
+                        .clone()
+                        .ok_or_else(|| usage("--user needs --password (or QGATE_AMQP_PASSWORD)"))?,
+                )),
+                (None, None) => None,
+            };
+            (url.host, url.port, scheme, queue, credentials)
         } else {
             let (host, port) = self
                 .broker
@@ -439,13 +455,18 @@ impl Target {
             )
         };
         use std::net::ToSocketAddrs;
+        // IPv4 first: the broker's default listeners are 0.0.0.0, and `localhost` often
+        // resolves to ::1 first.
         let addr = (host.as_str(), port)
             .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
+            .map_err(|e| Failure {
+                status: 1,
+                error: anyhow::anyhow!("cannot resolve the broker's host '{host}': {e}"),
+            })?
+            .min_by_key(|a| a.is_ipv6())
             .ok_or_else(|| Failure {
                 status: 1,
-                error: anyhow::anyhow!("cannot resolve the broker's host '{host}'"),
+                error: anyhow::anyhow!("the broker's host '{host}' has no address"),
             })?;
         let server_name = self.server_name.clone().unwrap_or_else(|| {
             if host.parse::<std::net::IpAddr>().is_ok() {

@@ -126,6 +126,7 @@ impl BrokerApi {
         let mut applied = Vec::new();
         let mut kept = Vec::new();
         let mut created = Vec::new();
+        let mut restart_queues = Vec::new();
         for d in &new.config.queues {
             let before = started.config.queues.iter().find(|o| o.name == d.name);
             match (self.broker.declare_queue(d), before) {
@@ -138,12 +139,11 @@ impl BrokerApi {
                     d.name
                 )),
                 (Declared::Exists, Some(o)) if !differs(o, d) => {}
-                (Declared::Exists, Some(_)) => kept.push(format!(
-                    "queue {}: its new limits apply after a restart",
-                    d.name
-                )),
-                (Declared::Exists, None) => kept.push(format!(
-                    "queue {} exists already (a peer created it): its limits stay until a restart",
+                (Declared::Exists, Some(_)) => {
+                    restart_queues.push(format!("queue {}: its new limits", d.name))
+                }
+                (Declared::Exists, None) => restart_queues.push(format!(
+                    "queue {}: a peer created it with the default limits",
                     d.name
                 )),
             }
@@ -198,6 +198,7 @@ impl BrokerApi {
         if differs(&live_queues.0, &live_queues.1) {
             needs_restart.push("broker limits, store and timeouts".into());
         }
+        needs_restart.extend(restart_queues);
         needs_restart.extend(shared_sections(&self.config, &whole, false));
         // What runs now: the queues declared are part of it from here on.
         started.config.queues.extend(created);

@@ -15,8 +15,8 @@ pub struct CtlArgs {
     /// printed at start-up as "admin http://…").
     #[arg(long, global = true, env = "QGATE_ADMIN", value_name = "ADDR")]
     admin: Option<String>,
-    /// File holding the admin token [default: [admin] token_file of --config, else
-    /// $QGATE_ADMIN_TOKEN, else none].
+    /// File holding the admin token [default: $QGATE_ADMIN_TOKEN, else [admin] token_file of
+    /// --config, else none].
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Print the daemon's JSON answer as it is (lists are otherwise shown as tables, other
@@ -91,9 +91,13 @@ fn qgate_admin_list_limit() -> usize {
 }
 
 pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
-    let token = match a.token_file.as_ref().or(cfg.admin.token_file.as_ref()) {
-        Some(f) => Some(Token::from_file(f).map_err(usage)?),
-        None => super::env_token()?,
+    // The flag, then the environment, then the config file (an operator who cannot read the
+    // daemon's token file may still have the token in the environment).
+    let token = match (&a.token_file, super::env_token()?, &cfg.admin.token_file) {
+        (Some(f), _, _) => Some(Token::from_file(f).map_err(usage)?),
+        (None, Some(t), _) => Some(t),
+        (None, None, Some(f)) => Some(Token::from_file(f).map_err(usage)?),
+        (None, None, None) => None,
     };
     let Some(admin) = &a.admin else {
         return Err(usage(

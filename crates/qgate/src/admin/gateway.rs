@@ -53,6 +53,9 @@ impl GatewayApi {
                 .unwrap_or(qgate_core::scheduler::DEFAULT_SCHEDULER);
             if self.scheduler_flag {
                 kept.push(format!("scheduler {name}: --scheduler fixed it"));
+            } else if name == self.gw.scheduler_name() {
+                // Already running (switched live to it): keep its state.
+                file_scheduler.clone_from(&new.scheduler);
             } else {
                 self.gw
                     .set_scheduler(name)
