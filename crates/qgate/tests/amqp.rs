@@ -44,6 +44,26 @@ impl Drop for BrokerProc {
     }
 }
 
+/// Spawn `cmd` with stdout piped and return it with the first line it printed.
+fn spawn_first_line(cmd: &mut Command) -> (Child, String) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
+
+/// The text of `line` after `tag`, up to the first of `end`.
+fn after(line: &str, tag: &str, end: &[char]) -> String {
+    line.split(tag)
+        .nth(1)
+        .and_then(|r| r.split(end).next())
+        .unwrap_or_else(|| panic!("no {tag} in {line}"))
+        .trim()
+        .to_string()
+}
+
 fn start_broker(home: &Path, quic: &str, tcp: &str, extra: &[&str]) -> BrokerProc {
     let mut child = qgate(home)
         .args(["broker", "--quic", quic, "--tcp", tcp])
@@ -608,29 +628,17 @@ fn the_broker_admin_port_answers_qgate_ctl() {
     std::fs::write(&cfg, format!("{head}[[broker.queues]]\nname = \"a\"\n")).unwrap();
     // The broker process, its admin address and its QUIC address.
     let start = || {
-        let mut child = qgate(&home)
-            .env("QGATE_ADMIN_TOKEN", token)
-            .args(["--config", cfg.to_str().unwrap()])
-            .args(["broker", "--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = spawn_first_line(
+            qgate(&home)
+                .env("QGATE_ADMIN_TOKEN", token)
+                .args(["--config", cfg.to_str().unwrap()])
+                .args(["broker", "--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
+                .stderr(Stdio::null()),
+        );
         assert!(line.contains("(token)"), "{line}");
-        let after = |tag: &str, end: &[char]| {
-            line.split(tag)
-                .nth(1)
-                .and_then(|r| r.split(end).next())
-                .unwrap_or_else(|| panic!("no {tag} in {line}"))
-                .to_string()
-        };
         let (admin, quic) = (
-            after("admin http://", &['/']),
-            after("quic udp/", &[',', ';']),
+            after(&line, "admin http://", &['/']),
+            after(&line, "quic udp/", &[',', ';']),
         );
         let proc = BrokerProc {
             child,
@@ -742,24 +750,13 @@ fn the_broker_admin_port_answers_qgate_ctl() {
 fn logs_can_be_json_lines() {
     use std::io::{Read, Write};
     let home = tmp("jsonlog");
-    let mut child = qgate(&home)
-        .args(["--log-format", "json", "broker", "--memory"])
-        .args(["--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let tcp = line
-        .split("tcp tcp/")
-        .nth(1)
-        .and_then(|r| r.split([',', ';']).next())
-        .unwrap()
-        .trim()
-        .to_string();
+    let (mut child, line) = spawn_first_line(
+        qgate(&home)
+            .args(["--log-format", "json", "broker", "--memory"])
+            .args(["--quic", "127.0.0.1:0", "--tcp", "127.0.0.1:0"])
+            .stderr(Stdio::piped()),
+    );
+    let tcp = after(&line, "tcp tcp/", &[',', ';']);
     let mut s = std::net::TcpStream::connect(&tcp).unwrap();
     s.write_all(b"garbage!").unwrap();
     let _ = s.read(&mut [0u8; 64]);

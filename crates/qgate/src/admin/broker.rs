@@ -12,7 +12,7 @@ use qgate_amqp::broker::{Broker, Declared};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{differs, reload_config, shared_sections};
+use super::{close_connection, differs, reload_config, shared_sections};
 use crate::amqpcmd::BrokerSection;
 use crate::config::Config;
 
@@ -246,14 +246,7 @@ impl Api for BrokerApi {
                     Ok(json!({ "total": total, "connections": rows }))
                 }
                 (&Method::POST, ["connections", id, "close"]) => {
-                    let id: u64 = id.parse().map_err(|_| {
-                        ApiError::bad_request(format!("'{id}' is not a connection id"))
-                    })?;
-                    if b.close_connection(id) {
-                        Ok(json!({ "closed": id }))
-                    } else {
-                        Err(ApiError::not_found(format!("no connection {id}")))
-                    }
+                    close_connection(id, "connection", |id| b.close_connection(id))
                 }
                 (&Method::GET, ["bridges"]) => {
                     use std::sync::atomic::Ordering::Relaxed;

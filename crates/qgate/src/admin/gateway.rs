@@ -9,7 +9,7 @@ use qgate_admin::{Api, ApiError, Call, Reply, Route};
 use qgate_gateway::gateway::Gateway;
 use serde_json::json;
 
-use super::{differs, reload_config, shared_sections};
+use super::{close_connection, differs, reload_config, shared_sections};
 use crate::config::Config;
 
 /// The gateway's JSON API.
@@ -116,14 +116,7 @@ impl Api for GatewayApi {
                     Ok(json!({ "total": total, "connections": rows }))
                 }
                 (&Method::POST, ["connections", id, "close"]) => {
-                    let id: u64 = id.parse().map_err(|_| {
-                        ApiError::bad_request(format!("'{id}' is not a connection id"))
-                    })?;
-                    if gw.close_connection(id) {
-                        Ok(json!({ "closed": id }))
-                    } else {
-                        Err(ApiError::not_found(format!("no device connection {id}")))
-                    }
+                    close_connection(id, "device connection", |id| gw.close_connection(id))
                 }
                 (&Method::GET, ["scheduler"]) => Ok(json!({
                     "name": gw.scheduler_name(),

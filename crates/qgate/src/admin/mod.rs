@@ -154,6 +154,23 @@ pub(crate) fn shared_sections(
     .collect()
 }
 
+/// `POST connections/{id}/close` of the gateway and the broker: `close` says whether there was
+/// such a connection (`what` names it in the 404).
+pub(crate) fn close_connection(
+    id: &str,
+    what: &str,
+    close: impl FnOnce(u64) -> bool,
+) -> qgate_admin::Reply {
+    let id: u64 = id.parse().map_err(|_| {
+        qgate_admin::ApiError::bad_request(format!("'{id}' is not a connection id"))
+    })?;
+    if close(id) {
+        Ok(serde_json::json!({ "closed": id }))
+    } else {
+        Err(qgate_admin::ApiError::not_found(format!("no {what} {id}")))
+    }
+}
+
 /// Whether two config values differ (compared as printed: the sections have no `PartialEq`).
 pub(crate) fn differs(a: &impl std::fmt::Debug, b: &impl std::fmt::Debug) -> bool {
     format!("{a:?}") != format!("{b:?}")
