@@ -1475,12 +1475,33 @@ fn redelivered(item: &Sendable<Body<Value>>, count: u32) -> Sendable<Body<Value>
     s
 }
 
+/// What each QUIC connection's own configuration is derived from (a qlog file each).
+pub struct PerConnection {
+    /// The endpoint's server configuration.
+    pub base: quinn::ServerConfig,
+    /// The options it was built from.
+    pub opts: qgate_transport::TransportOptions,
+}
+
 /// Serve AMQP on every bidirectional stream of every connection `endpoint` accepts.
-pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint) {
+pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint, own: Option<PerConnection>) {
+    let own = own.map(Arc::new);
     while let Some(incoming) = endpoint.accept().await {
         let broker = broker.clone();
+        let own = own.clone();
         tokio::spawn(async move {
-            let conn = match incoming.accept() {
+            let peer = incoming.remote_address().to_string();
+            let cfg = own.as_ref().and_then(|p| {
+                qgate_transport::server_config_for(&p.base, &p.opts, &peer)
+                    .inspect_err(|e| tracing::warn!(%peer, error = %e, "per-connection config"))
+                    .ok()
+                    .flatten()
+            });
+            let conn = match cfg {
+                Some(cfg) => incoming.accept_with(cfg),
+                None => incoming.accept(),
+            };
+            let conn = match conn {
                 Ok(c) => c,
                 Err(_) => return,
             };

@@ -12,7 +12,7 @@ use futures_util::{Stream as Incoming, StreamExt};
 use tokio::task::JoinSet;
 
 use crate::bridge::BridgeConfig;
-use crate::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, BrokerError};
+use crate::broker::{serve_quic, serve_tcp, Broker, BrokerConfig, BrokerError, PerConnection};
 use crate::transport::{BoxStream, Stream};
 
 /// Accepted connections of some transport, each to be served over TLS.
@@ -22,7 +22,7 @@ type Accepted = Pin<Box<dyn Incoming<Item = BoxStream> + Send>>;
 #[derive(Default)]
 pub struct BrokerBuilder {
     config: BrokerConfig,
-    quic: Vec<quinn::Endpoint>,
+    quic: Vec<(quinn::Endpoint, Option<PerConnection>)>,
     tcp: Vec<(tokio::net::TcpListener, Option<Arc<rustls::ServerConfig>>)>,
     accepted: Vec<(Accepted, Arc<rustls::ServerConfig>)>,
     bridges: Vec<BridgeConfig>,
@@ -45,7 +45,23 @@ impl BrokerBuilder {
     /// Serve AMQP on every bidirectional stream of every connection this endpoint accepts
     /// (0-RTT included, decision M2).
     pub fn quic(mut self, endpoint: quinn::Endpoint) -> Self {
-        self.quic.push(endpoint);
+        self.quic.push((endpoint, None));
+        self
+    }
+
+    /// [`quic`](Self::quic), the endpoint's server configuration `base` built from `opts`:
+    /// each connection gets a configuration of its own when `opts` ask for one (a qlog file).
+    pub fn quic_with(
+        mut self,
+        endpoint: quinn::Endpoint,
+        base: quinn::ServerConfig,
+        opts: qgate_transport::TransportOptions,
+    ) -> Self {
+        let own = opts
+            .qlog_dir
+            .is_some()
+            .then_some(PerConnection { base, opts });
+        self.quic.push((endpoint, own));
         self
     }
 
@@ -96,9 +112,9 @@ impl BrokerBuilder {
         let broker = Broker::start(self.config)?;
         let mut tasks = JoinSet::new();
         let mut quic = Vec::new();
-        for ep in self.quic {
+        for (ep, own) in self.quic {
             quic.extend(ep.local_addr().ok());
-            tasks.spawn(serve_quic(broker.clone(), ep));
+            tasks.spawn(serve_quic(broker.clone(), ep, own));
         }
         for b in self.bridges {
             tasks.spawn(broker.bridge(b));

@@ -353,7 +353,10 @@ impl Connector {
     /// A new QUIC connection (0-RTT when a ticket is held) and a stream on it.
     async fn quic_connection(&self) -> Result<(BoxStream, StreamInfo), ClientError> {
         let (ep, cfg) = self.quic.as_ref().expect("built for QUIC");
-        let c = connect(ep, cfg, self.addr, &self.server_name, self.zero_rtt)
+        let peer = format!("{}@{}", self.server_name, self.addr);
+        let cfg = qgate_transport::client_config_for(cfg, &self.opts, &peer)
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let c = connect(ep, &cfg, self.addr, &self.server_name, self.zero_rtt)
             .await
             .map_err(|e| TransportError::Quic {
                 addr: self.addr,

@@ -142,12 +142,13 @@ pub fn tls_client_config(
         .with_protocol_versions(versions)
         .map_err(|e| e.to_string())?
         .with_root_certificates(trust.store().map_err(|e| e.to_string())?);
-    let cfg = match client {
+    let mut cfg = match client {
         None => b.with_no_client_auth(),
         Some(id) => b
             .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
             .map_err(|e| format!("client certificate: {e}"))?,
     };
+    cfg.key_log = qgate_transport::tls::key_log();
     Ok(Arc::new(cfg))
 }
 
@@ -172,9 +173,10 @@ pub fn tls_server_config(
             b.with_client_cert_verifier(v)
         }
     };
-    let cfg = b
+    let mut cfg = b
         .with_single_cert(identity.chain.clone(), identity.key.clone_key())
         .map_err(|e| e.to_string())?;
+    cfg.key_log = qgate_transport::tls::key_log();
     Ok(Arc::new(cfg))
 }
 

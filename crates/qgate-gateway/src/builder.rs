@@ -198,7 +198,13 @@ impl GatewayBuilder {
             }
             None => os_random()?,
         };
-        let paths = PathManager::start_with_history(backhaul, ccfg, self.path_config, self.history);
+        let paths = PathManager::start_with_history(
+            backhaul,
+            ccfg,
+            self.transport.clone(),
+            self.path_config,
+            self.history,
+        );
         let endpoint =
             self.config
                 .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;

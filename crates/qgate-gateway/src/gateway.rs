@@ -112,14 +112,15 @@ impl GatewayConfig {
         base: &TransportOptions,
         seed: Option<u64>,
     ) -> Result<shared_driver::Endpoint, TransportError> {
-        let scfg = server_config(identity, &[http3::ALPN_H3], &self.device_transport(base))?;
+        let opts = self.device_transport(base);
+        let scfg = server_config(identity, &[http3::ALPN_H3], &opts)?;
         let limits = shared_driver::Limits {
             max_connections: self.max_devices + self.max_devices / 8 + 16,
             max_handshakes: self.max_handshakes,
             retry_above: self.retry_above,
             handshake_timeout: self.handshake_timeout,
         };
-        shared_driver::Endpoint::server(socket, scfg, seed, limits)
+        shared_driver::Endpoint::server(socket, scfg, &opts, seed, limits)
     }
 
     /// Transport options for the device-facing endpoint: `base` with the QUIC stream limits cut

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use qgate_core::path::{PathConfig, PathId, PathTable};
 use qgate_core::probe::ProbeMsg;
-use qgate_transport::{connect, Socket, TransportError};
+use qgate_transport::{connect, Socket, TransportError, TransportOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -72,8 +72,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct BackhaulHistory {
     /// The store.
     pub store: Arc<qgate_transport::history::HistoryStore>,
-    /// Transport settings the per-connection configuration is built from.
-    pub opts: qgate_transport::TransportOptions,
     /// Careful-resume factor, if on.
     pub safeguard: Option<f64>,
 }
@@ -85,14 +83,17 @@ impl PathManager {
         cfg: quinn::ClientConfig,
         config: PathConfig,
     ) -> PathManager {
-        Self::start_with_history(paths, cfg, config, None)
+        Self::start_with_history(paths, cfg, TransportOptions::default(), config, None)
     }
 
     /// [`PathManager::start`], each backhaul connection starting from its path's window history
     /// and recording into it (the key is `server-name@server via local-address`, one per path).
+    /// `opts` are those `cfg` was built from; each connection's configuration is built from
+    /// them when it needs one of its own (history, a qlog file).
     pub fn start_with_history(
         paths: Vec<Backhaul>,
         cfg: quinn::ClientConfig,
+        opts: TransportOptions,
         config: PathConfig,
         history: Option<BackhaulHistory>,
     ) -> PathManager {
@@ -104,7 +105,7 @@ impl PathManager {
             wake: Notify::new(),
         });
         let paths = Arc::new(paths);
-        let driver = tokio::spawn(drive(shared.clone(), paths, cfg, history));
+        let driver = tokio::spawn(drive(shared.clone(), paths, (cfg, opts), history));
         PathManager {
             shared,
             tasks: vec![driver],
@@ -133,7 +134,7 @@ impl PathManager {
 async fn drive(
     shared: Arc<Shared>,
     paths: Arc<Vec<Backhaul>>,
-    cfg: quinn::ClientConfig,
+    cfg: (quinn::ClientConfig, TransportOptions),
     history: Option<BackhaulHistory>,
 ) {
     loop {
@@ -174,7 +175,7 @@ async fn drive(
 fn reconnect(
     shared: &Arc<Shared>,
     paths: &Arc<Vec<Backhaul>>,
-    cfg: &quinn::ClientConfig,
+    (cfg, opts): &(quinn::ClientConfig, TransportOptions),
     history: &Option<BackhaulHistory>,
     path: PathId,
 ) {
@@ -186,23 +187,22 @@ fn reconnect(
         *busy = true;
     }
     let p = &paths[path.0];
+    let local = p
+        .endpoint
+        .local_addr()
+        .map_or("?".to_string(), |a| a.ip().to_string());
+    let key = format!("{}@{} via {local}", p.server_name, p.server);
     let cfg = match history {
-        Some(h) => {
-            let local = p
-                .endpoint
-                .local_addr()
-                .map_or("?".to_string(), |a| a.ip().to_string());
-            let key = format!("{}@{} via {local}", p.server_name, p.server);
-            match h.store.client_config(cfg, &h.opts, &key, h.safeguard) {
-                Ok((c, _)) => c,
-                Err(e) => {
-                    tracing::warn!(path = path.0, error = %e, "history config failed; default window");
-                    cfg.clone()
-                }
-            }
-        }
-        None => cfg.clone(),
-    };
+        Some(h) => h
+            .store
+            .client_config(cfg, opts, &key, h.safeguard)
+            .map(|(c, _)| c),
+        None => qgate_transport::client_config_for(cfg, opts, &key),
+    }
+    .unwrap_or_else(|e| {
+        tracing::warn!(path = path.0, error = %e, "per-connection config failed; the shared one");
+        cfg.clone()
+    });
     let (shared, paths) = (shared.clone(), paths.clone());
     tokio::spawn(async move {
         let p = &paths[path.0];

@@ -153,10 +153,15 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let history = BackhaulHistory {
         store: store.clone(),
-        opts: opts.clone(),
         safeguard: Some(2.0),
     };
-    let pm = PathManager::start_with_history(vec![path], cfg, PathConfig::default(), Some(history));
+    let pm = PathManager::start_with_history(
+        vec![path],
+        cfg,
+        opts.clone(),
+        PathConfig::default(),
+        Some(history),
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(pm.connection(PathId(0)).is_some());
     let key = "localhost@10.0.1.2:443 via 10.0.1.1";

@@ -13,7 +13,7 @@ use qgate_transport::{
     endpoint, server_config, Identity, Socket, TransportError, TransportOptions,
 };
 
-use crate::{serve, DedupStore, IngestService, ServerHistory, ServerStats, Sink, Uploads};
+use crate::{serve, DedupStore, IngestService, PerConnection, ServerStats, Sink, Uploads};
 
 /// The ingest server (HTTP/3 over QUIC); see [`Server::builder`].
 pub struct Server;
@@ -122,14 +122,14 @@ impl<'a> ServerBuilder<'a> {
         let socket = self.socket.ok_or(BuildError::Missing("a socket"))?;
         let identity = self.identity.ok_or(BuildError::Missing("an identity"))?;
         let cfg = server_config(identity, &[ALPN_H3], &self.transport)?;
-        let history = self.history.map(|(store, safeguard)| {
-            Arc::new(ServerHistory {
-                store,
-                base: cfg.clone(),
-                opts: self.transport.clone(),
-                safeguard,
-            })
-        });
+        let per_connection =
+            (self.history.is_some() || self.transport.qlog_dir.is_some()).then(|| {
+                Arc::new(PerConnection {
+                    base: cfg.clone(),
+                    opts: self.transport.clone(),
+                    history: self.history,
+                })
+            });
         let endpoint = endpoint(socket, Some(cfg), self.seed)?;
         let mut service = IngestService::new(self.sink);
         let max_body = self.limits.max_body as u64;
@@ -147,7 +147,12 @@ impl<'a> ServerBuilder<'a> {
         let metrics = service.collector();
         let service = Arc::new(service);
         let stats = service.stats();
-        let task = tokio::spawn(serve(endpoint.clone(), service, self.limits, history));
+        let task = tokio::spawn(serve(
+            endpoint.clone(),
+            service,
+            self.limits,
+            per_connection,
+        ));
         Ok(RunningServer {
             endpoint,
             stats,

@@ -607,18 +607,47 @@ impl IngestService {
     }
 }
 
-/// Congestion-window history on the server side (paper 002): each incoming connection gets a
-/// configuration whose initial window comes from that client's history, via
-/// `Incoming::accept_with`.
-pub struct ServerHistory {
-    /// The store.
-    pub store: std::sync::Arc<qgate_transport::history::HistoryStore>,
+/// What each incoming connection's configuration is derived from when it needs one of its own
+/// (via `Incoming::accept_with`): the initial window from that client's congestion-window
+/// history (paper 002), a qlog file (`opts.qlog_dir`).
+pub struct PerConnection {
     /// The server configuration every connection's is derived from.
     pub base: quinn::ServerConfig,
     /// Transport settings.
     pub opts: qgate_transport::TransportOptions,
-    /// The careful-resume RTT factor, if the safeguard is on.
-    pub safeguard: Option<f64>,
+    /// The history store and the careful-resume RTT factor, if the safeguard is on.
+    pub history: Option<(
+        std::sync::Arc<qgate_transport::history::HistoryStore>,
+        Option<f64>,
+    )>,
+}
+
+impl PerConnection {
+    /// Accept `incoming` with its own configuration; on a failure to build it (logged), with
+    /// the endpoint's.
+    fn accept(
+        &self,
+        incoming: quinn::Incoming,
+    ) -> Result<quinn::Connecting, quinn::ConnectionError> {
+        let peer = incoming.remote_address();
+        let own = match &self.history {
+            Some((store, safeguard)) => {
+                let key = qgate_transport::history::server_peer_key(peer);
+                store
+                    .server_config(&self.base, &self.opts, &key, *safeguard)
+                    .map(|(cfg, _)| Some(cfg))
+            }
+            None => qgate_transport::server_config_for(&self.base, &self.opts, &peer.to_string()),
+        };
+        match own {
+            Ok(Some(cfg)) => incoming.accept_with(cfg),
+            Ok(None) => incoming.accept(),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "per-connection config failed; the endpoint's");
+                incoming.accept()
+            }
+        }
+    }
 }
 
 /// Accept QUIC connections on `endpoint` and serve HTTP/3 on each until the endpoint closes.
@@ -630,10 +659,10 @@ pub async fn serve(
     endpoint: quinn::Endpoint,
     service: Arc<IngestService>,
     limits: ServeLimits,
-    history: Option<Arc<ServerHistory>>,
+    per_connection: Option<Arc<PerConnection>>,
 ) {
     let stats = service.stats();
-    serve_with(endpoint, service, stats, limits, history).await
+    serve_with(endpoint, service, stats, limits, per_connection).await
 }
 
 /// [`serve`] with any HTTP/3 handler in front of (or instead of) the ingest service, counting
@@ -643,25 +672,16 @@ pub async fn serve_with<H: Handler>(
     service: Arc<H>,
     stats: Arc<ServerStats>,
     limits: ServeLimits,
-    history: Option<Arc<ServerHistory>>,
+    per_connection: Option<Arc<PerConnection>>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let (service, limits) = (service.clone(), limits.clone());
         let stats = stats.clone();
-        let history = history.clone();
+        let per_connection = per_connection.clone();
         tokio::spawn(async move {
             let peer = incoming.remote_address();
-            let connecting = match &history {
-                Some(h) => {
-                    let key = qgate_transport::history::server_peer_key(peer);
-                    match h.store.server_config(&h.base, &h.opts, &key, h.safeguard) {
-                        Ok((cfg, _)) => incoming.accept_with(cfg),
-                        Err(e) => {
-                            tracing::warn!(%peer, error = %e, "history config failed; default window");
-                            incoming.accept()
-                        }
-                    }
-                }
+            let connecting = match &per_connection {
+                Some(p) => p.accept(incoming),
                 None => incoming.accept(),
             };
             let connecting = match connecting {

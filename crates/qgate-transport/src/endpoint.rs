@@ -89,6 +89,7 @@ pub fn server_config_with_client_auth(
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     // QUIC requires max_early_data_size to be 0 or u32::MAX (RFC 9001 §4.6.1); MAX enables 0-RTT.
     tls.max_early_data_size = u32::MAX;
+    tls.key_log = crate::tls::key_log();
     let crypto = QuicServerConfig::try_from(tls)
         .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
     let mut cfg = ServerConfig::with_crypto(Arc::new(crypto));
@@ -123,11 +124,45 @@ pub fn client_config_with_identity(
     };
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     tls.enable_early_data = true;
+    tls.key_log = crate::tls::key_log();
     let crypto = QuicClientConfig::try_from(tls)
         .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
     let mut cfg = ClientConfig::new(Arc::new(crypto));
     cfg.transport_config(Arc::new(opts.to_quinn()?));
     Ok(cfg)
+}
+
+/// `base` for one connection to `peer`: the same configuration (sharing its 0-RTT tickets),
+/// with a qlog file of its own when `opts.qlog_dir` is set.
+pub fn client_config_for(
+    base: &ClientConfig,
+    opts: &TransportOptions,
+    peer: &str,
+) -> Result<ClientConfig, crate::OptionError> {
+    let mut cfg = base.clone();
+    if opts.qlog_dir.is_some() {
+        cfg.transport_config(Arc::new(
+            opts.connection_transport(crate::qlog::Vantage::Client, peer)?,
+        ));
+    }
+    Ok(cfg)
+}
+
+/// A configuration for one incoming connection from `peer` (for `accept_with`) when it needs
+/// one of its own (a qlog file, when `opts.qlog_dir` is set); `None`: the endpoint's.
+pub fn server_config_for(
+    base: &ServerConfig,
+    opts: &TransportOptions,
+    peer: &str,
+) -> Result<Option<Arc<ServerConfig>>, crate::OptionError> {
+    if opts.qlog_dir.is_none() {
+        return Ok(None);
+    }
+    let mut cfg = base.clone();
+    cfg.transport_config(Arc::new(
+        opts.connection_transport(crate::qlog::Vantage::Server, peer)?,
+    ));
+    Ok(Some(Arc::new(cfg)))
 }
 
 /// Where an endpoint sends and receives datagrams.

@@ -293,7 +293,8 @@ impl HistoryStore {
         peer: &str,
         safeguard: Option<f64>,
     ) -> Result<(quinn::ClientConfig, Arc<ConnHistory>), crate::OptionError> {
-        let (transport, conn) = self.transport_config(opts, peer, safeguard)?;
+        let (transport, conn) =
+            self.transport_config(opts, peer, safeguard, crate::qlog::Vantage::Client)?;
         let mut cfg = base.clone();
         cfg.transport_config(Arc::new(transport));
         Ok((cfg, conn))
@@ -308,7 +309,8 @@ impl HistoryStore {
         peer: &str,
         safeguard: Option<f64>,
     ) -> Result<(Arc<quinn::ServerConfig>, Arc<ConnHistory>), crate::OptionError> {
-        let (transport, conn) = self.transport_config(opts, peer, safeguard)?;
+        let (transport, conn) =
+            self.transport_config(opts, peer, safeguard, crate::qlog::Vantage::Server)?;
         let mut cfg = base.clone();
         cfg.transport_config(Arc::new(transport));
         Ok((Arc::new(cfg), conn))
@@ -319,6 +321,7 @@ impl HistoryStore {
         opts: &TransportOptions,
         peer: &str,
         safeguard: Option<f64>,
+        vantage: crate::qlog::Vantage,
     ) -> Result<(quinn::TransportConfig, Arc<ConnHistory>), crate::OptionError> {
         let mut default_opts = opts.clone();
         default_opts.initial_window = None;
@@ -343,7 +346,7 @@ impl HistoryStore {
             conn: conn.clone(),
             safeguard,
         });
-        let mut t = opts.to_quinn()?;
+        let mut t = opts.connection_transport(vantage, peer)?;
         t.congestion_controller_factory(factory);
         Ok((t, conn))
     }

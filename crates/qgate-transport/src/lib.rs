@@ -7,13 +7,15 @@ mod flight;
 pub mod history;
 pub mod http3;
 mod options;
+pub mod qlog;
 pub mod shaped;
 pub mod shared_driver;
 pub mod tls;
 
 pub use endpoint::{
-    client_config, client_config_with_identity, connect, constrained_endpoint, endpoint,
-    server_config, server_config_with_client_auth, Connected, Socket, TransportError,
+    client_config, client_config_for, client_config_with_identity, connect, constrained_endpoint,
+    endpoint, server_config, server_config_for, server_config_with_client_auth, Connected, Socket,
+    TransportError,
 };
 pub use flight::FlightGauge;
 pub use options::{Congestion, OptionError, TransportOptions};

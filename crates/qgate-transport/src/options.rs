@@ -1,5 +1,6 @@
 //! One struct for every QUIC transport knob qgate exposes, with sane bounded defaults.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +79,9 @@ pub struct TransportOptions {
     /// Fix every datagram's UDP payload at most this size (1200..=65527) and turn MTU discovery
     /// off; experiments use it to reproduce a paper's packet size.
     pub max_udp_payload: Option<u16>,
+    /// Write one qlog file per connection into this directory (`--qlog-dir`, `$QLOGDIR`);
+    /// see [`crate::qlog`].
+    pub qlog_dir: Option<PathBuf>,
     /// Count the bytes in flight of every connection built with these options here (not a
     /// setting: a measurement hook, never read from a configuration file).
     #[serde(skip)]
@@ -101,6 +105,7 @@ impl Default for TransportOptions {
             mtu_discovery: true,
             send_fairness: true,
             max_udp_payload: None,
+            qlog_dir: None,
             flight: None,
         }
     }
@@ -260,6 +265,20 @@ impl TransportOptions {
         }
         if let Some(m) = self.max_udp_payload {
             t.initial_mtu(m).min_mtu(m.min(1200));
+        }
+        Ok(t)
+    }
+
+    /// [`to_quinn`](Self::to_quinn) for one connection with `peer`, with a qlog file of its
+    /// own when `qlog_dir` is set.
+    pub fn connection_transport(
+        &self,
+        vantage: crate::qlog::Vantage,
+        peer: &str,
+    ) -> Result<TransportConfig, OptionError> {
+        let mut t = self.to_quinn()?;
+        if let Some(dir) = &self.qlog_dir {
+            t.qlog_stream(crate::qlog::stream(dir, vantage, peer));
         }
         Ok(t)
     }

@@ -45,6 +45,26 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Where every TLS configuration of this process writes its secrets: the file
+/// `$SSLKEYLOGFILE` names (NSS key log format, which Wireshark reads to decrypt QUIC and TLS),
+/// or nowhere when it is unset. The first use with it set warns on the log (decision O6).
+pub fn key_log() -> Arc<dyn rustls::KeyLog> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    match std::env::var_os("SSLKEYLOGFILE") {
+        Some(path) => {
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    file = %path.to_string_lossy(),
+                    "SSLKEYLOGFILE is set: TLS secrets are written there; whoever reads it can \
+                     decrypt this process's traffic"
+                )
+            });
+            Arc::new(rustls::KeyLogFile::new())
+        }
+        None => Arc::new(rustls::NoKeyLog),
+    }
+}
+
 /// A server's certificate chain and private key.
 #[derive(Debug)]
 pub struct Identity {

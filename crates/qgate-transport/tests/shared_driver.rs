@@ -75,6 +75,7 @@ async fn echoes_bodies_through_blocked_windows_on_loopback() {
     let ep = shared_driver::Endpoint::server(
         Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
         scfg,
+        &Default::default(),
         None,
         shared_driver::Limits::with_connections(16),
     )
@@ -151,6 +152,7 @@ async fn sim(clients: usize, loss: f64, server_opts: &TransportOptions, max: usi
     let ep = shared_driver::Endpoint::server(
         Socket::from(net.bind(s, sa("0.0.0.0:443")).unwrap()),
         scfg,
+        &Default::default(),
         Some(1),
         shared_driver::Limits::with_connections(max),
     )
@@ -278,6 +280,7 @@ async fn a_server_close_reaches_the_client_with_its_code() {
     let ep = shared_driver::Endpoint::server(
         Socket::from(net.bind(s, sa(SERVER)).unwrap()),
         scfg,
+        &Default::default(),
         Some(1),
         shared_driver::Limits::with_connections(4),
     )
@@ -314,3 +317,66 @@ async fn a_server_close_reaches_the_client_with_its_code() {
 }
 
 const SERVER: &str = "10.0.0.1:443";
+
+/// With `qlog_dir`, every connection the shared driver accepts writes a qlog file of its own,
+/// complete once the connection's state is freed; a client's does too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_connection_writes_its_own_qlog() {
+    let dir = std::env::temp_dir().join(format!("qgate-qlog-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let opts = TransportOptions {
+        qlog_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let pki = DevPki::generate(&[]).unwrap();
+    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
+    let ep = shared_driver::Endpoint::server(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        scfg,
+        &opts,
+        None,
+        shared_driver::Limits::with_connections(16),
+    )
+    .unwrap();
+    let addr = ep.local_addr();
+    serve(ep.clone());
+    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let base = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    for i in 0..2 {
+        let ccfg = qgate_transport::client_config_for(&base, &opts, "localhost").unwrap();
+        let client = h3_client(&cep, &ccfg, addr).await;
+        let r = client
+            .request(post(i), Bytes::from_static(b"hi"), 1024)
+            .await
+            .unwrap();
+        assert_eq!(r.body, Bytes::from_static(b"hi"));
+        client.close();
+    }
+    let freed = async {
+        while ep.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), freed)
+        .await
+        .expect("freed");
+    cep.wait_idle().await;
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names[..2]
+        .iter()
+        .all(|n| n.starts_with("client-localhost-")));
+    assert!(names[2..]
+        .iter()
+        .all(|n| n.starts_with("server-127.0.0.1_")));
+    for n in &names[2..] {
+        let text = std::fs::read_to_string(dir.join(n)).unwrap();
+        assert!(text.contains("transport:packet_received"), "{n}: {text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -304,6 +304,7 @@ impl UploadBuilder {
             info,
             source,
             ccfg,
+            transport: transport.clone(),
             server_name: self.server_name,
             planner: Mutex::new(planner),
             news: Notify::new(),
@@ -389,6 +390,8 @@ struct Shared {
     info: FileInfo,
     source: Arc<dyn Source>,
     ccfg: quinn::ClientConfig,
+    /// What `ccfg` was built from (each connection's own, with a qlog file, is built from it).
+    transport: TransportOptions,
     server_name: String,
     planner: Mutex<Planner>,
     /// Woken when the planner changes in a way that may give a waiting lane work (a chunk
@@ -714,13 +717,13 @@ impl Shared {
 
     async fn connect(&self, ep: &quinn::Endpoint, server: SocketAddr) -> Result<H3Client, String> {
         let limit = self.request_timeout.min(CONNECT_TIMEOUT);
-        let c = tokio::time::timeout(
-            limit,
-            connect(ep, &self.ccfg, server, &self.server_name, false),
-        )
-        .await
-        .map_err(|_| format!("no handshake with {server} within {limit:?}"))?
-        .map_err(|e| e.to_string())?;
+        let peer = format!("{}@{server}", self.server_name);
+        let ccfg = qgate_transport::client_config_for(&self.ccfg, &self.transport, &peer)
+            .map_err(|e| e.to_string())?;
+        let c = tokio::time::timeout(limit, connect(ep, &ccfg, server, &self.server_name, false))
+            .await
+            .map_err(|_| format!("no handshake with {server} within {limit:?}"))?
+            .map_err(|e| e.to_string())?;
         H3Client::new(c.connection().clone())
             .await
             .map_err(|e| e.to_string())

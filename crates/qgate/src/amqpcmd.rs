@@ -232,18 +232,16 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
             builder = builder.bridge(b);
         }
         if let Some(addr) = quic {
-            let scfg = server_config_with_client_auth(
-                &identity,
-                &[ALPN_AMQP],
-                &transport::broker_options(&cfg.transport),
-                client_ca.as_ref(),
-            )
-            .map_err(usage)?;
-            builder = builder.quic(endpoint(
+            let opts = transport::broker_options(&cfg.transport);
+            let scfg =
+                server_config_with_client_auth(&identity, &[ALPN_AMQP], &opts, client_ca.as_ref())
+                    .map_err(usage)?;
+            let ep = endpoint(
                 Socket::bind_udp(addr).map_err(usage)?,
-                Some(scfg),
+                Some(scfg.clone()),
                 None,
-            )?);
+            )?;
+            builder = builder.quic_with(ep, scfg, opts);
         }
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr)

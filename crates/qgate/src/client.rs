@@ -122,7 +122,12 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
                 tracing::info!(%peer, window = h.decision.window, from_history = h.decision.from_history, "initial window");
                 c
             }
-            None => ccfg,
+            None => qgate_transport::client_config_for(
+                &ccfg,
+                &transport,
+                &qgate_transport::history::client_peer_key(&target.host, addr),
+            )
+            .map_err(usage)?,
         };
         let bind = if addr.is_ipv4() {
             "0.0.0.0:0"

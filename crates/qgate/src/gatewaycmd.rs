@@ -202,11 +202,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         cfg,
         "gateway-history.redb",
     )
-    .map(|(store, safeguard)| qgate_gateway::paths::BackhaulHistory {
-        store,
-        opts: cfg.transport.clone(),
-        safeguard,
-    });
+    .map(|(store, safeguard)| qgate_gateway::paths::BackhaulHistory { store, safeguard });
     let scheduler_flag = a.scheduler.is_some();
     let sched_name = a
         .scheduler
@@ -406,7 +402,12 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
                     .map_err(usage)?
                     .0
             }
-            None => ccfg,
+            None => qgate_transport::client_config_for(
+                &ccfg,
+                &transport,
+                &qgate_transport::history::client_peer_key(&target.host, addr),
+            )
+            .map_err(usage)?,
         };
         let ep = endpoint(
             Socket::bind_udp("0.0.0.0:0".parse().expect("valid"))?,

@@ -92,6 +92,10 @@ struct Cli {
     #[arg(long, global = true, env = "QGATE_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
+    /// Write one qlog file per QUIC connection into DIR (for qvis; overrides [transport]
+    /// qlog_dir). Set SSLKEYLOGFILE=FILE to also log TLS secrets for Wireshark.
+    #[arg(long, global = true, env = "QLOGDIR", value_name = "DIR")]
+    qlog_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -232,7 +236,7 @@ pub fn run() -> ExitCode {
     if let Some(n) = cli.threads {
         let _ = THREADS.set(usize::from(n));
     }
-    let config = match &cli.config {
+    let mut config = match &cli.config {
         Some(path) => match Config::load(path) {
             Ok(c) => c,
             Err(e) => {
@@ -242,6 +246,18 @@ pub fn run() -> ExitCode {
         },
         None => Config::default(),
     };
+    if let Some(d) = cli.qlog_dir {
+        config.transport.qlog_dir = Some(d);
+    }
+    if let Some(d) = &config.transport.qlog_dir {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            eprintln!(
+                "qgate: error: cannot create the qlog directory {}: {e}",
+                d.display()
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
     let result = match cli.command {
         Command::Server(a) => server::run(a, &config),
         Command::Gateway(a) => gatewaycmd::gateway(a, &config),

@@ -242,7 +242,17 @@ impl Drop for Server {
 
 /// Start `qgate server --listen 127.0.0.1:0 ARGS…` and return it with the port it printed.
 fn start_server(home: &Path, args: &[&std::ffi::OsStr]) -> (Server, String) {
+    start_server_with(home, args, &[])
+}
+
+/// [`start_server`] with extra environment variables.
+fn start_server_with(
+    home: &Path,
+    args: &[&std::ffi::OsStr],
+    envs: &[(&str, &Path)],
+) -> (Server, String) {
     let mut child = qgate(home)
+        .envs(envs.iter().copied())
         .args([
             "server",
             "--listen",
@@ -275,6 +285,75 @@ fn start_server(home: &Path, args: &[&std::ffi::OsStr]) -> (Server, String) {
         .unwrap()
         .to_string();
     (Server(child, admin), port)
+}
+
+/// The files Wireshark and qvis read: a qlog per connection on both ends, and both ends' TLS
+/// secrets for the same handshake.
+#[test]
+fn qlog_and_key_log_for_wireshark() {
+    let home = tmp("qlog");
+    let (sq, cq) = (home.join("server-qlog"), home.join("client-qlog"));
+    let (skeys, ckeys) = (home.join("server-keys"), home.join("client-keys"));
+    let (mut server, port) = start_server_with(
+        &home,
+        &["--qlog-dir".as_ref(), sq.as_os_str()],
+        &[("SSLKEYLOGFILE", &skeys)],
+    );
+    let o = qgate(&home)
+        .env("QLOGDIR", &cq)
+        .env("SSLKEYLOGFILE", &ckeys)
+        .args([
+            "post",
+            &format!("https://localhost:{port}/ingest"),
+            "-d",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("SSLKEYLOGFILE is set"),
+        "{}",
+        stderr(&o)
+    );
+    // A graceful stop frees every connection's state, which completes its qlog file.
+    assert_eq!(terminate(&mut server).code(), Some(0));
+    let one = |dir: &Path, prefix: &str| {
+        let files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with(prefix) && name.ends_with(".sqlog"),
+            "{name}"
+        );
+        std::fs::read_to_string(&files[0]).unwrap()
+    };
+    let client = one(&cq, "client-localhost_127.0.0.1_");
+    // JSON-SEQ (RFC 7464): each record starts with the record separator.
+    assert!(client.starts_with("\u{1e}{") && client.contains("\"qlog_format\":\"JSON-SEQ\""));
+    assert!(client.contains("transport:packet_sent"), "{client}");
+    // Secrets: the server logged the same handshakes' (by client random) as the client.
+    let randoms = |f: &Path| {
+        let text = std::fs::read_to_string(f).unwrap();
+        let mut r: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("CLIENT_TRAFFIC_SECRET_0 "))
+            .map(|l| l.split(' ').nth(1).unwrap().to_string())
+            .collect();
+        r.sort();
+        r
+    };
+    let c = randoms(&ckeys);
+    assert_eq!(c.len(), 1, "one handshake");
+    assert_eq!(randoms(&skeys), c);
+    let server_log = one(&sq, "server-127.0.0.1_");
+    assert!(
+        server_log.contains("transport:packet_received"),
+        "{server_log}"
+    );
 }
 
 #[test]
@@ -1117,20 +1196,25 @@ fn upload_over_two_interfaces_to_a_server() {
     assert_fails(o, 3, "start it with --uploads DIR");
     // SIGTERM, what service managers send, stops the server gracefully (exit 0, not death
     // by the signal).
+    let status = terminate(&mut server);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+/// Send SIGTERM to `server` and wait (at most 20 s) for it to exit.
+fn terminate(server: &mut Server) -> std::process::ExitStatus {
     // SAFETY: kill(2) on our own child's pid. (The suite runs on Linux: linkem, MPTCP.)
     assert_eq!(unsafe { libc_kill(server.0.id() as i32, 15) }, 0);
     let start = std::time::Instant::now();
-    let status = loop {
+    loop {
         if let Some(st) = server.0.try_wait().unwrap() {
-            break st;
+            return st;
         }
         assert!(
             start.elapsed() < std::time::Duration::from_secs(20),
             "no exit"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(0), "{status:?}");
+    }
 }
 
 extern "C" {

@@ -200,7 +200,7 @@ impl BrokerSide {
         )
         .map_err(|e| e.to_string())?;
         self.starts += 1;
-        let serve = tokio::spawn(serve_quic(broker.clone(), ep.clone()));
+        let serve = tokio::spawn(serve_quic(broker.clone(), ep.clone(), None));
         self.running = Some((broker, ep, serve));
         Ok(())
     }

@@ -193,6 +193,8 @@ impl Touch {
 struct EpState {
     proto: proto::Endpoint,
     conns: HashMap<u64, Arc<ConnCell>>,
+    /// The base configuration and options when each connection needs its own (a qlog file).
+    per_connection: Option<(ServerConfig, crate::TransportOptions)>,
     by_handle: HashMap<ConnectionHandle, u64>,
     next_id: u64,
     limits: Limits,
@@ -237,11 +239,13 @@ impl EpState {
 }
 
 impl Endpoint {
-    /// A server on `socket` with `server`'s TLS and transport settings, within `limits`.
-    /// `seed` makes quinn-proto's random choices reproducible, as simulations need.
+    /// A server on `socket` with `server`'s TLS and transport settings (built from `opts`,
+    /// which also say whether each connection writes a qlog file), within `limits`. `seed`
+    /// makes quinn-proto's random choices reproducible, as simulations need.
     pub fn server(
         socket: Socket,
         server: ServerConfig,
+        opts: &crate::TransportOptions,
         seed: Option<u64>,
         limits: Limits,
     ) -> Result<Endpoint, TransportError> {
@@ -264,7 +268,12 @@ impl Endpoint {
         let mut cfg = EndpointConfig::default();
         cfg.rng_seed(seed.map(crate::endpoint::seed_bytes));
         let recv_len = recv_buffer_len(&cfg, socket.as_ref());
+        let per_connection = opts
+            .qlog_dir
+            .is_some()
+            .then(|| (server.clone(), opts.clone()));
         let ep = EpState {
+            per_connection,
             proto: proto::Endpoint::new(
                 Arc::new(cfg),
                 Some(Arc::new(server)),
@@ -841,7 +850,14 @@ fn datagram(
                 }
                 return;
             }
-            match ep.proto.accept(incoming, t, &mut resp, None) {
+            let own = ep.per_connection.as_ref().and_then(|(base, opts)| {
+                let peer = incoming.remote_address().to_string();
+                crate::server_config_for(base, opts, &peer)
+                    .inspect_err(|e| tracing::warn!(error = %e, "per-connection config"))
+                    .ok()
+                    .flatten()
+            });
+            match ep.proto.accept(incoming, t, &mut resp, own) {
                 Ok((h, conn)) => {
                     let id = ep.next_id;
                     ep.next_id += 1;

@@ -12,7 +12,8 @@ use crate::{usage, Failure, EXIT_HTTP_STATUS};
 #[derive(Args, Debug)]
 pub struct CtlArgs {
     /// The daemon's admin port: HOST:PORT, PORT (on 127.0.0.1) or http://HOST:PORT (what it
-    /// printed at start-up as "admin http://…").
+    /// printed at start-up as "admin http://…") [default: the one `admin` key of --config's
+    /// [server], [gateway] or [broker]].
     #[arg(long, global = true, env = "QGATE_ADMIN", value_name = "ADDR")]
     admin: Option<String>,
     /// File holding the admin token [default: $QGATE_ADMIN_TOKEN, else [admin] token_file of
@@ -90,6 +91,19 @@ fn qgate_admin_list_limit() -> usize {
     qgate_admin::DEFAULT_LIST_LIMIT
 }
 
+/// The admin addresses the config file's daemon sections name (`--config FILE ctl …` talks to
+/// the one daemon FILE configures, as the systemd unit's reload does).
+fn config_admin(cfg: &crate::config::Config) -> Vec<(&'static str, String)> {
+    [
+        ("[server]", &cfg.server.admin),
+        ("[gateway]", &cfg.gateway.admin),
+        ("[broker]", &cfg.broker.admin),
+    ]
+    .into_iter()
+    .filter_map(|(s, a)| a.clone().map(|a| (s, a)))
+    .collect()
+}
+
 pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
     // The flag, then the environment, then the config file (an operator who cannot read the
     // daemon's token file may still have the token in the environment).
@@ -99,11 +113,35 @@ pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
         (None, None, Some(f)) => Some(Token::from_file(f).map_err(usage)?),
         (None, None, None) => None,
     };
-    let Some(admin) = &a.admin else {
-        return Err(usage(
-            "which daemon? give --admin ADDR (or QGATE_ADMIN): the address it printed as \"admin http://…\"",
-        ));
+    let admin = match (&a.admin, &config_admin(cfg)[..]) {
+        (Some(a), _) => a.clone(),
+        (None, [(_, one)]) => match super::parse_addr(one) {
+            // A daemon bound to every address answers on loopback.
+            Ok(sa) if sa.ip().is_unspecified() => {
+                let lo: std::net::IpAddr = if sa.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                };
+                std::net::SocketAddr::new(lo, sa.port()).to_string()
+            }
+            Ok(sa) => sa.to_string(),
+            Err(_) => one.clone(),
+        },
+        (None, []) => {
+            return Err(usage(
+                "which daemon? give --admin ADDR (or QGATE_ADMIN): the address it printed as \"admin http://…\"",
+            ))
+        }
+        (None, several) => {
+            let named: Vec<String> = several.iter().map(|(s, a)| format!("{s} {a}")).collect();
+            return Err(usage(format!(
+                "the config file names several admin ports ({}): give --admin ADDR",
+                named.join(", ")
+            )));
+        }
     };
+    let admin = &admin;
     let addr = match admin.parse::<u16>() {
         Ok(port) => format!("127.0.0.1:{port}"),
         Err(_) => admin.clone(),
