@@ -111,9 +111,10 @@ impl BrokerBuilder {
         }
         let broker = Broker::start(self.config)?;
         let mut tasks = JoinSet::new();
-        let mut quic = Vec::new();
+        let (mut quic, mut endpoints) = (Vec::new(), Vec::new());
         for (ep, own) in self.quic {
             quic.extend(ep.local_addr().ok());
+            endpoints.push(ep.clone());
             tasks.spawn(serve_quic(broker.clone(), ep, own));
         }
         for b in self.bridges {
@@ -138,6 +139,7 @@ impl BrokerBuilder {
         Ok(RunningBroker {
             broker,
             quic,
+            endpoints,
             tcp,
             tasks,
         })
@@ -148,6 +150,7 @@ impl BrokerBuilder {
 pub struct RunningBroker {
     broker: Broker,
     quic: Vec<SocketAddr>,
+    endpoints: Vec<quinn::Endpoint>,
     tcp: Vec<SocketAddr>,
     tasks: JoinSet<()>,
 }
@@ -173,5 +176,17 @@ impl RunningBroker {
     /// now (dropping the `RunningBroker` does the same).
     pub fn shutdown(mut self) {
         self.tasks.abort_all();
+    }
+
+    /// Stop as a service stops: every QUIC connection is closed with "broker shutting down"
+    /// (its peers learn at once instead of after their idle timeout) and the close is given up
+    /// to `grace` to reach them; then as [`shutdown`](Self::shutdown).
+    pub async fn close(self, grace: std::time::Duration) {
+        for ep in &self.endpoints {
+            ep.close(0u32.into(), b"broker shutting down");
+        }
+        let idle = futures_util::future::join_all(self.endpoints.iter().map(|e| e.wait_idle()));
+        let _ = tokio::time::timeout(grace, idle).await;
+        self.shutdown();
     }
 }

@@ -871,7 +871,17 @@ pub async fn receive(
     while spec.count.is_none_or(|n| report.messages < n) {
         let d = match tokio::time::timeout(spec.idle, receiver.recv::<Body<Value>>()).await {
             Ok(Ok(d)) => d,
-            Ok(Err(e)) => return Err(ClientError::Link(format!("receiving: {e}"))),
+            Ok(Err(e)) => {
+                // fe2o3 says only that its session stopped; the QUIC close says why.
+                let why = match info.quic.as_ref().and_then(|c| c.close_reason()) {
+                    Some(reason) => format!("the connection closed: {reason}"),
+                    None => e.to_string(),
+                };
+                return Err(ClientError::Link(format!(
+                    "receiving from '{}': {why}",
+                    spec.address
+                )));
+            }
             Err(_) => break,
         };
         let mut len = 0;

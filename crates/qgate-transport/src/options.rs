@@ -131,6 +131,16 @@ fn err(name: &'static str, problem: impl Into<String>) -> OptionError {
 impl TransportOptions {
     /// Check every value's range.
     pub fn validate(&self) -> Result<(), OptionError> {
+        if self
+            .qlog_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(err(
+                "qlog_dir",
+                "is empty; name a directory or leave it out",
+            ));
+        }
         // At most a minute: a larger value would also overflow the conversion to a Duration.
         if !(self.initial_rtt_ms.is_finite()
             && self.initial_rtt_ms > 0.0

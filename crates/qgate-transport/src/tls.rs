@@ -49,21 +49,39 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// `$SSLKEYLOGFILE` names (NSS key log format, which Wireshark reads to decrypt QUIC and TLS),
 /// or nowhere when it is unset. The first use with it set warns on the log (decision O6).
 pub fn key_log() -> Arc<dyn rustls::KeyLog> {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    match std::env::var_os("SSLKEYLOGFILE") {
-        Some(path) => {
-            WARNED.call_once(|| {
-                tracing::warn!(
-                    file = %path.to_string_lossy(),
-                    "SSLKEYLOGFILE is set: TLS secrets are written there; whoever reads it can \
-                     decrypt this process's traffic"
-                )
-            });
-            Arc::new(rustls::KeyLogFile::new())
-        }
-        None => Arc::new(rustls::NoKeyLog),
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let Some(path) = std::env::var_os("SSLKEYLOGFILE").filter(|p| !p.is_empty()) else {
+        return Arc::new(rustls::NoKeyLog);
+    };
+    // rustls's KeyLogFile opens the file itself and drops the secrets silently when it cannot:
+    // try first, so a path that cannot be written is reported instead of promised.
+    let mut open = fs::OpenOptions::new();
+    open.append(true).create(true);
+    // Created as rustls would create it: readable by the owner only.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let usable = open.open(&path);
+    SAID.call_once(|| match &usable {
+        Ok(_) => tracing::warn!(
+            file = %path.to_string_lossy(),
+            "SSLKEYLOGFILE is set: TLS secrets are written there; whoever reads it can \
+             decrypt this process's traffic"
+        ),
+        Err(e) => tracing::error!(
+            file = %path.to_string_lossy(),
+            error = %e,
+            "SSLKEYLOGFILE is set but cannot be written: no TLS secrets are logged"
+        ),
+    });
+    match usable {
+        Ok(_) => Arc::new(rustls::KeyLogFile::new()),
+        Err(_) => Arc::new(rustls::NoKeyLog),
     }
 }
+
+/// How long a `.creating` lock may sit in a development PKI directory before another process
+/// takes it as left by a dead one.
+const STALE_LOCK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A server's certificate chain and private key.
 #[derive(Debug)]
@@ -176,17 +194,69 @@ impl DevPki {
     pub fn load_or_create(dir: &Path) -> Result<DevPki, TlsError> {
         let (ca, cert, key) = Self::paths(dir);
         if !ca.exists() {
-            fs::create_dir_all(dir).map_err(io_err(dir))?;
-            let (ca_pem, leaf_pem, key_pem) = generate_pems(&[])?;
-            write_private(&key, key_pem.as_bytes())?;
-            fs::write(&cert, leaf_pem).map_err(io_err(&cert))?;
-            fs::write(&ca, ca_pem).map_err(io_err(&ca))?;
-            tracing::info!(dir = %dir.display(), "created a development CA and server certificate");
+            Self::create_once(dir)?;
         }
         Ok(DevPki {
             ca: load_certs(&ca)?.remove(0),
             server: Identity::from_pem_files(&cert, &key)?,
         })
+    }
+
+    /// Create the files in `dir` unless another process is doing so (two daemons sharing a
+    /// fresh state directory start at once): the creator holds `dir/.creating` (made with
+    /// `create_new`), writes the key and certificate, then `ca.pem` by a rename, so `ca.pem`
+    /// existing means all three are complete. The others wait for it; a lock left by a process
+    /// that died while creating is taken over after [`STALE_LOCK`].
+    fn create_once(dir: &Path) -> Result<(), TlsError> {
+        let (ca, cert, key) = Self::paths(dir);
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let lock = dir.join(".creating");
+        let deadline = std::time::Instant::now() + 2 * STALE_LOCK;
+        loop {
+            if ca.exists() {
+                return Ok(());
+            }
+            match fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+            {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let age = fs::metadata(&lock)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok());
+                    if age.is_some_and(|a| a > STALE_LOCK) {
+                        let _ = fs::remove_file(&lock);
+                    } else if std::time::Instant::now() > deadline {
+                        return Err(TlsError::Io {
+                            path: lock,
+                            source: std::io::Error::other(
+                                "another process has been creating the development CA for too long",
+                            ),
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(io_err(&lock)(e)),
+            }
+        }
+        let made = (|| {
+            if ca.exists() {
+                return Ok(()); // made between our check and our lock
+            }
+            let (ca_pem, leaf_pem, key_pem) = generate_pems(&[])?;
+            write_private(&key, key_pem.as_bytes())?;
+            fs::write(&cert, leaf_pem).map_err(io_err(&cert))?;
+            let tmp = dir.join(".ca.pem.new");
+            fs::write(&tmp, ca_pem).map_err(io_err(&tmp))?;
+            fs::rename(&tmp, &ca).map_err(io_err(&ca))?;
+            tracing::info!(dir = %dir.display(), "created a development CA and server certificate");
+            Ok(())
+        })();
+        let _ = fs::remove_file(&lock);
+        made
     }
 
     /// `ca.pem`, `server.pem`, `server.key` inside `dir`.
@@ -284,6 +354,25 @@ impl TrustRoots {
 
 #[cfg(test)]
 mod tests {
+    /// Daemons sharing a fresh state directory start at once: all of them trust one CA.
+    #[test]
+    fn processes_creating_the_dev_pki_at_once_agree_on_one_ca() {
+        let dir = std::env::temp_dir().join(format!("qgate-pki-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for round in 0..5 {
+            let d = dir.join(round.to_string());
+            let cas: std::collections::BTreeSet<Vec<u8>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| super::DevPki::load_or_create(&d).unwrap().ca.to_vec()))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(cas.len(), 1, "round {round}: {} CAs", cas.len());
+            assert!(!d.join(".creating").exists());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn every_generated_certificate_has_the_same_size() {
         // Simulations count handshake bytes: the certificates must not vary in length.

@@ -92,9 +92,10 @@ struct Cli {
     #[arg(long, global = true, env = "QGATE_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
-    /// Write one qlog file per QUIC connection into DIR (for qvis; overrides [transport]
-    /// qlog_dir). Set SSLKEYLOGFILE=FILE to also log TLS secrets for Wireshark.
-    #[arg(long, global = true, env = "QLOGDIR", value_name = "DIR")]
+    /// Write one qlog file per QUIC connection of the server, gateway, broker and clients into
+    /// DIR, for qvis [default: $QLOGDIR, else [transport] qlog_dir]. Set SSLKEYLOGFILE=FILE to
+    /// also log TLS secrets for Wireshark.
+    #[arg(long, global = true, value_name = "DIR")]
     qlog_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -221,6 +222,17 @@ pub fn usage(msg: impl std::fmt::Display) -> Failure {
 /// The config file given with --config, for a daemon's reload.
 static CONFIG_PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
+/// `--qlog-dir` / `$QLOGDIR`, which wins over the file's `[transport] qlog_dir`.
+static QLOG_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// What the command line sets over any config file, at start and on every reload (so a reload
+/// does not take the flag's value for a change of the file).
+pub(crate) fn apply_overrides(cfg: &mut Config) {
+    if let Some(d) = QLOG_DIR.get() {
+        cfg.transport.qlog_dir = Some(d.clone());
+    }
+}
+
 /// The config file given with --config, if any.
 pub fn config_path() -> Option<PathBuf> {
     CONFIG_PATH.get().cloned()
@@ -246,11 +258,26 @@ pub fn run() -> ExitCode {
         },
         None => Config::default(),
     };
-    if let Some(d) = cli.qlog_dir {
-        config.transport.qlog_dir = Some(d);
+    // An empty QLOGDIR (exported by a shell profile, say) means unset.
+    let env_qlog = std::env::var_os("QLOGDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from);
+    if let Some(d) = cli.qlog_dir.or(env_qlog) {
+        let _ = QLOG_DIR.set(d);
     }
+    apply_overrides(&mut config);
     if let Some(d) = &config.transport.qlog_dir {
-        if let Err(e) = std::fs::create_dir_all(d) {
+        let mut dir = std::fs::DirBuilder::new();
+        dir.recursive(true);
+        // A trace names peers and connection ids: only the owner reads a new directory.
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut dir, 0o700);
+        let made = if d.exists() && !d.is_dir() {
+            Err(std::io::Error::other("it exists and is not a directory"))
+        } else {
+            dir.create(d)
+        };
+        if let Err(e) = made {
             eprintln!(
                 "qgate: error: cannot create the qlog directory {}: {e}",
                 d.display()

@@ -354,6 +354,14 @@ fn qlog_and_key_log_for_wireshark() {
         server_log.contains("transport:packet_received"),
         "{server_log}"
     );
+    // Every record whole: RS, one JSON value, newline.
+    for log in [&client, &server_log] {
+        assert!(log.ends_with('\n'));
+        for rec in log.split('\u{1e}').skip(1) {
+            serde_json::from_str::<serde_json::Value>(rec.trim_end())
+                .unwrap_or_else(|e| panic!("{e}: {rec}"));
+        }
+    }
 }
 
 #[test]

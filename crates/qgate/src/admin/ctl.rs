@@ -13,8 +13,8 @@ use crate::{usage, Failure, EXIT_HTTP_STATUS};
 pub struct CtlArgs {
     /// The daemon's admin port: HOST:PORT, PORT (on 127.0.0.1) or http://HOST:PORT (what it
     /// printed at start-up as "admin http://…") [default: the one `admin` key of --config's
-    /// [server], [gateway] or [broker]].
-    #[arg(long, global = true, env = "QGATE_ADMIN", value_name = "ADDR")]
+    /// [server], [gateway] or [broker], else $QGATE_ADMIN].
+    #[arg(long, global = true, value_name = "ADDR")]
     admin: Option<String>,
     /// File holding the admin token [default: $QGATE_ADMIN_TOKEN, else [admin] token_file of
     /// --config, else none].
@@ -113,8 +113,11 @@ pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
         (None, None, Some(f)) => Some(Token::from_file(f).map_err(usage)?),
         (None, None, None) => None,
     };
+    // The flag, then the file the command names, then the environment (an image's default).
+    let env = std::env::var("QGATE_ADMIN").ok().filter(|s| !s.is_empty());
     let admin = match (&a.admin, &config_admin(cfg)[..]) {
         (Some(a), _) => a.clone(),
+        (None, []) if env.is_some() => env.expect("checked"),
         (None, [(_, one)]) => match super::parse_addr(one) {
             // A daemon bound to every address answers on loopback.
             Ok(sa) if sa.ip().is_unspecified() => {
@@ -133,13 +136,14 @@ pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
                 "which daemon? give --admin ADDR (or QGATE_ADMIN): the address it printed as \"admin http://…\"",
             ))
         }
-        (None, several) => {
+        (None, several) if env.is_none() => {
             let named: Vec<String> = several.iter().map(|(s, a)| format!("{s} {a}")).collect();
             return Err(usage(format!(
                 "the config file names several admin ports ({}): give --admin ADDR",
                 named.join(", ")
             )));
         }
+        (None, _) => env.expect("checked"),
     };
     let admin = &admin;
     let addr = match admin.parse::<u16>() {

@@ -132,8 +132,10 @@ pub(crate) fn reload_config() -> Result<crate::config::Config, qgate_admin::ApiE
             "this daemon was started without --config: there is nothing to reload",
         ));
     };
-    crate::config::Config::load(&path)
-        .map_err(|e| qgate_admin::ApiError::bad_request(format!("{e:#}")))
+    let mut cfg = crate::config::Config::load(&path)
+        .map_err(|e| qgate_admin::ApiError::bad_request(format!("{e:#}")))?;
+    crate::apply_overrides(&mut cfg);
+    Ok(cfg)
 }
 
 /// The shared sections a daemon reads at start (`[admin]`, `[transport]`, and `[history]` when
