@@ -857,7 +857,12 @@ impl Broker {
             tokio::select! {
                 biased;
                 Some(done) = pending.next(), if !pending.is_empty() => {
-                    if !self.admit(&q, &mut r, done, high, open).await {
+                    // Everything the same commit made durable is settled in one disposition (M30).
+                    let mut ready = vec![done];
+                    while let Some(Some(d)) = pending.next().now_or_never() {
+                        ready.push(d);
+                    }
+                    if !self.admit(&q, &mut r, ready, high, open).await {
                         open = false;
                     }
                 }
@@ -971,46 +976,64 @@ impl Broker {
         }))
     }
 
-    /// A delivery's write is done: put it in the queue and settle it with the producer, after
-    /// waiting out back-pressure. False when the link is gone.
+    /// Deliveries whose writes are done: put them in the queue and settle them with the producer
+    /// (one disposition for all that were accepted), after waiting out back-pressure. False
+    /// when the link is gone.
     async fn admit(
         &self,
         q: &QueueState,
         r: &mut Receiver,
-        s: Staged,
+        staged: Vec<Staged>,
         (high_msgs, high_bytes): (usize, usize),
         open: bool,
     ) -> bool {
-        if let Err(e) = s.stored {
-            if let Some(k) = s.replay_key {
-                self.replays().forget(k);
+        let mut accepted = Vec::with_capacity(staged.len());
+        let mut alive = open;
+        for s in staged {
+            let refused = match s.stored {
+                Err(e) => {
+                    tracing::error!(queue = %q.name, error = %e, "could not store a message");
+                    Some(amqp_error(
+                        AmqpError::InternalError,
+                        format!("message store: {e}"),
+                    ))
+                }
+                Ok(()) => {
+                    let inserted =
+                        q.lock()
+                            .insert(s.seq, Arc::new(sendable(s.msg)), s.size, s.expires);
+                    if inserted {
+                        None
+                    } else {
+                        if let Some(store) = &self.inner.store {
+                            store.delete(&q.name, s.seq).await;
+                        }
+                        Some(amqp_error(
+                            AmqpError::ResourceLimitExceeded,
+                            format!("{}: queue is full", q.name),
+                        ))
+                    }
+                }
+            };
+            match refused {
+                None => accepted.push(s.info),
+                Some(e) => {
+                    if let Some(k) = s.replay_key {
+                        self.replays().forget(k);
+                    }
+                    alive = alive && r.reject(s.info, e).await.is_ok();
+                }
             }
-            tracing::error!(queue = %q.name, error = %e, "could not store a message");
-            let e = amqp_error(AmqpError::InternalError, format!("message store: {e}"));
-            return open && r.reject(s.info, e).await.is_ok();
         }
-        let inserted = q
-            .lock()
-            .insert(s.seq, Arc::new(sendable(s.msg)), s.size, s.expires);
-        if !inserted {
-            if let Some(k) = s.replay_key {
-                self.replays().forget(k);
-            }
-            if let Some(store) = &self.inner.store {
-                store.delete(&q.name, s.seq).await;
-            }
-            let e = amqp_error(
-                AmqpError::ResourceLimitExceeded,
-                format!("{}: queue is full", q.name),
-            );
-            return open && r.reject(s.info, e).await.is_ok();
+        if accepted.is_empty() {
+            return alive;
         }
         q.arrived.notify_one();
-        if !open {
+        if !alive {
             // Stored and queued; the producer is gone and will resend (at-least-once).
             return false;
         }
-        // Back-pressure: hold this delivery's settlement (and with it the link credit it
+        // Back-pressure: hold these deliveries' settlement (and with it the link credit it
         // refills) while the queue is above its high-water mark.
         loop {
             let drained = q.drained.notified();
@@ -1025,7 +1048,11 @@ impl Broker {
             }
             drained.await;
         }
-        r.accept(s.info).await.is_ok()
+        if accepted.len() == 1 {
+            r.accept(accepted.pop().expect("one")).await.is_ok()
+        } else {
+            r.accept_all(accepted).await.is_ok()
+        }
     }
 
     /// A link on which a peer receives from a queue: competing with the queue's other consumers,

@@ -15,6 +15,9 @@ const MESSAGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("mess
 /// Most operations one transaction commits.
 const BATCH: usize = 4096;
 
+/// Longest time a deletion committed without a sync waits for a durable commit (decision M30).
+const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -137,8 +140,9 @@ impl Store {
         wait.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Forget message `seq` of `queue` (settled or expired). Not awaited: if the broker dies
-    /// before the next commit the message is delivered again (at-least-once).
+    /// Forget message `seq` of `queue` (settled or expired). Not awaited, and synced with the
+    /// next put or within [`DURABLE_EVERY`]: if the broker dies before that the message is
+    /// delivered again (at-least-once, decision M30).
     pub async fn delete(&self, queue: &str, seq: u64) {
         let _ = self
             .tx
@@ -161,7 +165,29 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     // A commit failed since the last sync was answered: the next sync reports it, since the
     // operations before it are not all on disk.
     let mut failed_since_sync = false;
-    while let Some(first) = rx.recv().await {
+    // When the oldest commit of deletions only, not synced, was made (decision M30).
+    let mut unsynced: Option<tokio::time::Instant> = None;
+    loop {
+        let sync_due = unsynced.map(|t| t + DURABLE_EVERY);
+        let first = tokio::select! {
+            op = rx.recv() => op,
+            _ = sleep_until_some(sync_due) => {
+                let d = db.clone();
+                let r = tokio::task::spawn_blocking(move || commit(&d, &[], true)).await;
+                if let Ok(Err(e)) | Err(e) = r.map_err(io) {
+                    tracing::error!(error = %e, "message store sync failed");
+                    failed_since_sync = true;
+                }
+                unsynced = None;
+                continue;
+            }
+        };
+        let Some(first) = first else {
+            if unsynced.is_some() {
+                let _ = tokio::task::spawn_blocking(move || commit(&db, &[], true)).await;
+            }
+            return;
+        };
         batch.push(first);
         while batch.len() < BATCH {
             match rx.try_recv() {
@@ -169,10 +195,13 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
                 Err(_) => break,
             }
         }
+        // Deletions alone need no sync: one lost in a crash is a redelivery. A put or a sync
+        // makes them durable with it.
+        let durable = batch.iter().any(|op| !matches!(op, Op::Delete { .. }));
         let d = db.clone();
         let ops = std::mem::take(&mut batch);
         let (ops, result) = match tokio::task::spawn_blocking(move || {
-            let r = commit(&d, &ops);
+            let r = commit(&d, &ops, durable);
             (ops, r)
         })
         .await
@@ -187,6 +216,13 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
         };
         batch = ops;
         failed_since_sync |= result.is_err();
+        if result.is_ok() {
+            if durable {
+                unsynced = None;
+            } else {
+                unsynced.get_or_insert_with(tokio::time::Instant::now);
+            }
+        }
         let mut answered_sync = false;
         for op in batch.drain(..) {
             match op {
@@ -217,8 +253,21 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     }
 }
 
-fn commit(db: &Database, batch: &[Op]) -> Result<(), StoreError> {
-    let wtx = db.begin_write().map_err(io)?;
+/// Pending for ever when there is nothing to sync.
+async fn sleep_until_some(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Apply `batch` in one transaction, synced when `durable` (which also makes every earlier
+/// unsynced commit durable).
+fn commit(db: &Database, batch: &[Op], durable: bool) -> Result<(), StoreError> {
+    let mut wtx = db.begin_write().map_err(io)?;
+    if !durable {
+        wtx.set_durability(redb::Durability::None).map_err(io)?;
+    }
     {
         let mut t = wtx.open_table(MESSAGES).map_err(io)?;
         for op in batch {

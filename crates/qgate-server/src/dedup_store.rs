@@ -1,24 +1,40 @@
 //! De-duplication that survives a restart: every request id stored is committed to redb before
 //! its request is acknowledged, so a copy the gateway retries after the server restarted gets
 //! the first one's answer instead of a second message (decision S6). Commits are grouped: one
-//! writer task commits whatever has piled up in one transaction, and every request in it waits
-//! one shared fsync. Bounded: past `cap` ids the oldest are forgotten, in the same transaction.
+//! writer task commits whatever has piled up in one transaction. They are not synced one by one:
+//! a durable commit follows within [`DURABLE_EVERY`] of any change, and when the last handle
+//! goes, so a crash (not a restart) forgets at most that span of ids, whose retries would each
+//! be stored once more: a duplicate at worst, never a loss (decision S9).
+//!
+//! Layout (S9): one table in arrival order, `order → (request id, response id, bytes)`, so a
+//! record appends at the end and forgetting the oldest past `cap` takes from the front: no
+//! random inserts. Lookups go through an in-memory index, a keyed 64-bit hash of each request
+//! id → its order (about 32 bytes an id), rebuilt from the table at open; only a hit reads the
+//! table, and the stored id must match, so a hash collision costs a duplicate, never a wrong
+//! answer.
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+};
 use tokio::sync::{mpsc, oneshot};
 
-/// Request id → (response id, bytes, order).
-const SEEN: TableDefinition<&str, (u64, u64, u64)> = TableDefinition::new("seen");
-/// Order → request id: the oldest is forgotten first.
-const ORDER: TableDefinition<u64, &str> = TableDefinition::new("order");
-/// `next_order`, `count`, `max_id`.
+/// Arrival order → (request id, response id, bytes).
+const LOG: TableDefinition<u64, (&str, u64, u64)> = TableDefinition::new("log");
+/// `max_id`: the largest response id ever recorded (it outlives the records past the cap).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Tables of the first layout (S6): dropped at open; `meta`'s `max_id` carries over.
+const OLD_TABLES: [&str; 2] = ["seen", "order"];
 
 /// Most records one transaction commits.
 const BATCH: usize = 4096;
+
+/// Longest time a recorded id may wait for a durable commit (decision S9).
+pub const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The store failed; the message names the file.
 #[derive(Debug, thiserror::Error)]
@@ -37,10 +53,27 @@ struct Op {
     done: oneshot::Sender<Result<(), String>>,
 }
 
+/// Keyed hash of a request id → its order in [`LOG`].
+struct Index {
+    hasher: std::collections::hash_map::RandomState,
+    orders: HashMap<u64, u64>,
+}
+
+impl Index {
+    fn key(&self, rid: &str) -> u64 {
+        self.hasher.hash_one(rid)
+    }
+}
+
+fn lock(i: &Mutex<Index>) -> std::sync::MutexGuard<'_, Index> {
+    i.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A handle to the durable de-duplication table.
 pub struct DedupStore {
     db: Arc<Database>,
     tx: mpsc::Sender<Op>,
+    index: Arc<Mutex<Index>>,
     path: PathBuf,
 }
 
@@ -48,6 +81,13 @@ impl std::fmt::Debug for DedupStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DedupStore({})", self.path.display())
     }
+}
+
+/// Where the writer appends next and how many records the table holds.
+#[derive(Clone, Copy)]
+struct Tail {
+    next: u64,
+    count: u64,
 }
 
 impl DedupStore {
@@ -59,30 +99,63 @@ impl DedupStore {
             path: path.to_path_buf(),
             msg,
         };
+        let e = |e: &dyn std::fmt::Display| fail(e.to_string());
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+            std::fs::create_dir_all(dir).map_err(|x| e(&x))?;
         }
-        let db = Database::create(path).map_err(|e| fail(e.to_string()))?;
-        let max_id = {
-            let rtx = db.begin_read().map_err(|e| fail(e.to_string()))?;
-            match rtx.open_table(META) {
-                Ok(t) => t
-                    .get("max_id")
-                    .map_err(|e| fail(e.to_string()))?
-                    .map_or(0, |v| v.value()),
-                Err(redb::TableError::TableDoesNotExist(_)) => 0,
-                Err(e) => return Err(fail(e.to_string())),
-            }
+        let db = Database::create(path).map_err(|x| e(&x))?;
+        let mut index = Index {
+            hasher: Default::default(),
+            orders: HashMap::new(),
         };
+        let wtx = db.begin_write().map_err(|x| e(&x))?;
+        let old: Vec<_> = wtx
+            .list_tables()
+            .map_err(|x| e(&x))?
+            .filter(|t| OLD_TABLES.contains(&t.name()))
+            .collect();
+        if !old.is_empty() {
+            tracing::info!(path = %path.display(), "de-duplication store in the first layout: its request ids are forgotten");
+        }
+        for t in old {
+            wtx.delete_table(t).map_err(|x| e(&x))?;
+        }
+        let (max_id, tail) = {
+            let meta = wtx.open_table(META).map_err(|x| e(&x))?;
+            let max_id = meta
+                .get("max_id")
+                .map_err(|x| e(&x))?
+                .map_or(0, |v| v.value());
+            let log = wtx.open_table(LOG).map_err(|x| e(&x))?;
+            let mut next = 0;
+            for row in log.iter().map_err(|x| e(&x))? {
+                let (k, v) = row.map_err(|x| e(&x))?;
+                let (rid, _, _) = v.value();
+                index.orders.insert(index.key(rid), k.value());
+                next = k.value() + 1;
+            }
+            let count = log.len().map_err(|x| e(&x))?;
+            (max_id, Tail { next, count })
+        };
+        wtx.commit().map_err(|x| e(&x))?;
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| fail("the store needs a tokio runtime".into()))?;
         let db = Arc::new(db);
+        let index = Arc::new(Mutex::new(index));
         let (tx, rx) = mpsc::channel(BATCH);
-        rt.spawn(writer(db.clone(), rx, cap.max(1)));
+        rt.spawn(writer(
+            db.clone(),
+            rx,
+            cap.max(1),
+            index.clone(),
+            tail,
+            max_id,
+        ));
         Ok((
             DedupStore {
                 db,
                 tx,
+                index,
                 path: path.to_path_buf(),
             },
             max_id,
@@ -91,23 +164,28 @@ impl DedupStore {
 
     /// The answer recorded for `rid`: (response id, bytes).
     pub fn lookup(&self, rid: &str) -> Result<Option<(u64, usize)>, DedupStoreError> {
+        let order = {
+            let i = lock(&self.index);
+            i.orders.get(&i.key(rid)).copied()
+        };
+        // Most requests are new: no read of the table at all.
+        let Some(order) = order else {
+            return Ok(None);
+        };
         let fail = |e: &dyn std::fmt::Display| DedupStoreError {
             path: self.path.clone(),
             msg: e.to_string(),
         };
         let rtx = self.db.begin_read().map_err(|e| fail(&e))?;
-        let t = match rtx.open_table(SEEN) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(fail(&e)),
-        };
-        Ok(t.get(rid).map_err(|e| fail(&e))?.map(|v| {
-            let (id, bytes, _) = v.value();
-            (id, bytes as usize)
+        let t = rtx.open_table(LOG).map_err(|e| fail(&e))?;
+        Ok(t.get(order).map_err(|e| fail(&e))?.and_then(|v| {
+            let (stored, id, bytes) = v.value();
+            (stored == rid).then_some((id, bytes as usize))
         }))
     }
 
-    /// Make `rid` → (`id`, `bytes`) durable; returns once committed.
+    /// Record `rid` → (`id`, `bytes`); returns once committed (made durable within
+    /// [`DURABLE_EVERY`]).
     pub async fn record(&self, rid: &str, id: u64, bytes: usize) -> Result<(), DedupStoreError> {
         let fail = |msg: String| DedupStoreError {
             path: self.path.clone(),
@@ -127,11 +205,39 @@ impl DedupStore {
     }
 }
 
-/// Wait for one record, take whatever else is waiting, commit them in one transaction on a
-/// blocking thread, answer everyone in the batch.
-async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>, cap: u64) {
+/// What one commit changed in the index: (key, order) added, (key, order) forgotten.
+type Changes = (Vec<(u64, u64)>, Vec<(u64, u64)>);
+
+/// Wait for one record, take whatever else is waiting, commit them in one transaction (not
+/// synced) on a blocking thread, update the index, answer everyone in the batch; make
+/// everything durable within [`DURABLE_EVERY`] of the first unsynced commit, and before ending.
+async fn writer(
+    db: Arc<Database>,
+    mut rx: mpsc::Receiver<Op>,
+    cap: u64,
+    index: Arc<Mutex<Index>>,
+    mut tail: Tail,
+    mut max_id: u64,
+) {
     let mut batch = Vec::with_capacity(BATCH);
-    while let Some(first) = rx.recv().await {
+    // When the oldest commit not yet synced was made.
+    let mut unsynced: Option<tokio::time::Instant> = None;
+    loop {
+        let sync_due = unsynced.map(|t| t + DURABLE_EVERY);
+        let first = tokio::select! {
+            op = rx.recv() => op,
+            _ = sleep_until_some(sync_due) => {
+                durable(&db).await;
+                unsynced = None;
+                continue;
+            }
+        };
+        let Some(first) = first else {
+            if unsynced.is_some() {
+                durable(&db).await;
+            }
+            return;
+        };
         batch.push(first);
         while batch.len() < BATCH {
             match rx.try_recv() {
@@ -139,10 +245,22 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>, cap: u64) {
                 Err(_) => break,
             }
         }
+        // Keys, computed here: the index's hasher is not shared with the blocking thread.
+        let keys: Vec<(u64, Option<u64>)> = {
+            let i = lock(&index);
+            batch
+                .iter()
+                .map(|op| {
+                    let k = i.key(&op.rid);
+                    (k, i.orders.get(&k).copied())
+                })
+                .collect()
+        };
         let d = db.clone();
         let ops = std::mem::take(&mut batch);
+        let hasher = lock(&index).hasher.clone();
         let (ops, result) = match tokio::task::spawn_blocking(move || {
-            let r = commit(&d, &ops, cap);
+            let r = commit(&d, &ops, &keys, cap, tail, max_id, &hasher);
             (ops, r)
         })
         .await
@@ -154,51 +272,102 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>, cap: u64) {
                 continue;
             }
         };
-        if let Err(e) = &result {
-            tracing::error!(error = %e, "de-duplication commit failed");
-        }
+        let answer = match result {
+            Ok((t, m, (added, forgotten))) => {
+                tail = t;
+                max_id = m;
+                let mut i = lock(&index);
+                for (k, o) in forgotten {
+                    if i.orders.get(&k) == Some(&o) {
+                        i.orders.remove(&k);
+                    }
+                }
+                i.orders.extend(added);
+                unsynced.get_or_insert_with(tokio::time::Instant::now);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "de-duplication commit failed");
+                Err(e)
+            }
+        };
         for op in ops {
-            let _ = op.done.send(result.clone());
+            let _ = op.done.send(answer.clone());
         }
     }
 }
 
-fn commit(db: &Database, batch: &[Op], cap: u64) -> Result<(), String> {
+/// Pending for ever when there is nothing to sync.
+async fn sleep_until_some(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// An empty durable commit: everything committed before it is on disk.
+async fn durable(db: &Arc<Database>) {
+    let d = db.clone();
+    let r = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        let wtx = d.begin_write().map_err(|e| e.to_string())?;
+        wtx.commit().map_err(|e| e.to_string())
+    })
+    .await;
+    if let Ok(Err(e)) | Err(e) = r.map_err(|e| e.to_string()) {
+        tracing::error!(error = %e, "de-duplication sync failed");
+    }
+}
+
+/// Append `batch` (ids already in the index, or earlier in the batch, keep their first answer),
+/// forget the oldest past `cap`, in one unsynced transaction. Returns the new tail, the new
+/// largest response id and the index changes.
+fn commit(
+    db: &Database,
+    batch: &[Op],
+    keys: &[(u64, Option<u64>)],
+    cap: u64,
+    mut tail: Tail,
+    mut max_id: u64,
+    hasher: &std::collections::hash_map::RandomState,
+) -> Result<(Tail, u64, Changes), String> {
     let s = |e: &dyn std::fmt::Display| e.to_string();
-    let wtx = db.begin_write().map_err(|e| s(&e))?;
+    let mut wtx = db.begin_write().map_err(|e| s(&e))?;
+    // Synced by the writer's next durable commit (decision S9).
+    wtx.set_durability(redb::Durability::None)
+        .map_err(|e| s(&e))?;
+    let mut added: Vec<(u64, u64)> = Vec::with_capacity(batch.len());
+    let mut forgotten = Vec::new();
     {
-        let mut seen = wtx.open_table(SEEN).map_err(|e| s(&e))?;
-        let mut order = wtx.open_table(ORDER).map_err(|e| s(&e))?;
-        let mut meta = wtx.open_table(META).map_err(|e| s(&e))?;
-        let get = |m: &redb::Table<&str, u64>, k: &str| -> Result<u64, String> {
-            Ok(m.get(k).map_err(|e| s(&e))?.map_or(0, |v| v.value()))
-        };
-        let mut next = get(&meta, "next_order")?;
-        let mut count = get(&meta, "count")?;
-        let mut max_id = get(&meta, "max_id")?;
-        for op in batch {
-            if seen.get(op.rid.as_str()).map_err(|e| s(&e))?.is_some() {
+        let mut log = wtx.open_table(LOG).map_err(|e| s(&e))?;
+        for (op, &(key, known)) in batch.iter().zip(keys) {
+            let seen = match known {
+                // Same key: the same id unless the hashes collide (then the first stays).
+                Some(_) => true,
+                None => added.iter().any(|(k, _)| *k == key),
+            };
+            if seen {
                 continue;
             }
-            seen.insert(op.rid.as_str(), (op.id, op.bytes, next))
+            log.insert(tail.next, (op.rid.as_str(), op.id, op.bytes))
                 .map_err(|e| s(&e))?;
-            order.insert(next, op.rid.as_str()).map_err(|e| s(&e))?;
-            next += 1;
-            count += 1;
+            added.push((key, tail.next));
+            tail.next += 1;
+            tail.count += 1;
             max_id = max_id.max(op.id);
         }
-        while count > cap {
-            let Some((_, rid)) = order.pop_first().map_err(|e| s(&e))? else {
+        while tail.count > cap {
+            let Some((order, row)) = log.pop_first().map_err(|e| s(&e))? else {
                 break;
             };
-            seen.remove(rid.value()).map_err(|e| s(&e))?;
-            count -= 1;
+            let (rid, _, _) = row.value();
+            forgotten.push((hasher.hash_one(rid), order.value()));
+            tail.count -= 1;
         }
-        meta.insert("next_order", next).map_err(|e| s(&e))?;
-        meta.insert("count", count).map_err(|e| s(&e))?;
+        let mut meta = wtx.open_table(META).map_err(|e| s(&e))?;
         meta.insert("max_id", max_id).map_err(|e| s(&e))?;
     }
-    wtx.commit().map_err(|e| s(&e))
+    wtx.commit().map_err(|e| s(&e))?;
+    Ok((tail, max_id, (added, forgotten)))
 }
 
 #[cfg(test)]
@@ -233,6 +402,47 @@ mod tests {
         assert_eq!(s.lookup("b").unwrap(), Some((11, 1)));
         assert_eq!(s.lookup("d").unwrap(), Some((13, 3)));
         assert_eq!(s.lookup("zz").unwrap(), None);
+        drop(s);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// A file of the first layout (S6) opens: its max_id carries over, its tables go.
+    #[tokio::test]
+    async fn the_first_layout_is_replaced_keeping_the_largest_id() {
+        let p = path("old");
+        {
+            let db = Database::create(&p).unwrap();
+            let w = db.begin_write().unwrap();
+            {
+                let mut seen = w
+                    .open_table(TableDefinition::<&str, (u64, u64, u64)>::new("seen"))
+                    .unwrap();
+                seen.insert("x", (41, 1, 0)).unwrap();
+                let mut order = w
+                    .open_table(TableDefinition::<u64, &str>::new("order"))
+                    .unwrap();
+                order.insert(0, "x").unwrap();
+                let mut meta = w.open_table(META).unwrap();
+                meta.insert("max_id", 41).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        let (s, max) = DedupStore::open(&p, 10).unwrap();
+        assert_eq!(max, 41);
+        assert_eq!(s.lookup("x").unwrap(), None);
+        let names: Vec<String> =
+            s.db.begin_read()
+                .unwrap()
+                .list_tables()
+                .unwrap()
+                .map(|t| t.name().to_string())
+                .collect();
+        assert!(
+            !names.iter().any(|n| OLD_TABLES.contains(&n.as_str())),
+            "{names:?}"
+        );
+        s.record("y", 42, 1).await.unwrap();
+        assert_eq!(s.lookup("y").unwrap(), Some((42, 1)));
         drop(s);
         let _ = std::fs::remove_file(&p);
     }

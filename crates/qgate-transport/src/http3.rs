@@ -380,11 +380,13 @@ where
         match h3c.accept().await {
             Ok(Some(resolver)) => {
                 let (handler, limits) = (handler.clone(), limits.clone());
-                tokio::spawn(async move {
+                // Boxed: a handler's future is several KB, and a task's future is copied into
+                // its cell and again over it when it ends; a box makes both copies a pointer.
+                tokio::spawn(Box::pin(async move {
                     if let Err(e) = serve_request(resolver, handler, limits, peer).await {
                         tracing::debug!(%peer, error = %e, "request failed");
                     }
-                });
+                }));
             }
             Ok(None) => return Ok(()),
             Err(e) if e.is_h3_no_error() => return Ok(()),
