@@ -258,6 +258,23 @@ struct QueueState {
 }
 
 impl QueueState {
+    /// Return once the queue is at or below `high_msgs` messages and `high_bytes`.
+    async fn wait_below(&self, high_msgs: usize, high_bytes: usize) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            let (depth, bytes) = {
+                let g = self.lock();
+                (g.depth(), g.bytes())
+            };
+            if depth <= high_msgs && bytes <= high_bytes {
+                return;
+            }
+            drained.await;
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue<Item>> {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1007,6 +1024,12 @@ impl Broker {
                     } else {
                         if let Some(store) = &self.inner.store {
                             store.delete(&q.name, s.seq).await;
+                            // Synced before the producer hears "refused": a crash must not
+                            // bring the message back beside its retry (M30 leaves deletions
+                            // of settled messages unsynced, not these).
+                            if let Err(e) = store.sync().await {
+                                tracing::error!(queue = %q.name, error = %e, "message store sync failed");
+                            }
                         }
                         Some(amqp_error(
                             AmqpError::ResourceLimitExceeded,
@@ -1016,7 +1039,16 @@ impl Broker {
                 }
             };
             match refused {
-                None => accepted.push(s.info),
+                None => {
+                    accepted.push(s.info);
+                    q.arrived.notify_one();
+                    // Back-pressure, one delivery at a time as before ranges: the next is not
+                    // queued, and none of these is settled (settling refills the producer's
+                    // credit), while the queue is above its high-water mark.
+                    if alive {
+                        q.wait_below(high_msgs, high_bytes).await;
+                    }
+                }
                 Some(e) => {
                     if let Some(k) = s.replay_key {
                         self.replays().forget(k);
@@ -1025,28 +1057,9 @@ impl Broker {
                 }
             }
         }
-        if accepted.is_empty() {
+        if accepted.is_empty() || !alive {
+            // Whatever was stored is queued; a producer that is gone resends (at-least-once).
             return alive;
-        }
-        q.arrived.notify_one();
-        if !alive {
-            // Stored and queued; the producer is gone and will resend (at-least-once).
-            return false;
-        }
-        // Back-pressure: hold these deliveries' settlement (and with it the link credit it
-        // refills) while the queue is above its high-water mark.
-        loop {
-            let drained = q.drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            let (depth, bytes) = {
-                let g = q.lock();
-                (g.depth(), g.bytes())
-            };
-            if depth <= high_msgs && bytes <= high_bytes {
-                break;
-            }
-            drained.await;
         }
         if accepted.len() == 1 {
             r.accept(accepted.pop().expect("one")).await.is_ok()

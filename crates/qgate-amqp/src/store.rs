@@ -158,8 +158,11 @@ impl Store {
 /// them in one transaction, then answer every producer in the batch. The commit (and its fsync)
 /// runs on a blocking thread: off the runtime's workers, and on a paused (virtual) clock time
 /// stands still while it runs, as it does for any other blocking task, so a durable broker runs
-/// deterministically on the simulator. The database closes (and its file lock goes) when the
-/// last handle is dropped and the batch in hand is committed.
+/// deterministically on the simulator. A batch of deletions alone is committed without a sync,
+/// made durable by the next put or sync, or by an empty durable commit within
+/// [`DURABLE_EVERY`] (M30). The database closes (and its file lock goes) when the last handle
+/// is dropped and the batch in hand is committed and synced; if the runtime stops first,
+/// redb's own close syncs what was committed.
 async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     let mut batch = Vec::with_capacity(BATCH);
     // A commit failed since the last sync was answered: the next sync reports it, since the
@@ -291,6 +294,31 @@ fn commit(db: &Database, batch: &[Op], durable: bool) -> Result<(), StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Deletions committed without a sync (M30) are on disk after the store closes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deletions_alone_are_synced_by_the_close() {
+        let dir = std::env::temp_dir().join(format!("qgate-store-del-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("broker.redb");
+        {
+            let (s, _) = Store::open(&path).unwrap();
+            for i in 0..3u64 {
+                s.put("q", i, b"m".to_vec()).await.unwrap();
+            }
+            for i in 0..2u64 {
+                s.delete("q", i).await;
+            }
+        }
+        let rec = loop {
+            match Store::open(&path) {
+                Ok((_, rec)) => break rec,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        };
+        assert_eq!(rec.iter().map(|r| r.seq).collect::<Vec<_>>(), [2]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn puts_survive_reopen_and_deletes_are_applied() {

@@ -34,7 +34,7 @@ const OLD_TABLES: [&str; 2] = ["seen", "order"];
 const BATCH: usize = 4096;
 
 /// Longest time a recorded id may wait for a durable commit (decision S9).
-pub const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The store failed; the message names the file.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +115,8 @@ impl DedupStore {
             .filter(|t| OLD_TABLES.contains(&t.name()))
             .collect();
         if !old.is_empty() {
-            tracing::info!(path = %path.display(), "de-duplication store in the first layout: its request ids are forgotten");
+            migrate(&wtx).map_err(|x| e(&x))?;
+            tracing::info!(path = %path.display(), "de-duplication store converted to the appending layout");
         }
         for t in old {
             wtx.delete_table(t).map_err(|x| e(&x))?;
@@ -205,6 +206,25 @@ impl DedupStore {
     }
 }
 
+/// Copy the first layout's ids into [`LOG`], oldest first (their answers kept), and drop its
+/// counters from [`META`]; the caller deletes its tables.
+fn migrate(wtx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let seen = wtx.open_table(TableDefinition::<&str, (u64, u64, u64)>::new(OLD_TABLES[0]))?;
+    let order = wtx.open_table(TableDefinition::<u64, &str>::new(OLD_TABLES[1]))?;
+    let mut log = wtx.open_table(LOG)?;
+    for row in order.iter()? {
+        let (o, rid) = row?;
+        if let Some(v) = seen.get(rid.value())? {
+            let (id, bytes, _) = v.value();
+            log.insert(o.value(), (rid.value(), id, bytes))?;
+        }
+    }
+    let mut meta = wtx.open_table(META)?;
+    meta.remove("next_order")?;
+    meta.remove("count")?;
+    Ok(())
+}
+
 /// What one commit changed in the index: (key, order) added, (key, order) forgotten.
 type Changes = (Vec<(u64, u64)>, Vec<(u64, u64)>);
 
@@ -246,13 +266,13 @@ async fn writer(
             }
         }
         // Keys, computed here: the index's hasher is not shared with the blocking thread.
-        let keys: Vec<(u64, Option<u64>)> = {
+        let keys: Vec<(u64, bool)> = {
             let i = lock(&index);
             batch
                 .iter()
                 .map(|op| {
                     let k = i.key(&op.rid);
-                    (k, i.orders.get(&k).copied())
+                    (k, i.orders.contains_key(&k))
                 })
                 .collect()
         };
@@ -277,12 +297,14 @@ async fn writer(
                 tail = t;
                 max_id = m;
                 let mut i = lock(&index);
+                // Added first: a row added and forgotten in one commit (a cap below the batch)
+                // must not stay in the index.
+                i.orders.extend(added);
                 for (k, o) in forgotten {
                     if i.orders.get(&k) == Some(&o) {
                         i.orders.remove(&k);
                     }
                 }
-                i.orders.extend(added);
                 unsynced.get_or_insert_with(tokio::time::Instant::now);
                 Ok(())
             }
@@ -324,7 +346,7 @@ async fn durable(db: &Arc<Database>) {
 fn commit(
     db: &Database,
     batch: &[Op],
-    keys: &[(u64, Option<u64>)],
+    keys: &[(u64, bool)],
     cap: u64,
     mut tail: Tail,
     mut max_id: u64,
@@ -339,13 +361,10 @@ fn commit(
     let mut forgotten = Vec::new();
     {
         let mut log = wtx.open_table(LOG).map_err(|e| s(&e))?;
+        let mut in_batch = std::collections::HashSet::with_capacity(batch.len());
         for (op, &(key, known)) in batch.iter().zip(keys) {
-            let seen = match known {
-                // Same key: the same id unless the hashes collide (then the first stays).
-                Some(_) => true,
-                None => added.iter().any(|(k, _)| *k == key),
-            };
-            if seen {
+            // Same key: the same id unless the hashes collide (then the first stays).
+            if known || !in_batch.insert(key) {
                 continue;
             }
             log.insert(tail.next, (op.rid.as_str(), op.id, op.bytes))
@@ -394,9 +413,13 @@ mod tests {
             s.record("d", 99, 99).await.unwrap();
             assert_eq!(s.lookup("d").unwrap(), Some((13, 3)));
         }
-        // The writer lets go of the file once its handle is gone.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let (s, max) = DedupStore::open(&p, 3).unwrap();
+        // The writer lets go of the file once its handle is gone (after its last sync).
+        let (s, max) = loop {
+            match DedupStore::open(&p, 3) {
+                Ok(opened) => break opened,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        };
         assert_eq!(max, 13);
         assert_eq!(s.lookup("a").unwrap(), None, "the oldest past the cap");
         assert_eq!(s.lookup("b").unwrap(), Some((11, 1)));
@@ -406,7 +429,7 @@ mod tests {
         let _ = std::fs::remove_file(&p);
     }
 
-    /// A file of the first layout (S6) opens: its max_id carries over, its tables go.
+    /// A file of the first layout (S6) opens: its ids and max_id carry over, its tables go.
     #[tokio::test]
     async fn the_first_layout_is_replaced_keeping_the_largest_id() {
         let p = path("old");
@@ -429,7 +452,7 @@ mod tests {
         }
         let (s, max) = DedupStore::open(&p, 10).unwrap();
         assert_eq!(max, 41);
-        assert_eq!(s.lookup("x").unwrap(), None);
+        assert_eq!(s.lookup("x").unwrap(), Some((41, 1)), "ids carried over");
         let names: Vec<String> =
             s.db.begin_read()
                 .unwrap()
@@ -443,6 +466,28 @@ mod tests {
         );
         s.record("y", 42, 1).await.unwrap();
         assert_eq!(s.lookup("y").unwrap(), Some((42, 1)));
+        drop(s);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// The same id twice in one batch keeps the first answer; an id forgotten past the cap is
+    /// recorded afresh (the index does not keep a stale entry for it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn same_id_in_one_batch_and_again_after_eviction() {
+        let p = path("again");
+        let (s, _) = DedupStore::open(&p, 2).unwrap();
+        let s = Arc::new(s);
+        let (a, b) = tokio::join!(s.record("r", 1, 1), s.record("r", 2, 2));
+        a.unwrap();
+        b.unwrap();
+        let first = s.lookup("r").unwrap().unwrap();
+        assert!(first == (1, 1) || first == (2, 2), "{first:?}");
+        for x in ["x", "y"] {
+            s.record(x, 9, 9).await.unwrap();
+        }
+        assert_eq!(s.lookup("r").unwrap(), None, "forgotten past the cap");
+        s.record("r", 3, 3).await.unwrap();
+        assert_eq!(s.lookup("r").unwrap(), Some((3, 3)), "recorded afresh");
         drop(s);
         let _ = std::fs::remove_file(&p);
     }

@@ -241,7 +241,10 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
                         }
                         received.lock().expect("lock").push((id, key, lat));
                     }
-                    Ok(Err(_)) => break,
+                    Ok(Err(_)) => {
+                        unacked.clear(); // the link is gone: nothing left to settle
+                        break;
+                    }
                     Err(_) if !unacked.is_empty() => {
                         let _ = rx.accept_all(std::mem::take(&mut unacked)).await;
                     }
