@@ -380,3 +380,49 @@ async fn each_connection_writes_its_own_qlog() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A draining endpoint: after `stop_accepting`, an open connection is still served and a new
+/// one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_accepting_keeps_open_connections_and_refuses_new_ones() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
+    let ep = shared_driver::Endpoint::server(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        scfg,
+        &opts,
+        None,
+        shared_driver::Limits::with_connections(16),
+    )
+    .unwrap();
+    let addr = ep.local_addr();
+    serve(ep.clone());
+    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let mut copts = opts.clone();
+    copts.idle_timeout_ms = 2_000;
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &copts).unwrap();
+    let open = h3_client(&cep, &ccfg, addr).await;
+    // Answered: the server has taken the connection (a handshake it has not finished when it
+    // stops accepting is refused like a new one).
+    let r = open
+        .request(post(0), Bytes::from_static(b"first"), 1024)
+        .await
+        .unwrap();
+    assert_eq!(r.body, Bytes::from_static(b"first"));
+    ep.stop_accepting();
+    let r = open
+        .request(post(1), Bytes::from_static(b"still"), 1024)
+        .await
+        .unwrap();
+    assert_eq!(r.body, Bytes::from_static(b"still"));
+    let refused = tokio::time::timeout(
+        Duration::from_secs(10),
+        connect(&cep, &ccfg, addr, "localhost", false),
+    )
+    .await
+    .expect("an answer, not silence");
+    assert!(refused.is_err(), "a new connection is refused");
+    assert_eq!(ep.open_connections(), 1);
+    open.close();
+}

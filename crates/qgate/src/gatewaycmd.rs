@@ -291,11 +291,12 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         use std::io::Write;
         std::io::stdout().flush().ok();
         stop.await;
-        // Requests already taken are forwarded and answered (the gateway keeps serving during
-        // the wait, so under steady load it lasts the whole grace); then every device
-        // connection closes and the devices retry or go elsewhere.
+        // No new device connections; requests on the open ones are forwarded and answered
+        // until none is in flight or the grace ends; then every device connection closes and
+        // the devices retry or go elsewhere.
+        running.endpoint.stop_accepting();
         eprintln!(
-            "qgate: shutting down: waiting up to {}s for requests in flight",
+            "qgate: shutting down: no new connections; waiting up to {}s for requests in flight",
             crate::DRAIN_GRACE.as_secs()
         );
         let deadline = tokio::time::Instant::now() + crate::DRAIN_GRACE;

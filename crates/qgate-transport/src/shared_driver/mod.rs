@@ -339,6 +339,17 @@ impl Endpoint {
         })
     }
 
+    /// Stop accepting (a draining service): new connections are refused, [`accept`](Self::accept)
+    /// ends once the handshakes already finished are taken, and open connections carry on
+    /// until they or [`close`](Self::close) end them.
+    pub fn stop_accepting(&self) {
+        let mut ep = lock(&self.shared.ep);
+        ep.closed = true;
+        if let Some(w) = ep.acceptor.take() {
+            w.wake();
+        }
+    }
+
     /// Close every connection with `code` and `reason`, and stop accepting.
     pub fn close(&self, code: u32, reason: &[u8]) {
         let (cells, queued) = {
