@@ -171,10 +171,9 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     // When the oldest commit of deletions only, not synced, was made (decision M30).
     let mut unsynced: Option<tokio::time::Instant> = None;
     loop {
-        let sync_due = unsynced.map(|t| t + DURABLE_EVERY);
         let first = tokio::select! {
             op = rx.recv() => op,
-            _ = sleep_until_some(sync_due) => {
+            _ = tokio::time::sleep_until(unsynced.map_or_else(tokio::time::Instant::now, |t| t + DURABLE_EVERY)), if unsynced.is_some() => {
                 let d = db.clone();
                 let r = tokio::task::spawn_blocking(move || commit(&d, &[], true)).await;
                 if let Ok(Err(e)) | Err(e) = r.map_err(io) {
@@ -253,14 +252,6 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
         if let Err(e) = result {
             tracing::error!(error = %e, "message store commit failed");
         }
-    }
-}
-
-/// Pending for ever when there is nothing to sync.
-async fn sleep_until_some(t: Option<tokio::time::Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
     }
 }
 

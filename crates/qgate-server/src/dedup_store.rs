@@ -243,10 +243,9 @@ async fn writer(
     // When the oldest commit not yet synced was made.
     let mut unsynced: Option<tokio::time::Instant> = None;
     loop {
-        let sync_due = unsynced.map(|t| t + DURABLE_EVERY);
         let first = tokio::select! {
             op = rx.recv() => op,
-            _ = sleep_until_some(sync_due) => {
+            _ = tokio::time::sleep_until(unsynced.map_or_else(tokio::time::Instant::now, |t| t + DURABLE_EVERY)), if unsynced.is_some() => {
                 durable(&db).await;
                 unsynced = None;
                 continue;
@@ -265,20 +264,20 @@ async fn writer(
                 Err(_) => break,
             }
         }
-        // Keys, computed here: the index's hasher is not shared with the blocking thread.
-        let keys: Vec<(u64, bool)> = {
+        // Keys computed here, under the index lock; the blocking thread gets a copy of the hasher.
+        let (keys, hasher): (Vec<(u64, bool)>, _) = {
             let i = lock(&index);
-            batch
+            let keys = batch
                 .iter()
                 .map(|op| {
                     let k = i.key(&op.rid);
                     (k, i.orders.contains_key(&k))
                 })
-                .collect()
+                .collect();
+            (keys, i.hasher.clone())
         };
         let d = db.clone();
         let ops = std::mem::take(&mut batch);
-        let hasher = lock(&index).hasher.clone();
         let (ops, result) = match tokio::task::spawn_blocking(move || {
             let r = commit(&d, &ops, &keys, cap, tail, max_id, &hasher);
             (ops, r)
@@ -316,14 +315,6 @@ async fn writer(
         for op in ops {
             let _ = op.done.send(answer.clone());
         }
-    }
-}
-
-/// Pending for ever when there is nothing to sync.
-async fn sleep_until_some(t: Option<tokio::time::Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -211,7 +211,9 @@ impl DevPki {
         let (ca, cert, key) = Self::paths(dir);
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let lock = dir.join(".creating");
-        let deadline = std::time::Instant::now() + 2 * STALE_LOCK;
+        // Waits in steps of POLL, for at most twice the stale age (then gives up).
+        const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+        let mut waits = 2 * STALE_LOCK.as_millis() / POLL.as_millis();
         loop {
             if ca.exists() {
                 return Ok(());
@@ -229,7 +231,7 @@ impl DevPki {
                         .and_then(|t| t.elapsed().ok());
                     if age.is_some_and(|a| a > STALE_LOCK) {
                         let _ = fs::remove_file(&lock);
-                    } else if std::time::Instant::now() > deadline {
+                    } else if waits == 0 {
                         return Err(TlsError::Io {
                             path: lock,
                             source: std::io::Error::other(
@@ -237,7 +239,8 @@ impl DevPki {
                             ),
                         });
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    waits = waits.saturating_sub(1);
+                    std::thread::sleep(POLL);
                 }
                 Err(e) => return Err(io_err(&lock)(e)),
             }

@@ -44,6 +44,27 @@ fn serve(ep: shared_driver::Endpoint) {
     });
 }
 
+/// An echoing shared-driver server on loopback (up to 16 connections) with `opts`, its
+/// address, and a client endpoint beside it.
+fn loopback(
+    pki: &DevPki,
+    opts: &TransportOptions,
+) -> (shared_driver::Endpoint, SocketAddr, quinn::Endpoint) {
+    let scfg = server_config(&pki.server, &[ALPN_H3], opts).unwrap();
+    let ep = shared_driver::Endpoint::server(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        scfg,
+        opts,
+        None,
+        shared_driver::Limits::with_connections(16),
+    )
+    .unwrap();
+    let addr = ep.local_addr();
+    serve(ep.clone());
+    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    (ep, addr, cep)
+}
+
 fn post(i: usize) -> Request<()> {
     Request::post(format!("https://localhost/echo/{i}"))
         .body(())
@@ -71,18 +92,7 @@ async fn h3_client(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echoes_bodies_through_blocked_windows_on_loopback() {
     let pki = DevPki::generate(&[]).unwrap();
-    let scfg = server_config(&pki.server, &[ALPN_H3], &tight()).unwrap();
-    let ep = shared_driver::Endpoint::server(
-        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        scfg,
-        &Default::default(),
-        None,
-        shared_driver::Limits::with_connections(16),
-    )
-    .unwrap();
-    let addr = ep.local_addr();
-    serve(ep.clone());
-    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let (ep, addr, cep) = loopback(&pki, &tight());
     let ccfg = client_config(&pki.trust(), &[ALPN_H3], &tight()).unwrap();
     let run = async {
         let client = Arc::new(h3_client(&cep, &ccfg, addr).await);
@@ -330,18 +340,7 @@ async fn each_connection_writes_its_own_qlog() {
         ..Default::default()
     };
     let pki = DevPki::generate(&[]).unwrap();
-    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
-    let ep = shared_driver::Endpoint::server(
-        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        scfg,
-        &opts,
-        None,
-        shared_driver::Limits::with_connections(16),
-    )
-    .unwrap();
-    let addr = ep.local_addr();
-    serve(ep.clone());
-    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let (ep, addr, cep) = loopback(&pki, &opts);
     let base = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     for i in 0..2 {
         let ccfg = qgate_transport::client_config_for(&base, &opts, "localhost").unwrap();
@@ -387,18 +386,7 @@ async fn each_connection_writes_its_own_qlog() {
 async fn stop_accepting_keeps_open_connections_and_refuses_new_ones() {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
-    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
-    let ep = shared_driver::Endpoint::server(
-        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
-        scfg,
-        &opts,
-        None,
-        shared_driver::Limits::with_connections(16),
-    )
-    .unwrap();
-    let addr = ep.local_addr();
-    serve(ep.clone());
-    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let (ep, addr, cep) = loopback(&pki, &opts);
     let mut copts = opts.clone();
     copts.idle_timeout_ms = 2_000;
     let ccfg = client_config(&pki.trust(), &[ALPN_H3], &copts).unwrap();

@@ -3,15 +3,17 @@
 //! go down, and fits a phone's width. `.ci/run` installs Chromium; with QGATE_INTEROP set a
 //! missing browser fails the suite, otherwise the test is skipped.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::Method;
 use qgate_admin::AdminClient;
 use serde_json::{json, Value};
+
+mod common;
+use common::{first_line, Proc};
 
 fn qgate(home: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_qgate"));
@@ -22,28 +24,9 @@ fn qgate(home: &Path) -> Command {
     c
 }
 
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Start a daemon and return it with its first stdout line.
+/// Start a daemon (stderr discarded) and return it with its first stdout line.
 fn daemon(cmd: &mut Command) -> (Proc, String) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (Proc(child), line)
+    first_line(cmd.stderr(Stdio::null()))
 }
 
 fn after(line: &str, tag: &str, end: &[char]) -> String {

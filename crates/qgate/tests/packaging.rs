@@ -5,9 +5,11 @@
 //! (No container engine runs on the CI machine, so the image itself is not built here; its
 //! final stage's ENV, USER, ENTRYPOINT, CMD and HEALTHCHECK are what the test runs.)
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{first_line, Proc};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_qgate");
@@ -94,27 +96,9 @@ fn chown_tree(p: &Path) {
     }
 }
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Start `c`; its first stdout line (the "listening" line) and the daemon.
-fn start(mut c: Command) -> (Daemon, String) {
-    let mut child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (Daemon(child), line)
+/// Start `c` (stderr shown); its first stdout line (the "listening" line) and the daemon.
+fn start(mut c: Command) -> (Proc, String) {
+    first_line(c.stderr(Stdio::inherit()))
 }
 
 /// The UDP port in "… listening on udp/127.0.0.1:PORT …".
@@ -142,7 +126,7 @@ fn post(home: &Path, port: u16, body: &str) {
 }
 
 /// SIGTERM, then the exit status within `limit`.
-fn terminate(d: &mut Daemon, limit: Duration) -> std::process::ExitStatus {
+fn terminate(d: &mut Proc, limit: Duration) -> std::process::ExitStatus {
     let st = Command::new("kill")
         .args(["-TERM", &d.0.id().to_string()])
         .status()
