@@ -479,7 +479,18 @@ impl Broker {
     }
 
     fn declare(&self, name: &str, limits: Limits, ttl: Option<Duration>) -> Arc<QueueState> {
-        self.queues()
+        Self::declare_in(&mut self.queues(), name, limits, ttl)
+    }
+
+    /// Queue `name` in `queues` (whose lock the caller holds, so a check and its declaration
+    /// are one step), created if missing.
+    fn declare_in(
+        queues: &mut BTreeMap<String, Arc<QueueState>>,
+        name: &str,
+        limits: Limits,
+        ttl: Option<Duration>,
+    ) -> Arc<QueueState> {
+        queues
             .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new(QueueState {
@@ -512,8 +523,10 @@ impl Broker {
                 "the link has no address (source for receivers, target for senders)",
             ));
         };
-        if let Some(q) = self.find(name) {
-            return Ok(q);
+        // One lock from the check to the creation, so racing creators cannot pass the cap.
+        let mut queues = self.queues();
+        if let Some(q) = queues.get(name) {
+            return Ok(q.clone());
         }
         if !self.inner.cfg.auto_create {
             return Err(amqp_error(
@@ -521,13 +534,14 @@ impl Broker {
                 format!("no queue '{name}'"),
             ));
         }
-        if self.queues().len() >= self.inner.cfg.max_queues {
+        if queues.len() >= self.inner.cfg.max_queues {
             return Err(amqp_error(
                 AmqpError::ResourceLimitExceeded,
                 format!("queue limit ({}) reached", self.inner.cfg.max_queues),
             ));
         }
-        Ok(self.declare(
+        Ok(Self::declare_in(
+            &mut queues,
             name,
             self.inner.cfg.default_limits(),
             self.inner.cfg.default_ttl,
@@ -537,14 +551,18 @@ impl Broker {
     /// Declare `decl` unless a queue has its name already (a config reload adds queues; it
     /// does not change live ones).
     pub fn declare_queue(&self, decl: &QueueDecl) -> Declared {
-        if self.find(&decl.name).is_some() {
+        // One lock for the check and the declaration: an auto-create between them must not
+        // turn this queue's declared limits into the defaults.
+        let mut queues = self.queues();
+        if queues.contains_key(&decl.name) {
             return Declared::Exists;
         }
-        if self.queues().len() >= self.inner.cfg.max_queues {
+        if queues.len() >= self.inner.cfg.max_queues {
             return Declared::Full;
         }
         let limits = self.inner.cfg.default_limits();
-        self.declare(&decl.name, decl.limits(limits), decl.ttl);
+        Self::declare_in(&mut queues, &decl.name, decl.limits(limits), decl.ttl);
+        drop(queues);
         tracing::info!(queue = decl.name, "queue declared");
         Declared::Created
     }
@@ -559,7 +577,6 @@ impl Broker {
         q.lock().purge(&mut purged);
         q.drained.notify_waiters();
         let n = purged.len();
-        tracing::info!(queue = name, messages = n, "queue purged");
         if let Some(s) = self.inner.store.clone() {
             let queue = q.name.clone();
             let forget = tokio::spawn(async move {
@@ -572,6 +589,7 @@ impl Broker {
             });
             let _ = forget.await;
         }
+        tracing::info!(queue = name, messages = n, "queue purged");
         Some(n)
     }
 

@@ -876,3 +876,35 @@ async fn operator_actions(scheme: Scheme, kind: &str) {
         "{m}"
     );
 }
+
+/// Declarations racing each other (a reload, auto-creates) never pass `max_queues`, and a name
+/// declared twice at once is created once.
+#[tokio::test]
+async fn racing_declarations_respect_the_queue_cap() {
+    let r = start(BrokerConfig {
+        max_queues: 3,
+        ..Default::default()
+    })
+    .await;
+    let decl = |name: String| QueueDecl {
+        name,
+        max_messages: Some(7),
+        max_bytes: None,
+        ttl: None,
+    };
+    let outcomes: Vec<qgate_amqp::broker::Declared> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|i| {
+                let (b, d) = (&r.broker, decl(format!("q{}", i % 8)));
+                s.spawn(move || b.declare_queue(&d))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    use qgate_amqp::broker::Declared;
+    let count = |want: Declared| outcomes.iter().filter(|o| **o == want).count();
+    assert_eq!(count(Declared::Created), 3, "{outcomes:?}");
+    assert_eq!(r.broker.queue_stats().len(), 3);
+    // Every loser of a race for a created name saw it exist; the rest found the broker full.
+    assert_eq!(count(Declared::Exists) + count(Declared::Full), 13);
+}
