@@ -18,6 +18,7 @@ use fe2o3_amqp::types::messaging::{Body, Data, Message, MessageId, Outcome, Prop
 use fe2o3_amqp::types::primitives::{Binary, Value};
 use fe2o3_amqp::{Receiver, Sender, Session};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use qgate_transport::history::{client_peer_key, HistoryStore};
 use qgate_transport::{
     client_config, connect, constrained_endpoint, endpoint, Socket, TransportOptions, TrustRoots,
 };
@@ -67,6 +68,8 @@ pub struct Connector {
     zero_rtt: bool,
     /// quic-mux: the connection every stream is opened on, while it is open.
     shared: Arc<tokio::sync::Mutex<Option<quinn::Connection>>>,
+    /// Start new QUIC connections from this history of the broker, with this safeguard.
+    history: Option<(Arc<HistoryStore>, Option<f64>)>,
 }
 
 /// How a stream came up.
@@ -117,6 +120,7 @@ impl Connector {
             opts: opts.clone(),
             zero_rtt: true,
             shared: Arc::default(),
+            history: None,
         };
         match scheme {
             Scheme::Quic | Scheme::QuicMux => {
@@ -178,6 +182,7 @@ impl Connector {
             opts: opts.clone(),
             zero_rtt: true,
             shared: Arc::default(),
+            history: None,
         })
     }
 
@@ -188,6 +193,14 @@ impl Connector {
         if self.scheme.is_quic() {
             self.scheme = Scheme::QuicMux;
         }
+        self
+    }
+
+    /// Start each new QUIC connection from `store`'s history of this broker — its window
+    /// (paper 002) and its last smoothed RTT (decision H8) — and record each connection there
+    /// when it ends; `safeguard` as `[history] safeguard` (H4). A no-op for TCP.
+    pub fn with_history(mut self, store: Arc<HistoryStore>, safeguard: Option<f64>) -> Self {
+        self.history = Some((store, safeguard));
         self
     }
 
@@ -353,9 +366,14 @@ impl Connector {
     /// A new QUIC connection (0-RTT when a ticket is held) and a stream on it.
     async fn quic_connection(&self) -> Result<(BoxStream, StreamInfo), ClientError> {
         let (ep, cfg) = self.quic.as_ref().expect("built for QUIC");
-        let peer = format!("{}@{}", self.server_name, self.addr);
-        let cfg = qgate_transport::client_config_for(cfg, &self.opts, &peer)
-            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let peer = client_peer_key(&self.server_name, self.addr);
+        let cfg = match &self.history {
+            Some((store, safeguard)) => store
+                .client_config(cfg, &self.opts, &peer, *safeguard)
+                .map(|(c, _)| c),
+            None => qgate_transport::client_config_for(cfg, &self.opts, &peer),
+        }
+        .map_err(|e| ClientError::Config(e.to_string()))?;
         let c = connect(ep, &cfg, self.addr, &self.server_name, self.zero_rtt)
             .await
             .map_err(|e| TransportError::Quic {

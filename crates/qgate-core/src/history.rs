@@ -37,6 +37,10 @@ pub struct HistoryConfig {
     pub max_age_ms: u64,
     /// At most this many peers; the least recently used is evicted beyond it.
     pub capacity: usize,
+    /// Start a connection's RTT estimate from the peer's last smoothed RTT (RFC 9002 §6.2.2)
+    /// instead of the configured initial RTT; `false` is paper 002's literal scheme (window
+    /// only). Decision H8.
+    pub seed_rtt: bool,
 }
 
 /// The EWMA weight of the newest sample when none is configured (paper 002 leaves it open).
@@ -53,6 +57,7 @@ impl Default for HistoryConfig {
             // A day.
             max_age_ms: 24 * 3600 * 1000,
             capacity: 10_000,
+            seed_rtt: true,
         }
     }
 }
@@ -87,6 +92,9 @@ pub struct Entry {
     /// Smallest RTT seen by the recorded connections, µs (0 = unknown): the reference the
     /// careful-resume safeguard compares a new connection's first RTT with.
     pub min_rtt_us: u64,
+    /// Smoothed RTT of the last recorded connection at its end, µs (0 = unknown): a new
+    /// connection's initial RTT (RFC 9002 §6.2.2, decision H8).
+    pub srtt_us: u64,
     /// When the entry was last updated, Unix ms.
     pub updated_ms: u64,
     /// When the entry was last used or updated, Unix ms (for LRU eviction).
@@ -102,6 +110,18 @@ pub struct Decision {
     pub from_history: bool,
     /// The RTT the history was recorded at, µs (0 = unknown), for the safeguard.
     pub reference_rtt_us: u64,
+    /// The RTT to assume before the first sample, µs (0 = the configured default): the
+    /// peer's last smoothed RTT when [`HistoryConfig::seed_rtt`] (decision H8).
+    pub initial_rtt_us: u64,
+}
+
+/// RTTs a connection saw, µs (0 = unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RttSample {
+    /// Its minimum RTT.
+    pub min_us: u64,
+    /// Its smoothed RTT when it ended (or when recorded).
+    pub srtt_us: u64,
 }
 
 /// Per-peer congestion-window history.
@@ -137,19 +157,21 @@ impl HistoryTable {
     }
 
     /// Record a window of `cwnd` bytes for `peer` seen at `now_ms`, with the connection's
-    /// minimum RTT (µs, 0 if unknown). Returns the updated entry and the peers evicted to make
-    /// room.
+    /// minimum and final smoothed RTTs (`rtt_us`, µs, 0 if unknown). Returns the updated entry
+    /// and the peers evicted to make room.
     pub fn record(
         &mut self,
         peer: &str,
         cwnd: u64,
-        min_rtt_us: u64,
+        rtt_us: RttSample,
         now_ms: u64,
     ) -> (Entry, Vec<String>) {
+        let RttSample { min_us, srtt_us } = rtt_us;
         let fresh = Entry {
             avg_cwnd: cwnd as f64,
             count: 1,
-            min_rtt_us,
+            min_rtt_us: min_us,
+            srtt_us,
             updated_ms: now_ms,
             used_ms: now_ms,
         };
@@ -172,8 +194,11 @@ impl HistoryTable {
                     }
                 };
                 e.count += 1;
-                if min_rtt_us > 0 && (e.min_rtt_us == 0 || min_rtt_us < e.min_rtt_us) {
-                    e.min_rtt_us = min_rtt_us;
+                if min_us > 0 && (e.min_rtt_us == 0 || min_us < e.min_rtt_us) {
+                    e.min_rtt_us = min_us;
+                }
+                if srtt_us > 0 {
+                    e.srtt_us = srtt_us;
                 }
                 e.updated_ms = now_ms;
                 e.used_ms = now_ms;
@@ -190,6 +215,7 @@ impl HistoryTable {
             window: default,
             from_history: false,
             reference_rtt_us: 0,
+            initial_rtt_us: 0,
         };
         let Some(e) = self.entries.get_mut(peer) else {
             return none;
@@ -199,17 +225,19 @@ impl HistoryTable {
             return none;
         }
         e.used_ms = now_ms;
+        let known = Decision {
+            reference_rtt_us: e.min_rtt_us,
+            initial_rtt_us: if self.config.seed_rtt { e.srtt_us } else { 0 },
+            ..none
+        };
         let avg = e.avg_cwnd.round() as u64;
         if avg <= default {
-            return Decision {
-                reference_rtt_us: e.min_rtt_us,
-                ..none
-            };
+            return known;
         }
         Decision {
             window: avg.min(self.config.ceiling_bytes.max(default)),
             from_history: true,
-            reference_rtt_us: e.min_rtt_us,
+            ..known
         }
     }
 
@@ -281,20 +309,26 @@ mod tests {
             ceiling_bytes: 500_000,
             max_age_ms: 10_000,
             capacity: 3,
+            ..Default::default()
         })
+    }
+
+    /// A connection whose minimum RTT was `min_us` (its smoothed RTT 0: unknown).
+    fn min(min_us: u64) -> RttSample {
+        RttSample { min_us, srtt_us: 0 }
     }
 
     #[test]
     fn mean_and_ewma() {
         let mut m = table(Averaging::Mean);
         for (i, c) in [100_000u64, 200_000, 600_000].iter().enumerate() {
-            m.record("p", *c, 0, i as u64);
+            m.record("p", *c, min(0), i as u64);
         }
         assert_eq!(m.get("p").unwrap().avg_cwnd, 300_000.0);
         assert_eq!(m.get("p").unwrap().count, 3);
         let mut e = table(Averaging::Ewma { weight: 0.5 });
         for c in [100_000u64, 200_000, 600_000] {
-            e.record("p", c, 0, 0);
+            e.record("p", c, min(0), 0);
         }
         // 100k → 150k → 375k
         assert_eq!(e.get("p").unwrap().avg_cwnd, 375_000.0);
@@ -309,7 +343,7 @@ mod tests {
             (14_720, false),
             "no history → default"
         );
-        t.record("p", 10_000, 50_000, 0);
+        t.record("p", 10_000, min(50_000), 0);
         let d = t.initial_window("p", 14_720, 1);
         assert_eq!(
             (d.window, d.from_history),
@@ -317,9 +351,9 @@ mod tests {
             "history below default → default"
         );
         assert_eq!(d.reference_rtt_us, 50_000);
-        t.record("p", 150_000, 40_000, 2); // mean 80 000
+        t.record("p", 150_000, min(40_000), 2); // mean 80 000
         assert_eq!(t.initial_window("p", 14_720, 3).window, 80_000);
-        t.record("p", 5_000_000, 0, 4);
+        t.record("p", 5_000_000, min(0), 4);
         let d = t.initial_window("p", 14_720, 5);
         assert_eq!((d.window, d.from_history), (500_000, true), "ceiling");
         assert_eq!(d.reference_rtt_us, 40_000, "the smallest RTT is kept");
@@ -328,12 +362,12 @@ mod tests {
     #[test]
     fn stale_entries_age_out() {
         let mut t = table(Averaging::Mean);
-        t.record("p", 100_000, 0, 0);
+        t.record("p", 100_000, min(0), 0);
         assert!(t.initial_window("p", 14_720, 10_000).from_history);
         assert!(!t.initial_window("p", 14_720, 20_001).from_history);
         assert!(t.get("p").is_none(), "a stale entry is dropped");
-        t.record("q", 100_000, 0, 0);
-        t.record("q", 300_000, 0, 50_000);
+        t.record("q", 100_000, min(0), 0);
+        t.record("q", 300_000, min(0), 50_000);
         assert_eq!(
             t.get("q").unwrap().count,
             1,
@@ -344,15 +378,40 @@ mod tests {
     #[test]
     fn least_recently_used_is_evicted() {
         let mut t = table(Averaging::Mean);
-        t.record("a", 1, 0, 1);
-        t.record("b", 1, 0, 2);
-        t.record("c", 1, 0, 3);
+        t.record("a", 1, min(0), 1);
+        t.record("b", 1, min(0), 2);
+        t.record("c", 1, min(0), 3);
         t.initial_window("a", 10, 4); // a is used again
-        let (_, evicted) = t.record("d", 1, 0, 5);
+        let (_, evicted) = t.record("d", 1, min(0), 5);
         assert_eq!(evicted, vec!["b".to_string()]);
         assert_eq!(t.len(), 3);
         assert!(t.get("b").is_none() && t.get("a").is_some());
         assert_eq!(t.entries()[0].0, "d");
+    }
+
+    #[test]
+    fn the_last_smoothed_rtt_seeds_the_next_connection() {
+        let mut t = table(Averaging::Mean);
+        assert_eq!(t.initial_window("p", 14_720, 0).initial_rtt_us, 0);
+        let rtt = |min_us, srtt_us| RttSample { min_us, srtt_us };
+        t.record("p", 10_000, rtt(20_000, 90_000), 1);
+        // Below the default window the window is not from history, the RTT still is.
+        let d = t.initial_window("p", 14_720, 2);
+        assert_eq!((d.from_history, d.initial_rtt_us), (false, 90_000));
+        // The newest smoothed RTT counts, not an average; an unknown one keeps the last.
+        t.record("p", 10_000, rtt(30_000, 40_000), 3);
+        t.record("p", 10_000, rtt(0, 0), 4);
+        let d = t.initial_window("p", 14_720, 5);
+        assert_eq!((d.initial_rtt_us, d.reference_rtt_us), (40_000, 20_000));
+        // Paper 002's literal scheme keeps the configured initial RTT.
+        let mut literal = HistoryTable::new(HistoryConfig {
+            seed_rtt: false,
+            ..Default::default()
+        });
+        literal.record("p", 10_000, rtt(20_000, 90_000), 1);
+        assert_eq!(literal.initial_window("p", 14_720, 2).initial_rtt_us, 0);
+        // A stale entry seeds nothing.
+        assert_eq!(t.initial_window("p", 14_720, 20_000).initial_rtt_us, 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use qgate_core::history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable};
+use qgate_core::history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable, RttSample};
 use quinn::congestion::{Controller, ControllerFactory};
 use quinn_proto::RttEstimator;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -35,18 +35,21 @@ pub struct HistoryError {
     pub problem: String,
 }
 
-fn encode(e: &Entry) -> [u8; 40] {
-    let mut b = [0u8; 40];
+/// An entry on disk: 48 bytes (40 before the smoothed RTT was kept; such an entry reads with
+/// an unknown one).
+fn encode(e: &Entry) -> [u8; 48] {
+    let mut b = [0u8; 48];
     b[0..8].copy_from_slice(&e.avg_cwnd.to_le_bytes());
     b[8..16].copy_from_slice(&e.count.to_le_bytes());
     b[16..24].copy_from_slice(&e.min_rtt_us.to_le_bytes());
     b[24..32].copy_from_slice(&e.updated_ms.to_le_bytes());
     b[32..40].copy_from_slice(&e.used_ms.to_le_bytes());
+    b[40..48].copy_from_slice(&e.srtt_us.to_le_bytes());
     b
 }
 
 fn decode(b: &[u8]) -> Option<Entry> {
-    if b.len() != 40 {
+    if b.len() != 40 && b.len() != 48 {
         return None;
     }
     let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
@@ -57,6 +60,7 @@ fn decode(b: &[u8]) -> Option<Entry> {
         min_rtt_us: u(16),
         updated_ms: u(24),
         used_ms: u(32),
+        srtt_us: if b.len() == 48 { u(40) } else { 0 },
     })
 }
 
@@ -216,10 +220,10 @@ impl HistoryStore {
         (self.clock)()
     }
 
-    /// Record a window for `peer` and persist it.
-    pub fn record(&self, peer: &str, cwnd: u64, min_rtt_us: u64) -> Entry {
+    /// Record a window for `peer`, with the RTTs its connection saw, and persist it.
+    pub fn record(&self, peer: &str, cwnd: u64, rtt: RttSample) -> Entry {
         let now = self.now_ms();
-        let (entry, evicted) = self.lock().record(peer, cwnd, min_rtt_us, now);
+        let (entry, evicted) = self.lock().record(peer, cwnd, rtt, now);
         if let Some((db, path)) = &self.db {
             let write = || -> Result<(), redb::Error> {
                 let txn = db.begin_write()?;
@@ -348,6 +352,14 @@ impl HistoryStore {
         });
         let mut t = opts.connection_transport(vantage, peer)?;
         t.congestion_controller_factory(factory);
+        if decision.initial_rtt_us > 0 {
+            // RFC 9002 §6.2.2: the peer's last smoothed RTT, never below a slow link's
+            // serialisation of the first flight (T6), at most a minute (H8).
+            let ms = (decision.initial_rtt_us as f64 / 1000.0)
+                .max(opts.initial_rtt_floor_ms())
+                .clamp(1.0, 60_000.0);
+            t.initial_rtt(std::time::Duration::from_secs_f64(ms / 1000.0));
+        }
         Ok((t, conn))
     }
 }
@@ -384,7 +396,7 @@ impl ControllerFactory for HistoryFactory {
             factory: self,
             mtu: current_mtu,
             checked: false,
-            min_rtt_us: 0,
+            rtt: RttSample::default(),
             original: true,
         })
     }
@@ -397,7 +409,8 @@ struct HistoryController {
     factory: Arc<HistoryFactory>,
     mtu: u16,
     checked: bool,
-    min_rtt_us: u64,
+    /// The connection's minimum and smoothed RTTs at its latest acknowledgement.
+    rtt: RttSample,
     /// Copies made by `clone_box` (quinn's `congestion_state()`) do not record.
     original: bool,
 }
@@ -415,7 +428,10 @@ impl Controller for HistoryController {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
-        self.min_rtt_us = rtt.min().as_micros() as u64;
+        self.rtt = RttSample {
+            min_us: rtt.min().as_micros() as u64,
+            srtt_us: rtt.get().as_micros() as u64,
+        };
         if !self.checked {
             self.checked = true;
             let f = &self.factory;
@@ -475,7 +491,7 @@ impl Controller for HistoryController {
             factory: self.factory.clone(),
             mtu: self.mtu,
             checked: self.checked,
-            min_rtt_us: self.min_rtt_us,
+            rtt: self.rtt,
             original: false,
         })
     }
@@ -494,8 +510,7 @@ impl Drop for HistoryController {
         if self.original {
             // Paper 002 Algorithm 1: record the window when a connection closes.
             let f = &self.factory;
-            f.store
-                .record(&f.conn.peer, self.inner.window(), self.min_rtt_us);
+            f.store.record(&f.conn.peer, self.inner.window(), self.rtt);
         }
     }
 }
@@ -504,7 +519,15 @@ impl Drop for HistoryController {
 /// when a 0-RTT resumption completes its handshake.
 pub fn record_now(store: &HistoryStore, peer: &str, conn: &quinn::Connection) -> Entry {
     let s = conn.stats();
-    store.record(peer, s.path.cwnd, conn.rtt().as_micros() as u64)
+    let rtt = conn.rtt().as_micros() as u64;
+    store.record(
+        peer,
+        s.path.cwnd,
+        RttSample {
+            min_us: rtt,
+            srtt_us: rtt,
+        },
+    )
 }
 
 /// A client's history key for a server.
@@ -515,4 +538,26 @@ pub fn client_peer_key(server_name: &str, addr: std::net::SocketAddr) -> String 
 /// A server's history key for a client.
 pub fn server_peer_key(addr: std::net::SocketAddr) -> String {
     addr.ip().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_older_ones_read_without_a_smoothed_rtt() {
+        let e = Entry {
+            avg_cwnd: 123_456.5,
+            count: 7,
+            min_rtt_us: 20_000,
+            srtt_us: 31_000,
+            updated_ms: 1_700_000_000_000,
+            used_ms: 1_700_000_000_001,
+        };
+        assert_eq!(decode(&encode(&e)), Some(e));
+        // A store written before the smoothed RTT was kept: 40 bytes, the same fields.
+        let old = &encode(&e)[..40];
+        assert_eq!(decode(old), Some(Entry { srtt_us: 0, ..e }));
+        assert_eq!(decode(&encode(&e)[..47]), None);
+    }
 }

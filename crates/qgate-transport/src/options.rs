@@ -247,10 +247,16 @@ impl TransportOptions {
     /// The RTT assumed before the first sample: [`Self::initial_rtt_ms`], raised to the
     /// handshake's serialisation time on [`Self::link_kbps`] (at most a minute).
     pub fn effective_initial_rtt_ms(&self) -> f64 {
-        let floor = self
-            .link_kbps
-            .map_or(0.0, |k| HANDSHAKE_FLIGHT_BYTES as f64 * 8.0 / k);
-        self.initial_rtt_ms.max(floor).min(60_000.0)
+        self.initial_rtt_ms
+            .max(self.initial_rtt_floor_ms())
+            .min(60_000.0)
+    }
+
+    /// The least initial RTT that makes sense on this link: the handshake's serialisation time
+    /// on [`Self::link_kbps`] (0 when the rate is not declared).
+    pub fn initial_rtt_floor_ms(&self) -> f64 {
+        self.link_kbps
+            .map_or(0.0, |k| HANDSHAKE_FLIGHT_BYTES as f64 * 8.0 / k)
     }
 
     /// A quinn transport config with these settings.

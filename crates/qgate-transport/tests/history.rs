@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_core::history::{Averaging, HistoryConfig, RttSample};
 use qgate_netsim::{LinkId, LinkParams, Network};
 use qgate_transport::history::{client_peer_key, HistoryStore};
 use qgate_transport::{
@@ -29,6 +29,14 @@ fn config() -> HistoryConfig {
     HistoryConfig {
         averaging: Averaging::Mean,
         ..Default::default()
+    }
+}
+
+/// A connection whose minimum and final smoothed RTTs were both `us`.
+fn rtt(us: u64) -> RttSample {
+    RttSample {
+        min_us: us,
+        srtt_us: us,
     }
 }
 
@@ -157,7 +165,7 @@ async fn history_below_the_default_uses_the_default() {
     let s = setup(20);
     let store = HistoryStore::in_memory(config(), virtual_clock());
     let peer = client_peer_key("localhost", sa(SERVER));
-    store.record(&peer, 3_000, 40_000); // a bad network's small window
+    store.record(&peer, 3_000, rtt(40_000)); // a bad network's small window
     let (cfg, h) = store
         .client_config(&s.base, &TransportOptions::default(), &peer, None)
         .unwrap();
@@ -205,6 +213,52 @@ async fn safeguard_falls_back_when_the_rtt_jumps() {
     assert!(h.decision.from_history && !h.fell_back());
 }
 
+/// RFC 9002 §6.2.2 (decision H8): a connection to a known peer starts its RTT estimate from the
+/// last connection's smoothed RTT, so a lost first Initial is resent after about three RTTs
+/// rather than quinn's 1 s (3 × 333 ms); paper 002's literal scheme (`seed_rtt = false`) waits
+/// the full second.
+#[tokio::test(start_paused = true)]
+async fn a_lost_first_packet_is_resent_after_the_recorded_rtt() {
+    for seed_rtt in [true, false] {
+        let s = setup(20);
+        let store = HistoryStore::in_memory(
+            HistoryConfig {
+                seed_rtt,
+                ..config()
+            },
+            virtual_clock(),
+        );
+        let opts = TransportOptions::default();
+        let peer = client_peer_key("localhost", sa(SERVER));
+        let (cfg, _) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+        upload(&s, &cfg, 100_000).await;
+        let srtt = store.get(&peer).unwrap().srtt_us;
+        assert!((40_000..60_000).contains(&srtt), "recorded srtt {srtt} µs");
+
+        let (cfg, h) = store.client_config(&s.base, &opts, &peer, None).unwrap();
+        assert_eq!(h.decision.initial_rtt_us, if seed_rtt { srtt } else { 0 });
+        // The link drops everything for the first 10 ms: the client's first Initial is lost.
+        s.net.update_both(s.link, |l| l.up = false).unwrap();
+        let (net, link) = (s.net.clone(), s.link);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            net.update_both(link, |l| l.up = true).unwrap();
+        });
+        let t0 = tokio::time::Instant::now();
+        let c = connect(&s.client, &cfg, sa(SERVER), "localhost", false)
+            .await
+            .unwrap();
+        let took = t0.elapsed();
+        c.connection().close(0u32.into(), b"");
+        if seed_rtt {
+            // PTO = 3 × srtt ≈ 150 ms, then one round trip.
+            assert!(took < Duration::from_millis(400), "seeded: {took:?}");
+        } else {
+            assert!(took > Duration::from_millis(900), "literal: {took:?}");
+        }
+    }
+}
+
 #[test]
 fn store_persists_across_reopen_and_survives_a_corrupt_file() {
     let dir = tmp("persist");
@@ -213,13 +267,16 @@ fn store_persists_across_reopen_and_survives_a_corrupt_file() {
     {
         let (store, warning) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
         assert!(warning.is_none());
-        store.record("a@1.2.3.4:443", 100_000, 30_000);
-        store.record("a@1.2.3.4:443", 300_000, 20_000);
-        store.record("b@5.6.7.8:443", 50_000, 0);
+        store.record("a@1.2.3.4:443", 100_000, rtt(30_000));
+        store.record("a@1.2.3.4:443", 300_000, rtt(20_000));
+        store.record("b@5.6.7.8:443", 50_000, rtt(0));
     }
     let (store, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
     let a = store.get("a@1.2.3.4:443").unwrap();
-    assert_eq!((a.avg_cwnd, a.count, a.min_rtt_us), (200_000.0, 2, 20_000));
+    assert_eq!(
+        (a.avg_cwnd, a.count, a.min_rtt_us, a.srtt_us),
+        (200_000.0, 2, 20_000, 20_000)
+    );
     assert_eq!(store.entries().len(), 2);
     assert_eq!(store.clear().unwrap(), 2);
     drop(store);
@@ -246,7 +303,7 @@ fn store_persists_across_reopen_and_survives_a_corrupt_file() {
         .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1);
-    store.record("c", 1, 0);
+    store.record("c", 1, rtt(0));
     assert!(store.get("c").is_some());
 }
 
@@ -288,7 +345,7 @@ fn truncated_store_opens_cleanly() {
     {
         let (store, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
         for i in 0..200 {
-            store.record(&format!("peer{i}"), 50_000 + i, 10_000);
+            store.record(&format!("peer{i}"), 50_000 + i, rtt(10_000));
         }
     }
     let len = std::fs::metadata(&path).unwrap().len();
@@ -302,7 +359,7 @@ fn truncated_store_opens_cleanly() {
             n == 200 || (n == 0 && warning.is_some()),
             "cut at {cut}: {n} entries, warning {warning:?}"
         );
-        store.record("after", 1, 0);
+        store.record("after", 1, rtt(0));
         assert!(store.get("after").is_some());
     }
 }
@@ -314,7 +371,7 @@ fn a_store_in_use_is_an_error_not_corruption() {
     let path = dir.join("history.redb");
     let clock = qgate_transport::history::system_clock();
     let (first, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
-    first.record("keep", 100_000, 1_000);
+    first.record("keep", 100_000, rtt(1_000));
     let e = HistoryStore::open(&path, config(), clock)
         .unwrap_err()
         .to_string();

@@ -66,6 +66,9 @@ pub struct HistorySection {
     pub max_age_s: Option<u64>,
     /// At most this many peers.
     pub capacity: Option<usize>,
+    /// Start a connection's RTT estimate from the peer's last smoothed RTT (false: paper
+    /// 002's window-only history).
+    pub seed_rtt: Option<bool>,
 }
 
 /// `[server]`

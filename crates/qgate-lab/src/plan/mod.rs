@@ -1003,6 +1003,11 @@ values = [5, 50]
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))
             .unwrap_err();
         assert!(e.message.contains("'mtu_discovery'"), "{e}");
+        // So is the connection history.
+        let e = load(&amqp("history = true"))
+            .and_then(|l| l.variants(&Options::default()).map(|_| ()))
+            .unwrap_err();
+        assert!(e.message.contains("'history'"), "{e}");
     }
 
     #[test]

@@ -354,10 +354,19 @@ pub struct DownloadLoad {
     /// Careful-resume safeguard (decision H5).
     #[serde(default)]
     pub safeguard: bool,
+    /// With history on, start each connection's RTT estimate from the client's last smoothed
+    /// RTT (decision H8); `false` is paper 002's window-only scheme.
+    #[serde(default = "default_seed_rtt")]
+    pub seed_rtt: bool,
 }
 
 fn default_interval() -> f64 {
     2.0
+}
+
+/// The product's default (`HistoryConfig`), read from there.
+pub(crate) fn default_seed_rtt() -> bool {
+    qgate_core::history::HistoryConfig::default().seed_rtt
 }
 
 /// The transport under AMQP.
@@ -450,6 +459,11 @@ pub struct AmqpLoad {
     /// (QUIC only).
     #[serde(default)]
     pub constrained: bool,
+    /// Each client keeps a history of its connections to the broker (as `qgate device` does,
+    /// decision H6): a new connection starts from its window and last smoothed RTT (H8),
+    /// with the safeguard on (QUIC only).
+    #[serde(default)]
+    pub history: bool,
     /// Messages to send.
     pub messages: usize,
     /// One connection per message or one for all (the receiver uses one per message).

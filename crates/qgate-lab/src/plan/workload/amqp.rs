@@ -27,6 +27,7 @@ use qgate_amqp::transport::{self, BoxStream, Dialer, Scheme, TlsVersion, ALPN_AM
 use qgate_netsim::tcp::TcpHost;
 use qgate_netsim::topology::Topology;
 use qgate_netsim::{Direction, LinkId, Network, World};
+use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
 use qgate_transport::{constrained_endpoint, endpoint, server_config, Socket, TransportOptions};
 use tokio::time::Instant;
 
@@ -88,6 +89,9 @@ pub(super) fn check(
     }
     if a.constrained && !a.transport.is_quic() {
         return fail("'constrained' is a QUIC profile: leave it out for TCP+TLS");
+    }
+    if a.history && !a.transport.is_quic() {
+        return fail("'history' is a QUIC setting: leave it out for TCP+TLS");
     }
     Ok(())
 }
@@ -255,8 +259,13 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                     endpoint(Socket::from(sock), None, Some(seed(side)))
                 }
                 .map_err(|e| e.to_string())?;
-                let c = Connector::on_endpoint(ep, baddr, "localhost", &trust, None, &opts)
+                let mut c = Connector::on_endpoint(ep, baddr, "localhost", &trust, None, &opts)
                     .map_err(|e| e.to_string())?;
+                if a.history {
+                    // Each client its own store, as each device has (H6).
+                    let store = super::virtual_history(Default::default());
+                    c = c.with_history(store, Some(DEFAULT_SAFEGUARD_FACTOR));
+                }
                 Ok((if mux { c.multiplexed() } else { c }, probe))
             };
             (broker, Box::new(client))

@@ -16,9 +16,7 @@ use bytes::Bytes;
 
 use qgate_core::history::{Averaging, HistoryConfig};
 use qgate_netsim::World;
-use qgate_transport::history::{
-    server_peer_key, Clock as WallClock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR,
-};
+use qgate_transport::history::{server_peer_key, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
 use qgate_transport::{client_config, connect, endpoint, server_config, Socket, TransportOptions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -29,19 +27,14 @@ use crate::plan::spec::{DownloadLoad, HistoryMode};
 /// The protocol: the client asks for a byte count (8 bytes, big endian).
 const ALPN: &[u8] = b"qgate-history";
 
-/// An in-memory history store averaging with `averaging` (none: no history) whose timestamps
-/// follow the tokio clock, so entries age in simulated time.
-fn virtual_store(averaging: Option<Averaging>) -> Option<Arc<HistoryStore>> {
-    let start = Instant::now();
-    let clock: WallClock = Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64);
+/// An in-memory history store averaging with `averaging` (none: no history), in simulated time.
+fn virtual_store(averaging: Option<Averaging>, seed_rtt: bool) -> Option<Arc<HistoryStore>> {
     averaging.map(|averaging| {
-        HistoryStore::in_memory(
-            HistoryConfig {
-                averaging,
-                ..Default::default()
-            },
-            clock,
-        )
+        super::virtual_history(HistoryConfig {
+            averaging,
+            seed_rtt,
+            ..Default::default()
+        })
     })
 }
 
@@ -169,11 +162,14 @@ pub(super) fn prepare(d: &DownloadLoad, world: &mut World, s: &Setup) -> Result<
         .ok_or_else(|| format!("client '{}' has no link", d.client))?;
     let opts = TransportOptions::default();
     let base = server_config(&s.pki.server, &[ALPN], &opts).map_err(|e| e.to_string())?;
-    let store = virtual_store(match d.history {
-        HistoryMode::Off => None,
-        HistoryMode::Mean => Some(Averaging::Mean),
-        HistoryMode::Ewma => Some(HistoryConfig::default().averaging),
-    });
+    let store = virtual_store(
+        match d.history {
+            HistoryMode::Off => None,
+            HistoryMode::Mean => Some(Averaging::Mean),
+            HistoryMode::Ewma => Some(HistoryConfig::default().averaging),
+        },
+        d.seed_rtt,
+    );
     let server_addr = SocketAddr::new(srv_ip, 5443 + s.index as u16);
     let ep = endpoint(
         Socket::from(net.bind(srv, server_addr).map_err(|e| e.to_string())?),
