@@ -892,11 +892,16 @@ async fn racing_declarations_respect_the_queue_cap() {
         max_bytes: None,
         ttl: None,
     };
+    // All sixteen start together, so checks and declarations interleave.
+    let start = std::sync::Barrier::new(16);
     let outcomes: Vec<qgate_amqp::broker::Declared> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..16)
             .map(|i| {
-                let (b, d) = (&r.broker, decl(format!("q{}", i % 8)));
-                s.spawn(move || b.declare_queue(&d))
+                let (b, d, start) = (&r.broker, decl(format!("q{}", i % 8)), &start);
+                s.spawn(move || {
+                    start.wait();
+                    b.declare_queue(&d)
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

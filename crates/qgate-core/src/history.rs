@@ -2,7 +2,8 @@
 //! (paper 002 §4, Algorithm 1): record the window when a connection closes and when a 0-RTT
 //! resumption completes its handshake; keep an average per peer; start a new 1-RTT connection
 //! with max(default, average), clamped to a ceiling. Entries age out; the table is bounded and
-//! evicts the least recently used peer.
+//! evicts the least recently used peer. Beyond the paper, an entry also keeps the last
+//! connection's smoothed RTT, from which a new connection's RTT estimate starts (decision H8).
 //!
 //! Times are milliseconds of wall-clock (Unix) time passed in by the caller, so a history
 //! survives restarts and simulations can pass virtual time.

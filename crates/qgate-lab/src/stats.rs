@@ -54,6 +54,17 @@ pub struct Welch {
 }
 
 impl Welch {
+    /// "p < 0.001", "p = 0.123", "no spread" (every value equal) or "too few" for a test's
+    /// outcome, as the reports print it.
+    pub fn p_label(w: Option<Welch>) -> String {
+        match w {
+            Some(w) if w.ci95.0 != w.ci95.1 && w.p < 0.001 => "p < 0.001".into(),
+            Some(w) if w.ci95.0 != w.ci95.1 => format!("p = {:.3}", w.p),
+            Some(_) => "no spread".into(),
+            None => "too few".into(),
+        }
+    }
+
     /// Compare `b` with `a`; `None` with fewer than two values on either side.
     pub fn test(a: &[f64], b: &[f64]) -> Option<Welch> {
         let (sa, sb) = (Summary::of(a), Summary::of(b));

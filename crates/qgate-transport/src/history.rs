@@ -4,7 +4,7 @@
 //! the path turned out much worse than when the history was recorded.
 //!
 //! Peers: a client keys by `server-name@address`; a server keys by the client's IP address (a
-//! client's port changes every connection). See docs/decisions.md H1–H6.
+//! client's port changes every connection). See docs/decisions.md H1–H8.
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
@@ -288,7 +288,7 @@ impl HistoryStore {
     }
 
     /// A client configuration for one connection to `peer`, with the history's initial window
-    /// and a recording controller. Clone `base` from one config per server so that 0-RTT
+    /// and initial RTT (H8) and a recording controller. Clone `base` from one config per server so that 0-RTT
     /// session tickets are shared.
     pub fn client_config(
         self: &Arc<Self>,
@@ -352,16 +352,37 @@ impl HistoryStore {
         });
         let mut t = opts.connection_transport(vantage, peer)?;
         t.congestion_controller_factory(factory);
-        if decision.initial_rtt_us > 0 {
-            // RFC 9002 §6.2.2: the peer's last smoothed RTT, never below a slow link's
-            // serialisation of the first flight (T6), at most a minute (H8).
-            let ms = (decision.initial_rtt_us as f64 / 1000.0)
-                .max(opts.initial_rtt_floor_ms())
-                .clamp(1.0, 60_000.0);
+        if let Some(ms) = seeded_rtt_ms(&decision, opts) {
             t.initial_rtt(std::time::Duration::from_secs_f64(ms / 1000.0));
         }
         Ok((t, conn))
     }
+}
+
+/// The least RTT a connection is seeded with, ms: the handshake's round trip also carries the
+/// peer's certificate work, which a LAN's data-packet RTT does not show (decision H8).
+pub const MIN_SEEDED_RTT_MS: f64 = 10.0;
+
+/// A seed above this many times the peer's smallest RTT is the last connection's own
+/// queueing, not the path: it is cut there (when that is above the configured initial RTT).
+pub const SEED_OVER_MIN_RTT: f64 = 4.0;
+
+/// The initial RTT for a connection the history decided on (decision H8): the peer's last
+/// smoothed RTT (RFC 9002 §6.2.2), at least [`MIN_SEEDED_RTT_MS`], at most
+/// max(configured initial RTT, [`SEED_OVER_MIN_RTT`] × its smallest RTT); the options' own
+/// rules then apply (a declared slow link's floor, T6, and the one-minute cap). `None`: no seed.
+pub fn seeded_rtt_ms(decision: &Decision, opts: &TransportOptions) -> Option<f64> {
+    if decision.initial_rtt_us == 0 {
+        return None;
+    }
+    let cap = (decision.reference_rtt_us as f64 / 1000.0 * SEED_OVER_MIN_RTT)
+        .max(opts.initial_rtt_ms)
+        .max(MIN_SEEDED_RTT_MS);
+    let seeded = TransportOptions {
+        initial_rtt_ms: (decision.initial_rtt_us as f64 / 1000.0).clamp(MIN_SEEDED_RTT_MS, cap),
+        ..opts.clone()
+    };
+    Some(seeded.effective_initial_rtt_ms())
 }
 
 /// What the history did for one connection.
@@ -396,6 +417,7 @@ impl ControllerFactory for HistoryFactory {
             factory: self,
             mtu: current_mtu,
             checked: false,
+            acks_ended: 0,
             rtt: RttSample::default(),
             original: true,
         })
@@ -409,7 +431,11 @@ struct HistoryController {
     factory: Arc<HistoryFactory>,
     mtu: u16,
     checked: bool,
-    /// The connection's minimum and smoothed RTTs at its latest acknowledgement.
+    /// ACK frames fully processed: quinn updates its RTT estimator after a frame's `on_ack`
+    /// calls, so the estimator has a sample only once one has been.
+    acks_ended: u64,
+    /// The connection's minimum and smoothed RTTs as of the previous ACK frame (unknown until
+    /// the estimator has a sample: a connection with one ACK records none).
     rtt: RttSample,
     /// Copies made by `clone_box` (quinn's `congestion_state()`) do not record.
     original: bool,
@@ -428,10 +454,12 @@ impl Controller for HistoryController {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
-        self.rtt = RttSample {
-            min_us: rtt.min().as_micros() as u64,
-            srtt_us: rtt.get().as_micros() as u64,
-        };
+        if self.acks_ended > 0 {
+            self.rtt = RttSample {
+                min_us: rtt.min().as_micros() as u64,
+                srtt_us: rtt.get().as_micros() as u64,
+            };
+        }
         if !self.checked {
             self.checked = true;
             let f = &self.factory;
@@ -458,6 +486,7 @@ impl Controller for HistoryController {
         app_limited: bool,
         largest: Option<u64>,
     ) {
+        self.acks_ended += 1;
         self.inner.on_end_acks(now, in_flight, app_limited, largest)
     }
 
@@ -491,6 +520,7 @@ impl Controller for HistoryController {
             factory: self.factory.clone(),
             mtu: self.mtu,
             checked: self.checked,
+            acks_ended: self.acks_ended,
             rtt: self.rtt,
             original: false,
         })
@@ -559,5 +589,36 @@ mod tests {
         let old = &encode(&e)[..40];
         assert_eq!(decode(old), Some(Entry { srtt_us: 0, ..e }));
         assert_eq!(decode(&encode(&e)[..47]), None);
+    }
+
+    #[test]
+    fn the_seed_is_the_last_smoothed_rtt_within_its_bounds() {
+        let opts = TransportOptions::default(); // 333 ms configured
+        let seed = |srtt_ms: u64, min_ms: u64, opts: &TransportOptions| {
+            let d = Decision {
+                window: 14_720,
+                from_history: false,
+                reference_rtt_us: min_ms * 1000,
+                initial_rtt_us: srtt_ms * 1000,
+            };
+            seeded_rtt_ms(&d, opts)
+        };
+        assert_eq!(seed(0, 40, &opts), None, "no smoothed RTT: no seed");
+        assert_eq!(seed(42, 40, &opts), Some(42.0));
+        assert_eq!(
+            seed(1, 1, &opts),
+            Some(MIN_SEEDED_RTT_MS),
+            "a LAN's RTT is raised"
+        );
+        // Queueing of the last connection: at most max(333 ms, 4 × its smallest RTT).
+        assert_eq!(seed(1_700, 50, &opts), Some(333.0));
+        assert_eq!(seed(1_700, 200, &opts), Some(800.0));
+        // A declared slow link's floor (T6) still applies; the one-minute cap too.
+        let slow = TransportOptions {
+            link_kbps: Some(8.0),
+            ..Default::default()
+        };
+        assert!(seed(42, 40, &slow).unwrap() >= slow.initial_rtt_floor_ms());
+        assert_eq!(seed(900_000, 900_000, &opts), Some(60_000.0));
     }
 }

@@ -131,7 +131,10 @@ pub struct H3Client {
 impl H3Client {
     /// Start HTTP/3 on an established (or 0-RTT) QUIC connection.
     pub async fn new(conn: quinn::Connection) -> Result<H3Client, H3Error> {
-        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+        // No GREASE (decision T8): aioquic never sees a body end after a trailing reserved frame.
+        let (mut driver, send) = h3::client::builder()
+            .send_grease(false)
+            .build(h3_quinn::Connection::new(conn.clone()))
             .await
             .map_err(|e| H3Error::Connection(e.to_string()))?;
         let driver = tokio::spawn(async move {
@@ -373,9 +376,11 @@ where
     // The handshake future is ~4 KB and only lives until the settings are exchanged; boxing it
     // keeps it out of this future, which stays alive (one per idle device) for the connection's
     // whole life (measured: 8.1 → ~2.6 KB per connection task).
-    let mut h3c: h3::server::Connection<C, Bytes> = Box::pin(h3::server::builder().build(quic))
-        .await
-        .map_err(|e| H3Error::Connection(e.to_string()))?;
+    // No GREASE (decision T8): aioquic never sees a body end after a trailing reserved frame.
+    let mut h3c: h3::server::Connection<C, Bytes> =
+        Box::pin(h3::server::builder().send_grease(false).build(quic))
+            .await
+            .map_err(|e| H3Error::Connection(e.to_string()))?;
     loop {
         match h3c.accept().await {
             Ok(Some(resolver)) => {

@@ -98,7 +98,8 @@ pub struct HistoryArgs {
 
 #[derive(Subcommand, Debug)]
 enum HistoryCmd {
-    /// One line per peer: average window, samples, minimum RTT, last update.
+    /// One line per peer: average window, samples, minimum RTT, the last connection's smoothed
+    /// RTT (a new connection's initial RTT), last update.
     List,
     /// Everything recorded for one peer (as `list` prints it).
     Show {

@@ -73,12 +73,7 @@ fn change(a: &[f64], b: &[f64]) -> (f64, Option<Welch>, String) {
     let (ma, mb) = (Summary::of(a).mean, Summary::of(b).mean);
     let pct = (mb / ma - 1.0) * 100.0;
     let w = Welch::test(a, b);
-    let p = match w {
-        Some(w) if w.ci95.0 != w.ci95.1 && w.p < 0.001 => "p < 0.001".into(),
-        Some(w) if w.ci95.0 != w.ci95.1 => format!("p = {:.3}", w.p),
-        Some(_) => "no spread".into(),
-        None => "too few downloads".into(),
-    };
+    let p = Welch::p_label(w);
     (
         pct,
         w,

@@ -377,20 +377,16 @@ fn beyond(points: &[Point], results: &[Vec<Rep>]) -> String {
                 continue;
             };
             let (mq, mh) = (Summary::of(&q).mean, Summary::of(&h).mean);
-            let p = match crate::stats::Welch::test(&q, &h) {
-                Some(w) if w.ci95.0 != w.ci95.1 && w.p < 0.001 => ", p < 0.001".into(),
-                Some(w) if w.ci95.0 != w.ci95.1 => format!(", p = {:.3}", w.p),
-                _ => String::new(),
-            };
+            let p = crate::stats::Welch::p_label(crate::stats::Welch::test(&q, &h));
             rows.push(format!(
-                "{} {mq:.3} → {mh:.3} s ({:+.0} %{p})",
+                "{} {mq:.3} → {mh:.3} s ({:+.0} %, {p})",
                 channel_label(&c),
                 (mh / mq - 1.0) * 100.0
             ));
         }
     }
     if !rows.is_empty() {
-        let _ = writeln!(s, "- **quic-history against quic**, total time (means over each point's seeds, Welch's p where the seeds differ; the tables above give n and std dev): {}. From the second connection on, the client starts from the history of the ones before: their window and the last one's smoothed RTT instead of quinn's 333 ms (decision H8), so a lost handshake packet is resent after about three round trips instead of a second, and on a slow link a packet whose serialisation outlasts 333 ms is not taken for lost.", rows.join("; "));
+        let _ = writeln!(s, "- **quic-history against quic**, total time (means over each point's seeds and Welch's p, \"no spread\" where every seed gave the same time; the tables above give n and std dev): {}. From the second connection on, the client starts from the history of the ones before: their window and the last one's smoothed RTT instead of quinn's 333 ms (decision H8), so a lost handshake packet is resent after about three round trips instead of a second, and on a slow link a packet whose serialisation outlasts 333 ms is not taken for lost.", rows.join("; "));
     }
     // Bytes per one-message connection.
     let per_conn = |t: Transport| {

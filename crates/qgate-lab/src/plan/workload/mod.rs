@@ -153,7 +153,6 @@ fn rng(seed: u64, index: usize) -> rand_chacha::ChaCha8Rng {
     rand::SeedableRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ index as u64)
 }
 
-/// Seconds as a duration (plan values are checked finite and non-negative).
 /// An in-memory history store whose timestamps follow the tokio clock, so entries age in
 /// simulated time.
 fn virtual_history(
@@ -165,6 +164,7 @@ fn virtual_history(
     qgate_transport::history::HistoryStore::in_memory(config, clock)
 }
 
+/// Seconds as a duration (plan values are checked finite and non-negative).
 fn secs(s: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(s.max(0.0))
 }
