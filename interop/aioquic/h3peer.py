@@ -88,7 +88,8 @@ class Client(QuicConnectionProtocol):
                 exchange.body += ev.data
             if getattr(ev, "stream_ended", False):
                 del self.open[ev.stream_id]
-                exchange.future.set_result(exchange)
+                if not exchange.future.done():  # not given up on (a timeout cancels it)
+                    exchange.future.set_result(exchange)
 
 
 async def device(a):
@@ -219,6 +220,9 @@ def issue(pki):
 async def server(a):
     issue(a.pki)
     cfg = QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN)
+    # Small windows, so a client's large body needs MAX_STREAM_DATA / MAX_DATA updates.
+    cfg.max_stream_data = 64 * 1024
+    cfg.max_data = 128 * 1024
     cfg.load_cert_chain(os.path.join(a.pki, "server.pem"), os.path.join(a.pki, "server.key"))
     await serve(a.listen, a.port, configuration=cfg, create_protocol=Server)
     print("listening", flush=True)

@@ -261,6 +261,13 @@ func server(args []string) error {
 	srv := &http3.Server{
 		Handler:   mux,
 		TLSConfig: http3.ConfigureTLSConfig(&tls.Config{Certificates: []tls.Certificate{cert}}),
+		// Small windows, so a client's large body needs flow-control updates.
+		QUICConfig: &quic.Config{
+			InitialStreamReceiveWindow:     64 << 10,
+			MaxStreamReceiveWindow:         64 << 10,
+			InitialConnectionReceiveWindow: 128 << 10,
+			MaxConnectionReceiveWindow:     128 << 10,
+		},
 	}
 	fmt.Println("listening")
 	return srv.Serve(conn)

@@ -15,6 +15,10 @@ use crate::{usage, Failure};
 pub enum Lab {
     /// Paper 003: AMQP 1.0 over QUIC vs over TCP+TLS (results/amqp/).
     Amqp(AmqpArgs),
+    /// Paper 003's cases with the kernel's TCP: `qgate broker` and `qgate send` through `qgate
+    /// linkem` in real time, QUIC against TLS 1.2 and 1.3 on kernel TCP (results/amqp-kernel/).
+    /// Needs root; about 6 minutes with the defaults.
+    AmqpKernel(AmqpKernelArgs),
     /// Paper 004: six queue disciplines and our stable PID-Delay under QUIC bulk flows, at three
     /// operating points (results/aqm/).
     Aqm(AqmArgs),
@@ -142,6 +146,21 @@ pub struct UploadArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct AmqpKernelArgs {
+    /// Smoke run: the first channel only, one repetition.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, help = crate::dflt("Repetitions of each case", qgate_lab::papers::paper003_kernel::DEFAULT_REPS))]
+    reps: Option<u64>,
+    /// Only these transports (comma-separated: quic, tcp-tls12, tcp-tls).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Where to write results [default: results/amqp-kernel].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct UploadKernelArgs {
     /// Smoke run: 2 MB, buffers 200 and 2000 KB, one repetition.
     #[arg(long)]
@@ -258,6 +277,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
     match which {
         Lab::Aqm(a) => aqm_cmd(a),
         Lab::AqmKernel(a) => aqm_kernel_cmd(a),
+        Lab::AmqpKernel(a) => amqp_kernel_cmd(a),
         Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
@@ -714,6 +734,63 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
     eprintln!("lab upload-kernel: results in {}", out.display());
+    Ok(())
+}
+
+fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
+    use qgate_lab::papers::paper003_kernel::{self as k, KernelAmqpConfig};
+    let mut cfg = KernelAmqpConfig::new(std::env::current_exe()?);
+    if a.quick {
+        cfg.channels.truncate(1);
+        cfg.reps = 1;
+    }
+    if !a.only.is_empty() {
+        for t in &a.only {
+            if !k::TRANSPORTS.contains(&t.as_str()) {
+                return Err(usage(format!(
+                    "--only: unknown transport '{t}' (known: {})",
+                    k::TRANSPORTS.join(", ")
+                )));
+            }
+        }
+        cfg.transports = a.only.clone();
+    }
+    cfg.reps = a.reps.unwrap_or(cfg.reps);
+    if cfg.reps == 0 {
+        return Err(usage("--reps must be positive"));
+    }
+    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from("results/amqp-kernel"));
+    let total = cfg.channels.len() * cfg.transports.len() * cfg.reps as usize;
+    eprintln!(
+        "lab amqp-kernel: {total} runs of {} one-message connections",
+        cfg.messages
+    );
+    let runs = k::run(&cfg, &out.join("work"), |r, i, n| {
+        eprintln!(
+            "  [{i}/{n}] {} over {} rep {}: total {:.3} s, startup {:.2} ms, {} bytes, {} lost (lateness p99 {} µs)",
+            r.transport, r.channel, r.rep, r.total_s, r.startup_ms, r.wire_bytes, r.lost_packets, r.lateness_p99_us
+        )
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    std::fs::remove_dir_all(out.join("work")).ok();
+    let mut command = String::from("sudo qgate lab amqp-kernel");
+    if a.quick {
+        command.push_str(" --quick");
+    }
+    if let Some(r) = a.reps {
+        command.push_str(&format!(" --reps {r}"));
+    }
+    std::fs::write(out.join("results.csv"), k::csv(&runs))?;
+    // The simulated lab's numbers for the same channels, when they are here (`qgate lab amqp`).
+    let netsim = std::fs::read_to_string("results/amqp/results.csv").ok();
+    std::fs::write(
+        out.join("summary.md"),
+        k::summary(&cfg, &runs, netsim.as_deref(), &command),
+    )?;
+    eprintln!("lab amqp-kernel: results in {}", out.display());
     Ok(())
 }
 

@@ -50,6 +50,7 @@ fn help_everywhere() {
         vec!["bench", "loopback", "--help"],
         vec!["linkem", "--help"],
         vec!["lab", "aqm-kernel", "--help"],
+        vec!["lab", "amqp-kernel", "--help"],
         vec!["upload", "--help"],
         vec!["lab", "upload-kernel", "--help"],
     ] {

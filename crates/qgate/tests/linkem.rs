@@ -15,14 +15,8 @@ fn tools() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../qgate-linkem/tools/traffic.py")
 }
 
-fn root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-        && Path::new("/dev/net/tun").exists()
-}
+mod common;
+use common::root;
 
 /// Skip (with a note) where linkem cannot run; CI runs as root, so there it always runs.
 macro_rules! needs_root {
@@ -565,4 +559,38 @@ fn upload_over_two_paths_survives_path_1_dying() {
         .find(|l| l.contains("interface 1 (10.77.1.1)"))
         .unwrap_or_else(|| panic!("{out}"));
     assert!(!lane1.contains(" 0 moves to the backup"), "{out}\n{err}");
+}
+
+/// Paper 003 with the kernel's TCP (`qgate lab amqp-kernel --quick`): the broker outside, the
+/// sender inside; every transport's ten one-message connections complete and are measured.
+#[test]
+fn lab_amqp_kernel_quick_measures_every_transport() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tmp("amqp-kernel");
+    let out = home.join("out");
+    let o = Command::new(env!("CARGO_BIN_EXE_qgate"))
+        .args(["lab", "amqp-kernel", "--quick", "--out"])
+        .arg(&out)
+        .env("QGATE_HOME", &home)
+        .env_remove("QGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = csv_rows(&out.join("results.csv"));
+    let transports: Vec<&str> = rows.iter().map(|r| r["transport"].as_str()).collect();
+    assert_eq!(transports, ["quic", "tcp-tls12", "tcp-tls"]);
+    for r in &rows {
+        // Ten connections on a 2 ms channel: well above 10 round trips, well below a second.
+        let total = num(r, "total_s");
+        assert!(total > 0.04 && total < 5.0, "{r:?}");
+        // At least ten handshakes' worth of packets crossed the emulated channel.
+        assert!(num(r, "wire_bytes") > 10_000.0, "{r:?}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| 54 Mbit/s 2 ms | quic |"), "{summary}");
+    assert!(
+        summary.contains("sudo qgate lab amqp-kernel --quick"),
+        "{summary}"
+    );
 }

@@ -1,13 +1,15 @@
 //! The papers' experiments. Papers 000, 001, 002 and 004 run shipped plans (`lab/plans/`) through the
 //! plan runner and add only their comparison with the paper; paper 003 (AMQP over QUIC against
 //! TCP+TLS) still builds its cases in code. `paper004_kernel` runs paper 004's point with kernel
-//! TCP flows through the real-time emulator (`qgate linkem`).
+//! TCP flows through the real-time emulator (`qgate linkem`), `paper003_kernel` paper 003's
+//! cases with the kernel's TCP under TLS, `paper001_kernel` the upload with Linux MPTCP.
 
 pub mod paper000;
 pub mod paper001;
 pub mod paper001_kernel;
 pub mod paper002;
 pub mod paper003;
+pub mod paper003_kernel;
 pub mod paper003_report;
 pub mod paper004;
 pub mod paper004_kernel;

@@ -23,3 +23,24 @@ pub fn first_line(cmd: &mut Command) -> (Proc, String) {
         .unwrap();
     (Proc(child), line)
 }
+
+/// Whether `qgate linkem` can run here: root and a TUN device (CI runs as root).
+#[allow(dead_code)] // not every test file that shares this module emulates links
+pub fn root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+        && std::path::Path::new("/dev/net/tun").exists()
+}
+
+/// The address in a daemon's "… listening on udp/ADDR …" line.
+#[allow(dead_code)] // used by some of the test files that share this module
+pub fn listening_addr(line: &str) -> std::net::SocketAddr {
+    line.split("udp/")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no udp/ADDR in {line:?}"))
+}
