@@ -1,4 +1,6 @@
 //! Process helpers shared by the CLI's integration tests.
+// Each test file uses a subset of these.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -25,7 +27,6 @@ pub fn first_line(cmd: &mut Command) -> (Proc, String) {
 }
 
 /// Whether `qgate linkem` can run here: root and a TUN device (CI runs as root).
-#[allow(dead_code)] // not every test file that shares this module emulates links
 pub fn root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -36,7 +37,6 @@ pub fn root() -> bool {
 }
 
 /// The address in a daemon's "… listening on udp/ADDR …" line.
-#[allow(dead_code)] // used by some of the test files that share this module
 pub fn listening_addr(line: &str) -> std::net::SocketAddr {
     line.split("udp/")
         .nth(1)
