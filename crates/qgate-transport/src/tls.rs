@@ -318,7 +318,28 @@ fn generate_pems(extra_names: &[String]) -> Result<(String, String, String), Tls
         .push(DnType::CommonName, "qgate development server");
     leaf_params.serial_number = Some(serial(&leaf_key));
     let leaf = leaf_params.signed_by(&leaf_key, &issuer)?;
-    Ok((ca_cert.pem(), leaf.pem(), leaf_key.serialize_pem()))
+    Ok((ca_cert.pem(), leaf.pem(), pkcs8_v1_pem(&leaf_key)?))
+}
+
+/// An Ed25519 key as a PKCS#8 v1 document (RFC 5208, the private key alone), which
+/// OpenSSL-based tools read: ring writes v2 (RFC 5958, with the public key), which OpenSSL 3
+/// and Python's `cryptography` here reject ("extra data"). rustls reads both (decision T2).
+fn pkcs8_v1_pem(key: &rcgen::KeyPair) -> Result<String, TlsError> {
+    // SEQUENCE { INTEGER v, SEQUENCE { OID 1.3.101.112 }, OCTET STRING { OCTET STRING seed } …
+    const ED25519_V2: [u8; 16] = [
+        0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    const ED25519_V1: [u8; 16] = [
+        0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    let der = key.serialize_der();
+    let Some(seed) = der.strip_prefix(&ED25519_V2[..]).and_then(|r| r.get(..32)) else {
+        return Ok(key.serialize_pem()); // not ring's Ed25519 layout: as it is
+    };
+    let v1: Vec<u8> = ED25519_V1.iter().chain(seed).copied().collect();
+    Ok(rcgen::KeyPair::try_from(v1.as_slice())?.serialize_pem())
 }
 
 /// A 20-byte serial number taken from the key (so unique per key) whose top bits are 01: its
@@ -357,6 +378,40 @@ impl TrustRoots {
 
 #[cfg(test)]
 mod tests {
+    /// The development server key is PKCS#8 v1 (48 bytes of DER for Ed25519), loads back into
+    /// a working identity, and OpenSSL reads it where it is installed.
+    #[test]
+    fn the_development_key_is_one_openssl_reads() {
+        let dir = std::env::temp_dir().join(format!("qgate-pki-v1-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let pki = super::DevPki::load_or_create(&dir).unwrap();
+        let key = dir.join("server.key");
+        use rustls_pki_types::pem::PemObject;
+        let der = rustls_pki_types::PrivateKeyDer::from_pem_file(&key).unwrap();
+        assert_eq!(
+            der.secret_der().len(),
+            48,
+            "PKCS#8 v1: no public key inside"
+        );
+        assert_eq!(der.secret_der()[4], 0, "version 0 (v1)");
+        let reloaded = super::DevPki::load_or_create(&dir).unwrap();
+        crate::server_config(
+            &reloaded.server,
+            &[b"t"],
+            &crate::TransportOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(pki.ca, reloaded.ca);
+        if let Ok(o) = std::process::Command::new("openssl")
+            .args(["pkey", "-noout", "-in"])
+            .arg(&key)
+            .output()
+        {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Daemons sharing a fresh state directory start at once: all of them trust one CA.
     #[test]
     fn processes_creating_the_dev_pki_at_once_agree_on_one_ca() {
