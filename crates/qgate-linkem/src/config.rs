@@ -18,6 +18,9 @@ pub const MAX_WIRE_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
 /// The default seed of the loss and jitter draws.
 pub const DEFAULT_SEED: u64 = 1;
 
+/// The longest spin before a delivery that may be asked for, ms.
+pub const MAX_SPIN_MS: f64 = 10.0;
+
 /// How long the outside command gets to start (bind its sockets) before COMMAND runs.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(300);
 
@@ -215,6 +218,12 @@ pub struct LinkemConfig {
     /// Do not ask for real-time priority for the relay threads.
     #[serde(default)]
     pub no_realtime: bool,
+    /// Busy-wait instead of sleeping for the last this-long before each scheduled delivery
+    /// (`"200us"`): the relay then never waits on a timer wake-up, which on a virtual machine can
+    /// be late by milliseconds, at the price of a busy core while packets are on the wire.
+    /// Off unless given (decision L12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spin: Option<String>,
 }
 
 impl LinkemConfig {
@@ -266,7 +275,23 @@ impl LinkemConfig {
         }
         self.settle()?;
         self.warmup()?;
+        self.spin()?;
         Ok(())
+    }
+
+    /// How long before a scheduled delivery the relay stops sleeping and spins (zero: never).
+    pub fn spin(&self) -> Result<Duration, String> {
+        let Some(s) = &self.spin else {
+            return Ok(Duration::ZERO);
+        };
+        let ms = parse_ms(s).map_err(|e| format!("spin: {e}"))?;
+        if ms > MAX_SPIN_MS {
+            return Err(format!(
+                "spin: {s} is more than {MAX_SPIN_MS} ms (a relay would spin for most of its time; \
+                 a few hundred microseconds is what a late timer costs)"
+            ));
+        }
+        Ok(Duration::from_secs_f64(ms / 1000.0))
     }
 
     /// How long the outside command gets before COMMAND starts.
@@ -364,6 +389,13 @@ mod tests {
         c.timeline.clear();
         c.settle = Some("soon".into());
         assert!(c.validate().unwrap_err().contains("settle"));
+        c.settle = None;
+        c.spin = Some("200".into());
+        assert!(c.validate().unwrap_err().contains("spin"));
+        c.spin = Some("1s".into());
+        assert!(c.validate().unwrap_err().contains("spin"));
+        c.spin = Some("250us".into());
+        assert_eq!(c.spin().unwrap(), Duration::from_micros(250));
         let e = toml::from_str::<LinkemConfig>("[[path]]\nlink = \"rate=1mbit\"\nspeed = 3")
             .unwrap_err()
             .to_string();

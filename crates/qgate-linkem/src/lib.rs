@@ -300,6 +300,7 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
                     epoch,
                     trace,
                     realtime: !cfg.no_realtime,
+                    spin: cfg.spin().map_err(Error::Config)?,
                 })
                 .map_err(Error::Setup)?,
             );

@@ -368,18 +368,21 @@ pub const MIN_SEEDED_RTT_MS: f64 = 10.0;
 pub const SEED_OVER_MIN_RTT: f64 = 4.0;
 
 /// The initial RTT for a connection the history decided on (decision H8): the peer's last
-/// smoothed RTT (RFC 9002 §6.2.2), at least [`MIN_SEEDED_RTT_MS`], at most
+/// smoothed RTT (RFC 9002 §6.2.2), at least [`MIN_SEEDED_RTT_MS`] (or the configured initial
+/// RTT where that is smaller), at most
 /// max(configured initial RTT, [`SEED_OVER_MIN_RTT`] × its smallest RTT); the options' own
 /// rules then apply (a declared slow link's floor, T6, and the one-minute cap). `None`: no seed.
 pub fn seeded_rtt_ms(decision: &Decision, opts: &TransportOptions) -> Option<f64> {
     if decision.initial_rtt_us == 0 {
         return None;
     }
+    // An operator's smaller configured initial RTT (a LAN) is never raised by a seed.
+    let floor = MIN_SEEDED_RTT_MS.min(opts.initial_rtt_ms);
     let cap = (decision.reference_rtt_us as f64 / 1000.0 * SEED_OVER_MIN_RTT)
         .max(opts.initial_rtt_ms)
-        .max(MIN_SEEDED_RTT_MS);
+        .max(floor);
     let seeded = TransportOptions {
-        initial_rtt_ms: (decision.initial_rtt_us as f64 / 1000.0).clamp(MIN_SEEDED_RTT_MS, cap),
+        initial_rtt_ms: (decision.initial_rtt_us as f64 / 1000.0).clamp(floor, cap),
         ..opts.clone()
     };
     Some(seeded.effective_initial_rtt_ms())
@@ -619,6 +622,13 @@ mod tests {
             ..Default::default()
         };
         assert!(seed(42, 40, &slow).unwrap() >= slow.initial_rtt_floor_ms());
+        // A configured initial RTT under the floor (a LAN) is not raised.
+        let lan = TransportOptions {
+            initial_rtt_ms: 5.0,
+            ..Default::default()
+        };
+        assert_eq!(seed(1, 1, &lan), Some(5.0));
+        assert_eq!(seed(8, 4, &lan), Some(8.0));
         assert_eq!(seed(900_000, 900_000, &opts), Some(60_000.0));
     }
 }

@@ -336,6 +336,13 @@ pub struct DeviceArgs {
     /// Records per second (0 = as fast as answers come back).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Stop sending new records after this long, even if --count are not all sent (e.g. 30s).
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+    for_: Option<Duration>,
+    /// Write each record's outcome to FILE as CSV: record, sent_s (when its first try started,
+    /// from the device's start), delay_ms (the answered try's request to answer), path, bytes.
+    #[arg(long, value_name = "FILE")]
+    delays: Option<PathBuf>,
     /// Ingest stream on the server.
     #[arg(long, default_value = "device")]
     stream: String,
@@ -382,6 +389,20 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
                 .collect()
         }
         None => vec![Bytes::from(vec![b'r'; a.size]); a.count],
+    };
+    // Created before anything is sent, so a path that cannot be written fails at once.
+    let mut delays_csv = match &a.delays {
+        Some(f) => {
+            let mut w = std::io::BufWriter::new(
+                std::fs::File::create(f)
+                    .map_err(|e| usage(format!("--delays {}: {e}", f.display())))?,
+            );
+            use std::io::Write;
+            writeln!(w, "record,sent_s,delay_ms,path,bytes")
+                .map_err(|e| usage(format!("--delays {}: {e}", f.display())))?;
+            Some(w)
+        }
+        None => None,
     };
     let (roots, _) = trust(a.ca)?;
     let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
@@ -433,9 +454,13 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         let start = tokio::time::Instant::now();
         let retry_for = a.retry_for.unwrap_or(DEFAULT_RETRY_FOR);
         let mut retries = 0u64;
+        let mut sent = 0usize;
         for (i, record) in records.iter().enumerate() {
             if a.rate > 0.0 {
                 tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / a.rate)).await;
+            }
+            if a.for_.is_some_and(|d| start.elapsed() >= d) {
+                break;
             }
             let first_try = tokio::time::Instant::now();
             let s = loop {
@@ -464,11 +489,33 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
                 }
             };
             delays.push(s.delay.as_secs_f64() * 1000.0);
-            *by_path
-                .entry(s.path.map_or("?".to_string(), |p| p.to_string()))
-                .or_insert(0) += 1;
+            let path = s.path.map_or("?".to_string(), |p| p.to_string());
+            if let Some(w) = delays_csv.as_mut() {
+                use std::io::Write;
+                writeln!(
+                    w,
+                    "{i},{:.6},{:.3},{path},{}",
+                    (first_try - start).as_secs_f64(),
+                    s.delay.as_secs_f64() * 1000.0,
+                    record.len()
+                )
+                .map_err(|e| anyhow::anyhow!("writing --delays: {e}"))?;
+            }
+            *by_path.entry(path).or_insert(0) += 1;
+            sent += 1;
+        }
+        if let Some(mut w) = delays_csv.take() {
+            use std::io::Write;
+            w.flush()
+                .map_err(|e| anyhow::anyhow!("writing --delays: {e}"))?;
         }
         dev.client().close();
+        if sent == 0 {
+            return Err(
+                anyhow::anyhow!("no record was sent (--for ended before the first)").into(),
+            );
+        }
+        let records = &records[..sent];
         let mut sorted = delays.clone();
         sorted.sort_by(|a, b| a.total_cmp(b));
         let q = |f: f64| sorted[((sorted.len() as f64 * f) as usize).min(sorted.len() - 1)];

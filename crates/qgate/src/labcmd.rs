@@ -26,6 +26,11 @@ pub enum Lab {
     /// time, all six disciplines (results/aqm-kernel/). Needs root; about a minute per
     /// (cc, discipline, repetition) with the defaults.
     AqmKernel(AqmKernelArgs),
+    /// Paper 004 in the product: the real `qgate gateway` shaping its backhaul through each
+    /// discipline (or not) in front of a bloated 10 Mbit/s modem, through `qgate linkem` in real
+    /// time; priority response delay and bulk goodput (results/edge-aqm/). Needs root; about
+    /// 25 s per (scheme, repetition) with the defaults.
+    EdgeAqm(EdgeAqmArgs),
     /// The gateway and the broker under faults and hostile peers at once: path flaps, loss
     /// bursts, server and broker restarts, cut connections, registration floods, garbage
     /// datagrams; accepted, delivered, lost (must be 0), duplicated, recovery times
@@ -147,7 +152,7 @@ pub struct UploadArgs {
 
 #[derive(Args, Debug)]
 pub struct AmqpKernelArgs {
-    /// Smoke run: the first channel only, one repetition.
+    /// Smoke run: the first channel only, one repetition (unless --reps says otherwise).
     #[arg(long)]
     quick: bool,
     #[arg(long, help = crate::dflt("Repetitions of each case", qgate_lab::papers::paper003_kernel::DEFAULT_REPS))]
@@ -156,6 +161,24 @@ pub struct AmqpKernelArgs {
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Where to write results [default: results/amqp-kernel].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct EdgeAqmArgs {
+    /// Smoke run: unshaped and PID-Delay only, one repetition, 2 s warm-up, 5 s of priority
+    /// records, 4 bulk devices.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, help = crate::dflt("Repetitions of each scheme", qgate_lab::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).reps))]
+    reps: Option<u64>,
+    /// Only these schemes (comma-separated: unshaped, pid-delay, pid-delay-stable, fq-codel, pie).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    #[arg(long, help = crate::dflt("Best-effort bulk devices", qgate_lab::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).bulk))]
+    bulk: Option<usize>,
+    /// Where to write results [default: results/edge-aqm].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 }
@@ -278,6 +301,7 @@ pub fn run(which: Lab) -> Result<(), Failure> {
         Lab::Aqm(a) => aqm_cmd(a),
         Lab::AqmKernel(a) => aqm_kernel_cmd(a),
         Lab::AmqpKernel(a) => amqp_kernel_cmd(a),
+        Lab::EdgeAqm(a) => edge_aqm_cmd(a),
         Lab::Amqp(a) => amqp_cmd(a),
         Lab::History(h) => history_cmd(h),
         Lab::Proxy(p) => proxy_cmd(p),
@@ -669,6 +693,35 @@ fn scenario<R>(
     Ok(())
 }
 
+/// A kernel lab's `--only` list, each name checked against the `known` ones (`what` they are).
+fn only(names: &[String], known: &[&str], what: &str) -> Result<Vec<String>, Failure> {
+    match names.iter().find(|n| !known.contains(&n.as_str())) {
+        Some(n) => Err(usage(format!(
+            "--only: unknown {what} '{n}' (known: {})",
+            known.join(", ")
+        ))),
+        None => {
+            // Each once, in the order given: a repeated name would pool two runs' worth in one row.
+            let mut v: Vec<String> = Vec::new();
+            for n in names {
+                if !v.contains(n) {
+                    v.push(n.clone());
+                }
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// ` --only A,B` for a results' "Reproduce" line, when the run was filtered.
+fn only_flag(names: &[String]) -> String {
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" --only {}", names.join(","))
+    }
+}
+
 fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     use qgate_lab::papers::paper001_kernel::{self as k, KernelUploadConfig};
     let mut cfg = KernelUploadConfig::default();
@@ -678,15 +731,7 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
         cfg.reps = 1;
     }
     if !a.only.is_empty() {
-        for s in &a.only {
-            if !k::SCHEMES.contains(&s.as_str()) {
-                return Err(usage(format!(
-                    "--only: unknown scheme '{s}' (known: {})",
-                    k::SCHEMES.join(", ")
-                )));
-            }
-        }
-        cfg.schemes = a.only.clone();
+        cfg.schemes = only(&a.only, k::SCHEMES, "scheme")?;
     }
     cfg.reps = a.reps.unwrap_or(cfg.reps);
     if cfg.reps == 0 {
@@ -731,6 +776,7 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     if let Some(r) = a.reps {
         command.push_str(&format!(" --reps {r}"));
     }
+    command.push_str(&only_flag(&a.only));
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
     eprintln!("lab upload-kernel: results in {}", out.display());
@@ -745,15 +791,7 @@ fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
         cfg.reps = 1;
     }
     if !a.only.is_empty() {
-        for t in &a.only {
-            if !k::TRANSPORTS.contains(&t.as_str()) {
-                return Err(usage(format!(
-                    "--only: unknown transport '{t}' (known: {})",
-                    k::TRANSPORTS.join(", ")
-                )));
-            }
-        }
-        cfg.transports = a.only.clone();
+        cfg.transports = only(&a.only, k::TRANSPORTS, "transport")?;
     }
     cfg.reps = a.reps.unwrap_or(cfg.reps);
     if cfg.reps == 0 {
@@ -783,6 +821,7 @@ fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
     if let Some(r) = a.reps {
         command.push_str(&format!(" --reps {r}"));
     }
+    command.push_str(&only_flag(&a.only));
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     // The simulated lab's numbers for the same channels, when they are here (`qgate lab amqp`).
     let netsim = std::fs::read_to_string("results/amqp/results.csv").ok();
@@ -791,6 +830,56 @@ fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
         k::summary(&cfg, &runs, netsim.as_deref(), &command),
     )?;
     eprintln!("lab amqp-kernel: results in {}", out.display());
+    Ok(())
+}
+
+fn edge_aqm_cmd(a: EdgeAqmArgs) -> Result<(), Failure> {
+    use qgate_lab::papers::paper004_edge::{self as k, EdgeConfig};
+    let mut cfg = EdgeConfig::new(std::env::current_exe()?);
+    if a.quick {
+        cfg.schemes = vec!["unshaped".into(), "pid-delay".into()];
+        cfg.reps = 1;
+        cfg.warmup = 2;
+        cfg.seconds = 5;
+        cfg.bulk = 4;
+    }
+    if !a.only.is_empty() {
+        cfg.schemes = only(&a.only, k::SCHEMES, "scheme")?;
+    }
+    cfg.reps = a.reps.unwrap_or(cfg.reps);
+    cfg.bulk = a.bulk.unwrap_or(cfg.bulk);
+    if cfg.reps == 0 || cfg.bulk == 0 {
+        return Err(usage("--reps and --bulk must be positive"));
+    }
+    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
+    let out = a.out.unwrap_or_else(|| PathBuf::from("results/edge-aqm"));
+    let total = cfg.schemes.len() * cfg.reps as usize;
+    eprintln!(
+        "lab edge-aqm: {total} runs of {} s, about {} min",
+        cfg.warmup + cfg.seconds + 3,
+        (total as u64 * (cfg.warmup + cfg.seconds + 5)).div_ceil(60)
+    );
+    let runs = k::run(&cfg, &out.join("work"), |r, i, n| {
+        eprintln!(
+            "  [{i}/{n}] {} rep {}: priority {:.1} ms (p99 {:.1}), bulk {:.2} Mbit/s, modem queue {:.1} ms, lateness p99 {} µs",
+            r.scheme, r.rep, r.priority_mean_ms, r.priority_p99_ms, r.bulk_goodput_mbps, r.modem_queue_ms, r.lateness_p99_us
+        )
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    std::fs::remove_dir_all(out.join("work")).ok();
+    let mut command = String::from("sudo qgate lab edge-aqm");
+    if a.quick {
+        command.push_str(" --quick");
+    }
+    for (flag, v) in [(" --reps", a.reps), (" --bulk", a.bulk.map(|b| b as u64))] {
+        if let Some(v) = v {
+            command.push_str(&format!("{flag} {v}"));
+        }
+    }
+    command.push_str(&only_flag(&a.only));
+    std::fs::write(out.join("results.csv"), k::csv(&runs))?;
+    std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
+    eprintln!("lab edge-aqm: results in {}", out.display());
     Ok(())
 }
 
@@ -808,15 +897,7 @@ fn aqm_kernel_cmd(a: AqmKernelArgs) -> Result<(), Failure> {
         cfg.ccs = a.cc.clone();
     }
     if !a.only.is_empty() {
-        for d in &a.only {
-            if !k::DISCIPLINES.contains(&d.as_str()) {
-                return Err(usage(format!(
-                    "--only: unknown discipline '{d}' (known: {})",
-                    k::DISCIPLINES.join(", ")
-                )));
-            }
-        }
-        cfg.disciplines = a.only.clone();
+        cfg.disciplines = only(&a.only, k::DISCIPLINES, "discipline")?;
     }
     cfg.reps = a.reps.unwrap_or(cfg.reps);
     cfg.seconds = a.seconds.unwrap_or(cfg.seconds);
@@ -855,11 +936,23 @@ fn aqm_kernel_cmd(a: AqmKernelArgs) -> Result<(), Failure> {
     .map_err(|e| anyhow::anyhow!(e))?;
     std::fs::remove_dir_all(out.join("work")).ok();
     let mut command = String::from("sudo qgate lab aqm-kernel");
-    for (flag, on) in [(" --quick", a.quick)] {
-        if on {
-            command.push_str(flag);
+    if a.quick {
+        command.push_str(" --quick");
+    }
+    if !a.cc.is_empty() {
+        command.push_str(&format!(" --cc {}", a.cc.join(",")));
+    }
+    for (flag, v) in [
+        (" --reps", a.reps),
+        (" --seconds", a.seconds),
+        (" --warmup", a.warmup),
+        (" --flows", a.flows.map(|f| f as u64)),
+    ] {
+        if let Some(v) = v {
+            command.push_str(&format!("{flag} {v}"));
         }
     }
+    command.push_str(&only_flag(&a.only));
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
     eprintln!("lab aqm-kernel: results in {}", out.display());

@@ -57,7 +57,7 @@ fn quicgo_peer() -> Option<PathBuf> {
     let built = BUILT.get_or_init(|| {
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("quicgo-peer");
         let o = Command::new("go")
-            .args(["build", "-o"])
+            .args(["build", "-buildvcs=false", "-o"])
             .arg(&out)
             .arg(".")
             .current_dir(interop_dir().join("quicgo"))
@@ -141,10 +141,24 @@ fn aioquic_and_quic_go_devices_post_through_the_gateway() {
     };
     let o = if root() {
         // The daemons in linkem's outside namespace (its own loopback and ports).
+        let (server_log, gateway_log) = (home.join("server.log"), home.join("gateway.log"));
         let daemons = format!(
-            "'{q}' server --listen 127.0.0.1:14400 --sink '{}' & \
-             exec '{q}' gateway --listen 0.0.0.0:4433 --path 127.0.0.1:0=127.0.0.1:14400",
-            sink.display()
+            "'{q}' server --listen 127.0.0.1:14400 --sink '{}' > '{}' 2>&1 & \
+             exec '{q}' gateway --listen 0.0.0.0:4433 --path 127.0.0.1:0=127.0.0.1:14400 > '{}' 2>&1",
+            sink.display(),
+            server_log.display(),
+            gateway_log.display()
+        );
+        // The devices start once both daemons say they listen (the CA they load exists by
+        // then), at most 30 s, rather than after a fixed pause.
+        let ready = format!(
+            "i=0; until grep -q listening '{}' 2>/dev/null && grep -q listening '{}' 2>/dev/null; \
+             do i=$((i+1)); [ $i -gt 600 ] && echo 'the daemons did not start' >&2 && \
+             cat '{}' '{}' >&2 && exit 1; sleep 0.05; done; ",
+            server_log.display(),
+            gateway_log.display(),
+            server_log.display(),
+            gateway_log.display()
         );
         // 5 % loss each way on the devices' access link, 20 Mbit/s, 10 ms.
         Command::new(q)
@@ -154,12 +168,10 @@ fn aioquic_and_quic_go_devices_post_through_the_gateway() {
                 "rate=20mbit,delay=10ms,loss=0.05",
                 "--outside",
                 &daemons,
-                "--settle",
-                "2s",
                 "--",
                 "sh",
                 "-c",
-                &devices("$QGATE_LINKEM_PEER", 4433),
+                &format!("{ready}{}", devices("$QGATE_LINKEM_PEER", 4433)),
             ])
             .env("QGATE_HOME", &home)
             .env_remove("QGATE_CONFIG")

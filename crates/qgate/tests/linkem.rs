@@ -594,3 +594,79 @@ fn lab_amqp_kernel_quick_measures_every_transport() {
         "{summary}"
     );
 }
+
+/// Paper 004 in the product (`qgate lab edge-aqm --quick`): the real gateway's backhaul over a
+/// 10 Mbit/s link with a 1000-packet drop-tail buffer, bulk and priority devices; shaping the
+/// path through PID-Delay in the gateway moves the queue out of the modem and cuts the priority
+/// records' delay, at a bounded goodput cost.
+#[test]
+fn lab_edge_aqm_quick_moves_the_queue_into_the_gateway() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tmp("edge-aqm");
+    let out = home.join("out");
+    let o = Command::new(env!("CARGO_BIN_EXE_qgate"))
+        .args(["lab", "edge-aqm", "--quick", "--out"])
+        .arg(&out)
+        .env_remove("QGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = csv_rows(&out.join("results.csv"));
+    let schemes: Vec<&str> = rows.iter().map(|r| r["scheme"].as_str()).collect();
+    assert_eq!(schemes, ["unshaped", "pid-delay"]);
+    let (bare, shaped) = (&rows[0], &rows[1]);
+    for r in &rows {
+        // 5 s of a record every 100 ms, all answered.
+        assert!(num(r, "priority_n") >= 45.0, "{r:?}");
+        // Bulk traffic kept the link busy.
+        assert!(num(r, "utilisation") > 0.6, "{r:?}");
+    }
+    // Unshaped, the bulk flows' queue sits in the modem's buffer, and priority records wait in
+    // it; shaped, the modem's queue is (nearly) empty and the priority delay falls.
+    assert!(num(bare, "modem_queue_ms") > 100.0, "{bare:?}");
+    assert!(num(shaped, "modem_queue_ms") < 10.0, "{shaped:?}");
+    assert!(
+        num(shaped, "priority_mean_ms") * 3.0 < num(bare, "priority_mean_ms"),
+        "{bare:?}\n{shaped:?}"
+    );
+    assert!(
+        num(shaped, "bulk_goodput_mbps") > 0.7 * num(bare, "bulk_goodput_mbps"),
+        "{bare:?}\n{shaped:?}"
+    );
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("sudo qgate lab edge-aqm --quick"),
+        "{summary}"
+    );
+    assert!(summary.contains("**pid-delay**"), "{summary}");
+}
+
+/// `--spin` keeps the relay awake for the last stretch before each delivery: the link's timing
+/// is unchanged (the delay is still a floor, and met), and a bad value is refused.
+#[test]
+fn spinning_relay_keeps_the_configured_delay() {
+    needs_root!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmp("spin");
+    let o = linkem(
+        &[
+            "--link",
+            "rate=10mbit,delay=10ms",
+            "--spin",
+            "300us",
+            "--out",
+            dir.to_str().unwrap(),
+            "--outside",
+            "python3 traffic.py echo 5002",
+        ],
+        "python3 traffic.py ping $QGATE_LINKEM_PEER 5002 50 20",
+    );
+    assert!(o.status.success());
+    assert_eq!(field(&o, "received"), 50.0);
+    let min = field(&o, "min_ms");
+    assert!((20.0..22.0).contains(&min), "fastest round trip {min} ms");
+    let bad = linkem(&["--link", "rate=10mbit", "--spin", "1s"], "true");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("spin"));
+}

@@ -2,7 +2,8 @@
 //! plan runner and add only their comparison with the paper; paper 003 (AMQP over QUIC against
 //! TCP+TLS) still builds its cases in code. `paper004_kernel` runs paper 004's point with kernel
 //! TCP flows through the real-time emulator (`qgate linkem`), `paper003_kernel` paper 003's
-//! cases with the kernel's TCP under TLS, `paper001_kernel` the upload with Linux MPTCP.
+//! cases with the kernel's TCP under TLS, `paper001_kernel` the upload with Linux MPTCP, and
+//! `paper004_edge` the real gateway shaping its backhaul through each discipline.
 
 pub mod paper000;
 pub mod paper001;
@@ -12,6 +13,7 @@ pub mod paper003;
 pub mod paper003_kernel;
 pub mod paper003_report;
 pub mod paper004;
+pub mod paper004_edge;
 pub mod paper004_kernel;
 pub mod paper004_report;
 pub mod paper004_results;
