@@ -18,8 +18,9 @@ pub const MAX_WIRE_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
 /// The default seed of the loss and jitter draws.
 pub const DEFAULT_SEED: u64 = 1;
 
-/// The longest spin before a delivery that may be asked for, ms.
-pub const MAX_SPIN_MS: f64 = 10.0;
+/// The longest spin before a delivery that may be asked for, ms: above about the gap between
+/// packets at a few Mbit/s a relay would never sleep while packets are on the wire.
+pub const MAX_SPIN_MS: f64 = 1.0;
 
 /// How long the outside command gets to start (bind its sockets) before COMMAND runs.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(300);
@@ -219,9 +220,9 @@ pub struct LinkemConfig {
     #[serde(default)]
     pub no_realtime: bool,
     /// Busy-wait instead of sleeping for the last this-long before each scheduled delivery
-    /// (`"200us"`): the relay then never waits on a timer wake-up, which on a virtual machine can
-    /// be late by milliseconds, at the price of a busy core while packets are on the wire.
-    /// Off unless given (decision L12).
+    /// (`"200us"`, at most [`MAX_SPIN_MS`]): the relay then never waits on a timer wake-up, which
+    /// on a virtual machine can be late by milliseconds, at the price of a busy core while
+    /// packets are on the wire. Off unless given (decision L12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spin: Option<String>,
 }
@@ -392,7 +393,7 @@ mod tests {
         c.settle = None;
         c.spin = Some("200".into());
         assert!(c.validate().unwrap_err().contains("spin"));
-        c.spin = Some("1s".into());
+        c.spin = Some("2ms".into());
         assert!(c.validate().unwrap_err().contains("spin"));
         c.spin = Some("250us".into());
         assert_eq!(c.spin().unwrap(), Duration::from_micros(250));

@@ -326,7 +326,7 @@ fn run(
             }
         }
         let wait = match model.poll_delivery_timeout() {
-            // Close enough to a delivery to spin: go round again (the loop reads the TUN
+            // Close enough to a delivery to spin (decision L12): go round again (the loop reads the TUN
             // without blocking, so arrivals are still stamped on time).
             Some(t) => match t.saturating_duration_since(Instant::now()) {
                 w if w <= spec.spin => {

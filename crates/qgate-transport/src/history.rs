@@ -376,7 +376,7 @@ pub fn seeded_rtt_ms(decision: &Decision, opts: &TransportOptions) -> Option<f64
     if decision.initial_rtt_us == 0 {
         return None;
     }
-    // An operator's smaller configured initial RTT (a LAN) is never raised by a seed.
+    // An operator's configured initial RTT under 10 ms (a LAN) is not raised to that floor.
     let floor = MIN_SEEDED_RTT_MS.min(opts.initial_rtt_ms);
     let cap = (decision.reference_rtt_us as f64 / 1000.0 * SEED_OVER_MIN_RTT)
         .max(opts.initial_rtt_ms)
@@ -622,7 +622,7 @@ mod tests {
             ..Default::default()
         };
         assert!(seed(42, 40, &slow).unwrap() >= slow.initial_rtt_floor_ms());
-        // A configured initial RTT under the floor (a LAN) is not raised.
+        // A configured initial RTT under the floor (a LAN) is the floor instead.
         let lan = TransportOptions {
             initial_rtt_ms: 5.0,
             ..Default::default()

@@ -339,8 +339,12 @@ pub struct DeviceArgs {
     /// Stop sending new records after this long, even if --count are not all sent (e.g. 30s).
     #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
     for_: Option<Duration>,
+    /// Records in flight at once: with --rate each starts on its schedule while earlier ones
+    /// are unanswered, up to this many (the gateway's max_inflight_per_device also applies).
+    #[arg(long, default_value_t = 1)]
+    inflight: usize,
     /// Write each record's outcome to FILE as CSV: record, sent_s (when its first try started,
-    /// from the device's start), delay_ms (the answered try's request to answer), path, bytes.
+    /// from the device's start), delay_ms (from then to its answer, retries included), path, bytes.
     #[arg(long, value_name = "FILE")]
     delays: Option<PathBuf>,
     /// Ingest stream on the server.
@@ -453,42 +457,77 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         let mut by_path = std::collections::BTreeMap::new();
         let start = tokio::time::Instant::now();
         let retry_for = a.retry_for.unwrap_or(DEFAULT_RETRY_FOR);
-        let mut retries = 0u64;
-        let mut sent = 0usize;
-        for (i, record) in records.iter().enumerate() {
-            if a.rate > 0.0 {
-                tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / a.rate)).await;
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let path = format!("/ingest/{}", a.stream);
+        // One record, retried as the gateway's Retry-After says: (index, first try, outcome).
+        let send_one = |i: usize| {
+            let (dev, path, retries, record) = (&dev, &path, &retries, records[i].clone());
+            async move {
+                let first_try = tokio::time::Instant::now();
+                loop {
+                    match dev.send(path, record.clone()).await {
+                        Ok(s) => return Ok((i, first_try, s)),
+                        Err(e) => match e.retry_in() {
+                            Some(wait) if first_try.elapsed() + wait <= retry_for => {
+                                use std::sync::atomic::Ordering;
+                                if retries.fetch_add(1, Ordering::Relaxed) == 0 {
+                                    eprintln!(
+                                        "qgate: {e}; retrying (up to {retry_for:?} per record)"
+                                    );
+                                }
+                                tokio::time::sleep(wait).await;
+                            }
+                            _ => return Err((i, e)),
+                        },
+                    }
+                }
             }
-            if a.for_.is_some_and(|d| start.elapsed() >= d) {
+        };
+        // Records start on their schedule (--rate) whatever is still unanswered, up to
+        // --inflight at once: an open loop, so a slow answer does not delay the next record.
+        let inflight = a.inflight.max(1);
+        let mut pending = futures_util::stream::FuturesUnordered::new();
+        let (mut launched, mut sent) = (0usize, 0usize);
+        let mut more = true;
+        loop {
+            while more && pending.len() < inflight {
+                if launched == records.len() || a.for_.is_some_and(|d| start.elapsed() >= d) {
+                    more = false;
+                    break;
+                }
+                if a.rate > 0.0
+                    && tokio::time::Instant::now()
+                        < start + Duration::from_secs_f64(launched as f64 / a.rate)
+                {
+                    break;
+                }
+                pending.push(send_one(launched));
+                launched += 1;
+            }
+            if pending.is_empty() && !more {
                 break;
             }
-            let first_try = tokio::time::Instant::now();
-            let s = loop {
-                match dev
-                    .send(&format!("/ingest/{}", a.stream), record.clone())
-                    .await
-                {
-                    Ok(s) => break s,
-                    Err(e) => match e.retry_in() {
-                        Some(wait) if first_try.elapsed() + wait <= retry_for => {
-                            if retries == 0 {
-                                eprintln!("qgate: {e}; retrying (up to {retry_for:?} per record)");
-                            }
-                            retries += 1;
-                            tokio::time::sleep(wait).await;
-                        }
-                        _ => {
-                            return Err(anyhow::anyhow!(
-                                "{e} (record {} of {}; {i} acknowledged before it)",
-                                i + 1,
-                                records.len()
-                            )
-                            .into())
-                        }
-                    },
-                }
+            // When the next record is due (with --rate; unused without).
+            let due = if a.rate > 0.0 {
+                start + Duration::from_secs_f64(launched as f64 / a.rate)
+            } else {
+                start
             };
-            delays.push(s.delay.as_secs_f64() * 1000.0);
+            let done = tokio::select! {
+                d = futures_util::StreamExt::next(&mut pending), if !pending.is_empty() => d,
+                _ = tokio::time::sleep_until(due), if more && a.rate > 0.0 && pending.len() < inflight => None,
+            };
+            let Some(done) = done else { continue };
+            let (i, first_try, s) = done.map_err(|(i, e)| {
+                anyhow::anyhow!(
+                    "{e} (record {} of {}; {sent} acknowledged before it)",
+                    i + 1,
+                    records.len()
+                )
+            })?;
+            // From the record's first try to its answer, retries included.
+            let delay = first_try.elapsed();
+            delays.push(delay.as_secs_f64() * 1000.0);
             let path = s.path.map_or("?".to_string(), |p| p.to_string());
             if let Some(w) = delays_csv.as_mut() {
                 use std::io::Write;
@@ -496,14 +535,16 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
                     w,
                     "{i},{:.6},{:.3},{path},{}",
                     (first_try - start).as_secs_f64(),
-                    s.delay.as_secs_f64() * 1000.0,
-                    record.len()
+                    delay.as_secs_f64() * 1000.0,
+                    records[i].len()
                 )
                 .map_err(|e| anyhow::anyhow!("writing --delays: {e}"))?;
             }
             *by_path.entry(path).or_insert(0) += 1;
             sent += 1;
         }
+        drop(pending);
+        let retries = retries.into_inner();
         if let Some(mut w) = delays_csv.take() {
             use std::io::Write;
             w.flush()

@@ -295,8 +295,9 @@ pub enum Bench {
         /// saturation (0 skips it).
         #[arg(long, default_value_t = 2000.0)]
         paced_rate: f64,
-        /// Shape each backhaul path's egress, e.g. 'rate=1gbit,queue=pid-delay' (the cost of
-        /// shaping: compare CPU per request with and without).
+        /// Also measure a second gateway whose backhaul paths' egress is shaped, e.g.
+        /// 'rate=1gbit,queue=pid-delay', taking turns with the unshaped one: the cost of shaping
+        /// as a ratio of CPU per forwarded request in the same run.
         #[arg(long, value_name = "SPEC")]
         shape: Option<String>,
         /// Also measure the gateway while its admin port is read once a second (metrics over
@@ -502,6 +503,20 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                  gateway minus direct): {:.0} requests/s per core of CPU",
                 1e6 / cpu.mean
             );
+            if !r.via_gateway_shaped.is_empty() {
+                println!(
+                    "shaped gateway    {:.0} requests/s, {:.1} µs CPU per forwarded request; \
+                     ratio to unshaped {:.3} (per pair; goal ≤ 1.05)",
+                    qgate_lab::stats::Summary::of(
+                        &r.via_gateway_shaped
+                            .iter()
+                            .map(|l| l.rps)
+                            .collect::<Vec<_>>()
+                    ),
+                    r.shaped_cpu_us_per_req(),
+                    r.shaped_cpu_ratio()
+                );
+            }
             if paced_rate > 0.0 {
                 println!("offered load {paced_rate} requests/s over {devices} devices:");
                 println!("added p50         {:.3} ms", r.added_p50_paced_ms());

@@ -167,14 +167,12 @@ pub struct AmqpKernelArgs {
 
 #[derive(Args, Debug)]
 pub struct EdgeAqmArgs {
-    /// Smoke run: unshaped and PID-Delay only, one repetition, 2 s warm-up, 5 s of priority
-    /// records, 4 bulk devices.
+    /// Smoke run: unshaped and PID-Delay only, one repetition, shorter, fewer bulk devices.
     #[arg(long)]
     quick: bool,
     #[arg(long, help = crate::dflt("Repetitions of each scheme", qgate_lab::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).reps))]
     reps: Option<u64>,
-    /// Only these schemes (comma-separated: unshaped, pid-delay, pid-delay-stable, fq-codel, pie).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help = format!("Only these schemes, comma-separated ({})", qgate_lab::papers::paper004_edge::SCHEMES.join(", ")))]
     only: Vec<String>,
     #[arg(long, help = crate::dflt("Best-effort bulk devices", qgate_lab::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).bulk))]
     bulk: Option<usize>,

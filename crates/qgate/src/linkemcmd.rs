@@ -57,8 +57,8 @@ pub struct LinkemArgs {
     #[arg(long)]
     no_realtime: bool,
     /// Busy-wait for the last DURATION before each scheduled delivery instead of sleeping
-    /// (e.g. 200us): tighter timing on a machine whose timer wake-ups are late, for a busy core
-    /// while packets are on the wire [default: off].
+    /// (e.g. 200us; at most 1ms): tighter timing on a machine whose timer wake-ups are late, for
+    /// a busy core while packets are on the wire [default: off].
     #[arg(long, value_name = "DURATION")]
     spin: Option<String>,
     /// Print no summary at the end.

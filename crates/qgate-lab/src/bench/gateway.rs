@@ -41,6 +41,9 @@ pub struct GatewayBench {
     /// Through the gateway, closed loop, while its admin port is read once a second as the
     /// dashboard does, per repeat (empty when not measured).
     pub via_gateway_scraped: Vec<Load>,
+    /// Through a second gateway whose paths are shaped, closed loop, per repeat (empty when
+    /// not measured).
+    pub via_gateway_shaped: Vec<Load>,
 }
 
 /// What the devices send.
@@ -58,7 +61,8 @@ pub struct BenchConfig {
     /// Closed-loop latency at saturation is queueing (Little's law: devices / throughput), not
     /// the gateway's cost; the gateway's added latency is measured below saturation (G8).
     pub paced_rps: f64,
-    /// Shape each backhaul path's egress with these parameters (rate and queue discipline).
+    /// Also measure a second gateway whose backhaul paths' egress is shaped with these
+    /// parameters (rate and queue discipline), taking turns with the unshaped one.
     pub shape: Option<qgate_link::LinkParams>,
     /// Also measure the gateway while its admin port is scraped every second.
     pub scrape: bool,
@@ -73,6 +77,36 @@ impl GatewayBench {
                 .iter()
                 .zip(&self.via_gateway)
                 .map(|(s, g)| s.rps / g.rps.max(1e-9))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Per pair: the shaped gateway's own CPU per forwarded request ÷ the unshaped one's (each
+    /// minus direct's, as [`Self::gateway_cpu_us_per_req`]); a pair whose unshaped difference
+    /// is not positive (noise larger than the gateway's cost) is left out.
+    pub fn shaped_cpu_ratio(&self) -> Summary {
+        Summary::of(
+            &self
+                .via_gateway_shaped
+                .iter()
+                .zip(&self.via_gateway)
+                .zip(&self.direct)
+                .filter(|((_, g), d)| g.cpu_us_per_req > d.cpu_us_per_req)
+                .map(|((s, g), d)| {
+                    (s.cpu_us_per_req - d.cpu_us_per_req) / (g.cpu_us_per_req - d.cpu_us_per_req)
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The shaped gateway's own CPU per forwarded request, µs, per pair.
+    pub fn shaped_cpu_us_per_req(&self) -> Summary {
+        Summary::of(
+            &self
+                .via_gateway_shaped
+                .iter()
+                .zip(&self.direct)
+                .map(|(s, d)| s.cpu_us_per_req - d.cpu_us_per_req)
                 .collect::<Vec<_>>(),
         )
     }
@@ -223,23 +257,35 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             .start()
             .expect("server");
         let server_addr = server.addr();
-        let mut builder = Gateway::builder()
-            .with_transport(opts.clone())
-            .with_identity(pki.server.clone())
-            .with_server_trust(pki.trust())
-            .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
-        for l in ["127.0.0.2:0", "127.0.0.3:0"] {
-            let socket = Socket::bind_udp(sa(l)).expect("bind");
-            builder = match &shape {
-                Some(params) => builder.with_shaped_path(socket, server_addr, params.clone()),
-                None => builder.with_path(socket, server_addr),
-            };
-        }
-        let running = builder.start().expect("gateway");
+        // A gateway with two paths, shaped or not, ready once both paths have an RTT.
+        let gateway = |shape: Option<&qgate_link::LinkParams>| {
+            let mut builder = Gateway::builder()
+                .with_transport(opts.clone())
+                .with_identity(pki.server.clone())
+                .with_server_trust(pki.trust())
+                .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
+            for l in ["127.0.0.2:0", "127.0.0.3:0"] {
+                let socket = Socket::bind_udp(sa(l)).expect("bind");
+                builder = match shape {
+                    Some(params) => builder.with_shaped_path(socket, server_addr, params.clone()),
+                    None => builder.with_path(socket, server_addr),
+                };
+            }
+            let running = builder.start().expect("gateway");
+            async move {
+                let gw = running.gateway.clone();
+                while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                running
+            }
+        };
+        let running = gateway(None).await;
         let (gw, gw_addr) = (running.gateway.clone(), running.addr());
-        while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let shaped_running = match &shape {
+            Some(params) => Some(gateway(Some(params)).await),
+            None => None,
+        };
         let client_ep = endpoint(
             Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
             None,
@@ -247,20 +293,26 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         )
         .expect("endpoint");
         let mut via = Vec::new();
+        let mut via_shaped = Vec::new();
         let mut direct = Vec::new();
         for i in 0..devices {
-            let c = connect(&client_ep, &ccfg, gw_addr, "localhost", false)
-                .await
-                .expect("connect");
-            let d = Arc::new(
-                Device::register(
-                    H3Client::new(c.connection().clone()).await.expect("h3"),
-                    i % 2 == 0,
-                )
-                .await
-                .expect("register"),
-            );
-            via.push(d);
+            let mut gateways = vec![(gw_addr, &mut via)];
+            if let Some(r) = &shaped_running {
+                gateways.push((r.addr(), &mut via_shaped));
+            }
+            for (addr, list) in gateways {
+                let c = connect(&client_ep, &ccfg, addr, "localhost", false)
+                    .await
+                    .expect("connect");
+                list.push(Arc::new(
+                    Device::register(
+                        H3Client::new(c.connection().clone()).await.expect("h3"),
+                        i % 2 == 0,
+                    )
+                    .await
+                    .expect("register"),
+                ));
+            }
             let c = connect(&client_ep, &ccfg, server_addr, "localhost", false)
                 .await
                 .expect("connect");
@@ -268,8 +320,9 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
                 H3Client::new(c.connection().clone()).await.expect("h3"),
             ));
         }
-        let via_senders = || -> Vec<SendFn> {
-            via.iter()
+        let senders_to = |devices: &Vec<Arc<Device>>| -> Vec<SendFn> {
+            devices
+                .iter()
                 .map(|d| {
                     let d = d.clone();
                     Arc::new(move |b: Bytes| {
@@ -280,6 +333,7 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
                 })
                 .collect()
         };
+        let via_senders = || senders_to(&via);
         let direct_senders = || -> Vec<SendFn> {
             direct
                 .iter()
@@ -305,6 +359,7 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             via_gateway_paced: Vec::new(),
             direct_paced: Vec::new(),
             via_gateway_scraped: Vec::new(),
+            via_gateway_shaped: Vec::new(),
         };
         // The admin port with the gateway's registry; the scraper reads it as Prometheus and
         // the dashboard would, once a second: the metrics over HTTP, and the dashboard's three
@@ -354,8 +409,18 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             if scraped_first {
                 out.via_gateway_scraped.push(scraped().await);
             }
+            // Shaped and unshaped take turns going first, likewise.
+            let shaped_first = r % 2 == 1;
+            if !via_shaped.is_empty() && shaped_first {
+                out.via_gateway_shaped
+                    .push(drive(senders_to(&via_shaped), body, secs, 0.0).await);
+            }
             out.via_gateway
                 .push(drive(via_senders(), body, secs, 0.0).await);
+            if !via_shaped.is_empty() && !shaped_first {
+                out.via_gateway_shaped
+                    .push(drive(senders_to(&via_shaped), body, secs, 0.0).await);
+            }
             if scrape && !scraped_first {
                 out.via_gateway_scraped.push(scraped().await);
             }

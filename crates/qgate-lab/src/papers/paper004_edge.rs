@@ -7,14 +7,13 @@
 //! drop-tail buffer (the modem: about 1.2 s of queue at that rate). `qgate server` runs outside;
 //! inside, `qgate gateway` with that path, `bulk` best-effort devices posting 256 KiB records back
 //! to back, and after the warm-up one priority device posting a 200-byte record every 100 ms.
-//! Schemes: the path unshaped, or shaped to `SHAPE_RATE` (below the link's rate, so the modem's
+//! Schemes: the path unshaped, or shaped to `SHAPE_PER_MILLE` of the link's rate (so the modem's
 //! buffer stays empty) through PID-Delay, our stable PID-Delay, FQ-CoDel or PIE (decision L13).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use qgate_linkem::config::{ChangeSpec, LinkemConfig, PathConfig};
-use qgate_linkem::report::delivered_mbps;
 use qgate_linkem::Way;
 
 use crate::stats::{Summary, Welch};
@@ -28,12 +27,33 @@ pub const SCHEMES: &[&str] = &[
     "pie",
 ];
 
-/// The access link (both directions): the modem's rate and its large drop-tail buffer.
-pub const LINK: &str = "rate=10mbit,delay=20ms,queue=droptail:packets=1000";
-/// The link's rate, Mbit/s (utilisation is measured against it).
-pub const LINK_MBPS: f64 = 10.0;
-/// What the gateway shapes to: 95 % of the link, so the gateway's queue is the one that fills.
-pub const SHAPE_RATE: &str = "9500kbit";
+/// The access link's rate (both directions), kbit/s.
+pub const LINK_KBPS: u64 = 10_000;
+/// Its one-way delay, ms.
+pub const LINK_DELAY_MS: u64 = 20;
+/// Its drop-tail buffer, packets: the bloated modem.
+pub const MODEM_PACKETS: u64 = 1000;
+/// What the gateway shapes to, per mille of the link's rate: a little under it, so the
+/// gateway's queue is the one that fills (the SQM rule of thumb).
+pub const SHAPE_PER_MILLE: u64 = 950;
+/// Priority records in flight at most (and the gateway's per-device limit in this lab): enough
+/// that records start on schedule even while the modem holds a second of queue.
+pub const PRIORITY_INFLIGHT: usize = 64;
+
+/// linkem's text for the access link.
+pub fn link() -> String {
+    format!("rate={LINK_KBPS}kbit,delay={LINK_DELAY_MS}ms,queue=droptail:packets={MODEM_PACKETS}")
+}
+
+/// The rate the gateway shapes to, as the shape text says it.
+fn shape_rate() -> String {
+    format!("{}kbit", LINK_KBPS * SHAPE_PER_MILLE / 1000)
+}
+
+/// `s` as one single-quoted shell word.
+fn sh(s: &impl std::fmt::Display) -> String {
+    format!("'{}'", s.to_string().replace('\'', r"'\''"))
+}
 /// Bytes of each bulk record.
 pub const BULK_BYTES: usize = 256 * 1024;
 /// Bytes of each priority record.
@@ -89,8 +109,6 @@ pub struct EdgeRun {
     pub priority_p99_ms: f64,
     /// Bulk records' bytes answered while the priority device sent, Mbit/s.
     pub bulk_goodput_mbps: f64,
-    /// IP bytes the link delivered upstream after the warm-up ÷ its rate.
-    pub utilisation: f64,
     /// Mean time in the modem's (the link's) queue upstream, ms.
     pub modem_queue_ms: f64,
     /// Relay lateness p99 of the two directions' worse one, µs.
@@ -127,44 +145,57 @@ fn gateway_toml(scheme: &str) -> String {
     let peer = qgate_linkem::netns::address(1, 2);
     let local = qgate_linkem::netns::address(1, 1);
     let mut s = format!(
-        "[gateway]\nlisten = \"127.0.0.1:4443\"\nserver = \"{peer}:4433\"\n\n\
+        "[gateway]\nlisten = \"127.0.0.1:4443\"\nserver = \"{peer}:4433\"\n\
+         max_inflight_per_device = {PRIORITY_INFLIGHT}\n\n\
          [[gateway.paths]]\nlocal = \"{local}:0\"\n"
     );
     if scheme != "unshaped" {
-        let _ = writeln!(s, "shape = \"rate={SHAPE_RATE},queue={scheme}\"");
+        let _ = writeln!(s, "shape = \"rate={},queue={scheme}\"", shape_rate());
     }
     s
 }
 
 /// The inside command: the gateway, then the bulk devices, then after the warm-up the priority
-/// device; then the gateway is stopped. Exits non-zero if any device failed.
+/// device (open loop: each record starts on schedule, answered or not); the bulk devices keep
+/// sending until 2 s after the priority device's last record is due; then the gateway is
+/// stopped. Exits non-zero if any device failed.
 fn inside_script(cfg: &EdgeConfig, dir: &Path) -> String {
-    let q = cfg.qgate.display();
-    let d = dir.display();
-    let bulk_for = cfg.warmup + cfg.seconds + 1;
+    let q = sh(&cfg.qgate.display());
+    let f = |name: &str| sh(&dir.join(name).display());
+    let bulk_for = cfg.warmup + cfg.seconds + 2;
+    // As many records as the whole link could carry for that long: never the limit.
+    let bulk_count = (bulk_for * LINK_KBPS * 1000 / 8).div_ceil(BULK_BYTES as u64) + 1;
     let count = (cfg.seconds as f64 * PRIORITY_RATE) as usize;
     let mut s = format!(
-        "export QGATE_HOME='{d}/home'; status=0; \
+        "export QGATE_HOME={home}; status=0; \
          wait_for() {{ i=0; until grep -q listening \"$1\" 2>/dev/null; do i=$((i+1)); \
            [ $i -gt 400 ] && echo \"$1: not listening after 20 s\" >&2 && exit 1; sleep 0.05; done; }}; \
-         wait_for '{d}/server.log'; \
-         '{q}' --config '{d}/gateway.toml' gateway > '{d}/gateway.log' 2>&1 & GW=$!; \
-         wait_for '{d}/gateway.log'; PIDS=''; "
+         wait_for {server_log}; \
+         {q} --config {cfg_file} gateway > {gw_log} 2>&1 & GW=$!; \
+         wait_for {gw_log}; PIDS=''; ",
+        home = f("home"),
+        server_log = f("server.log"),
+        cfg_file = f("gateway.toml"),
+        gw_log = f("gateway.log"),
     );
     for n in 1..=cfg.bulk {
         let _ = write!(
             s,
-            "'{q}' device https://localhost:4443 --count 1000000 --for {bulk_for}s --size {BULK_BYTES} \
-             --stream bulk --delays '{d}/bulk{n}.csv' > '{d}/bulk{n}.log' 2>&1 & PIDS=\"$PIDS $!\"; "
+            "{q} device https://localhost:4443 --count {bulk_count} --for {bulk_for}s \
+             --size {BULK_BYTES} --stream bulk --delays {} > {} 2>&1 & PIDS=\"$PIDS $!\"; ",
+            f(&format!("bulk{n}.csv")),
+            f(&format!("bulk{n}.log"))
         );
     }
     let _ = write!(
         s,
-        "sleep {w}; '{q}' device https://localhost:4443 --priority --rate {PRIORITY_RATE} \
-         --count {count} --size {PRIORITY_BYTES} --stream priority --delays '{d}/priority.csv' \
-         > '{d}/priority.log' 2>&1 || status=1; \
+        "sleep {w}; {q} device https://localhost:4443 --priority --rate {PRIORITY_RATE} \
+         --inflight {PRIORITY_INFLIGHT} --count {count} --size {PRIORITY_BYTES} --stream priority \
+         --delays {} > {} 2>&1 || status=1; \
          for p in $PIDS; do wait $p || status=1; done; \
          kill -TERM $GW; wait $GW; exit $status",
+        f("priority.csv"),
+        f("priority.log"),
         w = cfg.warmup
     );
     s
@@ -189,14 +220,15 @@ pub fn run(
                 .map_err(|e| format!("{}: {e}", dir.display()))?;
             let linkem = LinkemConfig {
                 paths: vec![PathConfig {
-                    link: ChangeSpec::Text(LINK.into()),
+                    link: ChangeSpec::Text(link()),
                     uplink: None,
                     downlink: None,
                 }],
                 outside: Some(format!(
-                    "QGATE_HOME='{d}/home' exec '{q}' server --listen 0.0.0.0:4433 > '{d}/server.log' 2>&1",
-                    q = cfg.qgate.display(),
-                    d = dir.display()
+                    "QGATE_HOME={} exec {} server --listen 0.0.0.0:4433 > {} 2>&1",
+                    sh(&dir.join("home").display()),
+                    sh(&cfg.qgate.display()),
+                    sh(&dir.join("server.log").display())
                 )),
                 seed: Some(rep),
                 warmup: Some(format!("{}s", cfg.warmup)),
@@ -215,8 +247,11 @@ pub fn run(
                 ));
             }
             if outcome.exit_code != 0 {
+                let bulk: String = (1..=cfg.bulk)
+                    .map(|n| log(&format!("bulk{n}.log")))
+                    .collect();
                 return Err(format!(
-                    "{scheme} rep {rep}: a device or the gateway failed (status {}); logs in {}:\n{}{}",
+                    "{scheme} rep {rep}: a device or the gateway failed (status {}); logs in {}:\n{}{bulk}{}",
                     outcome.exit_code,
                     dir.display(),
                     log("priority.log"),
@@ -253,7 +288,6 @@ pub fn run(
                 priority_p50_ms: quantile(&delays, 0.5),
                 priority_p99_ms: quantile(&delays, 0.99),
                 bulk_goodput_mbps: bulk_bytes as f64 * 8.0 / 1e6 / (to - from),
-                utilisation: delivered_mbps(up) / LINK_MBPS,
                 modem_queue_ms: up.queue_delay_us.mean() / 1000.0,
                 lateness_p99_us: up
                     .lateness_us
@@ -271,12 +305,12 @@ pub fn run(
 /// results.csv: one row per run.
 pub fn csv(runs: &[EdgeRun]) -> String {
     let mut s = String::from(
-        "scheme,rep,priority_n,priority_mean_ms,priority_p50_ms,priority_p99_ms,bulk_goodput_mbps,utilisation,modem_queue_ms,lateness_p99_us\n",
+        "scheme,rep,priority_n,priority_mean_ms,priority_p50_ms,priority_p99_ms,bulk_goodput_mbps,modem_queue_ms,lateness_p99_us\n",
     );
     for r in runs {
         let _ = writeln!(
             s,
-            "{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.3},{}",
+            "{},{},{},{:.3},{:.3},{:.3},{:.4},{:.3},{}",
             r.scheme,
             r.rep,
             r.priority_n,
@@ -284,7 +318,6 @@ pub fn csv(runs: &[EdgeRun]) -> String {
             r.priority_p50_ms,
             r.priority_p99_ms,
             r.bulk_goodput_mbps,
-            r.utilisation,
             r.modem_queue_ms,
             r.lateness_p99_us
         );
@@ -297,94 +330,108 @@ pub fn csv(runs: &[EdgeRun]) -> String {
 pub fn summary(cfg: &EdgeConfig, runs: &[EdgeRun], command: &str) -> String {
     let mut s =
         String::from("# Paper 004 at the gateway's edge: shaping the backhaul through an AQM\n\n");
+    let link_mbps = LINK_KBPS as f64 / 1000.0;
     let _ = writeln!(
         s,
         "`qgate server` outside `qgate linkem`; inside, `qgate gateway` with one backhaul path over \
-         the emulated access link (`{LINK}`: about {:.1} s of drop-tail buffer at its rate, a \
-         bloated modem), {} best-effort devices posting {} KiB records back to back, and after \
-         {} s one priority device posting a {PRIORITY_BYTES}-byte record every {:.0} ms for {} s. \
-         Shaped schemes: `[[gateway.paths]] shape = \"rate={SHAPE_RATE},queue=…\"` (the gateway \
-         releases the path's datagrams at 95 % of the link's rate through that discipline, so \
-         the standing queue forms in the gateway). {} repetitions (linkem seeds 1–{}; real time, \
-         so no two runs repeat exactly). Bulk goodput counts the bulk records answered while the \
-         priority device sent; utilisation and the modem's queue are the link's upstream \
-         direction after the warm-up.\n\nReproduce: `{command}`\n",
-        1000.0 * 1500.0 * 8.0 / (LINK_MBPS * 1e6),
+         the emulated access link (`{}`: {:.1} s of drop-tail buffer at its rate for 1500-byte \
+         packets, a bloated modem), {} best-effort devices posting {} KiB records back to back, \
+         and after {} s one priority device starting a {PRIORITY_BYTES}-byte record every {:.0} ms \
+         for {} s, each on schedule whether or not earlier ones were answered (up to \
+         {PRIORITY_INFLIGHT} in flight). Shaped schemes: `[[gateway.paths]] shape = \
+         \"rate={},queue=…\"` ({:.1} % of the link's rate, through that discipline). \
+         Repetitions: {} (linkem seeds 1–{}; real time, so no two runs repeat exactly). \
+         Priority delay: from a record's start to its answer. Bulk goodput: the bulk records' \
+         bytes answered while the priority device sent, against the link's {link_mbps} Mbit/s \
+         (one record more or less is {:.2} Mbit/s). Modem queue: time in the link's upstream \
+         buffer per packet, after the warm-up.\n\nReproduce: `{command}`\n",
+        link(),
+        MODEM_PACKETS as f64 * 1500.0 * 8.0 / (LINK_KBPS as f64 * 1000.0),
         cfg.bulk,
         BULK_BYTES / 1024,
         cfg.warmup,
         1000.0 / PRIORITY_RATE,
         cfg.seconds,
+        shape_rate(),
+        SHAPE_PER_MILLE as f64 / 10.0,
         cfg.reps,
-        cfg.reps
+        cfg.reps,
+        BULK_BYTES as f64 * 8.0 / 1e6 / cfg.seconds as f64
     );
     let _ = writeln!(
         s,
-        "| scheme | priority delay mean, ms | p50, ms | p99, ms | bulk goodput, Mbit/s | link utilisation | modem queue, ms | lateness p99, µs (max) |\n|---|---|---|---|---|---|---|---|"
+        "| scheme | priority delay mean, ms | p50, ms | p99, ms | bulk goodput, Mbit/s | modem queue, ms | lateness p99, µs (max) |\n|---|---|---|---|---|---|---|"
     );
     let pick = |scheme: &str, f: fn(&EdgeRun) -> f64| -> Vec<f64> {
         runs.iter().filter(|r| r.scheme == scheme).map(f).collect()
     };
+    let mean = |scheme: &str, f: fn(&EdgeRun) -> f64| Summary::of(&pick(scheme, f));
     for scheme in &cfg.schemes {
         let these: Vec<&EdgeRun> = runs.iter().filter(|r| &r.scheme == scheme).collect();
         if these.is_empty() {
             continue;
         }
-        let f = |g: fn(&EdgeRun) -> f64| Summary::of(&pick(scheme, g));
-        let (m, p50, p99, good, util, modem) = (
-            f(|r| r.priority_mean_ms),
-            f(|r| r.priority_p50_ms),
-            f(|r| r.priority_p99_ms),
-            f(|r| r.bulk_goodput_mbps),
-            f(|r| r.utilisation),
-            f(|r| r.modem_queue_ms),
+        let (m, p50, p99, good, modem) = (
+            mean(scheme, |r| r.priority_mean_ms),
+            mean(scheme, |r| r.priority_p50_ms),
+            mean(scheme, |r| r.priority_p99_ms),
+            mean(scheme, |r| r.bulk_goodput_mbps),
+            mean(scheme, |r| r.modem_queue_ms),
         );
         let late = these.iter().map(|r| r.lateness_p99_us).max().unwrap_or(0);
         let _ = writeln!(
             s,
-            "| {scheme} | {:.1} ± {:.1} (n = {}) | {:.1} ± {:.1} | {:.1} ± {:.1} | {:.2} ± {:.2} | {:.3} ± {:.3} | {:.1} ± {:.1} | {late} |",
+            "| {scheme} | {:.1} ± {:.1} (n = {}) | {:.1} ± {:.1} | {:.1} ± {:.1} | {:.2} ± {:.2} | {:.1} ± {:.1} | {late} |",
             m.mean, m.std, these.len(), p50.mean, p50.std, p99.mean, p99.std, good.mean, good.std,
-            util.mean, util.std, modem.mean, modem.std
+            modem.mean, modem.std
         );
     }
     let base = pick("unshaped", |r| r.priority_mean_ms);
-    let base_good = Summary::of(&pick("unshaped", |r| r.bulk_goodput_mbps)).mean;
-    if !base.is_empty() {
-        let mut lines = Vec::new();
-        for scheme in cfg.schemes.iter().filter(|s| *s != "unshaped") {
-            let d = pick(scheme, |r| r.priority_mean_ms);
-            if d.is_empty() {
-                continue;
-            }
-            let good = Summary::of(&pick(scheme, |r| r.bulk_goodput_mbps)).mean;
-            let (md, mb) = (Summary::of(&d).mean, Summary::of(&base).mean);
-            lines.push(format!(
-                "- **{scheme}**: priority delay {md:.1} ms against {mb:.1} ms unshaped ({:.1}× lower, {}); bulk goodput {good:.2} against {base_good:.2} Mbit/s ({:+.1} %).",
-                mb / md.max(1e-9),
-                Welch::p_label(Welch::test(&d, &base)),
-                (good / base_good.max(1e-9) - 1.0) * 100.0
-            ));
+    if base.is_empty() {
+        return s;
+    }
+    let (mb, p99b, goodb, modemb) = (
+        Summary::of(&base).mean,
+        mean("unshaped", |r| r.priority_p99_ms).mean,
+        mean("unshaped", |r| r.bulk_goodput_mbps).mean,
+        mean("unshaped", |r| r.modem_queue_ms).mean,
+    );
+    let mut lines = Vec::new();
+    for scheme in cfg.schemes.iter().filter(|s| *s != "unshaped") {
+        let d = pick(scheme, |r| r.priority_mean_ms);
+        if d.is_empty() {
+            continue;
         }
+        let md = Summary::of(&d).mean;
+        let times = |a: f64, b: f64| {
+            if a <= b {
+                format!("{:.1}× lower", b / a.max(1e-9))
+            } else {
+                format!("{:.1}× higher", a / b.max(1e-9))
+            }
+        };
+        let (p99, good, modem) = (
+            mean(scheme, |r| r.priority_p99_ms).mean,
+            mean(scheme, |r| r.bulk_goodput_mbps).mean,
+            mean(scheme, |r| r.modem_queue_ms).mean,
+        );
+        lines.push(format!(
+            "- **{scheme}**: priority delay {md:.1} ms against {mb:.1} ms ({}, {}), p99 {p99:.1} \
+             against {p99b:.1} ms ({}); bulk goodput {good:.2} against {goodb:.2} Mbit/s \
+             ({:+.1} %); modem queue {modem:.1} against {modemb:.1} ms.",
+            times(md, mb),
+            Welch::p_label(Welch::test(&d, &base)),
+            times(p99, p99b),
+            (good / goodb.max(1e-9) - 1.0) * 100.0
+        ));
+    }
+    if !lines.is_empty() {
         let _ = writeln!(
             s,
-            "\nAgainst the unshaped path (means over the repetitions, Welch's p):\n\n{}",
+            "\nEach shaped scheme against the unshaped path (means over the repetitions, Welch's p \
+             on the priority delay):\n\n{}",
             lines.join("\n")
         );
-        let modem_base = Summary::of(&pick("unshaped", |r| r.modem_queue_ms)).mean;
-        let modem_shaped: Vec<f64> = runs
-            .iter()
-            .filter(|r| r.scheme != "unshaped")
-            .map(|r| r.modem_queue_ms)
-            .collect();
-        if !modem_shaped.is_empty() {
-            let mx = modem_shaped.iter().cloned().fold(0.0, f64::max);
-            let _ = writeln!(
-                s,
-                "\nWhere the queue is: unshaped, packets waited {modem_base:.1} ms on average in the \
-                 modem's buffer; shaped, at most {mx:.2} ms in any run — the queue moved into the \
-                 gateway, where the discipline keeps it short."
-            );
-        }
     }
     s
 }
@@ -398,7 +445,7 @@ mod tests {
         assert!(!gateway_toml("unshaped").contains("shape"));
         let t = gateway_toml("fq-codel");
         assert!(
-            t.contains("queue=fq-codel") && t.contains(SHAPE_RATE),
+            t.contains("queue=fq-codel") && t.contains("rate=9500kbit"),
             "{t}"
         );
         let v: toml::Value = toml::from_str(&t).unwrap();
@@ -414,5 +461,10 @@ mod tests {
         assert_eq!(quantile(&v, 0.5), 50.0);
         assert_eq!(quantile(&v, 0.99), 99.0);
         assert_eq!(quantile(&[7.0], 0.99), 7.0);
+        assert_eq!(
+            link(),
+            "rate=10000kbit,delay=20ms,queue=droptail:packets=1000"
+        );
+        assert_eq!(sh(&"a b'c"), r"'a b'\''c'");
     }
 }
