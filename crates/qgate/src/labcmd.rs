@@ -179,6 +179,10 @@ pub struct EdgeAqmArgs {
     /// Where to write results [default: results/edge-aqm].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Only rewrite summary.md from the results.csv already in the output directory (a run
+    /// with the default settings, or the same flags as this).
+    #[arg(long)]
+    summarize: bool,
 }
 
 #[derive(Args, Debug)]
@@ -849,8 +853,27 @@ fn edge_aqm_cmd(a: EdgeAqmArgs) -> Result<(), Failure> {
     if cfg.reps == 0 || cfg.bulk == 0 {
         return Err(usage("--reps and --bulk must be positive"));
     }
-    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
     let out = a.out.unwrap_or_else(|| PathBuf::from("results/edge-aqm"));
+    let mut command = String::from("sudo qgate lab edge-aqm");
+    if a.quick {
+        command.push_str(" --quick");
+    }
+    for (flag, v) in [(" --reps", a.reps), (" --bulk", a.bulk.map(|b| b as u64))] {
+        if let Some(v) = v {
+            command.push_str(&format!("{flag} {v}"));
+        }
+    }
+    command.push_str(&only_flag(&a.only));
+    if a.summarize {
+        let file = out.join("results.csv");
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| usage(format!("{}: {e}", file.display())))?;
+        let runs = k::parse_csv(&text).map_err(usage)?;
+        std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
+        eprintln!("lab edge-aqm: summary rewritten in {}", out.display());
+        return Ok(());
+    }
+    qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
     let total = cfg.schemes.len() * cfg.reps as usize;
     eprintln!(
         "lab edge-aqm: {total} runs of {} s, about {} min",
@@ -865,16 +888,6 @@ fn edge_aqm_cmd(a: EdgeAqmArgs) -> Result<(), Failure> {
     })
     .map_err(|e| anyhow::anyhow!(e))?;
     std::fs::remove_dir_all(out.join("work")).ok();
-    let mut command = String::from("sudo qgate lab edge-aqm");
-    if a.quick {
-        command.push_str(" --quick");
-    }
-    for (flag, v) in [(" --reps", a.reps), (" --bulk", a.bulk.map(|b| b as u64))] {
-        if let Some(v) = v {
-            command.push_str(&format!("{flag} {v}"));
-        }
-    }
-    command.push_str(&only_flag(&a.only));
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
     eprintln!("lab edge-aqm: results in {}", out.display());

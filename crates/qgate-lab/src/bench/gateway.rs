@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use qgate_gateway::device::Device;
-use qgate_gateway::gateway::Gateway;
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
@@ -257,33 +256,12 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             .start()
             .expect("server");
         let server_addr = server.addr();
-        // A gateway with two paths, shaped or not, ready once both paths have an RTT.
-        let gateway = |shape: Option<&qgate_link::LinkParams>| {
-            let mut builder = Gateway::builder()
-                .with_transport(opts.clone())
-                .with_identity(pki.server.clone())
-                .with_server_trust(pki.trust())
-                .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
-            for l in ["127.0.0.2:0", "127.0.0.3:0"] {
-                let socket = Socket::bind_udp(sa(l)).expect("bind");
-                builder = match shape {
-                    Some(params) => builder.with_shaped_path(socket, server_addr, params.clone()),
-                    None => builder.with_path(socket, server_addr),
-                };
-            }
-            let running = builder.start().expect("gateway");
-            async move {
-                let gw = running.gateway.clone();
-                while gw.paths().table().paths().iter().any(|p| p.rtt.is_none()) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                running
-            }
-        };
-        let running = gateway(None).await;
+        let running = super::loopback_gateway(&opts, &pki, server_addr, None).await;
         let (gw, gw_addr) = (running.gateway.clone(), running.addr());
         let shaped_running = match &shape {
-            Some(params) => Some(gateway(Some(params)).await),
+            Some(params) => {
+                Some(super::loopback_gateway(&opts, &pki, server_addr, Some(params)).await)
+            }
             None => None,
         };
         let client_ep = endpoint(

@@ -18,7 +18,6 @@ use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
 use qgate_gateway::device::Device;
-use qgate_gateway::gateway::Gateway;
 use qgate_server::{DedupStore, QueueSink, QueueSinkConfig, Sink, Upstream};
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 
@@ -288,25 +287,7 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
         server = server.dedup_store(d);
     }
     let server = server.start().expect("server");
-    let mut builder = Gateway::builder()
-        .with_transport(opts.clone())
-        .with_identity(pki.server.clone())
-        .with_server_trust(pki.trust())
-        .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"));
-    for l in ["127.0.0.2:0", "127.0.0.3:0"] {
-        builder = builder.with_path(Socket::bind_udp(sa(l)).expect("bind"), server.addr());
-    }
-    let gateway = builder.start().expect("gateway");
-    while gateway
-        .gateway
-        .paths()
-        .table()
-        .paths()
-        .iter()
-        .any(|p| p.rtt.is_none())
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let gateway = super::loopback_gateway(&opts, &pki, server.addr(), None).await;
     let devices: Vec<Arc<Device>> =
         crate::bench::gateway::idle_devices(gateway.addr(), &pki.trust(), cfg.devices)
             .await
