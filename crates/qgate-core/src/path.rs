@@ -76,6 +76,20 @@ pub struct Ticket {
 /// Packets over which the loss estimate averages (a per-packet EWMA).
 const LOSS_WINDOW_PACKETS: f64 = 256.0;
 
+/// The window a connection is assumed to have before QUIC has reported one (quinn's initial
+/// window for a 1200-byte MTU: 10 packets, at least 14 720 bytes).
+pub const ASSUMED_WINDOW: f64 = 14_720.0;
+
+/// quinn's pacer sends 1.25 windows per smoothed RTT.
+pub const PACING_GAIN: f64 = 1.25;
+
+/// How much each earlier busy-period sample of a path's answer rate still counts when a new
+/// one arrives (about the last ten answers).
+const SERVED_DECAY: f64 = 0.9;
+
+/// Busy-period samples needed before the answer rate bounds the drain rate.
+const SERVED_MIN_SAMPLES: u32 = 4;
+
 /// One row of Table 1, and what the per-request scheduler needs beyond it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PathState {
@@ -100,6 +114,11 @@ pub struct PathState {
     pub queued_bytes: u64,
     /// Requests sent on the path and not yet answered: ticket → (sent at, bytes).
     pending: BTreeMap<u64, (Instant, u64)>,
+    /// When the path last answered a request.
+    last_answer: Option<Instant>,
+    /// Decayed sums over busy periods (a request answered after one sent before it was already
+    /// waiting): (bytes answered, seconds between answers), and how many samples.
+    served: (f64, f64, u32),
     /// The connection's counters at the last sample: (sent, lost) packets.
     counters: Option<(u64, u64)>,
     outstanding: Option<(u64, Instant)>,
@@ -113,6 +132,45 @@ impl PathState {
     /// tickets are numbered in the order the shell sends (with non-decreasing `now`).
     pub fn oldest_pending(&self) -> Option<Instant> {
         self.pending.first_key_value().map(|(_, (t, _))| *t)
+    }
+
+    /// Request bytes still unsent at `now` if the sender drains them at `rate` bytes/s in the
+    /// order they came: a fluid queue over the pending requests. Bytes already sent and
+    /// waiting for their answer take no sending capacity, so unlike `queued_bytes` this does
+    /// not count them.
+    pub fn backlog(&self, rate: f64, now: Instant) -> f64 {
+        let mut backlog = 0.0f64;
+        let mut at: Option<Instant> = None;
+        for (t, b) in self.pending.values() {
+            if let Some(prev) = at {
+                let drained = rate * t.saturating_duration_since(prev).as_secs_f64();
+                backlog = (backlog - drained).max(0.0);
+            }
+            backlog += *b as f64;
+            at = Some(*t);
+        }
+        at.map_or(0.0, |prev| {
+            (backlog - rate * now.saturating_duration_since(prev).as_secs_f64()).max(0.0)
+        })
+    }
+
+    /// The rate, bytes/s, at which the path answered requests while it was busy, once
+    /// measured: the bottleneck's capacity as the gateway sees it (link, server or both;
+    /// decision G14).
+    pub fn served_rate(&self) -> Option<f64> {
+        let (bytes, secs, n) = self.served;
+        (n >= SERVED_MIN_SAMPLES && secs > 0.0).then(|| bytes / secs)
+    }
+
+    /// The rate, bytes/s, at which the path's sender drains its queue: quinn's pacing rate
+    /// ([`PACING_GAIN`] windows per RTT), bounded by the answer rate once measured (a window
+    /// grown past the bottleneck's capacity paces faster than the path delivers). `None` while
+    /// the path has no RTT.
+    pub fn drain_rate(&self) -> Option<f64> {
+        let r = self.quic_rtt.or(self.rtt)?.as_secs_f64().max(1e-6);
+        let w = self.cwnd.map_or(ASSUMED_WINDOW, |c| c as f64).max(1_200.0);
+        let pace = PACING_GAIN * w / r;
+        Some(self.served_rate().map_or(pace, |c| pace.min(c)))
     }
 
     /// Requests sent on the path and not yet answered.
@@ -158,6 +216,8 @@ impl PathTable {
                 loss: 0.0,
                 queued_bytes: 0,
                 pending: BTreeMap::new(),
+                last_answer: None,
+                served: (0.0, 0.0, 0),
                 counters: None,
                 outstanding: None,
                 next_probe: now,
@@ -343,6 +403,30 @@ impl PathTable {
         }
     }
 
+    /// The request of `ticket` was answered at `now`: it ends (as
+    /// [`on_request_done`](Self::on_request_done)), and if it was sent before the path's
+    /// previous answer it waited through the gap since, so the gap is a sample of how fast the
+    /// busy path serves bytes.
+    pub fn on_request_answered(&mut self, ticket: Ticket, now: Instant) {
+        let Some(p) = self.paths.get_mut(ticket.path.0) else {
+            return;
+        };
+        let Some((sent, bytes)) = p.pending.remove(&ticket.seq) else {
+            return;
+        };
+        p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
+        if let Some(prev) = p.last_answer.filter(|prev| sent < *prev) {
+            let gap = now.saturating_duration_since(prev).as_secs_f64();
+            let (b, s, n) = p.served;
+            p.served = (
+                b * SERVED_DECAY + bytes as f64,
+                s * SERVED_DECAY + gap,
+                n.saturating_add(1),
+            );
+        }
+        p.last_answer = Some(p.last_answer.map_or(now, |prev| prev.max(now)));
+    }
+
     /// The path's QUIC connection closed or timed out: the path is down now; probing continues
     /// at the timeout pace to find its recovery.
     pub fn on_connection_lost(&mut self, id: PathId, now: Instant) {
@@ -355,6 +439,8 @@ impl PathTable {
             p.cwnd = None;
             p.slow_start = true;
             p.counters = None;
+            p.served = (0.0, 0.0, 0);
+            p.last_answer = None;
             p.next_probe = p.next_probe.min(now + p.timeout(&cfg));
         }
     }
@@ -394,6 +480,63 @@ mod tests {
         // QUIC refines between probes (EWMA 1/8).
         t.on_rtt_estimate(PathId(0), ms(120));
         assert_eq!(t.get(PathId(0)).unwrap().rtt, Some(ms(50)));
+    }
+
+    /// The fluid backlog drains at the given rate in sending order; a busy path's answer gaps
+    /// measure its service rate, an idle path's do not; a new connection starts afresh.
+    #[test]
+    fn backlog_drains_and_busy_answers_measure_the_served_rate() {
+        let t0 = Instant::now();
+        let mut t = PathTable::new(1, PathConfig::default(), t0);
+        let id = PathId(0);
+        let a = t.on_request_sent(id, 10_000, t0);
+        let b = t.on_request_sent(id, 10_000, t0 + ms(1));
+        let p = t.get(id).unwrap();
+        let near = |x: f64, want: f64| (x - want).abs() < 1e-6;
+        // 5 MB/s drains 5 kB per ms.
+        assert!(near(p.backlog(5e6, t0 + ms(1)), 15_000.0));
+        assert!(near(p.backlog(5e6, t0 + ms(2)), 10_000.0));
+        assert_eq!(p.backlog(5e6, t0 + ms(4)), 0.0);
+        assert_eq!(p.served_rate(), None);
+
+        // Answered 2 ms apart, each sent before the previous answer (a's answer has none before
+        // it): 5 MB/s, once four samples are in.
+        t.on_request_answered(a, t0 + ms(20));
+        t.on_request_answered(b, t0 + ms(22));
+        let busy: Vec<_> = (0..4)
+            .map(|_| t.on_request_sent(id, 10_000, t0 + ms(21)))
+            .collect();
+        for (k, ticket) in busy.into_iter().enumerate() {
+            // b's answer was the first sample; four are needed.
+            let n = k + 1;
+            assert_eq!(
+                t.get(id).unwrap().served_rate().is_some(),
+                n >= 4,
+                "{n} samples"
+            );
+            t.on_request_answered(ticket, t0 + ms(24 + 2 * k as u64));
+        }
+        let rate = t.get(id).unwrap().served_rate().unwrap();
+        assert!((rate - 5e6).abs() < 1e-3, "{rate}");
+        assert_eq!(t.get(id).unwrap().queued_bytes, 0);
+        // An idle path's answer (sent after the last one) is no sample of its capacity.
+        let idle = t.on_request_sent(id, 10_000, t0 + ms(100));
+        t.on_request_answered(idle, t0 + ms(200));
+        assert!((t.get(id).unwrap().served_rate().unwrap() - 5e6).abs() < 1e-3);
+        // The drain rate is the pacing rate (1.25 windows per RTT) bounded by it.
+        t.on_connection_sample(
+            id,
+            ConnectionSample {
+                rtt: ms(10),
+                cwnd: 100_000,
+                sent_packets: 10,
+                lost_packets: 0,
+                congestion_events: 0,
+            },
+        );
+        assert!((t.get(id).unwrap().drain_rate().unwrap() - 5e6).abs() < 1e-3);
+        t.on_connection_lost(id, t0 + ms(300));
+        assert_eq!(t.get(id).unwrap().served_rate(), None);
     }
 
     #[test]

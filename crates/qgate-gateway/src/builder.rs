@@ -49,7 +49,7 @@ pub struct GatewayBuilder {
 }
 
 impl Gateway {
-    /// A builder with every default: scheduler `adaptive`, [`GatewayConfig::default`],
+    /// A builder with every default: scheduler [`DEFAULT_SCHEDULER`](qgate_core::scheduler::DEFAULT_SCHEDULER), [`GatewayConfig::default`],
     /// [`PathConfig::default`], [`TransportOptions::default`], no history, randomness from the
     /// operating system.
     pub fn builder() -> GatewayBuilder {

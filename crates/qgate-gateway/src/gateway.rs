@@ -618,7 +618,7 @@ impl Gateway {
                 .body(())
                 .expect("valid request");
             // Handed back however the attempt ends, this future dropped mid-way included.
-            let _queued = Queued {
+            let queued = Queued {
                 gw: self,
                 ticket: self.paths.with_table(|t| {
                     t.on_request_sent(path, body.len() as u64, Instant::now().into_std())
@@ -641,6 +641,7 @@ impl Gateway {
                     // Read under the table's lock: samples from concurrent answers are applied
                     // in the order they were taken, so the counters never seem to go back.
                     self.paths.with_table(|t| {
+                        t.on_request_answered(queued.ticket, Instant::now().into_std());
                         t.on_heard(path);
                         t.on_connection_sample(path, connection_sample(client.connection()));
                     });

@@ -246,7 +246,7 @@ ttl = "30s"
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/gateway.toml");
         let cfg = Config::load(&path).unwrap();
         let g = &cfg.gateway;
-        assert_eq!(g.scheduler.as_deref(), Some("adaptive"));
+        assert_eq!(g.scheduler.as_deref(), Some("completion"));
         assert_eq!(g.paths.len(), 3);
         assert_eq!(g.paths[2].server, Some("10.0.3.2:4433".parse().unwrap()));
         let shape = g.paths[0].shape.as_ref().unwrap().params().unwrap();

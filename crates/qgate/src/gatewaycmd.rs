@@ -28,7 +28,7 @@ pub struct GatewaySection {
     pub server: Option<SocketAddr>,
     /// CA to trust for the server.
     pub ca: Option<PathBuf>,
-    /// adaptive, completion, round-robin or single.
+    /// completion, adaptive, round-robin or single.
     pub scheduler: Option<String>,
     /// Routine probe period, e.g. "30s".
     pub probe_interval: Option<String>,
@@ -72,7 +72,7 @@ pub struct GatewayArgs {
     #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
     paths: Vec<String>,
     #[arg(long, value_name = "NAME", help = dflt(
-        "Path choice: adaptive (paper 000), completion (per request, ours), round-robin or single", qgate_core::scheduler::DEFAULT_SCHEDULER))]
+        "Path choice: completion (per request, ours), adaptive (paper 000), round-robin or single", qgate_core::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
         "Routine probe period", secs(PathConfig::default().probe_interval)))]

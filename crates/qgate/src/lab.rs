@@ -23,7 +23,7 @@ pub struct DemoArgs {
     /// Gateway demo: seconds of traffic [default: 10].
     #[arg(long)]
     duration: Option<u64>,
-    /// Gateway demo: adaptive, completion, round-robin or single [default: adaptive].
+    /// Gateway demo: completion, adaptive, round-robin or single [default: the gateway's].
     #[arg(long)]
     scheduler: Option<String>,
     /// Gateway demo: run in virtual time (no live view; finishes at once).

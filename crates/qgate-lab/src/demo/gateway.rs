@@ -45,7 +45,7 @@ impl Default for GatewayDemo {
             duration: Duration::from_secs(10),
             interval: Duration::from_millis(100),
             body_bytes: 1024,
-            scheduler: "adaptive",
+            scheduler: qgate_core::scheduler::DEFAULT_SCHEDULER,
             loss: 0.0,
             seed: 1,
         }

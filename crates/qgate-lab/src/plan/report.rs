@@ -147,6 +147,27 @@ impl<'a> Table<'a> {
 
 /// Metric names the summary shows: the plan's list (exact names, or a prefix ending in `*`),
 /// else every scalar.
+/// Whether metric `name` matches `pattern`, where each `*` stands for any run of characters
+/// (`gw.path*_share` matches `gw.path1_share`).
+fn glob(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
 fn metrics(loaded: &Loaded, records: &[Record]) -> Vec<String> {
     let all: BTreeSet<&String> = records.iter().flat_map(|r| r.scalars.keys()).collect();
     let want = &loaded.plan.plan.metrics;
@@ -156,11 +177,7 @@ fn metrics(loaded: &Loaded, records: &[Record]) -> Vec<String> {
     let mut out = Vec::new();
     for w in want {
         for m in &all {
-            let hit = match w.strip_suffix('*') {
-                Some(prefix) => m.starts_with(prefix),
-                None => *m == w,
-            };
-            if hit && !out.contains(*m) {
+            if glob(w, m) && !out.contains(*m) {
                 out.push((*m).clone());
             }
         }
@@ -278,11 +295,7 @@ pub fn warnings(loaded: &Loaded, records: &[Record]) -> Vec<String> {
     }
     let all: BTreeSet<&String> = records.iter().flat_map(|r| r.scalars.keys()).collect();
     for w in &loaded.plan.plan.metrics {
-        let hit = match w.strip_suffix('*') {
-            Some(prefix) => all.iter().any(|m| m.starts_with(prefix)),
-            None => all.contains(w),
-        };
-        if !hit {
+        if !all.iter().any(|m| glob(w, m)) {
             out.push(format!("'plan.metrics' entry '{w}' matches no metric"));
         }
     }
@@ -675,6 +688,26 @@ fn per_second(r: &Record, metric: &str) -> Vec<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metric_globs_match_a_star_anywhere() {
+        for (pattern, name, want) in [
+            ("gw.path*_share", "gw.path1_share", true),
+            ("gw.path*_share", "gw.path12_share", true),
+            ("gw.path*_share", "gw.path1_priority_share", true),
+            ("gw.path*_share", "gw.path1_util", false),
+            ("gw.*", "gw.total_s", true),
+            ("gw.total_s", "gw.total_s", true),
+            ("gw.total_s", "gw.total_s2", false),
+            ("*_mean", "gw.response_ms_mean", true),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "acb", false),
+            ("ab*ba", "aba", false),
+            ("*", "", true),
+        ] {
+            assert_eq!(glob(pattern, name), want, "{pattern} vs {name}");
+        }
+    }
 
     #[test]
     fn significant_digits() {

@@ -57,7 +57,7 @@ enum Ctl {
     },
     /// Gateway: show the scheduler, or switch to NAME.
     Scheduler {
-        /// adaptive, completion, round-robin or single.
+        /// completion, adaptive, round-robin or single.
         name: Option<String>,
     },
     /// Broker: queues with depth and rates.
