@@ -62,6 +62,8 @@ pub struct ConnectionSample {
     pub lost_packets: u64,
     /// Congestion events so far (none: the window is still in slow start).
     pub congestion_events: u64,
+    /// QUIC's minimum RTT of the connection.
+    pub min_rtt: Duration,
 }
 
 /// A forwarded request's place in its path's queue, handed back with
@@ -83,12 +85,25 @@ pub const ASSUMED_WINDOW: f64 = 14_720.0;
 /// quinn's pacer sends 1.25 windows per smoothed RTT.
 pub const PACING_GAIN: f64 = 1.25;
 
-/// How much each earlier busy-period sample of a path's answer rate still counts when a new
-/// one arrives (about the last ten answers).
+/// How much each earlier sample of a path's answer rate still counts when a new one arrives (about the last ten answers).
 const SERVED_DECAY: f64 = 0.9;
 
-/// Busy-period samples needed before the answer rate bounds the drain rate.
+/// Samples needed before the answer rate bounds the drain rate.
 const SERVED_MIN_SAMPLES: u32 = 4;
+
+/// A path's answer rate is forgotten this long after its last sample, so a path judged slow
+/// (after an outage, say) is tried again rather than avoided for good.
+const SERVED_TTL: Duration = Duration::from_secs(2);
+
+/// A request sent on a path and not yet answered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pending {
+    sent: Instant,
+    bytes: u64,
+    /// Whether it fitted in the window with the bytes unsent before it: its answer then times
+    /// the path, not the window's growth.
+    in_window: bool,
+}
 
 /// One row of Table 1, and what the per-request scheduler needs beyond it.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,12 +127,16 @@ pub struct PathState {
     pub loss: f64,
     /// Request bytes sent on the path and not yet answered.
     pub queued_bytes: u64,
-    /// Requests sent on the path and not yet answered: ticket → (sent at, bytes).
-    pending: BTreeMap<u64, (Instant, u64)>,
+    /// Requests sent on the path and not yet answered, by ticket.
+    pending: BTreeMap<u64, Pending>,
+    /// QUIC's minimum RTT of the connection, once known.
+    pub min_rtt: Option<Duration>,
     /// When the path last answered a request.
     last_answer: Option<Instant>,
-    /// Decayed sums over busy periods (a request answered after one sent before it was already
-    /// waiting): (bytes answered, seconds between answers), and how many samples.
+    /// When the answer rate last had a sample.
+    served_at: Option<Instant>,
+    /// Decayed sums over answers: (bytes answered, seconds the path spent on them), and how
+    /// many samples.
     served: (f64, f64, u32),
     /// The connection's counters at the last sample: (sent, lost) packets.
     counters: Option<(u64, u64)>,
@@ -131,7 +150,7 @@ impl PathState {
     /// When the oldest request still unanswered on the path was sent: the first ticket's, as
     /// tickets are numbered in the order the shell sends (with non-decreasing `now`).
     pub fn oldest_pending(&self) -> Option<Instant> {
-        self.pending.first_key_value().map(|(_, (t, _))| *t)
+        self.pending.first_key_value().map(|(_, q)| q.sent)
     }
 
     /// Request bytes still unsent at `now` if the sender drains them at `rate` bytes/s in the
@@ -141,36 +160,38 @@ impl PathState {
     pub fn backlog(&self, rate: f64, now: Instant) -> f64 {
         let mut backlog = 0.0f64;
         let mut at: Option<Instant> = None;
-        for (t, b) in self.pending.values() {
+        for q in self.pending.values() {
             if let Some(prev) = at {
-                let drained = rate * t.saturating_duration_since(prev).as_secs_f64();
+                let drained = rate * q.sent.saturating_duration_since(prev).as_secs_f64();
                 backlog = (backlog - drained).max(0.0);
             }
-            backlog += *b as f64;
-            at = Some(*t);
+            backlog += q.bytes as f64;
+            at = Some(q.sent);
         }
         at.map_or(0.0, |prev| {
             (backlog - rate * now.saturating_duration_since(prev).as_secs_f64()).max(0.0)
         })
     }
 
-    /// The rate, bytes/s, at which the path answered requests while it was busy, once
-    /// measured: the bottleneck's capacity as the gateway sees it (link, server or both;
-    /// decision G14).
-    pub fn served_rate(&self) -> Option<f64> {
+    /// The rate, bytes/s, at which the path answered requests, once measured and while fresh:
+    /// the bottleneck's capacity as the gateway sees it (link, server or both; decision G14).
+    pub fn served_rate(&self, now: Instant) -> Option<f64> {
         let (bytes, secs, n) = self.served;
-        (n >= SERVED_MIN_SAMPLES && secs > 0.0).then(|| bytes / secs)
+        let fresh = self
+            .served_at
+            .is_some_and(|t| now.saturating_duration_since(t) <= SERVED_TTL);
+        (fresh && n >= SERVED_MIN_SAMPLES && secs > 0.0).then(|| bytes / secs)
     }
 
     /// The rate, bytes/s, at which the path's sender drains its queue: quinn's pacing rate
     /// ([`PACING_GAIN`] windows per RTT), bounded by the answer rate once measured (a window
     /// grown past the bottleneck's capacity paces faster than the path delivers). `None` while
     /// the path has no RTT.
-    pub fn drain_rate(&self) -> Option<f64> {
+    pub fn drain_rate(&self, now: Instant) -> Option<f64> {
         let r = self.quic_rtt.or(self.rtt)?.as_secs_f64().max(1e-6);
         let w = self.cwnd.map_or(ASSUMED_WINDOW, |c| c as f64).max(1_200.0);
         let pace = PACING_GAIN * w / r;
-        Some(self.served_rate().map_or(pace, |c| pace.min(c)))
+        Some(self.served_rate(now).map_or(pace, |c| pace.min(c)))
     }
 
     /// Requests sent on the path and not yet answered.
@@ -216,7 +237,9 @@ impl PathTable {
                 loss: 0.0,
                 queued_bytes: 0,
                 pending: BTreeMap::new(),
+                min_rtt: None,
                 last_answer: None,
+                served_at: None,
                 served: (0.0, 0.0, 0),
                 counters: None,
                 outstanding: None,
@@ -367,6 +390,7 @@ impl PathTable {
             return;
         };
         p.quic_rtt = Some(s.rtt);
+        p.min_rtt = Some(s.min_rtt);
         p.cwnd = Some(s.cwnd);
         p.slow_start = s.congestion_events == 0;
         if let Some((sent, lost)) = p.counters {
@@ -388,7 +412,16 @@ impl PathTable {
         self.next_ticket += 1;
         if let Some(p) = self.paths.get_mut(id.0) {
             p.awaiting_since.get_or_insert(now);
-            p.pending.insert(seq, (now, bytes));
+            let unsent = p.drain_rate(now).map_or(0.0, |d| p.backlog(d, now));
+            let in_window = p.cwnd.is_some_and(|w| unsent + bytes as f64 <= w as f64);
+            p.pending.insert(
+                seq,
+                Pending {
+                    sent: now,
+                    bytes,
+                    in_window,
+                },
+            );
             p.queued_bytes += bytes;
         }
         Ticket { path: id, seq }
@@ -397,32 +430,52 @@ impl PathTable {
     /// The request of `ticket` ended (answered, failed or abandoned).
     pub fn on_request_done(&mut self, ticket: Ticket) {
         if let Some(p) = self.paths.get_mut(ticket.path.0) {
-            if let Some((_, bytes)) = p.pending.remove(&ticket.seq) {
-                p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
+            if let Some(q) = p.pending.remove(&ticket.seq) {
+                p.queued_bytes = p.queued_bytes.saturating_sub(q.bytes);
             }
         }
     }
 
     /// The request of `ticket` was answered at `now`: it ends (as
-    /// [`on_request_done`](Self::on_request_done)), and if it was sent before the path's
-    /// previous answer it waited through the gap since, so the gap is a sample of how fast the
-    /// busy path serves bytes.
+    /// [`on_request_done`](Self::on_request_done)), and if it fitted in the window when sent,
+    /// its bytes over the time since the path could start on it (the previous answer, or its
+    /// earliest possible answer, sent + min RTT) are a sample of how fast the path serves.
     pub fn on_request_answered(&mut self, ticket: Ticket, now: Instant) {
         let Some(p) = self.paths.get_mut(ticket.path.0) else {
             return;
         };
-        let Some((sent, bytes)) = p.pending.remove(&ticket.seq) else {
+        let Some(Pending {
+            sent,
+            bytes,
+            in_window,
+        }) = p.pending.remove(&ticket.seq)
+        else {
             return;
         };
         p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
-        if let Some(prev) = p.last_answer.filter(|prev| sent < *prev) {
-            let gap = now.saturating_duration_since(prev).as_secs_f64();
-            let (b, s, n) = p.served;
-            p.served = (
-                b * SERVED_DECAY + bytes as f64,
-                s * SERVED_DECAY + gap,
-                n.saturating_add(1),
-            );
+        if let Some(r0) = p.min_rtt.filter(|_| in_window) {
+            // The path served these bytes from when it could start on them: the previous
+            // answer, or the request's earliest answer over an idle path (sent + min RTT).
+            let earliest = sent + r0;
+            let from = p.last_answer.map_or(earliest, |prev| prev.max(earliest));
+            if p.served_at
+                .is_some_and(|t| now.saturating_duration_since(t) > SERVED_TTL)
+            {
+                p.served = (0.0, 0.0, 0);
+            }
+            if now > from {
+                let gap = (now - from).as_secs_f64();
+                p.served_at = Some(now);
+                let (b, s, n) = p.served;
+                p.served = (
+                    b * SERVED_DECAY + bytes as f64,
+                    s * SERVED_DECAY + gap,
+                    n.saturating_add(1),
+                );
+            } else if p.served.2 > 0 {
+                // Answered with the previous one: these bytes were served in its gap.
+                p.served.0 += bytes as f64;
+            }
         }
         p.last_answer = Some(p.last_answer.map_or(now, |prev| prev.max(now)));
     }
@@ -440,6 +493,7 @@ impl PathTable {
             p.slow_start = true;
             p.counters = None;
             p.served = (0.0, 0.0, 0);
+            p.served_at = None;
             p.last_answer = None;
             p.next_probe = p.next_probe.min(now + p.timeout(&cfg));
         }
@@ -482,48 +536,16 @@ mod tests {
         assert_eq!(t.get(PathId(0)).unwrap().rtt, Some(ms(50)));
     }
 
-    /// The fluid backlog drains at the given rate in sending order; a busy path's answer gaps
-    /// measure its service rate, an idle path's do not; a new connection starts afresh.
+    /// The fluid backlog drains at the given rate in sending order; answers measure the rate
+    /// the path serves bytes from when it could start on them (the previous answer, or the
+    /// request's earliest answer, sent + min RTT), not while the window held a request back;
+    /// the rate bounds the drain rate, and is forgotten after a quiet spell or with the
+    /// connection.
     #[test]
-    fn backlog_drains_and_busy_answers_measure_the_served_rate() {
+    fn backlog_drains_and_answers_measure_the_served_rate() {
         let t0 = Instant::now();
         let mut t = PathTable::new(1, PathConfig::default(), t0);
         let id = PathId(0);
-        let a = t.on_request_sent(id, 10_000, t0);
-        let b = t.on_request_sent(id, 10_000, t0 + ms(1));
-        let p = t.get(id).unwrap();
-        let near = |x: f64, want: f64| (x - want).abs() < 1e-6;
-        // 5 MB/s drains 5 kB per ms.
-        assert!(near(p.backlog(5e6, t0 + ms(1)), 15_000.0));
-        assert!(near(p.backlog(5e6, t0 + ms(2)), 10_000.0));
-        assert_eq!(p.backlog(5e6, t0 + ms(4)), 0.0);
-        assert_eq!(p.served_rate(), None);
-
-        // Answered 2 ms apart, each sent before the previous answer (a's answer has none before
-        // it): 5 MB/s, once four samples are in.
-        t.on_request_answered(a, t0 + ms(20));
-        t.on_request_answered(b, t0 + ms(22));
-        let busy: Vec<_> = (0..4)
-            .map(|_| t.on_request_sent(id, 10_000, t0 + ms(21)))
-            .collect();
-        for (k, ticket) in busy.into_iter().enumerate() {
-            // b's answer was the first sample; four are needed.
-            let n = k + 1;
-            assert_eq!(
-                t.get(id).unwrap().served_rate().is_some(),
-                n >= 4,
-                "{n} samples"
-            );
-            t.on_request_answered(ticket, t0 + ms(24 + 2 * k as u64));
-        }
-        let rate = t.get(id).unwrap().served_rate().unwrap();
-        assert!((rate - 5e6).abs() < 1e-3, "{rate}");
-        assert_eq!(t.get(id).unwrap().queued_bytes, 0);
-        // An idle path's answer (sent after the last one) is no sample of its capacity.
-        let idle = t.on_request_sent(id, 10_000, t0 + ms(100));
-        t.on_request_answered(idle, t0 + ms(200));
-        assert!((t.get(id).unwrap().served_rate().unwrap() - 5e6).abs() < 1e-3);
-        // The drain rate is the pacing rate (1.25 windows per RTT) bounded by it.
         t.on_connection_sample(
             id,
             ConnectionSample {
@@ -532,11 +554,54 @@ mod tests {
                 sent_packets: 10,
                 lost_packets: 0,
                 congestion_events: 0,
+                min_rtt: ms(10),
             },
         );
-        assert!((t.get(id).unwrap().drain_rate().unwrap() - 5e6).abs() < 1e-3);
-        t.on_connection_lost(id, t0 + ms(300));
-        assert_eq!(t.get(id).unwrap().served_rate(), None);
+        let a = t.on_request_sent(id, 10_000, t0);
+        let b = t.on_request_sent(id, 10_000, t0 + ms(1));
+        let p = t.get(id).unwrap();
+        let near = |x: f64, want: f64| (x - want).abs() < 1e-3;
+        // 5 MB/s drains 5 kB per ms.
+        assert!(near(p.backlog(5e6, t0 + ms(1)), 15_000.0));
+        assert!(near(p.backlog(5e6, t0 + ms(2)), 10_000.0));
+        assert_eq!(p.backlog(5e6, t0 + ms(4)), 0.0);
+        assert_eq!(p.served_rate(t0), None);
+
+        // Each answer 2 ms after the path could start on it: a and the idle-path requests
+        // from sent + 10 ms, b and the one behind from the previous answer.
+        t.on_request_answered(a, t0 + ms(12));
+        t.on_request_answered(b, t0 + ms(14));
+        let later: Vec<_> = (0..2)
+            .map(|_| t.on_request_sent(id, 10_000, t0 + ms(20)))
+            .collect();
+        assert_eq!(
+            t.get(id).unwrap().served_rate(t0 + ms(20)),
+            None,
+            "2 samples"
+        );
+        t.on_request_answered(later[0], t0 + ms(32));
+        assert_eq!(
+            t.get(id).unwrap().served_rate(t0 + ms(32)),
+            None,
+            "3 samples"
+        );
+        t.on_request_answered(later[1], t0 + ms(34));
+        let rate = |t: &PathTable, at| t.get(id).unwrap().served_rate(at);
+        assert!(near(rate(&t, t0 + ms(34)).unwrap(), 5e6), "4 samples");
+        assert_eq!(t.get(id).unwrap().queued_bytes, 0);
+        // A request bigger than the window waits for it: no sample.
+        let big = t.on_request_sent(id, 200_000, t0 + ms(40));
+        t.on_request_answered(big, t0 + ms(400));
+        assert!(near(rate(&t, t0 + ms(400)).unwrap(), 5e6));
+        // The drain rate is the pacing rate (1.25 windows per RTT: 12.5 MB/s) bounded by it.
+        let p = t.get(id).unwrap();
+        assert!(near(p.drain_rate(t0 + ms(400)).unwrap(), 5e6));
+        // Forgotten 2 s after the last sample: the path is paced again.
+        let quiet = t0 + ms(34) + SERVED_TTL + ms(1);
+        assert_eq!(p.served_rate(quiet), None);
+        assert!(near(p.drain_rate(quiet).unwrap(), 12.5e6));
+        t.on_connection_lost(id, t0 + ms(500));
+        assert_eq!(rate(&t, t0 + ms(500)), None);
     }
 
     #[test]

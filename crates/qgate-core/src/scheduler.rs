@@ -175,7 +175,7 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// For each usable path, with `r` its RTT (QUIC's latest smoothed RTT), `w` its congestion
 /// window, `b` this request's bytes, `ℓ` its packet loss rate, `D` the rate its sender drains
 /// requests at (quinn's pacing rate `1.25 · w / r`, bounded by `C`, the rate the path answered
-/// requests while busy, once measured) and `B` the request bytes still unsent on it (a fluid
+/// requests, once measured: `PathTable::on_request_answered`) and `B` the request bytes still unsent on it (a fluid
 /// queue of the pending requests drained at `D`):
 ///
 /// `E = max(r · (1 + F((B + b) / (1.25 · w))), r + (B + b) / C) + r · (1 − (1 − ℓ)^(⌈b / 1200⌉ + 1))`
@@ -219,7 +219,7 @@ impl Completion {
             .cwnd
             .map_or(ASSUMED_WINDOW, |c| c as f64)
             .max(PACKET_PAYLOAD);
-        let backlog = p.drain_rate().map_or(0.0, |d| p.backlog(d, now));
+        let backlog = p.drain_rate(now).map_or(0.0, |d| p.backlog(d, now));
         let ahead = backlog + bytes as f64;
         let windows = ahead / (PACING_GAIN * w);
         let flights = 1.0
@@ -228,7 +228,7 @@ impl Completion {
             } else {
                 windows
             };
-        let served = p.served_rate().map_or(0.0, |c| ahead / c);
+        let served = p.served_rate(now).map_or(0.0, |c| ahead / c);
         let packets = (bytes as f64 / PACKET_PAYLOAD).ceil() + 1.0;
         let retransmit = 1.0 - (1.0 - p.loss.clamp(0.0, 1.0)).powf(packets);
         Some((r * flights).max(r + served).max(waited) + r * retransmit)
@@ -460,6 +460,7 @@ mod tests {
                 sent_packets: sent,
                 lost_packets: (sent as f64 * loss).round() as u64,
                 congestion_events: 1,
+                min_rtt: Duration::from_millis(*rtt),
             };
             t.on_connection_sample(PathId(i), s(0));
             // Enough packets for the average to settle on the rate.
@@ -580,7 +581,7 @@ mod tests {
     }
 
     /// Bytes already sent (drained at the pacing rate) do not hold a new request back; unsent
-    /// ones do; and a path whose answers came slowly while it was busy is charged for its
+    /// ones do; and a path whose answers came slowly is charged for its
     /// backlog at that rate, however large its window (decision G14).
     #[test]
     fn completion_counts_unsent_bytes_at_the_rate_the_path_serves() {
@@ -604,15 +605,15 @@ mod tests {
         );
 
         // Path 0 has a window of 10 MB (paced at 1.25 GB/s) but answered 16 KB every 16 ms
-        // while busy: 1 MB/s.
+        // (from one min RTT after they were sent): 1 MB/s.
         let mut t = measured(&[(10, 10_000_000, 0.0, true), (12, 64_000, 0.0, true)]);
         let sent: Vec<_> = (0..6)
             .map(|_| t.on_request_sent(PathId(0), 16_384, t0 - ms(200)))
             .collect();
         for (k, ticket) in sent.into_iter().enumerate() {
-            t.on_request_answered(ticket, t0 - ms(100) + ms(16 * k as u64));
+            t.on_request_answered(ticket, t0 - ms(190) + ms(16 * (k as u64 + 1)));
         }
-        let served = t.get(PathId(0)).unwrap().served_rate().unwrap();
+        let served = t.get(PathId(0)).unwrap().served_rate(t0).unwrap();
         assert!((served - 1_024_000.0).abs() < 1.0, "{served}");
         let mut u = measured(&[(10, 10_000_000, 0.0, true), (12, 64_000, 0.0, true)]);
         for table in [&mut t, &mut u] {

@@ -696,6 +696,7 @@ pub(crate) fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
         sent_packets: p.sent_packets,
         lost_packets: p.lost_packets,
         congestion_events: p.congestion_events,
+        min_rtt: p.min_rtt,
     }
 }
 
