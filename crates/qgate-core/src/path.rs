@@ -67,7 +67,8 @@ pub struct ConnectionSample {
 }
 
 /// A forwarded request's place in its path's queue, handed back with
-/// [`PathTable::on_request_done`].
+/// [`PathTable::on_request_answered`] or [`PathTable::on_request_done`] (either, or both in
+/// that order: the second finds nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
     /// The path it went out on.
@@ -87,6 +88,9 @@ pub const PACING_GAIN: f64 = 1.25;
 
 /// How much each earlier sample of a path's answer rate still counts when a new one arrives (about the last ten answers).
 const SERVED_DECAY: f64 = 0.9;
+
+/// The smallest request whose answer is a sample of the answer rate: one packet's payload.
+const SERVED_MIN_BYTES: u64 = 1_200;
 
 /// Samples needed before the answer rate bounds the drain rate.
 const SERVED_MIN_SAMPLES: u32 = 4;
@@ -157,20 +161,22 @@ impl PathState {
     /// order they came: a fluid queue over the pending requests. Bytes already sent and
     /// waiting for their answer take no sending capacity, so unlike `queued_bytes` this does
     /// not count them.
+    ///
+    /// Computed newest first as the largest `bytes sent since t − rate × (now − t)` over the
+    /// send times `t` (the unrolled Lindley recursion), stopping once `rate × (now − t)`
+    /// exceeds every pending byte: only recent requests are visited.
     pub fn backlog(&self, rate: f64, now: Instant) -> f64 {
-        let mut backlog = 0.0f64;
-        let mut at: Option<Instant> = None;
-        for q in self.pending.values() {
-            if let Some(prev) = at {
-                let drained = rate * q.sent.saturating_duration_since(prev).as_secs_f64();
-                backlog = (backlog - drained).max(0.0);
+        let total = self.queued_bytes as f64;
+        let (mut since, mut backlog) = (0.0f64, 0.0f64);
+        for q in self.pending.values().rev() {
+            let drained = rate * now.saturating_duration_since(q.sent).as_secs_f64();
+            if drained >= total {
+                break;
             }
-            backlog += q.bytes as f64;
-            at = Some(q.sent);
+            since += q.bytes as f64;
+            backlog = backlog.max(since - drained);
         }
-        at.map_or(0.0, |prev| {
-            (backlog - rate * now.saturating_duration_since(prev).as_secs_f64()).max(0.0)
-        })
+        backlog
     }
 
     /// The rate, bytes/s, at which the path answered requests, once measured and while fresh:
@@ -180,7 +186,7 @@ impl PathState {
         let fresh = self
             .served_at
             .is_some_and(|t| now.saturating_duration_since(t) <= SERVED_TTL);
-        (fresh && n >= SERVED_MIN_SAMPLES && secs > 0.0).then(|| bytes / secs)
+        (fresh && n >= SERVED_MIN_SAMPLES && secs > 0.0 && bytes > 0.0).then(|| bytes / secs)
     }
 
     /// The rate, bytes/s, at which the path's sender drains its queue: quinn's pacing rate
@@ -453,7 +459,8 @@ impl PathTable {
             return;
         };
         p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
-        if let Some(r0) = p.min_rtt.filter(|_| in_window) {
+        // A request under a packet (an empty GET, say) times the server, not the path.
+        if let Some(r0) = p.min_rtt.filter(|_| in_window && bytes >= SERVED_MIN_BYTES) {
             // The path served these bytes from when it could start on them: the previous
             // answer, or the request's earliest answer over an idle path (sent + min RTT).
             let earliest = sent + r0;
@@ -472,8 +479,8 @@ impl PathTable {
                     s * SERVED_DECAY + gap,
                     n.saturating_add(1),
                 );
-            } else if p.served.2 > 0 {
-                // Answered with the previous one: these bytes were served in its gap.
+            } else if p.served_at == Some(now) {
+                // Answered with the previous sample: these bytes were served in its gap.
                 p.served.0 += bytes as f64;
             }
         }
@@ -495,6 +502,7 @@ impl PathTable {
             p.served = (0.0, 0.0, 0);
             p.served_at = None;
             p.last_answer = None;
+            p.min_rtt = None;
             p.next_probe = p.next_probe.min(now + p.timeout(&cfg));
         }
     }
@@ -600,6 +608,25 @@ mod tests {
         let quiet = t0 + ms(34) + SERVED_TTL + ms(1);
         assert_eq!(p.served_rate(quiet), None);
         assert!(near(p.drain_rate(quiet).unwrap(), 12.5e6));
+        // The next sample starts afresh (one sample: not yet a rate)...
+        let k = t.on_request_sent(id, 10_000, quiet);
+        t.on_request_answered(k, quiet + ms(14));
+        assert_eq!(t.get(id).unwrap().served.2, 1);
+        assert_eq!(rate(&t, quiet + ms(14)), None);
+        // ...and an answer at the same instant as a sample adds its bytes to that sample's gap.
+        let two: Vec<_> = (0..2)
+            .map(|_| t.on_request_sent(id, 10_000, quiet + ms(20)))
+            .collect();
+        t.on_request_answered(two[0], quiet + ms(32));
+        t.on_request_answered(two[1], quiet + ms(32));
+        let (bytes, secs, n) = t.get(id).unwrap().served;
+        assert_eq!(n, 2);
+        assert!(near(bytes, 10_000.0 * SERVED_DECAY + 20_000.0), "{bytes}");
+        assert!(near(secs, 0.004 * SERVED_DECAY + 0.002), "{secs}");
+        // A small request's answer times the server, not the path: no sample.
+        let small = t.on_request_sent(id, 100, quiet + ms(40));
+        t.on_request_answered(small, quiet + ms(60));
+        assert_eq!(t.get(id).unwrap().served.2, 2);
         t.on_connection_lost(id, t0 + ms(500));
         assert_eq!(rate(&t, t0 + ms(500)), None);
     }

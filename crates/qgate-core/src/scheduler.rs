@@ -175,7 +175,7 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// For each usable path, with `r` its RTT (QUIC's latest smoothed RTT), `w` its congestion
 /// window, `b` this request's bytes, `ℓ` its packet loss rate, `D` the rate its sender drains
 /// requests at (quinn's pacing rate `1.25 · w / r`, bounded by `C`, the rate the path answered
-/// requests, once measured: `PathTable::on_request_answered`) and `B` the request bytes still unsent on it (a fluid
+/// requests, once measured and fresh: `PathTable::on_request_answered`) and `B` the request bytes still unsent on it (a fluid
 /// queue of the pending requests drained at `D`):
 ///
 /// `E = max(r · (1 + F((B + b) / (1.25 · w))), r + (B + b) / C) + r · (1 − (1 − ℓ)^(⌈b / 1200⌉ + 1))`
@@ -184,8 +184,8 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// quinn paces 1.25 windows per round trip, so `x` of those take `F(x) = x` round trips once the
 /// connection has had a congestion event, and `F(x) = log2(1 + x)` before, in slow start, where
 /// the window doubles every round trip it is filled; at least the time the path's bottleneck
-/// needs for those bytes at the rate it was seen to serve (a window grown past the capacity
-/// paces faster than the path delivers); plus a round trip for a retransmission weighted by the
+/// needs for those bytes at the rate it was seen to serve, while `C` is known (a window grown
+/// past the capacity paces faster than the path delivers); plus a round trip for a retransmission weighted by the
 /// chance that one of the request's packets (or its answer) is lost. Once the
 /// oldest request unanswered on the path has waited longer than the path table's timeout
 /// (`max(3 × srtt, 100 ms)`), the first term is at least that wait: a path that went silent or
@@ -234,15 +234,9 @@ impl Completion {
         Some((r * flights).max(r + served).max(waited) + r * retransmit)
     }
 
-    /// The usable path with the lowest cost, `cost` giving `None` for an unmeasured path.
-    fn best(
-        table: &PathTable,
-        avoid: &[PathId],
-        cost: impl Fn(&PathState) -> Option<f64>,
-    ) -> Option<PathId> {
-        table
-            .usable(avoid)
-            .map(|p| (cost(p).unwrap_or(f64::INFINITY), p.id))
+    /// The path with the lowest cost among `costs`, the lower index on a tie.
+    fn best(costs: impl Iterator<Item = (f64, PathId)>) -> Option<PathId> {
+        costs
             .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
             .map(|(_, id)| id)
     }
@@ -254,15 +248,24 @@ impl Scheduler for Completion {
     }
 
     fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
-        let cost = |p: &PathState| Self::expected(table, p, ask.bytes, ask.now);
-        let first = Self::best(table, ask.avoid, cost)?;
+        // Each usable path's expected completion, once (unmeasured paths last).
+        let costs: Vec<(f64, PathId)> = table
+            .usable(ask.avoid)
+            .map(|p| {
+                let e = Self::expected(table, p, ask.bytes, ask.now);
+                (e.unwrap_or(f64::INFINITY), p.id)
+            })
+            .collect();
+        let first = Self::best(costs.iter().copied())?;
         match ask.priority {
             Priority::Priority => Some(first),
             Priority::BestEffort => {
                 let m = 1.0 + self.best_effort_margin;
-                Self::best(table, ask.avoid, |p| {
-                    cost(p).map(|e| if p.id == first { e * m } else { e })
-                })
+                Self::best(
+                    costs
+                        .iter()
+                        .map(|&(e, id)| (if id == first { e * m } else { e }, id)),
+                )
             }
         }
     }
@@ -606,7 +609,8 @@ mod tests {
 
         // Path 0 has a window of 10 MB (paced at 1.25 GB/s) but answered 16 KB every 16 ms
         // (from one min RTT after they were sent): 1 MB/s.
-        let mut t = measured(&[(10, 10_000_000, 0.0, true), (12, 64_000, 0.0, true)]);
+        let rows = [(10, 10_000_000, 0.0, true), (24, 64_000, 0.0, true)];
+        let mut t = measured(&rows);
         let sent: Vec<_> = (0..6)
             .map(|_| t.on_request_sent(PathId(0), 16_384, t0 - ms(200)))
             .collect();
@@ -615,16 +619,22 @@ mod tests {
         }
         let served = t.get(PathId(0)).unwrap().served_rate(t0).unwrap();
         assert!((served - 1_024_000.0).abs() < 1.0, "{served}");
-        let mut u = measured(&[(10, 10_000_000, 0.0, true), (12, 64_000, 0.0, true)]);
+        // 48 KB sent 40 ms ago: 8 KB still unsent at 1 MB/s, so a 16 KB request takes
+        // 10 + 24 = 34 ms on path 0 against 24 × 1.2 = 29 ms on path 1 (drained at the pacing
+        // rate it would be 10 + 16 = 26 ms; with nothing measured, 10 ms).
+        let mut u = measured(&rows);
         for table in [&mut t, &mut u] {
             for _ in 0..3 {
-                table.on_request_sent(PathId(0), 16_384, t0);
+                table.on_request_sent(PathId(0), 16_384, t0 - ms(40));
             }
         }
+        let p0 = t.get(PathId(0)).unwrap();
+        let backlog = p0.backlog(p0.drain_rate(t0).unwrap(), t0);
+        assert!((backlog - 8_192.0).abs() < 1.0, "{backlog}");
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(1),
-            "65 ms of backlog at 1 MB/s"
+            "34 ms on path 0 > 29 ms on path 1"
         );
         assert_eq!(
             completion(&u, Priority::Priority),

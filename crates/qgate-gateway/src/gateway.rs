@@ -640,8 +640,13 @@ impl Gateway {
                     // loss for the per-request scheduler.
                     // Read under the table's lock: samples from concurrent answers are applied
                     // in the order they were taken, so the counters never seem to go back.
+                    // A success times the path (decision G14); a refusal may not have read the
+                    // body, so its ticket only ends (when `queued` drops).
+                    let answered = Instant::now().into_std();
                     self.paths.with_table(|t| {
-                        t.on_request_answered(queued.ticket, Instant::now().into_std());
+                        if r.status.is_success() {
+                            t.on_request_answered(queued.ticket, answered);
+                        }
                         t.on_heard(path);
                         t.on_connection_sample(path, connection_sample(client.connection()));
                     });

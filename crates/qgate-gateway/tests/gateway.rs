@@ -40,7 +40,7 @@ async fn every_scheduler_answers_every_request() {
             "single" => assert_eq!(used, [50, 0, 0]),
             "round-robin" => assert!(used.iter().all(|u| *u >= 16), "{used:?}"),
             // One request at a time: nothing queued anywhere, so every request takes the
-            // lowest RTT (20 ms round trip; the next path's 40 ms is beyond best effort's 1.5×).
+            // lowest RTT (20 ms round trip; the next path's 40 ms is beyond best effort's 1.15×).
             "completion" => assert_eq!(used, [50, 0, 0], "{sched}"),
             _ => {
                 // Best-effort devices spread over the paths by hits (tie → lower RTT).

@@ -23,8 +23,9 @@ pub struct DemoArgs {
     /// Gateway demo: seconds of traffic [default: 10].
     #[arg(long)]
     duration: Option<u64>,
-    /// Gateway demo: completion, adaptive, round-robin or single [default: the gateway's].
-    #[arg(long)]
+    #[arg(long, help = crate::dflt(
+        "Gateway demo: completion, adaptive, round-robin or single",
+        qgate_core::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
     /// Gateway demo: run in virtual time (no live view; finishes at once).
     #[arg(long = "virtual")]

@@ -30,7 +30,7 @@ pub struct GatewayDemo {
     pub interval: Duration,
     /// Bytes per request.
     pub body_bytes: usize,
-    /// adaptive, completion, round-robin or single.
+    /// completion, adaptive, round-robin or single.
     pub scheduler: &'static str,
     /// Random loss on every path.
     pub loss: f64,

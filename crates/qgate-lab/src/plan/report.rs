@@ -145,8 +145,6 @@ impl<'a> Table<'a> {
     }
 }
 
-/// Metric names the summary shows: the plan's list (exact names, or a prefix ending in `*`),
-/// else every scalar.
 /// Whether metric `name` matches `pattern`, where each `*` stands for any run of characters
 /// (`gw.path*_share` matches `gw.path1_share`).
 fn glob(pattern: &str, name: &str) -> bool {
@@ -165,9 +163,11 @@ fn glob(pattern: &str, name: &str) -> bool {
             None => return false,
         }
     }
-    rest.len() >= last.len() && rest.ends_with(last)
+    rest.ends_with(last)
 }
 
+/// Metric names the summary shows: the plan's list (names, `*` standing for any characters),
+/// else every scalar.
 fn metrics(loaded: &Loaded, records: &[Record]) -> Vec<String> {
     let all: BTreeSet<&String> = records.iter().flat_map(|r| r.scalars.keys()).collect();
     let want = &loaded.plan.plan.metrics;
@@ -697,6 +697,8 @@ mod tests {
             ("gw.path*_share", "gw.path1_priority_share", true),
             ("gw.path*_share", "gw.path1_util", false),
             ("gw.*", "gw.total_s", true),
+            ("gw.path*", "gw.path1_util", true),
+            ("gw.path*", "gw.total_s", false),
             ("gw.total_s", "gw.total_s", true),
             ("gw.total_s", "gw.total_s2", false),
             ("*_mean", "gw.response_ms_mean", true),

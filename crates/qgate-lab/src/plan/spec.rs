@@ -47,7 +47,8 @@ pub struct Header {
     /// Simulated time per run, s: every workload stops by then.
     pub duration_s: f64,
     /// Metrics written to the summary tables (all when empty). Names are
-    /// `<workload>.<metric>`; `README` lists each workload's metrics.
+    /// `<workload>.<metric>`, where `*` stands for any characters (`gw.path*_share`); `README`
+    /// lists each workload's metrics.
     #[serde(default)]
     pub metrics: Vec<String>,
     /// What `--quick` changes.
