@@ -100,14 +100,7 @@ impl GatewayBench {
 
     /// The shaped gateway's own CPU per forwarded request, µs, per pair.
     pub fn shaped_cpu_us_per_req(&self) -> Summary {
-        Summary::of(
-            &self
-                .via_gateway_shaped
-                .iter()
-                .zip(&self.direct)
-                .map(|(s, d)| s.cpu_us_per_req - d.cpu_us_per_req)
-                .collect::<Vec<_>>(),
-        )
+        cpu_beyond(&self.via_gateway_shaped, &self.direct)
     }
 
     /// Requests/s through the gateway (mean ± std).
@@ -122,14 +115,7 @@ impl GatewayBench {
     /// through the gateway minus per request direct (devices and server do the same work in
     /// both), closed loop, per pair.
     pub fn gateway_cpu_us_per_req(&self) -> Summary {
-        Summary::of(
-            &self
-                .via_gateway
-                .iter()
-                .zip(&self.direct)
-                .map(|(g, d)| g.cpu_us_per_req - d.cpu_us_per_req)
-                .collect::<Vec<_>>(),
-        )
+        cpu_beyond(&self.via_gateway, &self.direct)
     }
     /// Added median latency at saturation, ms (mean ± std over repeats).
     pub fn added_p50_ms(&self) -> Summary {
@@ -139,6 +125,16 @@ impl GatewayBench {
     pub fn added_p50_paced_ms(&self) -> Summary {
         added(&self.via_gateway_paced, &self.direct_paced)
     }
+}
+
+/// CPU per request through a gateway minus direct, µs, per pair.
+fn cpu_beyond(via: &[Load], direct: &[Load]) -> Summary {
+    Summary::of(
+        &via.iter()
+            .zip(direct)
+            .map(|(g, d)| g.cpu_us_per_req - d.cpu_us_per_req)
+            .collect::<Vec<_>>(),
+    )
 }
 
 fn added(via: &[Load], direct: &[Load]) -> Summary {

@@ -18,6 +18,26 @@ pub mod paper004_kernel;
 pub mod paper004_report;
 pub mod paper004_results;
 
+/// The rows of a results.csv a kernel lab wrote (header skipped, blank lines ignored): each
+/// split at commas, which must give `fields` fields, and read by `row` (`None`: malformed).
+pub(crate) fn parse_rows<T>(
+    text: &str,
+    fields: usize,
+    row: impl Fn(&[&str]) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    text.lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f.len() == fields)
+                .then(|| row(&f))
+                .flatten()
+                .ok_or_else(|| format!("results.csv: bad row '{l}'"))
+        })
+        .collect()
+}
+
 /// The points of `sweep` present in `records`: (index, x), in sweep order.
 pub(crate) fn sweep_points(records: &[crate::plan::run::Record], sweep: &str) -> Vec<(usize, f64)> {
     let mut v: Vec<(usize, f64)> = records

@@ -216,25 +216,16 @@ pub fn run(
 
 /// Read back what [`csv`] wrote (to re-render a summary without re-running).
 pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
-    text.lines()
-        .skip(1)
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let bad = || format!("results.csv: bad row '{l}'");
-            if f.len() != 6 {
-                return Err(bad());
-            }
-            Ok(KernelUploadRun {
-                scheme: f[0].into(),
-                sweep: f[1].into(),
-                buffer_kb: f[2].parse().map_err(|_| bad())?,
-                rep: f[3].parse().map_err(|_| bad())?,
-                goodput_mbps: f[4].parse().map_err(|_| bad())?,
-                lateness_p99_us: f[5].parse().map_err(|_| bad())?,
-            })
+    super::parse_rows(text, 6, |f| {
+        Some(KernelUploadRun {
+            scheme: f[0].into(),
+            sweep: f[1].into(),
+            buffer_kb: f[2].parse().ok()?,
+            rep: f[3].parse().ok()?,
+            goodput_mbps: f[4].parse().ok()?,
+            lateness_p99_us: f[5].parse().ok()?,
         })
-        .collect()
+    })
 }
 
 /// results.csv: one row per run.

@@ -304,29 +304,19 @@ pub fn run(
 
 /// The runs of a results.csv that [`csv`] wrote.
 pub fn parse_csv(text: &str) -> Result<Vec<EdgeRun>, String> {
-    text.lines()
-        .skip(1)
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let bad = || format!("results.csv: bad row '{l}'");
-            if f.len() != 9 {
-                return Err(bad());
-            }
-            let n = |i: usize| f[i].parse::<f64>().map_err(|_| bad());
-            Ok(EdgeRun {
-                scheme: f[0].into(),
-                rep: f[1].parse().map_err(|_| bad())?,
-                priority_n: f[2].parse().map_err(|_| bad())?,
-                priority_mean_ms: n(3)?,
-                priority_p50_ms: n(4)?,
-                priority_p99_ms: n(5)?,
-                bulk_goodput_mbps: n(6)?,
-                modem_queue_ms: n(7)?,
-                lateness_p99_us: f[8].parse().map_err(|_| bad())?,
-            })
+    super::parse_rows(text, 9, |f| {
+        Some(EdgeRun {
+            scheme: f[0].into(),
+            rep: f[1].parse().ok()?,
+            priority_n: f[2].parse().ok()?,
+            priority_mean_ms: f[3].parse().ok()?,
+            priority_p50_ms: f[4].parse().ok()?,
+            priority_p99_ms: f[5].parse().ok()?,
+            bulk_goodput_mbps: f[6].parse().ok()?,
+            modem_queue_ms: f[7].parse().ok()?,
+            lateness_p99_us: f[8].parse().ok()?,
         })
-        .collect()
+    })
 }
 
 /// results.csv: one row per run.
