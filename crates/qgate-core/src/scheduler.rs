@@ -44,7 +44,7 @@ impl<'a> Ask<'a> {
 
 /// Picks a path for a request.
 pub trait Scheduler: Send {
-    /// `completion`, `adaptive`, `round-robin` or `single`.
+    /// One of [`SCHEDULERS`].
     fn name(&self) -> &'static str;
 
     /// The path for `ask` among the table's usable paths (up, not avoided); `None` if there is
@@ -77,20 +77,75 @@ fn rtt_key(p: &PathState) -> Duration {
 pub struct Adaptive {
     /// Relative RTT improvement that moves a priority device (0.25 = 25 % lower).
     pub hysteresis: f64,
+    /// What a path's hits count.
+    pub hits: Hits,
 }
+
+/// What `adaptive` compares best-effort paths by (decision G15).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hits {
+    /// The devices assigned to the path now (Table 1: "the number of clients who are using
+    /// this network path"): the path table's `hits`.
+    Devices,
+    /// The data packets forwarded on the path so far (§3.4 step 11: the proxy increases the
+    /// hits once a packet's path is determined): each request counts its body in the paper's
+    /// 50-byte records, at least one; counted here, where the path is determined.
+    Packets(Vec<u64>),
+}
+
+/// The paper's record: "each packet contains the payload of 50 bytes" (§4.1).
+pub const PAPER_RECORD_BYTES: u64 = 50;
 
 impl Default for Adaptive {
     fn default() -> Self {
-        Adaptive { hysteresis: 0.25 }
+        Adaptive {
+            hysteresis: 0.25,
+            hits: Hits::Devices,
+        }
+    }
+}
+
+impl Adaptive {
+    /// `adaptive-packets`: hits count forwarded data packets (§3.4 step 11).
+    pub fn packets() -> Adaptive {
+        Adaptive {
+            hits: Hits::Packets(Vec::new()),
+            ..Adaptive::default()
+        }
+    }
+
+    /// `p`'s hits as this variant counts them.
+    fn hits_of(&self, p: &PathState) -> u64 {
+        match &self.hits {
+            Hits::Devices => u64::from(p.hits),
+            Hits::Packets(sent) => sent.get(p.id.0).copied().unwrap_or(0),
+        }
     }
 }
 
 impl Scheduler for Adaptive {
     fn name(&self) -> &'static str {
-        "adaptive"
+        match self.hits {
+            Hits::Devices => "adaptive",
+            Hits::Packets(_) => "adaptive-packets",
+        }
     }
 
     fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
+        let pick = self.assign(table, ask);
+        if let (Some(p), Hits::Packets(sent)) = (pick, &mut self.hits) {
+            if sent.len() <= p.0 {
+                sent.resize(p.0 + 1, 0);
+            }
+            sent[p.0] += ask.bytes.div_ceil(PAPER_RECORD_BYTES).max(1);
+        }
+        pick
+    }
+}
+
+impl Adaptive {
+    /// The device's path for `ask` (§3.3, decision G1).
+    fn assign(&self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
         let cur = ask
             .current
             .and_then(|c| table.get(c))
@@ -116,7 +171,7 @@ impl Scheduler for Adaptive {
                 Some(c) => Some(c.id),
                 None => table
                     .usable(ask.avoid)
-                    .min_by_key(|p| (p.hits, rtt_key(p), p.id))
+                    .min_by_key(|p| (self.hits_of(p), rtt_key(p), p.id))
                     .map(|p| p.id),
             },
         }
@@ -275,13 +330,20 @@ impl Scheduler for Completion {
 pub const DEFAULT_SCHEDULER: &str = "completion";
 
 /// Every scheduler's name, the default first.
-pub const SCHEDULERS: [&str; 4] = ["completion", "adaptive", "round-robin", "single"];
+pub const SCHEDULERS: [&str; 5] = [
+    "completion",
+    "adaptive",
+    "adaptive-packets",
+    "round-robin",
+    "single",
+];
 
 /// A scheduler by name: one of [`SCHEDULERS`].
 pub fn by_name(name: &str) -> Result<Box<dyn Scheduler>, String> {
     match name {
         "completion" => Ok(Box::new(Completion::default())),
         "adaptive" => Ok(Box::new(Adaptive::default())),
+        "adaptive-packets" => Ok(Box::new(Adaptive::packets())),
         "round-robin" | "roundrobin" | "rr" => Ok(Box::new(RoundRobin::default())),
         "single" => Ok(Box::new(Single { path: PathId(0) })),
         other => Err(format!(
@@ -421,6 +483,43 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_packets_counts_forwarded_records_not_devices() {
+        let (hi, be) = (Priority::Priority, Priority::BestEffort);
+        // Device hits say path 2 (fewest devices); packets have not been counted yet, so the
+        // packet variant ties at 0 and takes the lowest RTT.
+        let t = table(&[
+            (Some(30), 5, true),
+            (Some(10), 4, true),
+            (Some(20), 1, true),
+        ]);
+        assert_eq!(
+            Adaptive::default().pick(&t, &ask(be, None)),
+            Some(PathId(2))
+        );
+        let mut s = Adaptive::packets();
+        assert_eq!(s.name(), "adaptive-packets");
+        // Every pick counts the request's 50-byte records on its path: 16 384 B = 328.
+        assert_eq!(s.pick(&t, &ask(be, None)), Some(PathId(1)));
+        assert_eq!(s.hits, Hits::Packets(vec![0, 328]));
+        // A priority request on the lowest RTT counts too, so the next new best-effort device
+        // goes to the path with the fewest packets, the 20 ms one.
+        assert_eq!(s.pick(&t, &ask(hi, None)), Some(PathId(1)));
+        assert_eq!(s.pick(&t, &ask(be, None)), Some(PathId(2)));
+        assert_eq!(s.pick(&t, &ask(be, None)), Some(PathId(0)));
+        assert_eq!(s.hits, Hits::Packets(vec![328, 656, 328]));
+        // An assigned best-effort device keeps its path (G1) and still counts there; an empty
+        // body is one packet.
+        assert_eq!(s.pick(&t, &ask(be, Some(PathId(1)))), Some(PathId(1)));
+        let empty = Ask::new(be, 0, Some(PathId(0)), T0.with(|t| *t));
+        assert_eq!(s.pick(&t, &empty), Some(PathId(0)));
+        assert_eq!(s.hits, Hits::Packets(vec![329, 984, 328]));
+        // Nothing up: nothing picked, nothing counted.
+        let down = table(&[(Some(10), 0, false)]);
+        assert_eq!(s.pick(&down, &ask(be, None)), None);
+        assert_eq!(s.hits, Hits::Packets(vec![329, 984, 328]));
+    }
+
+    #[test]
     fn round_robin_rotates_over_up_paths() {
         let t = table(&[
             (Some(10), 0, true),
@@ -449,7 +548,11 @@ mod tests {
         assert!(by_name("fastest")
             .err()
             .unwrap()
-            .contains("completion, adaptive, round-robin, single"));
+            .contains("completion, adaptive, adaptive-packets, round-robin, single"));
+        assert_eq!(
+            by_name("adaptive-packets").unwrap().name(),
+            "adaptive-packets"
+        );
         assert_eq!(by_name("rr").unwrap().name(), "round-robin");
     }
 

@@ -1,6 +1,7 @@
 //! A device: registers with a gateway for a Hash ID (paper 000 Fig. 2 steps 4–6), then sends
 //! records carrying it (step 10). Used by `qgate device`, the demo and the experiments.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -62,7 +63,8 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A registered device on one HTTP/3 connection to a gateway.
 pub struct Device {
-    h3: H3Client,
+    /// Shared by the sessions registered on one connection ([`Device::also`]).
+    h3: Arc<H3Client>,
     hash: String,
 }
 
@@ -78,6 +80,16 @@ pub struct Sent {
 impl Device {
     /// Register over `h3` with `priority` (true = class 1).
     pub async fn register(h3: H3Client, priority: bool) -> Result<Device, DeviceError> {
+        Self::register_on(Arc::new(h3), priority).await
+    }
+
+    /// Register another session, of class `priority`, on this device's connection: a device
+    /// that sends both classes (paper 000 §4.1) holds one session per class.
+    pub async fn also(&self, priority: bool) -> Result<Device, DeviceError> {
+        Self::register_on(self.h3.clone(), priority).await
+    }
+
+    async fn register_on(h3: Arc<H3Client>, priority: bool) -> Result<Device, DeviceError> {
         let req = http::Request::post("https://gateway/register")
             .header(
                 PRIORITY_HEADER,

@@ -171,7 +171,7 @@ fn proxy_point_runs_for_every_scheme() {
                 .is_some_and(|p| p.sweep == "delay-hetero" && p.x == 30.0)
         })
         .collect();
-    assert_eq!(variants.len(), 4);
+    assert_eq!(variants.len(), 5);
     let t = std::time::Instant::now();
     let mut means = Vec::new();
     for v in &variants {
@@ -194,6 +194,44 @@ fn proxy_point_runs_for_every_scheme() {
     // adaptive's cost of parking best-effort devices on the slow ones.
     let co = get("completion");
     assert!(co < ad, "completion {co} ms vs adaptive {ad} ms");
+}
+
+#[test]
+fn proxy_devices_sending_both_classes_split_each_device_in_two() {
+    use qgate_lab::plan::{run::run_variant, Options};
+    let plan = qgate_lab::papers::paper000::plan().unwrap();
+    let variants: Vec<_> = plan
+        .variants(&Options {
+            quick: true,
+            set: vec![(
+                "workloads.gw.classes".into(),
+                toml::Value::String("both".into()),
+            )],
+            schemes: vec!["adaptive-packets".into()],
+            ..Default::default()
+        })
+        .unwrap()
+        .into_iter()
+        .filter(|v| {
+            v.point
+                .as_ref()
+                .is_some_and(|p| p.sweep == "delay-hetero" && p.x == 10.0)
+        })
+        .collect();
+    assert_eq!(variants.len(), 1);
+    let r = run_variant(&variants[0]).unwrap();
+    assert_eq!(r.scalars["gw.failed"], 0.0);
+    // Ten devices, 32 requests each, alternating classes: 160 of each.
+    assert_eq!(r.samples["gw.priority_ms"].len(), 160);
+    assert_eq!(r.samples["gw.best_effort_ms"].len(), 160);
+    // Priority requests take the lowest RTT (path 1); best-effort sessions are spread by the
+    // packets each path has carried, so paths 2 and 3 carry some.
+    assert_eq!(r.scalars["gw.path1_priority_share"], 1.0);
+    assert!(
+        r.scalars["gw.path2_share"] + r.scalars["gw.path3_share"] > 0.1,
+        "{:?}",
+        r.scalars
+    );
 }
 
 #[test]

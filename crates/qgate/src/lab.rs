@@ -24,7 +24,7 @@ pub struct DemoArgs {
     #[arg(long)]
     duration: Option<u64>,
     #[arg(long, help = crate::dflt(
-        "Gateway demo: completion, adaptive, round-robin or single",
+        "Gateway demo: completion, adaptive, adaptive-packets, round-robin or single",
         qgate_core::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
     /// Gateway demo: run in virtual time (no live view; finishes at once).

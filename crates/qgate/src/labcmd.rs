@@ -126,9 +126,14 @@ pub struct ProxyArgs {
     /// Seeds per point [default: the plan's, 5].
     #[arg(long)]
     seeds: Option<u64>,
-    /// Where to write results [default: results/proxy].
+    /// Where to write results [default: results/proxy; every device sending both classes in
+    /// its both-classes/].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Only this scenario: `device` (one class per device) or `both` (every device sends both,
+    /// as the paper's clients) [default: each in turn].
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(qgate_lab::papers::paper000::SCENARIOS.map(|s| s.0)))]
+    classes: Option<String>,
     /// Simulations run at once [default: one per core].
     #[arg(long, short = 'j')]
     jobs: Option<usize>,
@@ -577,14 +582,27 @@ fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
     use qgate_lab::papers::paper000;
     let loaded = paper000::plan().map_err(usage)?;
-    let opts = qgate_lab::plan::Options {
-        seeds: a.seeds,
-        quick: a.quick,
-        ..Default::default()
-    };
-    run_plan(&loaded, &opts, a.jobs, a.out, false, |records| {
-        paper000::against_paper(&loaded, records)
-    })
+    let root = a.out.unwrap_or_else(|| PathBuf::from("results/proxy"));
+    for (classes, sub) in paper000::SCENARIOS {
+        if a.classes.as_ref().is_some_and(|c| c != classes) {
+            continue;
+        }
+        let opts = qgate_lab::plan::Options {
+            seeds: a.seeds,
+            quick: a.quick,
+            set: vec![(
+                "workloads.gw.classes".into(),
+                toml::Value::String(classes.into()),
+            )],
+            ..Default::default()
+        };
+        let eff = loaded.overridden(&opts).map_err(usage)?;
+        let out = sub.map_or(root.clone(), |s| root.join(s));
+        let ran = execute(&loaded, &opts, a.jobs)?;
+        let extra = paper000::against_paper(&eff, &ran.records);
+        write_results(&eff, &opts, &ran, out, false, &extra)?;
+    }
+    Ok(())
 }
 
 fn upload_cmd(a: UploadArgs) -> Result<(), Failure> {

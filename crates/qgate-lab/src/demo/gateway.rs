@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use qgate_netsim::topology::LinkChange;
 use qgate_netsim::{LossModel, World};
 
-use crate::plan::spec::GatewayLoad;
+use crate::plan::spec::{Classes, GatewayLoad};
 use crate::plan::workload::{gateway, Setup};
 use crate::stats::Summary;
 
@@ -30,7 +30,7 @@ pub struct GatewayDemo {
     pub interval: Duration,
     /// Bytes per request.
     pub body_bytes: usize,
-    /// completion, adaptive, round-robin or single.
+    /// A scheduler by name (`qgate_core::scheduler::SCHEDULERS`).
     pub scheduler: &'static str,
     /// Random loss on every path.
     pub loss: f64,
@@ -165,11 +165,14 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
             ..Default::default()
         },
         priority_fraction: 0.5,
+        classes: Classes::Device,
         file_bytes: None,
         interval_ms: Some(cfg.interval.as_secs_f64() * 1000.0),
         body_bytes: cfg.body_bytes,
         pipelining: 1,
         start_jitter_ms: 0.0,
+        history: crate::plan::spec::backhaul_history(),
+        congestion: None,
     };
     let mut world = World::build(&topology, cfg.seed).expect("a valid topology");
     let link0 = world.link("p1").expect("built").id;
@@ -193,7 +196,9 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
         std::collections::HashSet::<Bytes>::new(),
     )));
     let start = Instant::now();
-    let sends = w.devices.iter().enumerate().map(|(i, (d, prio))| {
+    // One session per device (`classes = "device"`).
+    let sends = w.devices.iter().enumerate().map(|(i, sessions)| {
+        let (d, prio) = &sessions[0];
         let (body, log) = (body.clone(), log.clone());
         let n = (cfg.duration.as_secs_f64() / cfg.interval.as_secs_f64()) as u64;
         async move {

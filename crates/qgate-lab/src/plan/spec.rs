@@ -237,9 +237,13 @@ pub struct GatewayLoad {
     /// Each device's access link.
     #[serde(default)]
     pub access: LinkChange,
-    /// Fraction of devices in priority class 1 (0.5: every other device, from device 0).
+    /// Fraction of devices in priority class 1 (0.5: every other device, from device 0), with
+    /// `classes = "device"`.
     #[serde(default = "default_priority")]
     pub priority_fraction: f64,
+    /// Which classes a device sends.
+    #[serde(default)]
+    pub classes: Classes,
     /// Bytes each device sends in all. Alone: closed loop, request after request (with
     /// `pipelining` in flight) until done.
     pub file_bytes: Option<u64>,
@@ -255,6 +259,32 @@ pub struct GatewayLoad {
     /// Each device starts after a random delay in [0, this) ms (seeded).
     #[serde(default = "default_jitter")]
     pub start_jitter_ms: f64,
+    /// Backhaul connections start from their path's window history of earlier connections (a
+    /// reconnection after a path came back), with the careful-resume safeguard: EWMA by
+    /// default, as `qgate gateway` (decision H6).
+    #[serde(default = "backhaul_history")]
+    pub history: HistoryMode,
+    /// The gateway's congestion controller: cubic (quinn's default), new-reno, bbr or auto
+    /// (CUBIC until random loss dominates, then BBR; decision G16).
+    pub congestion: Option<String>,
+}
+
+pub(crate) fn backhaul_history() -> HistoryMode {
+    HistoryMode::Ewma
+}
+
+/// Which priority classes each device of a `gateway` workload sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Classes {
+    /// One class per device, by `priority_fraction` (the proxy plan's default reading).
+    #[default]
+    Device,
+    /// Both: every device registers a priority and a best-effort session on its one
+    /// connection and alternates its requests between them, even-numbered devices starting
+    /// with priority, odd ones with best effort (paper 000 §4.1: "each client sends both
+    /// priority types").
+    Both,
 }
 
 fn default_body() -> usize {

@@ -57,7 +57,7 @@ enum Ctl {
     },
     /// Gateway: show the scheduler, or switch to NAME.
     Scheduler {
-        /// completion, adaptive, round-robin or single.
+        /// completion, adaptive, adaptive-packets, round-robin or single.
         name: Option<String>,
     },
     /// Broker: queues with depth and rates.

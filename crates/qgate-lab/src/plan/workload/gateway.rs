@@ -15,19 +15,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use qgate_core::history::{Averaging, HistoryConfig};
 use qgate_gateway::builder::RunningGateway;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
+use qgate_gateway::paths::BackhaulHistory;
 use qgate_netsim::topology::{LinkSpec, Topology};
 use qgate_netsim::{Direction, LinkId, Network, World};
 use qgate_server::RunningServer;
+use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
 use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::Congestion;
 use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions};
 use rand::Rng;
 use tokio::time::Instant;
 
 use super::{rng, secs, Clock, Measurements, Setup};
-use crate::plan::spec::GatewayLoad;
+use crate::plan::spec::{Classes, GatewayLoad, HistoryMode};
 
 pub(super) fn check(
     g: &GatewayLoad,
@@ -101,10 +105,15 @@ pub(super) fn check(
             g.name
         ));
     }
-    let max_devices = GatewayConfig::default().max_devices;
+    // The gateway bounds sessions: a device sending both classes holds two.
+    let per_device = match g.classes {
+        Classes::Device => 1,
+        Classes::Both => 2,
+    };
+    let max_devices = GatewayConfig::default().max_devices / per_device;
     if g.devices > max_devices || g.pipelining > 64 {
         return Err(format!(
-            "workload '{}': at most {max_devices} 'devices' (the gateway's max_devices) and 64 'pipelining'",
+            "workload '{}': at most {max_devices} 'devices' (the gateway's max_devices sessions, {per_device} per device) and 64 'pipelining'",
             g.name
         ));
     }
@@ -113,6 +122,10 @@ pub(super) fn check(
             "workload '{}': 'devices', 'body_bytes' and 'pipelining' must be at least 1",
             g.name
         ));
+    }
+    if let Some(c) = &g.congestion {
+        c.parse::<Congestion>()
+            .map_err(|e| format!("workload '{}': 'congestion': {e}", g.name))?;
     }
     if !(g.start_jitter_ms.is_finite() && g.start_jitter_ms >= 0.0) {
         return Err(format!(
@@ -135,7 +148,9 @@ pub(crate) struct Prepared {
     spec: GatewayLoad,
     net: Network,
     paths: Vec<PathLink>,
-    pub(crate) devices: Vec<(Device, bool)>,
+    /// Each device's sessions with their class (priority = true): one, or with
+    /// `classes = "both"` a priority and a best-effort one its requests alternate between.
+    pub(crate) devices: Vec<Vec<(Device, bool)>>,
     jitter: Vec<Duration>,
     pub(crate) running: RunningGateway,
     pub(crate) server: RunningServer,
@@ -163,6 +178,26 @@ pub(crate) async fn prepare(
         keep_alive_ms: Some(1000),
         ..Default::default()
     };
+    // The controller is the sender's: the gateway's (requests flow gateway → server).
+    let gw_opts = TransportOptions {
+        congestion: match &g.congestion {
+            Some(c) => c.parse()?,
+            None => Congestion::default(),
+        },
+        ..opts.clone()
+    };
+    let history = match g.history {
+        HistoryMode::Off => None,
+        HistoryMode::Mean => Some(Averaging::Mean),
+        HistoryMode::Ewma => Some(HistoryConfig::default().averaging),
+    }
+    .map(|averaging| BackhaulHistory {
+        store: super::virtual_history(HistoryConfig {
+            averaging,
+            ..Default::default()
+        }),
+        safeguard: Some(DEFAULT_SAFEGUARD_FACTOR),
+    });
     let server = qgate_server::Server::builder()
         .socket(Socket::from(
             net.bind(srv_host, SocketAddr::from(([0, 0, 0, 0], 443)))
@@ -180,7 +215,8 @@ pub(crate) async fn prepare(
     }
     let mut builder = Gateway::builder()
         .with_config(cfg)
-        .with_transport(opts.clone())
+        .with_transport(gw_opts)
+        .with_history(history)
         .with_identity(s.pki.server.clone())
         .with_server_trust(s.pki.trust())
         .with_seed(s.seed)
@@ -243,11 +279,22 @@ pub(crate) async fn prepare(
         let h3 = H3Client::new(conn.connection().clone())
             .await
             .map_err(|e| format!("device {i}: {e}"))?;
-        let priority = is_priority(i, g.priority_fraction);
+        let priority = match g.classes {
+            Classes::Device => is_priority(i, g.priority_fraction),
+            Classes::Both => true,
+        };
         let d = Device::register(h3, priority)
             .await
             .map_err(|e| format!("device {i} cannot register: {e}"))?;
-        devices.push((d, priority));
+        let mut sessions = vec![(d, priority)];
+        if g.classes == Classes::Both {
+            let other =
+                sessions[0].0.also(false).await.map_err(|e| {
+                    format!("device {i} cannot register its best-effort class: {e}")
+                })?;
+            sessions.push((other, false));
+        }
+        devices.push(sessions);
         keep.push(ep);
     }
     // Seeded start jitter: every seed changes the run (decision X4).
@@ -291,58 +338,63 @@ impl Prepared {
             .iter()
             .map(|p| self.net.stats(p.id, p.up).delivered_bytes)
             .collect();
-        let sends = self
-            .devices
-            .iter()
-            .zip(&self.jitter)
-            .map(|((d, prio), jitter)| {
-                let (body, log) = (body.clone(), log.clone());
-                async move {
-                    tokio::time::sleep_until(begin + *jitter).await;
-                    let requests = g.file_bytes.map(|b| (b as usize).div_ceil(g.body_bytes));
-                    match (requests, g.interval_ms) {
-                        (Some(n), None) => {
-                            let next = AtomicUsize::new(0);
-                            let lanes = (0..g.pipelining.min(n.max(1))).map(|_| async {
-                                loop {
-                                    let k = next.fetch_add(1, Ordering::Relaxed);
-                                    if k >= n {
-                                        break;
+        let sends =
+            self.devices
+                .iter()
+                .zip(&self.jitter)
+                .enumerate()
+                .map(|(i, (sessions, jitter))| {
+                    // Request k of device i goes on session (i + k) mod sessions: with both classes,
+                    // half the devices start with a priority request and half with a best-effort
+                    // one, so neither class alone pays for the cold start of the first requests.
+                    let session = move |k: usize| &sessions[(i + k) % sessions.len()];
+                    let (body, log) = (body.clone(), log.clone());
+                    async move {
+                        tokio::time::sleep_until(begin + *jitter).await;
+                        let requests = g.file_bytes.map(|b| (b as usize).div_ceil(g.body_bytes));
+                        match (requests, g.interval_ms) {
+                            (Some(n), None) => {
+                                let next = AtomicUsize::new(0);
+                                let lanes = (0..g.pipelining.min(n.max(1))).map(|_| async {
+                                    loop {
+                                        let k = next.fetch_add(1, Ordering::Relaxed);
+                                        if k >= n {
+                                            break;
+                                        }
+                                        if Instant::now() >= clock.deadline {
+                                            // This request and every one not yet claimed.
+                                            let rest =
+                                                n.saturating_sub(next.swap(n, Ordering::Relaxed));
+                                            log.lock().expect("lock").unfinished += 1 + rest;
+                                            break;
+                                        }
+                                        send(session(k), body.clone(), &log, clock).await;
                                     }
-                                    if Instant::now() >= clock.deadline {
-                                        // This request and every one not yet claimed.
-                                        let rest =
-                                            n.saturating_sub(next.swap(n, Ordering::Relaxed));
-                                        log.lock().expect("lock").unfinished += 1 + rest;
-                                        break;
-                                    }
-                                    send(d, *prio, body.clone(), &log, clock).await;
-                                }
-                            });
-                            futures_util::future::join_all(lanes).await;
-                        }
-                        (_, Some(every_ms)) => {
-                            let every = secs(every_ms / 1000.0);
-                            let mut k = 0u32;
-                            loop {
-                                let at = begin + *jitter + every * k;
-                                // A device sends at its next slot once its previous request
-                                // is answered (one in flight); nothing after the deadline.
-                                if at >= clock.deadline
-                                    || Instant::now() >= clock.deadline
-                                    || requests.is_some_and(|n| k as usize >= n)
-                                {
-                                    break;
-                                }
-                                tokio::time::sleep_until(at).await;
-                                send(d, *prio, body.clone(), &log, clock).await;
-                                k += 1;
+                                });
+                                futures_util::future::join_all(lanes).await;
                             }
+                            (_, Some(every_ms)) => {
+                                let every = secs(every_ms / 1000.0);
+                                let mut k = 0u32;
+                                loop {
+                                    let at = begin + *jitter + every * k;
+                                    // A device sends at its next slot once its previous request
+                                    // is answered (one in flight); nothing after the deadline.
+                                    if at >= clock.deadline
+                                        || Instant::now() >= clock.deadline
+                                        || requests.is_some_and(|n| k as usize >= n)
+                                    {
+                                        break;
+                                    }
+                                    tokio::time::sleep_until(at).await;
+                                    send(session(k as usize), body.clone(), &log, clock).await;
+                                    k += 1;
+                                }
+                            }
+                            (None, None) => {}
                         }
-                        (None, None) => {}
                     }
-                }
-            });
+                });
         let gw = self.running.gateway.clone();
         let n = self.paths.len();
         let done = std::sync::atomic::AtomicBool::new(false);
@@ -447,7 +499,8 @@ impl Prepared {
     }
 }
 
-async fn send(d: &Device, prio: bool, body: Bytes, log: &Mutex<Log>, clock: &Clock) {
+/// Send one request on session `(d, prio)` and log its outcome.
+async fn send((d, prio): &(Device, bool), body: Bytes, log: &Mutex<Log>, clock: &Clock) {
     let t = clock.t();
     {
         let mut l = log.lock().expect("lock");
@@ -458,7 +511,7 @@ async fn send(d: &Device, prio: bool, body: Bytes, log: &Mutex<Log>, clock: &Clo
     match r {
         Ok(s) => {
             l.answers
-                .push((t, s.delay.as_secs_f64() * 1000.0, prio, s.path));
+                .push((t, s.delay.as_secs_f64() * 1000.0, *prio, s.path));
             l.last_done = l.last_done.max(clock.t());
         }
         Err(_) => l.failed += 1,
