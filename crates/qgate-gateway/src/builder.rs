@@ -10,7 +10,8 @@ use qgate_core::path::PathConfig;
 use qgate_core::scheduler::{self, Scheduler};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{
-    client_config, shared_driver, Identity, Socket, TransportError, TransportOptions, TrustRoots,
+    client_config, shared_driver, Congestion, Identity, Socket, TransportError, TransportOptions,
+    TrustRoots,
 };
 
 use crate::gateway::{Gateway, GatewayConfig};
@@ -33,6 +34,18 @@ pub enum BuildError {
     Entropy(std::io::Error),
 }
 
+/// How one backhaul path is built, beyond its socket and server address.
+#[derive(Debug, Clone, Default)]
+pub struct PathOptions {
+    /// Shape its egress to a rate and a queue discipline (decision L8): the standing queue
+    /// forms in the gateway, under the discipline, instead of in a bloated modem. `/metrics`
+    /// reports the shaper's drops, marks and backlog.
+    pub shape: Option<qgate_link::LinkParams>,
+    /// Its connections' congestion controller; `None`: the gateway transport's (decision G16:
+    /// `auto` or BBR where random loss dominates).
+    pub congestion: Option<Congestion>,
+}
+
 /// Assembles a [`Gateway`]: backhaul paths, the device listener, the scheduler, history and
 /// randomness. [`start`](Self::start) needs a tokio runtime.
 pub struct GatewayBuilder {
@@ -40,7 +53,7 @@ pub struct GatewayBuilder {
     scheduler: Option<Box<dyn Scheduler>>,
     path_config: PathConfig,
     transport: TransportOptions,
-    paths: Vec<(Socket, SocketAddr, Option<qgate_link::LinkParams>)>,
+    paths: Vec<(Socket, SocketAddr, PathOptions)>,
     device_socket: Option<Socket>,
     identity: Option<Identity>,
     trust: Option<TrustRoots>,
@@ -95,22 +108,33 @@ impl GatewayBuilder {
 
     /// Add a backhaul path: a socket bound to the path's local address, and the server's
     /// address on that path. Paths are numbered in the order added.
-    pub fn with_path(mut self, socket: Socket, server: SocketAddr) -> Self {
-        self.paths.push((socket, server, None));
+    pub fn with_path(self, socket: Socket, server: SocketAddr) -> Self {
+        self.with_backhaul(socket, server, PathOptions::default())
+    }
+
+    /// Add a backhaul path built with `options`.
+    pub fn with_backhaul(
+        mut self,
+        socket: Socket,
+        server: SocketAddr,
+        options: PathOptions,
+    ) -> Self {
+        self.paths.push((socket, server, options));
         self
     }
 
-    /// Add a backhaul path whose egress is shaped to `shape` (a rate and a queue discipline,
-    /// decision L8): the standing queue forms in the gateway, under the discipline, instead of
-    /// in a bloated modem. `/metrics` reports the shaper's drops, marks and backlog.
+    /// Add a backhaul path whose egress is shaped to `shape` ([`PathOptions::shape`]).
     pub fn with_shaped_path(
-        mut self,
+        self,
         socket: Socket,
         server: SocketAddr,
         shape: qgate_link::LinkParams,
     ) -> Self {
-        self.paths.push((socket, server, Some(shape)));
-        self
+        let options = PathOptions {
+            shape: Some(shape),
+            ..Default::default()
+        };
+        self.with_backhaul(socket, server, options)
     }
 
     /// The socket devices reach the gateway on.
@@ -170,9 +194,9 @@ impl GatewayBuilder {
         let ccfg = client_config(&trust, &[ALPN_H3], &self.transport)?;
         let mut backhaul = Vec::with_capacity(self.paths.len());
         let mut shapers = Vec::with_capacity(self.paths.len());
-        for (k, (sock, server, shape)) in (1u64..).zip(self.paths) {
+        for (k, (sock, server, options)) in (1u64..).zip(self.paths) {
             let path_seed = seed.map(|s| s * 10 + k);
-            let sock = match shape {
+            let sock = match options.shape {
                 Some(params) => {
                     let (sock, handle) = sock.shaped(params, path_seed.unwrap_or(k))?;
                     shapers.push(Some(handle));
@@ -183,12 +207,9 @@ impl GatewayBuilder {
                     sock
                 }
             };
-            backhaul.push(Backhaul::new(
-                sock,
-                server,
-                &self.config.server_authority,
-                path_seed,
-            )?);
+            let mut path = Backhaul::new(sock, server, &self.config.server_authority, path_seed)?;
+            path.congestion = options.congestion;
+            backhaul.push(path);
         }
         let hash_seed = match seed {
             Some(s) => {

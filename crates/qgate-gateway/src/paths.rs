@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use qgate_core::path::{PathConfig, PathId, PathTable};
 use qgate_core::probe::ProbeMsg;
-use qgate_transport::{connect, Socket, TransportError, TransportOptions};
+use qgate_transport::{connect, Congestion, Socket, TransportError, TransportOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -22,6 +22,8 @@ pub struct Backhaul {
     pub server: SocketAddr,
     /// The name the server's certificate carries.
     pub server_name: String,
+    /// This path's congestion controller, if not the gateway transport's (decision G16).
+    pub congestion: Option<Congestion>,
 }
 
 impl Backhaul {
@@ -37,6 +39,7 @@ impl Backhaul {
             endpoint: qgate_transport::endpoint(socket, None, seed)?,
             server,
             server_name: server_name.to_string(),
+            congestion: None,
         })
     }
 }
@@ -192,11 +195,27 @@ fn reconnect(
         .local_addr()
         .map_or("?".to_string(), |a| a.ip().to_string());
     let key = format!("{}@{} via {local}", p.server_name, p.server);
+    // A path with a controller of its own gets a transport configuration of its own.
+    let own = p
+        .congestion
+        .filter(|c| *c != opts.congestion)
+        .map(|congestion| TransportOptions {
+            congestion,
+            ..opts.clone()
+        });
+    let opts = own.as_ref().unwrap_or(opts);
     let cfg = match history {
         Some(h) => h
             .store
             .client_config(cfg, opts, &key, h.safeguard)
             .map(|(c, _)| c),
+        None if own.is_some() => opts
+            .connection_transport(qgate_transport::qlog::Vantage::Client, &key)
+            .map(|t| {
+                let mut c = cfg.clone();
+                c.transport_config(Arc::new(t));
+                c
+            }),
         None => qgate_transport::client_config_for(cfg, opts, &key),
     }
     .unwrap_or_else(|e| {

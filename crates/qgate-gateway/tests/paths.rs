@@ -182,3 +182,62 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(pm.connection(PathId(0)).is_some(), "reconnected");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_path_runs_its_own_congestion_controller() {
+    use qgate_transport::Congestion;
+    let net = Network::new(1);
+    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    for i in 1..=2u8 {
+        let gi = net
+            .add_interface(g, format!("10.0.{i}.1").parse().unwrap())
+            .unwrap();
+        let si = net
+            .add_interface(s, format!("10.0.{i}.2").parse().unwrap())
+            .unwrap();
+        net.connect_symmetric(
+            gi,
+            si,
+            LinkParams::new(100_000_000, Duration::from_millis(5)),
+        )
+        .unwrap();
+    }
+    let _server = qgate_server::Server::builder()
+        .socket(Socket::from(
+            net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap(),
+        ))
+        .identity(&pki.server)
+        .transport(opts.clone())
+        .seed(1)
+        .start()
+        .unwrap();
+    let mut paths = Vec::new();
+    for (i, congestion) in [(1u8, Some(Congestion::Bbr)), (2, None)] {
+        let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
+        let mut p = Backhaul::new(
+            Socket::from(net.bind(g, local).unwrap()),
+            format!("10.0.{i}.2:443").parse().unwrap(),
+            "localhost",
+            Some(i as u64),
+        )
+        .unwrap();
+        p.congestion = congestion;
+        paths.push(p);
+    }
+    let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let pm = PathManager::start(paths, cfg, PathConfig::default());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let controller = |k: usize| {
+        pm.connection(PathId(k))
+            .expect("connected")
+            .congestion_state()
+            .into_any()
+    };
+    assert!(controller(0).is::<quinn::congestion::Bbr>(), "path 1: BBR");
+    assert!(
+        controller(1).is::<quinn::congestion::Cubic>(),
+        "path 2: the transport's CUBIC"
+    );
+}

@@ -6,6 +6,7 @@ mod endpoint;
 mod flight;
 pub mod history;
 pub mod http3;
+pub mod loss_switch;
 mod options;
 pub mod qlog;
 pub mod shaped;

@@ -19,6 +19,8 @@ pub enum Congestion {
     NewReno,
     /// BBR (quinn's experimental BBRv1).
     Bbr,
+    /// CUBIC until random loss (loss without a queue) dominates, then BBR (decision G16).
+    Auto,
 }
 
 impl std::str::FromStr for Congestion {
@@ -28,8 +30,9 @@ impl std::str::FromStr for Congestion {
             "cubic" => Ok(Congestion::Cubic),
             "new-reno" | "newreno" | "reno" => Ok(Congestion::NewReno),
             "bbr" => Ok(Congestion::Bbr),
+            "auto" => Ok(Congestion::Auto),
             other => Err(format!(
-                "unknown congestion controller '{other}' (known: cubic, new-reno, bbr)"
+                "unknown congestion controller '{other}' (known: cubic, new-reno, bbr, auto)"
             )),
         }
     }
@@ -220,13 +223,7 @@ impl TransportOptions {
 
     fn plain_controller_factory(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
         match self.congestion {
-            Congestion::Cubic => {
-                let mut c = CubicConfig::default();
-                if let Some(w) = self.initial_window {
-                    c.initial_window(w);
-                }
-                Arc::new(c)
-            }
+            Congestion::Cubic => self.cubic(),
             Congestion::NewReno => {
                 let mut c = NewRenoConfig::default();
                 if let Some(w) = self.initial_window {
@@ -241,7 +238,18 @@ impl TransportOptions {
                 }
                 Arc::new(c)
             }
+            Congestion::Auto => Arc::new(crate::loss_switch::LossSwitchConfig {
+                first: self.cubic(),
+            }),
         }
+    }
+
+    fn cubic(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
+        let mut c = CubicConfig::default();
+        if let Some(w) = self.initial_window {
+            c.initial_window(w);
+        }
+        Arc::new(c)
     }
 
     /// The RTT assumed before the first sample: [`Self::initial_rtt_ms`], raised to the

@@ -253,6 +253,11 @@ ttl = "30s"
         assert_eq!(shape.rate_bps, Some(19_000_000));
         qgate_transport::shaped::validate_shape(&shape).unwrap();
         assert!(g.paths[1].shape.is_none());
+        assert_eq!(g.paths[1].congestion, None);
+        assert_eq!(
+            g.paths[2].congestion,
+            Some(qgate_transport::Congestion::Auto)
+        );
         assert_eq!(cfg.history.mode, Some(HistoryMode::Ewma));
         assert_eq!(cfg.transport.idle_timeout_ms, 30_000);
         // The example documents the gateway crate's defaults: it must not drift from them.

@@ -28,7 +28,7 @@ pub struct GatewaySection {
     pub server: Option<SocketAddr>,
     /// CA to trust for the server.
     pub ca: Option<PathBuf>,
-    /// completion, adaptive, round-robin or single.
+    /// The path scheduler (`qgate gateway --help` lists them).
     pub scheduler: Option<String>,
     /// Routine probe period, e.g. "30s".
     pub probe_interval: Option<String>,
@@ -54,6 +54,10 @@ pub struct PathSection {
     /// `shape = "rate=19mbit,queue=pid-delay"` or `{ rate_mbps = 19, queue = "fq-codel" }`.
     #[serde(default)]
     pub shape: Option<qgate_link::ChangeSpec>,
+    /// This path's congestion controller, cubic, new-reno, bbr or auto (CUBIC until random
+    /// loss dominates, then BBR; decision G16) [default: [transport] congestion].
+    #[serde(default)]
+    pub congestion: Option<qgate_transport::Congestion>,
 }
 
 /// Where `qgate gateway` listens for devices unless told.
@@ -72,7 +76,7 @@ pub struct GatewayArgs {
     #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
     paths: Vec<String>,
     #[arg(long, value_name = "NAME", help = dflt(
-        "Path choice: completion (per request, ours), adaptive (paper 000), round-robin or single", qgate_core::scheduler::DEFAULT_SCHEDULER))]
+        "Path choice: completion (per request, ours), adaptive or adaptive-packets (paper 000, hits as devices or as packets), round-robin or single", qgate_core::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
         "Routine probe period", secs(PathConfig::default().probe_interval)))]
@@ -143,8 +147,8 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid"));
     let default_server = a.server.or(g.server);
     let mut paths: Vec<(SocketAddr, SocketAddr)> = Vec::new();
-    // Egress shaping per path (config only), checked before anything binds.
-    let mut shapes: Vec<Option<qgate_link::LinkParams>> = Vec::new();
+    // Egress shaping and controller per path (config only), checked before anything binds.
+    let mut options: Vec<qgate_gateway::builder::PathOptions> = Vec::new();
     if a.paths.is_empty() {
         for p in &g.paths {
             let shape = match &p.shape {
@@ -157,7 +161,10 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
                 }
                 None => None,
             };
-            shapes.push(shape);
+            options.push(qgate_gateway::builder::PathOptions {
+                shape,
+                congestion: p.congestion,
+            });
             let server = p.server.or(default_server).ok_or_else(|| {
                 usage(format!(
                     "path {}: no server address (set gateway.server or the path's server)",
@@ -188,7 +195,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
                 })?,
             };
             paths.push((local, server));
-            shapes.push(None);
+            options.push(Default::default());
         }
     }
     if paths.is_empty() {
@@ -265,12 +272,9 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             .with_identity(pki.server.clone())
             .with_server_trust(trust)
             .with_device_socket(Socket::bind_udp(listen).map_err(usage)?);
-        for ((local, server), shape) in paths.iter().zip(&shapes) {
+        for ((local, server), options) in paths.iter().zip(&options) {
             let socket = Socket::bind_udp(*local).map_err(usage)?;
-            builder = match shape {
-                Some(params) => builder.with_shaped_path(socket, *server, params.clone()),
-                None => builder.with_path(socket, *server),
-            };
+            builder = builder.with_backhaul(socket, *server, options.clone());
         }
         let running = builder.start()?;
         let local = running.addr();

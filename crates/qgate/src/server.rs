@@ -84,7 +84,7 @@ pub struct ServerArgs {
         "Request-body bytes held at once over all connections; past it a request gets 503 and Retry-After",
         DEFAULT_MAX_BUFFERED))]
     max_buffered: Option<usize>,
-    /// Congestion controller: cubic, new-reno or bbr [default: cubic].
+    /// Congestion controller: cubic, new-reno, bbr or auto (CUBIC until random loss dominates, then BBR) [default: cubic].
     #[arg(long, value_name = "NAME")]
     congestion: Option<Congestion>,
     /// Start each client's connection from that client's window history (paper 002)
