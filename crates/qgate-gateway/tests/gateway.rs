@@ -21,7 +21,7 @@ async fn every_scheduler_answers_every_request() {
                 let (status, path) = send(d, &hashes[i]).await;
                 assert_eq!(status, 201, "{sched} round {round} device {i}");
                 used[path.unwrap()] += 1;
-                if matches!(sched, "adaptive" | "completion") && i % 2 == 1 {
+                if matches!(sched, "adaptive" | "adaptive-packets" | "completion") && i % 2 == 1 {
                     assert_eq!(path, Some(0), "priority devices ride the lowest-RTT path");
                 }
             }

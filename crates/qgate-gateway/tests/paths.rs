@@ -183,8 +183,9 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
     assert!(pm.connection(PathId(0)).is_some(), "reconnected");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_path_runs_its_own_congestion_controller() {
+/// Two paths, path 1 with BBR of its own, path 2 on the transport's CUBIC, with or without
+/// window history: whether each path's live connection runs BBR.
+async fn bbr_per_path(history: bool) -> [bool; 2] {
     use qgate_transport::Congestion;
     let net = Network::new(1);
     let (g, s) = (net.add_host("gateway"), net.add_host("server"));
@@ -227,17 +228,36 @@ async fn a_path_runs_its_own_congestion_controller() {
         paths.push(p);
     }
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
-    let pm = PathManager::start(paths, cfg, PathConfig::default());
+    let history = history.then(|| {
+        let start = tokio::time::Instant::now();
+        qgate_gateway::paths::BackhaulHistory {
+            store: qgate_transport::history::HistoryStore::in_memory(
+                qgate_core::history::HistoryConfig::default(),
+                Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64),
+            ),
+            safeguard: Some(2.0),
+        }
+    });
+    let pm = PathManager::start_with_history(paths, cfg, opts, PathConfig::default(), history);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let controller = |k: usize| {
-        pm.connection(PathId(k))
+    // BBR reports a pacing rate, CUBIC a slow-start threshold (through any wrapper).
+    [0, 1].map(|k| {
+        let m = pm
+            .connection(PathId(k))
             .expect("connected")
             .congestion_state()
-            .into_any()
-    };
-    assert!(controller(0).is::<quinn::congestion::Bbr>(), "path 1: BBR");
-    assert!(
-        controller(1).is::<quinn::congestion::Cubic>(),
-        "path 2: the transport's CUBIC"
-    );
+            .metrics();
+        assert_ne!(m.pacing_rate.is_some(), m.ssthresh.is_some());
+        m.pacing_rate.is_some()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_path_runs_its_own_congestion_controller() {
+    assert_eq!(bbr_per_path(false).await, [true, false]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_path_runs_its_own_congestion_controller_with_history() {
+    assert_eq!(bbr_per_path(true).await, [true, false]);
 }

@@ -365,7 +365,8 @@ mod tests {
         assert!("vegas"
             .parse::<Congestion>()
             .unwrap_err()
-            .contains("cubic, new-reno, bbr"));
+            .contains("cubic, new-reno, bbr, auto"));
+        assert_eq!("auto".parse::<Congestion>(), Ok(Congestion::Auto));
     }
 
     #[test]

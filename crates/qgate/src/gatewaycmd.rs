@@ -72,7 +72,8 @@ pub struct GatewayArgs {
     /// The server's address, for paths that do not name their own.
     #[arg(long, value_name = "ADDR")]
     server: Option<SocketAddr>,
-    /// A backhaul path: LOCAL_ADDR or LOCAL_ADDR=SERVER_ADDR (repeat; replaces the config's).
+    /// A backhaul path: LOCAL_ADDR or LOCAL_ADDR=SERVER_ADDR (repeat; replaces the config's
+    /// paths, and with them their shape and congestion, which only the config file sets).
     #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
     paths: Vec<String>,
     #[arg(long, value_name = "NAME", help = dflt(

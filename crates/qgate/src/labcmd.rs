@@ -582,7 +582,9 @@ fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
     use qgate_lab::papers::paper000;
     let loaded = paper000::plan().map_err(usage)?;
-    let root = a.out.unwrap_or_else(|| PathBuf::from("results/proxy"));
+    let root = out_dir(&loaded, a.out)?;
+    // Every scenario's plan is checked before the first runs.
+    let mut scenarios = Vec::new();
     for (classes, sub) in paper000::SCENARIOS {
         if a.classes.as_ref().is_some_and(|c| c != classes) {
             continue;
@@ -597,7 +599,10 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
             ..Default::default()
         };
         let eff = loaded.overridden(&opts).map_err(usage)?;
-        let out = sub.map_or(root.clone(), |s| root.join(s));
+        let out = sub.map_or(Ok(root.clone()), |s| out_dir(&eff, Some(root.join(s))))?;
+        scenarios.push((opts, eff, out));
+    }
+    for (opts, eff, out) in scenarios {
         let ran = execute(&loaded, &opts, a.jobs)?;
         let extra = paper000::against_paper(&eff, &ran.records);
         write_results(&eff, &opts, &ran, out, false, &extra)?;

@@ -228,7 +228,7 @@ pub struct GatewayLoad {
     pub server: String,
     /// Backhaul paths: links joining the gateway and server hosts, path 1 first.
     pub paths: Vec<String>,
-    /// Scheduler: single, round-robin, adaptive, completion (the gateway's default when absent).
+    /// Scheduler: one of `qgate_core::scheduler::SCHEDULERS` (the gateway's default when absent).
     pub scheduler: Option<String>,
     /// Give up on a request on one path after this long and retry on another, ms.
     pub request_timeout_ms: Option<f64>,
