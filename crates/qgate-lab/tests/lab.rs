@@ -235,6 +235,47 @@ fn proxy_devices_sending_both_classes_split_each_device_in_two() {
 }
 
 #[test]
+fn auto_congestion_leaves_cubic_under_random_loss_and_keeps_it_without() {
+    use qgate_lab::plan::{run::run_variant, Loaded, Options};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../lab/plans/proxy-backhaul-cc.toml");
+    let plan = Loaded::read(&path).unwrap();
+    let variants = plan
+        .variants(&Options {
+            seeds: Some(1),
+            schemes: vec!["single-cubic".into(), "single-auto".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    let mean = |sweep: &str, x: f64, scheme: &str| {
+        let v = variants
+            .iter()
+            .find(|v| {
+                v.scheme == scheme
+                    && v.point
+                        .as_ref()
+                        .is_some_and(|p| p.sweep == sweep && p.x == x)
+            })
+            .unwrap();
+        let r = run_variant(v).unwrap();
+        assert_eq!(r.scalars["gw.failed"], 0.0, "{scheme} at {sweep} {x}");
+        r.scalars["gw.response_ms_mean"]
+    };
+    // 5 % random loss: CUBIC halves its window at every loss; auto hands over to BBR.
+    let (cubic, auto) = (
+        mean("loss", 5.0, "single-cubic"),
+        mean("loss", 5.0, "single-auto"),
+    );
+    assert!(auto * 3.0 < cubic, "auto {auto} ms vs cubic {cubic} ms");
+    // Losses behind a full drop-tail queue: auto never switches, so the run is CUBIC's.
+    let (cubic, auto) = (
+        mean("congested", 5.0, "single-cubic"),
+        mean("congested", 5.0, "single-auto"),
+    );
+    assert_eq!(auto, cubic);
+}
+
+#[test]
 fn amqp_quick_plans_deliver_everything_and_netsim_is_deterministic() {
     use qgate_lab::papers::paper003::{
         loopback, netsim_points, workload, Case, Point, Rep, Transport, PLANS,

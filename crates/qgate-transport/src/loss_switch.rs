@@ -7,8 +7,9 @@
 //! epoch's loss was detected (as a recovery period counts). It is *random* when the smoothed RTT
 //! at its detection is within [`QUEUE_FACTOR`] of the path's minimum (no standing queue), once
 //! the RTT estimate rests on [`MIN_RTT_SAMPLES`] acknowledgement batches. [`RANDOM_EPOCHS`]
-//! random epochs in a row switch the connection to BBR for good, starting from the window CUBIC
-//! had; an epoch behind a queue starts the count again, so a congested path, whose losses come
+//! random epochs in a row hand the connection to BBR for good. BBR runs in the shadow from the
+//! start, fed every event, so it takes over warm (its rate and RTT measured, its start-up
+//! behind it); an epoch behind a queue starts the count again, so a congested path, whose losses come
 //! behind a full queue, keeps CUBIC, which shares a bottleneck fairly. Persistent congestion (an
 //! outage: nothing acknowledged, so the RTT estimate is stale) and ECN marks never count.
 
@@ -16,7 +17,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{BbrConfig, Controller, ControllerFactory, ControllerMetrics};
+use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
 use quinn_proto::RttEstimator;
 
 /// A loss detected while the smoothed RTT is at most this × the minimum RTT came without a queue.
@@ -85,6 +86,8 @@ impl RandomLoss {
 pub struct LossSwitchConfig {
     /// The controller a connection starts with (CUBIC).
     pub first: Arc<dyn ControllerFactory + Send + Sync>,
+    /// The controller it switches to (BBR), run in the shadow from the start.
+    pub second: Arc<dyn ControllerFactory + Send + Sync>,
 }
 
 impl ControllerFactory for LossSwitchConfig {
@@ -93,32 +96,32 @@ impl ControllerFactory for LossSwitchConfig {
         Box::new(LossSwitch {
             initial_window: inner.initial_window(),
             inner,
-            switched_at: None,
+            shadow: Some(self.second.clone().build(now, current_mtu)),
             detector: RandomLoss::default(),
-            mtu: current_mtu,
         })
     }
 }
 
 /// CUBIC until random loss dominates, then BBR.
 pub struct LossSwitch {
+    /// The controller in charge: CUBIC, then BBR.
     inner: Box<dyn Controller>,
+    /// BBR while CUBIC is in charge, fed every event from the connection's start, so that it
+    /// takes over with the path's rate and RTT measured (and its start-up behind it) rather
+    /// than starting cold mid-transfer. `None` once it took over.
+    shadow: Option<Box<dyn Controller>>,
     /// The window the connection started with (CUBIC's), whatever runs now.
     initial_window: u64,
-    /// When BBR took over.
-    switched_at: Option<Instant>,
     detector: RandomLoss,
-    mtu: u16,
 }
 
 impl Clone for LossSwitch {
     fn clone(&self) -> Self {
         LossSwitch {
             inner: self.inner.clone_box(),
+            shadow: self.shadow.as_ref().map(|s| s.clone_box()),
             initial_window: self.initial_window,
-            switched_at: self.switched_at,
             detector: self.detector.clone(),
-            mtu: self.mtu,
         }
     }
 }
@@ -126,13 +129,21 @@ impl Clone for LossSwitch {
 impl LossSwitch {
     /// Whether the connection now runs BBR.
     pub fn switched(&self) -> bool {
-        self.switched_at.is_some()
+        self.shadow.is_none()
+    }
+
+    /// Both controllers while CUBIC is in charge, BBR alone after.
+    fn each(&mut self, mut f: impl FnMut(&mut dyn Controller)) {
+        if let Some(s) = &mut self.shadow {
+            f(s.as_mut());
+        }
+        f(self.inner.as_mut());
     }
 }
 
 impl Controller for LossSwitch {
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
-        self.inner.on_sent(now, bytes, last_packet_number);
+        self.each(|c| c.on_sent(now, bytes, last_packet_number));
     }
 
     fn on_ack(
@@ -144,7 +155,7 @@ impl Controller for LossSwitch {
         rtt: &RttEstimator,
     ) {
         self.detector.on_rtt(rtt.get(), rtt.min());
-        self.inner.on_ack(now, sent, bytes, app_limited, rtt);
+        self.each(|c| c.on_ack(now, sent, bytes, app_limited, rtt));
     }
 
     fn on_end_acks(
@@ -155,8 +166,7 @@ impl Controller for LossSwitch {
         largest_packet_num_acked: Option<u64>,
     ) {
         self.detector.on_end_acks();
-        self.inner
-            .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
+        self.each(|c| c.on_end_acks(now, in_flight, app_limited, largest_packet_num_acked));
     }
 
     fn on_congestion_event(
@@ -166,37 +176,27 @@ impl Controller for LossSwitch {
         is_persistent_congestion: bool,
         lost_bytes: u64,
     ) {
-        match self.switched_at {
-            // Losses of packets sent before BBR took over are CUBIC's epoch, already answered
-            // by the switch: BBR would enter recovery on them.
-            Some(at) if sent <= at => return,
-            Some(_) => {}
-            // ECN marks (no bytes lost) are a queue's signal, and an outage leaves a stale RTT
-            // estimate: neither is random loss.
-            None if lost_bytes > 0
-                && !is_persistent_congestion
-                && self.detector.on_loss(now, sent) =>
-            {
-                let mut bbr = BbrConfig::default();
-                bbr.initial_window(self.inner.window());
-                self.inner = Arc::new(bbr).build(now, self.mtu);
-                self.switched_at = Some(now);
+        self.each(|c| c.on_congestion_event(now, sent, is_persistent_congestion, lost_bytes));
+        // ECN marks (no bytes lost) are a queue's signal, and an outage leaves a stale RTT
+        // estimate: neither is random loss.
+        if !self.switched()
+            && lost_bytes > 0
+            && !is_persistent_congestion
+            && self.detector.on_loss(now, sent)
+        {
+            if let Some(bbr) = self.shadow.take() {
+                self.inner = bbr;
                 tracing::info!(
                     epochs = self.detector.epochs,
                     window = self.inner.window(),
                     "congestion auto: random loss dominates, switching to BBR"
                 );
-                return;
             }
-            None => {}
         }
-        self.inner
-            .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
-        self.mtu = new_mtu;
-        self.inner.on_mtu_update(new_mtu);
+        self.each(|c| c.on_mtu_update(new_mtu));
     }
 
     fn window(&self) -> u64 {
@@ -302,7 +302,9 @@ mod tests {
     fn controller(t0: Instant) -> LossSwitch {
         let first: Arc<dyn ControllerFactory + Send + Sync> =
             Arc::new(quinn::congestion::CubicConfig::default());
-        let c = Arc::new(LossSwitchConfig { first }).build(t0, 1200);
+        let second: Arc<dyn ControllerFactory + Send + Sync> =
+            Arc::new(quinn::congestion::BbrConfig::default());
+        let c = Arc::new(LossSwitchConfig { first, second }).build(t0, 1200);
         let mut c = *c.into_any().downcast::<LossSwitch>().expect("a LossSwitch");
         c.detector = warm(20, 20);
         c
@@ -316,28 +318,28 @@ mod tests {
     }
 
     #[test]
-    fn random_loss_switches_to_bbr_from_cubics_window() {
+    fn random_loss_hands_over_to_the_shadow_bbr() {
         let t0 = Instant::now();
         let mut c = controller(t0);
         let w0 = c.window();
+        // Both controllers see what is sent.
+        c.on_sent(t0 + ms(1), 1200, 1);
         c.on_congestion_event(t0 + ms(100), t0 + ms(50), false, 1200);
         let halved = c.window();
-        assert!(halved < w0, "CUBIC reacts: {halved} < {w0}");
-        assert!(!c.switched());
+        assert!(halved < w0, "CUBIC is in charge: {halved} < {w0}");
+        assert!(!c.switched() && !is_bbr(&c));
         c.on_congestion_event(t0 + ms(200), t0 + ms(150), false, 1200);
-        let before = c.window();
+        let shadow = c.shadow.as_ref().unwrap().clone_box();
         c.on_congestion_event(t0 + ms(300), t0 + ms(250), false, 1200);
-        assert!(c.switched() && is_bbr(&c));
-        // BBR starts from the window CUBIC had when the third loss came; the connection's
+        assert!(c.switched() && is_bbr(&c) && c.shadow.is_none());
+        // The shadow takes over with its own state, the same loss included; the connection's
         // initial window is still the one it started with.
-        assert_eq!(c.window(), before);
+        let mut expected = shadow;
+        expected.on_congestion_event(t0 + ms(300), t0 + ms(250), false, 1200);
+        assert_eq!(c.window(), expected.window());
         assert_eq!(c.initial_window(), w0);
-        assert!(c
-            .clone_box()
-            .into_any()
-            .downcast::<LossSwitch>()
-            .unwrap()
-            .switched());
+        let copy = c.clone_box().into_any().downcast::<LossSwitch>().unwrap();
+        assert!(copy.switched() && is_bbr(&copy));
     }
 
     #[test]

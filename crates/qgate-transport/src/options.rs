@@ -231,17 +231,20 @@ impl TransportOptions {
                 }
                 Arc::new(c)
             }
-            Congestion::Bbr => {
-                let mut c = BbrConfig::default();
-                if let Some(w) = self.initial_window {
-                    c.initial_window(w);
-                }
-                Arc::new(c)
-            }
+            Congestion::Bbr => self.bbr(),
             Congestion::Auto => Arc::new(crate::loss_switch::LossSwitchConfig {
                 first: self.cubic(),
+                second: self.bbr(),
             }),
         }
+    }
+
+    fn bbr(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
+        let mut c = BbrConfig::default();
+        if let Some(w) = self.initial_window {
+            c.initial_window(w);
+        }
+        Arc::new(c)
     }
 
     fn cubic(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
