@@ -11,31 +11,35 @@ use qgate_netsim::{LinkParams, Network};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{client_config, DevPki, Socket, TransportOptions};
 
-#[tokio::test(start_paused = true)]
-async fn measures_detects_death_and_recovery() {
-    let net = Network::new(1);
+/// A gateway and a server joined by one 100 Mbit/s link per one-way delay (path i, from 1, on
+/// 10.0.i.0/24), the server answering on each with `opts`.
+struct Backhauls {
+    net: Network,
+    gateway: qgate_netsim::HostId,
+    links: Vec<qgate_netsim::LinkId>,
+    pki: DevPki,
+    _server: qgate_server::RunningServer,
+}
+
+fn backhauls(seed: u64, one_way_ms: &[u64], opts: &TransportOptions) -> Backhauls {
+    let net = Network::new(seed);
     let (g, s) = (net.add_host("gateway"), net.add_host("server"));
-    let mut links = Vec::new();
-    let mut paths = Vec::new();
     let pki = DevPki::generate(&[]).unwrap();
-    let opts = TransportOptions {
-        keep_alive_ms: Some(1000),
-        ..Default::default()
-    };
-    for i in 1..=3u8 {
+    let mut links = Vec::new();
+    for (i, ms) in (1u8..).zip(one_way_ms) {
         let gi = net
             .add_interface(g, format!("10.0.{i}.1").parse().unwrap())
             .unwrap();
         let si = net
             .add_interface(s, format!("10.0.{i}.2").parse().unwrap())
             .unwrap();
-        let one_way = Duration::from_millis(10 * i as u64);
+        let one_way = Duration::from_millis(*ms);
         links.push(
             net.connect_symmetric(gi, si, LinkParams::new(100_000_000, one_way))
                 .unwrap(),
         );
     }
-    let _server = qgate_server::Server::builder()
+    let server = qgate_server::Server::builder()
         .socket(Socket::from(
             net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap(),
         ))
@@ -44,19 +48,47 @@ async fn measures_detects_death_and_recovery() {
         .seed(1)
         .start()
         .unwrap();
-    for i in 1..=3u8 {
-        let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
-        let remote: SocketAddr = format!("10.0.{i}.2:443").parse().unwrap();
-        paths.push(
-            Backhaul::new(
-                Socket::from(net.bind(g, local).unwrap()),
-                remote,
-                "localhost",
-                Some(i as u64),
-            )
-            .unwrap(),
-        );
+    Backhauls {
+        net,
+        gateway: g,
+        links,
+        pki,
+        _server: server,
     }
+}
+
+impl Backhauls {
+    /// Path `i`'s backhaul, its endpoint seeded with `seed`.
+    fn path(&self, i: u8, seed: u64) -> Backhaul {
+        let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
+        Backhaul::new(
+            Socket::from(self.net.bind(self.gateway, local).unwrap()),
+            format!("10.0.{i}.2:443").parse().unwrap(),
+            "localhost",
+            Some(seed),
+        )
+        .unwrap()
+    }
+}
+
+/// An in-memory history store on the tokio clock.
+fn virtual_store() -> Arc<qgate_transport::history::HistoryStore> {
+    let start = tokio::time::Instant::now();
+    qgate_transport::history::HistoryStore::in_memory(
+        qgate_core::history::HistoryConfig::default(),
+        Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn measures_detects_death_and_recovery() {
+    let opts = TransportOptions {
+        keep_alive_ms: Some(1000),
+        ..Default::default()
+    };
+    let w = backhauls(1, &[10, 20, 30], &opts);
+    let (net, links, pki) = (&w.net, &w.links, &w.pki);
+    let paths = (1..=3u8).map(|i| w.path(i, i as u64)).collect();
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let pm = PathManager::start(paths, cfg, PathConfig::default());
 
@@ -108,48 +140,17 @@ async fn measures_detects_death_and_recovery() {
 
 #[tokio::test(start_paused = true)]
 async fn backhaul_connections_record_and_reuse_their_window_history() {
-    use qgate_core::history::HistoryConfig;
     use qgate_gateway::paths::BackhaulHistory;
-    use qgate_transport::history::HistoryStore;
 
-    let net = Network::new(2);
-    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
-    let gi = net.add_interface(g, "10.0.1.1".parse().unwrap()).unwrap();
-    let si = net.add_interface(s, "10.0.1.2".parse().unwrap()).unwrap();
-    let link = net
-        .connect_symmetric(
-            gi,
-            si,
-            LinkParams::new(100_000_000, Duration::from_millis(10)),
-        )
-        .unwrap();
-    let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions {
         keep_alive_ms: Some(1000),
         idle_timeout_ms: 5000,
         ..Default::default()
     };
-    let _server = qgate_server::Server::builder()
-        .socket(Socket::from(
-            net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap(),
-        ))
-        .identity(&pki.server)
-        .transport(opts.clone())
-        .seed(1)
-        .start()
-        .unwrap();
-    let start = tokio::time::Instant::now();
-    let store = HistoryStore::in_memory(
-        HistoryConfig::default(),
-        Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64),
-    );
-    let path = Backhaul::new(
-        Socket::from(net.bind(g, "10.0.1.1:0".parse().unwrap()).unwrap()),
-        "10.0.1.2:443".parse().unwrap(),
-        "localhost",
-        Some(3),
-    )
-    .unwrap();
+    let w = backhauls(2, &[10], &opts);
+    let (net, link, pki) = (&w.net, w.links[0], &w.pki);
+    let store = virtual_store();
+    let path = w.path(1, 3);
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let history = BackhaulHistory {
         store: store.clone(),
@@ -187,56 +188,19 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
 /// window history: whether each path's live connection runs BBR.
 async fn bbr_per_path(history: bool) -> [bool; 2] {
     use qgate_transport::Congestion;
-    let net = Network::new(1);
-    let (g, s) = (net.add_host("gateway"), net.add_host("server"));
-    let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
-    for i in 1..=2u8 {
-        let gi = net
-            .add_interface(g, format!("10.0.{i}.1").parse().unwrap())
-            .unwrap();
-        let si = net
-            .add_interface(s, format!("10.0.{i}.2").parse().unwrap())
-            .unwrap();
-        net.connect_symmetric(
-            gi,
-            si,
-            LinkParams::new(100_000_000, Duration::from_millis(5)),
-        )
-        .unwrap();
-    }
-    let _server = qgate_server::Server::builder()
-        .socket(Socket::from(
-            net.bind(s, "0.0.0.0:443".parse().unwrap()).unwrap(),
-        ))
-        .identity(&pki.server)
-        .transport(opts.clone())
-        .seed(1)
-        .start()
-        .unwrap();
+    let w = backhauls(1, &[5, 5], &opts);
+    let pki = &w.pki;
     let mut paths = Vec::new();
     for (i, congestion) in [(1u8, Some(Congestion::Bbr)), (2, None)] {
-        let local: SocketAddr = format!("10.0.{i}.1:0").parse().unwrap();
-        let mut p = Backhaul::new(
-            Socket::from(net.bind(g, local).unwrap()),
-            format!("10.0.{i}.2:443").parse().unwrap(),
-            "localhost",
-            Some(i as u64),
-        )
-        .unwrap();
+        let mut p = w.path(i, i as u64);
         p.congestion = congestion;
         paths.push(p);
     }
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
-    let history = history.then(|| {
-        let start = tokio::time::Instant::now();
-        qgate_gateway::paths::BackhaulHistory {
-            store: qgate_transport::history::HistoryStore::in_memory(
-                qgate_core::history::HistoryConfig::default(),
-                Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64),
-            ),
-            safeguard: Some(2.0),
-        }
+    let history = history.then(|| qgate_gateway::paths::BackhaulHistory {
+        store: virtual_store(),
+        safeguard: Some(2.0),
     });
     let pm = PathManager::start_with_history(paths, cfg, opts, PathConfig::default(), history);
     tokio::time::sleep(Duration::from_secs(2)).await;

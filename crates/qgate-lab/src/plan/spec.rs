@@ -358,6 +358,17 @@ pub enum HistoryMode {
     Ewma,
 }
 
+impl HistoryMode {
+    /// The store's averaging, `None` when off (EWMA at the product's weight).
+    pub fn averaging(self) -> Option<qgate_core::history::Averaging> {
+        match self {
+            HistoryMode::Off => None,
+            HistoryMode::Mean => Some(qgate_core::history::Averaging::Mean),
+            HistoryMode::Ewma => Some(qgate_core::history::HistoryConfig::default().averaging),
+        }
+    }
+}
+
 /// `kind = "downloads"`: a client fetches `bytes` from a server, run after run, each on a new
 /// connection; the server's initial window comes from the client's history.
 #[derive(Debug, Clone, Deserialize)]

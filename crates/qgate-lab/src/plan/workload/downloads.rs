@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{secs, Clock, Measurements, Setup};
-use crate::plan::spec::{DownloadLoad, HistoryMode};
+use crate::plan::spec::DownloadLoad;
 
 /// The protocol: the client asks for a byte count (8 bytes, big endian).
 const ALPN: &[u8] = b"qgate-history";
@@ -162,14 +162,7 @@ pub(super) fn prepare(d: &DownloadLoad, world: &mut World, s: &Setup) -> Result<
         .ok_or_else(|| format!("client '{}' has no link", d.client))?;
     let opts = TransportOptions::default();
     let base = server_config(&s.pki.server, &[ALPN], &opts).map_err(|e| e.to_string())?;
-    let store = virtual_store(
-        match d.history {
-            HistoryMode::Off => None,
-            HistoryMode::Mean => Some(Averaging::Mean),
-            HistoryMode::Ewma => Some(HistoryConfig::default().averaging),
-        },
-        d.seed_rtt,
-    );
+    let store = virtual_store(d.history.averaging(), d.seed_rtt);
     let server_addr = SocketAddr::new(srv_ip, 5443 + s.index as u16);
     let ep = endpoint(
         Socket::from(net.bind(srv, server_addr).map_err(|e| e.to_string())?),

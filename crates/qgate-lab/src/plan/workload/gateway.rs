@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_core::history::HistoryConfig;
 use qgate_gateway::builder::RunningGateway;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
@@ -31,7 +31,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::{rng, secs, Clock, Measurements, Setup};
-use crate::plan::spec::{Classes, GatewayLoad, HistoryMode};
+use crate::plan::spec::{Classes, GatewayLoad};
 
 pub(super) fn check(
     g: &GatewayLoad,
@@ -186,12 +186,7 @@ pub(crate) async fn prepare(
         },
         ..opts.clone()
     };
-    let history = match g.history {
-        HistoryMode::Off => None,
-        HistoryMode::Mean => Some(Averaging::Mean),
-        HistoryMode::Ewma => Some(HistoryConfig::default().averaging),
-    }
-    .map(|averaging| BackhaulHistory {
+    let history = g.history.averaging().map(|averaging| BackhaulHistory {
         store: super::virtual_history(HistoryConfig {
             averaging,
             ..Default::default()
