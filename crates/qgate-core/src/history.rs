@@ -3,7 +3,9 @@
 //! resumption completes its handshake; keep an average per peer; start a new 1-RTT connection
 //! with max(default, average), clamped to a ceiling. Entries age out; the table is bounded and
 //! evicts the least recently used peer. Beyond the paper, an entry also keeps the last
-//! connection's smoothed RTT, from which a new connection's RTT estimate starts (decision H8).
+//! connection's smoothed RTT, from which a new connection's RTT estimate starts (decision H8),
+//! and a capacity estimate (bytes delivered per minimum RTT) and the last connection's minimum
+//! RTT, from which [`Resume::Careful`] jumps once the path is confirmed (decision H9).
 //!
 //! Times are milliseconds of wall-clock (Unix) time passed in by the caller, so a history
 //! survives restarts and simulations can pass virtual time.
@@ -26,6 +28,20 @@ pub enum Averaging {
     },
 }
 
+/// How a new connection uses its peer's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Resume {
+    /// Paper 002 Algorithm 1: start at max(default, the average window recorded at close).
+    Window,
+    /// Careful resume (RFC 9959, decision H9): start at the default window, confirm the path's
+    /// RTT against the last connection's minimum, then jump to half the recorded capacity,
+    /// paced over one RTT, and retreat at the first loss or RTT growth. The default: paper
+    /// 002's jump at a shared bottleneck lost 6–14 % of its packets in `qgate lab history`.
+    #[default]
+    Careful,
+}
+
 /// Settings of a history table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -42,6 +58,8 @@ pub struct HistoryConfig {
     /// instead of the configured initial RTT; `false` is paper 002's literal scheme (window
     /// only). Decision H8.
     pub seed_rtt: bool,
+    /// How a new connection uses the history.
+    pub resume: Resume,
 }
 
 /// The EWMA weight of the newest sample when none is configured (paper 002 leaves it open).
@@ -59,6 +77,7 @@ impl Default for HistoryConfig {
             max_age_ms: 24 * 3600 * 1000,
             capacity: 10_000,
             seed_rtt: true,
+            resume: Resume::default(),
         }
     }
 }
@@ -96,6 +115,12 @@ pub struct Entry {
     /// Smoothed RTT of the last recorded connection at its end, µs (0 = unknown): a new
     /// connection's initial RTT (RFC 9002 §6.2.2, decision H8).
     pub srtt_us: u64,
+    /// Average of the recorded connections' capacity estimates (the most bytes each delivered
+    /// per minimum RTT), bytes; 0 = unknown. Careful resume's saved_cwnd (H9).
+    pub capacity: f64,
+    /// Minimum RTT of the last recorded connection that knew one, µs (0 = unknown): careful
+    /// resume's saved_rtt, recent where [`Entry::min_rtt_us`] is the lifetime's (H9).
+    pub recent_rtt_us: u64,
     /// When the entry was last updated, Unix ms.
     pub updated_ms: u64,
     /// When the entry was last used or updated, Unix ms (for LRU eviction).
@@ -114,15 +139,20 @@ pub struct Decision {
     /// The RTT to assume before the first sample, µs (0 = the configured default): the
     /// peer's last smoothed RTT when [`HistoryConfig::seed_rtt`] (decision H8).
     pub initial_rtt_us: u64,
+    /// With [`Resume::Careful`], the capacity to resume towards and the recent minimum RTT to
+    /// confirm first (`None`: no careful resume).
+    pub careful: Option<crate::careful_resume::Saved>,
 }
 
-/// RTTs a connection saw, µs (0 = unknown).
+/// What a connection saw besides its window (0 = unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RttSample {
-    /// Its minimum RTT.
+pub struct Observed {
+    /// Its minimum RTT, µs.
     pub min_us: u64,
-    /// Its smoothed RTT when it ended (or when recorded).
+    /// Its smoothed RTT when it ended (or when recorded), µs.
     pub srtt_us: u64,
+    /// The most bytes it delivered per minimum RTT (RFC 9959 §3.1's capacity).
+    pub capacity: u64,
 }
 
 /// Per-peer congestion-window history.
@@ -164,15 +194,21 @@ impl HistoryTable {
         &mut self,
         peer: &str,
         cwnd: u64,
-        rtt_us: RttSample,
+        rtt_us: Observed,
         now_ms: u64,
     ) -> (Entry, Vec<String>) {
-        let RttSample { min_us, srtt_us } = rtt_us;
+        let Observed {
+            min_us,
+            srtt_us,
+            capacity,
+        } = rtt_us;
         let fresh = Entry {
             avg_cwnd: cwnd as f64,
             count: 1,
             min_rtt_us: min_us,
             srtt_us,
+            capacity: capacity as f64,
+            recent_rtt_us: min_us,
             updated_ms: now_ms,
             used_ms: now_ms,
         };
@@ -186,15 +222,23 @@ impl HistoryTable {
                     *e = fresh; // stale history restarts
                     return;
                 }
-                e.avg_cwnd = match averaging {
-                    Averaging::Mean => {
-                        e.avg_cwnd + (cwnd as f64 - e.avg_cwnd) / (e.count + 1) as f64
-                    }
-                    Averaging::Ewma { weight } => {
-                        (1.0 - weight) * e.avg_cwnd + weight * cwnd as f64
-                    }
+                let average = |avg: f64, sample: f64| match averaging {
+                    Averaging::Mean => avg + (sample - avg) / (e.count + 1) as f64,
+                    Averaging::Ewma { weight } => (1.0 - weight) * avg + weight * sample,
                 };
+                e.avg_cwnd = average(e.avg_cwnd, cwnd as f64);
+                // A connection that measured no capacity (too short) leaves the estimate alone.
+                if capacity > 0 {
+                    e.capacity = if e.capacity > 0.0 {
+                        average(e.capacity, capacity as f64)
+                    } else {
+                        capacity as f64
+                    };
+                }
                 e.count += 1;
+                if min_us > 0 {
+                    e.recent_rtt_us = min_us;
+                }
                 if min_us > 0 && (e.min_rtt_us == 0 || min_us < e.min_rtt_us) {
                     e.min_rtt_us = min_us;
                 }
@@ -217,6 +261,7 @@ impl HistoryTable {
             from_history: false,
             reference_rtt_us: 0,
             initial_rtt_us: 0,
+            careful: None,
         };
         let Some(e) = self.entries.get_mut(peer) else {
             return none;
@@ -231,6 +276,20 @@ impl HistoryTable {
             initial_rtt_us: if self.config.seed_rtt { e.srtt_us } else { 0 },
             ..none
         };
+        if self.config.resume == Resume::Careful {
+            // Careful resume starts at the default window; the jump comes once the path is
+            // confirmed (RFC 9959). Half the capacity must beat the default to be worth it.
+            let saved = crate::careful_resume::Saved {
+                capacity: (e.capacity.round() as u64).min(2 * self.config.ceiling_bytes),
+                rtt: std::time::Duration::from_micros(e.recent_rtt_us),
+            };
+            let worth = saved.capacity / 2 > default && e.recent_rtt_us > 0;
+            return Decision {
+                from_history: worth,
+                careful: worth.then_some(saved),
+                ..known
+            };
+        }
         let avg = e.avg_cwnd.round() as u64;
         if avg <= default {
             return known;
@@ -304,19 +363,24 @@ pub fn path_changed(reference_rtt_us: u64, observed_rtt_us: u64, factor: f64) ->
 mod tests {
     use super::*;
 
+    /// Paper 002's scheme (window resume).
     fn table(averaging: Averaging) -> HistoryTable {
         HistoryTable::new(HistoryConfig {
             averaging,
             ceiling_bytes: 500_000,
             max_age_ms: 10_000,
             capacity: 3,
+            resume: Resume::Window,
             ..Default::default()
         })
     }
 
     /// A connection whose minimum RTT was `min_us` (its smoothed RTT 0: unknown).
-    fn min(min_us: u64) -> RttSample {
-        RttSample { min_us, srtt_us: 0 }
+    fn min(min_us: u64) -> Observed {
+        Observed {
+            min_us,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -394,7 +458,11 @@ mod tests {
     fn the_last_smoothed_rtt_seeds_the_next_connection() {
         let mut t = table(Averaging::Mean);
         assert_eq!(t.initial_window("p", 14_720, 0).initial_rtt_us, 0);
-        let rtt = |min_us, srtt_us| RttSample { min_us, srtt_us };
+        let rtt = |min_us, srtt_us| Observed {
+            min_us,
+            srtt_us,
+            capacity: 0,
+        };
         t.record("p", 10_000, rtt(20_000, 90_000), 1);
         // Below the default window the window is not from history, the RTT still is.
         let d = t.initial_window("p", 14_720, 2);
@@ -407,12 +475,59 @@ mod tests {
         // Paper 002's literal scheme keeps the configured initial RTT.
         let mut literal = HistoryTable::new(HistoryConfig {
             seed_rtt: false,
+            resume: Resume::Window,
             ..Default::default()
         });
         literal.record("p", 10_000, rtt(20_000, 90_000), 1);
         assert_eq!(literal.initial_window("p", 14_720, 2).initial_rtt_us, 0);
         // A stale entry seeds nothing.
         assert_eq!(t.initial_window("p", 14_720, 20_000).initial_rtt_us, 0);
+    }
+
+    #[test]
+    fn careful_resume_keeps_the_default_window_and_resumes_towards_the_averaged_capacity() {
+        let mut t = HistoryTable::new(HistoryConfig {
+            averaging: Averaging::Ewma { weight: 0.5 },
+            ceiling_bytes: 100_000,
+            resume: Resume::Careful,
+            ..Default::default()
+        });
+        let seen = |min_us, capacity| Observed {
+            min_us,
+            srtt_us: min_us,
+            capacity,
+        };
+        assert_eq!(t.initial_window("p", 12_000, 0).careful, None, "no history");
+        t.record("p", 30_000, seen(40_000, 20_000), 1);
+        let d = t.initial_window("p", 12_000, 2);
+        assert_eq!(
+            (d.window, d.from_history, d.careful),
+            (12_000, false, None),
+            "half of 20 KB does not beat the default"
+        );
+        // The capacity averages like the window; a connection that measured none leaves it;
+        // the RTT to confirm is the last connection's minimum, not the lifetime's.
+        t.record("p", 30_000, seen(30_000, 60_000), 3);
+        t.record("p", 30_000, seen(50_000, 0), 4);
+        let d = t.initial_window("p", 12_000, 5);
+        assert_eq!(
+            d.window, 12_000,
+            "careful resume starts at the default window"
+        );
+        assert!(d.from_history);
+        let saved = d.careful.unwrap();
+        assert_eq!(saved.capacity, 40_000);
+        assert_eq!(saved.rtt, std::time::Duration::from_millis(50));
+        assert_eq!(
+            d.reference_rtt_us, 30_000,
+            "the lifetime minimum is still kept"
+        );
+        // The ceiling bounds the jump (half the capacity).
+        t.record("p", 30_000, seen(50_000, 10_000_000), 6);
+        assert_eq!(
+            t.initial_window("p", 12_000, 7).careful.unwrap().capacity,
+            200_000
+        );
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use qgate_core::history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable, RttSample};
+use qgate_core::careful_resume::{self, CarefulResume, Handover, Outcome};
+use qgate_core::history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable, Observed};
 use quinn::congestion::{Controller, ControllerFactory};
 use quinn_proto::RttEstimator;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -35,32 +36,38 @@ pub struct HistoryError {
     pub problem: String,
 }
 
-/// An entry on disk: 48 bytes (40 before the smoothed RTT was kept; such an entry reads with
-/// an unknown one).
-fn encode(e: &Entry) -> [u8; 48] {
-    let mut b = [0u8; 48];
+/// An entry on disk: 64 bytes (40 before the smoothed RTT was kept, 48 before the capacity and
+/// recent RTT were; such entries read with those unknown).
+fn encode(e: &Entry) -> [u8; 64] {
+    let mut b = [0u8; 64];
     b[0..8].copy_from_slice(&e.avg_cwnd.to_le_bytes());
     b[8..16].copy_from_slice(&e.count.to_le_bytes());
     b[16..24].copy_from_slice(&e.min_rtt_us.to_le_bytes());
     b[24..32].copy_from_slice(&e.updated_ms.to_le_bytes());
     b[32..40].copy_from_slice(&e.used_ms.to_le_bytes());
     b[40..48].copy_from_slice(&e.srtt_us.to_le_bytes());
+    b[48..56].copy_from_slice(&e.capacity.to_le_bytes());
+    b[56..64].copy_from_slice(&e.recent_rtt_us.to_le_bytes());
     b
 }
 
 fn decode(b: &[u8]) -> Option<Entry> {
-    if b.len() != 40 && b.len() != 48 {
+    if ![40, 48, 64].contains(&b.len()) {
         return None;
     }
     let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let avg = f64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
-    (avg.is_finite() && avg >= 0.0).then(|| Entry {
+    let f = |i: usize| f64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let sane = |x: f64| x.is_finite() && x >= 0.0;
+    let (avg, capacity) = (f(0), if b.len() == 64 { f(48) } else { 0.0 });
+    (sane(avg) && sane(capacity)).then(|| Entry {
         avg_cwnd: avg,
         count: u(8),
         min_rtt_us: u(16),
         updated_ms: u(24),
         used_ms: u(32),
-        srtt_us: if b.len() == 48 { u(40) } else { 0 },
+        srtt_us: if b.len() >= 48 { u(40) } else { 0 },
+        capacity,
+        recent_rtt_us: if b.len() == 64 { u(56) } else { 0 },
     })
 }
 
@@ -221,7 +228,7 @@ impl HistoryStore {
     }
 
     /// Record a window for `peer`, with the RTTs its connection saw, and persist it.
-    pub fn record(&self, peer: &str, cwnd: u64, rtt: RttSample) -> Entry {
+    pub fn record(&self, peer: &str, cwnd: u64, rtt: Observed) -> Entry {
         let now = self.now_ms();
         let (entry, evicted) = self.lock().record(peer, cwnd, rtt, now);
         if let Some((db, path)) = &self.db {
@@ -340,12 +347,14 @@ impl HistoryStore {
             peer: peer.to_string(),
             decision,
             fell_back: AtomicBool::new(false),
+            careful: Mutex::new(Outcome::None),
         });
         let mut start_opts = opts.clone();
         start_opts.initial_window = Some(decision.window);
         let factory = Arc::new(HistoryFactory {
             start: start_opts.controller_factory(),
             fallback: opts.controller_factory(),
+            opts: opts.clone(),
             store: self.clone(),
             conn: conn.clone(),
             safeguard,
@@ -396,18 +405,27 @@ pub struct ConnHistory {
     /// The initial window chosen.
     pub decision: Decision,
     fell_back: AtomicBool,
+    careful: Mutex<Outcome>,
 }
 
 impl ConnHistory {
-    /// Whether the safeguard dropped the window back to the default.
+    /// Whether the safeguard dropped the window back to the default, or careful resume found
+    /// the path changed or retreated from its jump.
     pub fn fell_back(&self) -> bool {
         self.fell_back.load(Ordering::Relaxed)
+    }
+
+    /// How careful resume ended (decision H9); [`Outcome::None`] without it or while it runs.
+    pub fn careful_outcome(&self) -> Outcome {
+        *self.careful.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 struct HistoryFactory {
     start: Arc<dyn ControllerFactory + Send + Sync>,
     fallback: Arc<dyn ControllerFactory + Send + Sync>,
+    /// The connection's options, to build the controller careful resume hands over to.
+    opts: TransportOptions,
     store: Arc<HistoryStore>,
     conn: Arc<ConnHistory>,
     safeguard: Option<f64>,
@@ -415,20 +433,68 @@ struct HistoryFactory {
 
 impl ControllerFactory for HistoryFactory {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        let inner = self.start.clone().build(now, current_mtu);
+        let careful = self.conn.decision.careful.map(|saved| {
+            CarefulResume::new(
+                saved,
+                careful_resume::Params {
+                    initial_window: inner.initial_window(),
+                    rtt_factor: self.safeguard.unwrap_or(careful_resume::RFC_RTT_FACTOR),
+                    min_window: 2 * u64::from(current_mtu),
+                },
+            )
+        });
         Box::new(HistoryController {
-            inner: self.start.clone().build(now, current_mtu),
+            inner,
             factory: self,
             mtu: current_mtu,
             checked: false,
             acks_ended: 0,
-            rtt: RttSample::default(),
+            rtt: Observed::default(),
+            delivery: Delivery::default(),
+            careful,
             original: true,
         })
     }
 }
 
+/// The most bytes a connection delivered per minimum RTT (RFC 9959 §3.1: "the volume of data
+/// acknowledged in one RTT"): acknowledged bytes are counted over rounds of at least one
+/// smoothed RTT and scaled to the minimum RTT, so a standing queue does not count as capacity.
+#[derive(Debug, Clone, Copy, Default)]
+struct Delivery {
+    round_start: Option<Instant>,
+    round_bytes: u64,
+    best: u64,
+}
+
+impl Delivery {
+    fn on_ack(&mut self, bytes: u64) {
+        self.round_bytes += bytes;
+    }
+
+    /// An acknowledgement batch ended at `now`, with the connection's RTTs (µs).
+    fn on_end_acks(&mut self, now: Instant, rtt: Observed) {
+        let Some(start) = self.round_start else {
+            self.round_start = Some(now);
+            self.round_bytes = 0;
+            return;
+        };
+        let elapsed = now.saturating_duration_since(start).as_micros() as u64;
+        if rtt.min_us == 0 || elapsed < rtt.srtt_us.max(rtt.min_us) {
+            return;
+        }
+        let per_min_rtt = (self.round_bytes as u128 * rtt.min_us as u128 / elapsed as u128) as u64;
+        self.best = self.best.max(per_min_rtt);
+        self.round_start = Some(now);
+        self.round_bytes = 0;
+    }
+}
+
 /// Delegates to the configured controller; records its window when the connection's controller
-/// is dropped (the connection ended); applies the safeguard at the first RTT sample.
+/// is dropped (the connection ended); applies the safeguard at the first RTT sample, or runs
+/// careful resume (H9), whose phases own the window while they last (the controller runs in
+/// the shadow, fed every event, and is rebuilt at the hand-over).
 struct HistoryController {
     inner: Box<dyn Controller>,
     factory: Arc<HistoryFactory>,
@@ -439,13 +505,60 @@ struct HistoryController {
     acks_ended: u64,
     /// The connection's minimum and smoothed RTTs as of the previous ACK frame (unknown until
     /// the estimator has a sample: a connection with one ACK records none).
-    rtt: RttSample,
+    rtt: Observed,
+    /// The capacity estimate.
+    delivery: Delivery,
+    /// Careful resume, when the history decided on it.
+    careful: Option<CarefulResume>,
     /// Copies made by `clone_box` (quinn's `congestion_state()`) do not record.
     original: bool,
 }
 
+impl HistoryController {
+    /// A careful phase ended: the controller takes over at the hand-over's window, given its
+    /// congestion event if there is one (RFC 9959 §3.5: its own decrease from the pipe size).
+    fn hand_over(&mut self, now: Instant, h: Handover) {
+        tracing::debug!(
+            peer = %self.factory.conn.peer,
+            window = h.window,
+            congestion = ?h.congestion,
+            jump = self.careful.as_ref().map(CarefulResume::jump_window),
+            outcome = ?self.careful.as_ref().map(CarefulResume::outcome),
+            "careful resume hands over"
+        );
+        let opts = TransportOptions {
+            initial_window: Some(h.window),
+            ..self.factory.opts.clone()
+        };
+        self.inner = opts.controller_factory().build(now, self.mtu);
+        if let Some(persistent) = h.congestion {
+            self.inner.on_congestion_event(now, now, persistent, 0);
+        }
+    }
+
+    /// Publish how careful resume ended, once it has.
+    fn note_careful(&self) {
+        let Some(c) = self.careful.as_ref().filter(|_| self.original) else {
+            return;
+        };
+        let outcome = c.outcome();
+        if matches!(outcome, Outcome::PathChanged | Outcome::Retreated) {
+            self.factory.conn.fell_back.store(true, Ordering::Relaxed);
+        }
+        *self
+            .factory
+            .conn
+            .careful
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = outcome;
+    }
+}
+
 impl Controller for HistoryController {
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
+        if let Some(c) = &mut self.careful {
+            c.on_sent(now, bytes);
+        }
         self.inner.on_sent(now, bytes, last_packet_number)
     }
 
@@ -458,12 +571,18 @@ impl Controller for HistoryController {
         rtt: &RttEstimator,
     ) {
         if self.acks_ended > 0 {
-            self.rtt = RttSample {
+            self.rtt = Observed {
                 min_us: rtt.min().as_micros() as u64,
                 srtt_us: rtt.get().as_micros() as u64,
+                capacity: 0,
             };
         }
-        if !self.checked {
+        self.delivery.on_ack(bytes);
+        if let Some(c) = &mut self.careful {
+            c.on_ack(now, sent, bytes, app_limited);
+        }
+        // Careful resume checks the path itself (reconnaissance).
+        if !self.checked && self.careful.is_none() {
             self.checked = true;
             let f = &self.factory;
             if let Some(factor) = f.safeguard {
@@ -490,7 +609,28 @@ impl Controller for HistoryController {
         largest: Option<u64>,
     ) {
         self.acks_ended += 1;
-        self.inner.on_end_acks(now, in_flight, app_limited, largest)
+        self.delivery.on_end_acks(now, self.rtt);
+        self.inner.on_end_acks(now, in_flight, app_limited, largest);
+        let srtt = std::time::Duration::from_micros(self.rtt.srtt_us);
+        let before = self.careful.as_ref().map(CarefulResume::phase);
+        if let Some(h) = self
+            .careful
+            .as_mut()
+            .and_then(|c| c.on_end_acks(now, in_flight, srtt))
+        {
+            self.hand_over(now, h);
+        }
+        if let Some(c) = self.careful.as_ref().filter(|c| Some(c.phase()) != before) {
+            tracing::debug!(
+                peer = %self.factory.conn.peer,
+                phase = ?c.phase(),
+                window = self.window(),
+                in_flight,
+                srtt_us = self.rtt.srtt_us,
+                "careful resume"
+            );
+        }
+        self.note_careful();
     }
 
     fn on_congestion_event(
@@ -501,7 +641,15 @@ impl Controller for HistoryController {
         lost_bytes: u64,
     ) {
         self.inner
-            .on_congestion_event(now, sent, persistent, lost_bytes)
+            .on_congestion_event(now, sent, persistent, lost_bytes);
+        if let Some(h) = self
+            .careful
+            .as_mut()
+            .and_then(|c| c.on_congestion(sent, persistent))
+        {
+            self.hand_over(now, h);
+        }
+        self.note_careful();
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
@@ -510,7 +658,10 @@ impl Controller for HistoryController {
     }
 
     fn window(&self) -> u64 {
-        self.inner.window()
+        self.careful
+            .as_ref()
+            .and_then(CarefulResume::window)
+            .unwrap_or_else(|| self.inner.window())
     }
 
     fn metrics(&self) -> quinn::congestion::ControllerMetrics {
@@ -525,6 +676,8 @@ impl Controller for HistoryController {
             checked: self.checked,
             acks_ended: self.acks_ended,
             rtt: self.rtt,
+            delivery: self.delivery,
+            careful: self.careful.clone(),
             original: false,
         })
     }
@@ -543,7 +696,11 @@ impl Drop for HistoryController {
         if self.original {
             // Paper 002 Algorithm 1: record the window when a connection closes.
             let f = &self.factory;
-            f.store.record(&f.conn.peer, self.inner.window(), self.rtt);
+            let seen = Observed {
+                capacity: self.delivery.best,
+                ..self.rtt
+            };
+            f.store.record(&f.conn.peer, self.window(), seen);
         }
     }
 }
@@ -556,9 +713,10 @@ pub fn record_now(store: &HistoryStore, peer: &str, conn: &quinn::Connection) ->
     store.record(
         peer,
         s.path.cwnd,
-        RttSample {
+        Observed {
             min_us: rtt,
             srtt_us: rtt,
+            capacity: 0,
         },
     )
 }
@@ -578,20 +736,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entries_round_trip_and_older_ones_read_without_a_smoothed_rtt() {
+    fn entries_round_trip_and_older_ones_read_without_the_newer_fields() {
         let e = Entry {
             avg_cwnd: 123_456.5,
             count: 7,
             min_rtt_us: 20_000,
             srtt_us: 31_000,
+            capacity: 250_000.25,
+            recent_rtt_us: 22_000,
             updated_ms: 1_700_000_000_000,
             used_ms: 1_700_000_000_001,
         };
         assert_eq!(decode(&encode(&e)), Some(e));
-        // A store written before the smoothed RTT was kept: 40 bytes, the same fields.
-        let old = &encode(&e)[..40];
-        assert_eq!(decode(old), Some(Entry { srtt_us: 0, ..e }));
+        // Stores written before the capacity (48 bytes) and the smoothed RTT (40) were kept.
+        let unknown = Entry {
+            capacity: 0.0,
+            recent_rtt_us: 0,
+            ..e
+        };
+        assert_eq!(decode(&encode(&e)[..48]), Some(unknown));
+        assert_eq!(
+            decode(&encode(&e)[..40]),
+            Some(Entry {
+                srtt_us: 0,
+                ..unknown
+            })
+        );
         assert_eq!(decode(&encode(&e)[..47]), None);
+        assert_eq!(decode(&encode(&e)[..56]), None);
+        let mut bad = encode(&e);
+        bad[48..56].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert_eq!(
+            decode(&bad),
+            None,
+            "a capacity that is not a number is corrupt"
+        );
     }
 
     #[test]
@@ -603,6 +782,7 @@ mod tests {
                 from_history: false,
                 reference_rtt_us: min_ms * 1000,
                 initial_rtt_us: srtt_ms * 1000,
+                careful: None,
             };
             seeded_rtt_ms(&d, opts)
         };

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::history::{Averaging, HistoryConfig, RttSample};
+use qgate_core::careful_resume::Outcome;
+use qgate_core::history::{Averaging, HistoryConfig, Observed, Resume};
 use qgate_netsim::{LinkId, LinkParams, Network};
 use qgate_transport::history::{client_peer_key, HistoryStore};
 use qgate_transport::{
@@ -25,18 +26,21 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// Paper 002's scheme: the window at close, averaged; a new connection starts there.
 fn config() -> HistoryConfig {
     HistoryConfig {
         averaging: Averaging::Mean,
+        resume: Resume::Window,
         ..Default::default()
     }
 }
 
 /// A connection whose minimum and final smoothed RTTs were both `us`.
-fn rtt(us: u64) -> RttSample {
-    RttSample {
+fn rtt(us: u64) -> Observed {
+    Observed {
         min_us: us,
         srtt_us: us,
+        capacity: 0,
     }
 }
 
@@ -211,6 +215,122 @@ async fn safeguard_falls_back_when_the_rtt_jumps() {
     let (cfg, h) = store.client_config(&s.base, &opts, &peer, None).unwrap();
     upload(&s, &cfg, 200_000).await;
     assert!(h.decision.from_history && !h.fell_back());
+}
+
+/// Careful resume (decision H9) on real connections: the first records a capacity; the next
+/// starts at the default window, confirms the RTT, jumps and validates, and finishes sooner
+/// than a connection without history; a slower path (RTT × 4) gets no jump; a bottleneck that
+/// cannot take the jump makes it retreat.
+#[tokio::test(start_paused = true)]
+async fn careful_resume_jumps_validates_and_retreats() {
+    let s = setup(20);
+    let careful = HistoryConfig {
+        resume: Resume::Careful,
+        ..config()
+    };
+    let store = HistoryStore::in_memory(careful, virtual_clock());
+    let opts = TransportOptions::default();
+    let peer = client_peer_key("localhost", sa(SERVER));
+    let timed = |cfg: quinn::ClientConfig, bytes: usize| {
+        let s = &s;
+        async move {
+            let t = tokio::time::Instant::now();
+            upload(s, &cfg, bytes).await;
+            t.elapsed() - Duration::from_secs(2) // upload() waits 2 s after the close
+        }
+    };
+    let (cfg, h) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    assert_eq!(h.decision.careful, None, "no history yet");
+    let cold = timed(cfg, 1 << 20).await;
+    let (cfg, _) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    timed(cfg, 4 << 20).await;
+    let e = store.get(&peer).unwrap();
+    // 100 Mbit/s × 40 ms = 500 kB; slow start and a 4 MB transfer get a good part of it.
+    assert!(
+        e.capacity > 100_000.0 && e.capacity < 520_000.0,
+        "capacity {}",
+        e.capacity
+    );
+    assert!(
+        (40_000..45_000).contains(&e.recent_rtt_us),
+        "{}",
+        e.recent_rtt_us
+    );
+
+    let (cfg, h) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    let saved = h
+        .decision
+        .careful
+        .expect("careful resume towards the capacity");
+    assert_eq!(
+        h.decision.window,
+        cfg_default_window(&opts),
+        "starts at the default window"
+    );
+    let warm = timed(cfg, 1 << 20).await;
+    assert_eq!(h.careful_outcome(), Outcome::Validated);
+    eprintln!(
+        "1 MB: cold {cold:?}, careful {warm:?}, jump {} B",
+        saved.capacity / 2
+    );
+    assert!(!h.fell_back());
+    assert!(
+        warm.as_secs_f64() < 0.8 * cold.as_secs_f64(),
+        "1 MB with careful resume {warm:?} against {cold:?} without history (jump to {} B)",
+        saved.capacity / 2
+    );
+
+    // RTT × 4: reconnaissance finds another path and keeps the default window.
+    s.net
+        .update_both(s.link, |l| l.delay = Duration::from_millis(80))
+        .unwrap();
+    let (cfg, h) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    assert!(h.decision.careful.is_some());
+    timed(cfg, 1 << 20).await;
+    assert_eq!(h.careful_outcome(), Outcome::PathChanged);
+    assert!(h.fell_back());
+
+    // Back to 40 ms but at 5 Mbit/s behind a 20-packet queue: the jump is lost and retreats.
+    s.net
+        .update_both(s.link, |l| {
+            l.delay = Duration::from_millis(20);
+            l.rate_bps = Some(5_000_000);
+            l.queue = qgate_aqm::DisciplineSpec::Droptail {
+                packets: Some(20),
+                bytes: None,
+            };
+        })
+        .unwrap();
+    // The recent RTT is now the 160 ms path's: record a 40 ms connection at the old capacity.
+    store.record(
+        &peer,
+        200_000,
+        Observed {
+            capacity: e.capacity as u64,
+            ..rtt(40_000)
+        },
+    );
+    let (cfg, h) = store
+        .client_config(&s.base, &opts, &peer, Some(2.0))
+        .unwrap();
+    assert!(h.decision.careful.is_some());
+    timed(cfg, 200_000).await;
+    assert_eq!(h.careful_outcome(), Outcome::Retreated);
+}
+
+/// The controller's own initial window under `opts`.
+fn cfg_default_window(opts: &TransportOptions) -> u64 {
+    opts.controller_factory()
+        .build(std::time::Instant::now(), 1200)
+        .initial_window()
 }
 
 /// RFC 9002 §6.2.2 (decision H8): a connection to a known peer starts its RTT estimate from the

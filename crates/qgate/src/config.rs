@@ -69,6 +69,9 @@ pub struct HistorySection {
     /// Start a connection's RTT estimate from the peer's last smoothed RTT (false: paper
     /// 002's window-only history).
     pub seed_rtt: Option<bool>,
+    /// How a new connection uses the history: "window" (paper 002: start at the average
+    /// window) or "careful" (RFC 9959 careful resume, decision H9).
+    pub resume: Option<qgate_core::history::Resume>,
 }
 
 /// `[server]`

@@ -29,6 +29,7 @@ pub fn history_config(mode: HistoryMode, s: &HistorySection) -> Result<HistoryCo
         max_age_ms: s.max_age_s.map_or(d.max_age_ms, |x| x.saturating_mul(1000)),
         capacity: s.capacity.unwrap_or(d.capacity),
         seed_rtt: s.seed_rtt.unwrap_or(d.seed_rtt),
+        resume: s.resume.unwrap_or(d.resume),
     };
     c.validate().map_err(|e| usage(format!("[history] {e}")))?;
     Ok(c)
@@ -99,7 +100,8 @@ pub struct HistoryArgs {
 #[derive(Subcommand, Debug)]
 enum HistoryCmd {
     /// One line per peer: average window, samples, minimum RTT, the last connection's smoothed
-    /// RTT (a new connection's initial RTT), last update.
+    /// RTT (a new connection's initial RTT), the capacity estimate and the last connection's
+    /// minimum RTT (careful resume's), last update.
     List,
     /// Everything recorded for one peer (as `list` prints it).
     Show {
@@ -123,11 +125,13 @@ pub fn run(a: HistoryArgs, cfg: &Config) -> Result<(), Failure> {
     let now = store.now_ms();
     let line = |peer: &str, e: &qgate_core::history::Entry| {
         format!(
-            "{peer}\tavg_cwnd={:.0} B\tsamples={}\tmin_rtt={:.1} ms\tlast_srtt={:.1} ms\tupdated={:.0} s ago",
+            "{peer}\tavg_cwnd={:.0} B\tsamples={}\tmin_rtt={:.1} ms\tlast_srtt={:.1} ms\tcapacity={:.0} B\trecent_min_rtt={:.1} ms\tupdated={:.0} s ago",
             e.avg_cwnd,
             e.count,
             e.min_rtt_us as f64 / 1000.0,
             e.srtt_us as f64 / 1000.0,
+            e.capacity,
+            e.recent_rtt_us as f64 / 1000.0,
             now.saturating_sub(e.updated_ms) as f64 / 1000.0
         )
     };

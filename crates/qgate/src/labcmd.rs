@@ -669,6 +669,7 @@ fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
         &done[0].0.records,
         &done[1].0.records,
         &done[2].0.records,
+        &done[3].0.records,
     );
     for (i, (ran, out, eff)) in done.into_iter().enumerate() {
         let e = if i == 0 { extra.as_str() } else { "" };

@@ -622,10 +622,11 @@ fn lab_history_quick_writes_every_result_file() {
             "dumbbell/summary.md",
             "change/summary.md",
             "change/series-dl-latency_s.svg",
+            "congested/summary.md",
         ],
     );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
-    for scheme in ["default", "history-mean", "history-ewma"] {
+    for scheme in ["default", "history-mean", "history-ewma", "careful"] {
         assert!(
             csv.contains(&format!("{scheme},1MB,38,1,dl.latency_s_mean,")),
             "{scheme}:\n{csv}"
@@ -633,7 +634,9 @@ fn lab_history_quick_writes_every_result_file() {
     }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(
-        summary.contains("## Against paper 002") && summary.contains("Good → bad"),
+        summary.contains("## Against paper 002")
+            && summary.contains("Good → bad")
+            && summary.contains("At a congested bottleneck"),
         "{summary}"
     );
     let o = run(&home, &["lab", "history", "--runs", "1"]);

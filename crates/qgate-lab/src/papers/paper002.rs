@@ -1,7 +1,8 @@
 //! `qgate lab history`: paper 002's experiments, run from the shipped plans
 //! `lab/plans/paper002-history.toml` (simple topology), `paper002-dumbbell.toml` (competing
-//! flows) and `paper002-change.toml` (good → bad, beyond the paper), with the paper's claims
-//! held against the same runs. The paper's unit is the download, so its comparisons pool the
+//! flows), `paper002-change.toml` (good → bad, beyond the paper) and `paper002-congested.toml`
+//! (loss from competing flows, not from a coin: issue 16 item 3), with the paper's claims held
+//! against the same runs. The paper's unit is the download, so its comparisons pool the
 //! downloads of every seed (Welch's test over them); the plan tables compare per-seed means.
 
 use std::fmt::Write as _;
@@ -17,8 +18,10 @@ pub const PLAN: &str = include_str!("../../../../lab/plans/paper002-history.toml
 pub const DUMBBELL_PLAN: &str = include_str!("../../../../lab/plans/paper002-dumbbell.toml");
 /// The good → bad plan.
 pub const CHANGE_PLAN: &str = include_str!("../../../../lab/plans/paper002-change.toml");
+/// The congested-bottleneck plan.
+pub const CONGESTED_PLAN: &str = include_str!("../../../../lab/plans/paper002-congested.toml");
 
-/// The three plans, parsed, with the directory each writes below `results/history`.
+/// The four plans, parsed, with the directory each writes below `results/history`.
 pub fn plans() -> Result<Vec<(Loaded, &'static str)>, PlanError> {
     Ok(vec![
         (
@@ -32,6 +35,13 @@ pub fn plans() -> Result<Vec<(Loaded, &'static str)>, PlanError> {
         (
             Loaded::parse(CHANGE_PLAN, Path::new("lab/plans/paper002-change.toml"))?,
             "change",
+        ),
+        (
+            Loaded::parse(
+                CONGESTED_PLAN,
+                Path::new("lab/plans/paper002-congested.toml"),
+            )?,
+            "congested",
         ),
     ])
 }
@@ -50,14 +60,13 @@ fn pooled(records: &[Record], at: Option<(&str, usize)>, scheme: &str, metric: &
         .collect()
 }
 
-/// "−12.3 % (p = 0.004, n = 147 / 147)" for b against a.
-/// Download latency of history (EWMA, mean, EWMA with the seeded RTT) against the default window
-/// at one sweep point: the EWMA change in percent, its Welch test, and the three cells; `None` if
-/// the point did not run.
+/// Download latency of history (EWMA, mean, EWMA with the seeded RTT, careful resume) against
+/// the default window at one sweep point: the EWMA change in percent, its Welch test, and the
+/// four cells ("−12.3 % (p = 0.004, n = 147 / 147)"); `None` if the point did not run.
 fn against_default(
     records: &[Record],
     at: (&str, usize),
-) -> Option<(f64, Option<Welch>, [String; 3])> {
+) -> Option<(f64, Option<Welch>, [String; 4])> {
     let latency = |scheme| pooled(records, Some(at), scheme, "dl.latency_s");
     let base = latency("default");
     if base.is_empty() {
@@ -66,7 +75,13 @@ fn against_default(
     let (pct, w, ewma) = change(&base, &latency("history-ewma"));
     let (_, _, mean) = change(&base, &latency("history-mean"));
     let (_, _, rtt) = change(&base, &latency("ewma+rtt"));
-    Some((pct, w, [ewma, mean, rtt]))
+    let (_, _, careful) = change(&base, &latency("careful"));
+    Some((pct, w, [ewma, mean, rtt, careful]))
+}
+
+/// Mean over every download of `scheme` at `at` of sample `metric`.
+fn pooled_mean(records: &[Record], at: (&str, usize), scheme: &str, metric: &str) -> Summary {
+    Summary::of(&pooled(records, Some(at), scheme, metric))
 }
 
 fn change(a: &[f64], b: &[f64]) -> (f64, Option<Welch>, String) {
@@ -105,19 +120,25 @@ fn verdict(claim_pct: f64, pct: f64, w: Option<Welch>) -> &'static str {
 }
 
 /// The section appended to the simple plan's summary: each of the paper's claims against the
-/// three plans' runs.
-pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Record]) -> String {
+/// four plans' runs.
+pub fn against_paper(
+    simple: &[Record],
+    dumbbell: &[Record],
+    change_runs: &[Record],
+    congested: &[Record],
+) -> String {
     let mut s = String::from("## Against paper 002\n\n");
     let _ = writeln!(
         s,
         "Download time of history (EWMA and mean: the paper's window-only scheme; EWMA + RTT: \
-         ours, each connection's RTT estimate seeded from the last smoothed RTT, decision H8) \
+         ours, each connection's RTT estimate seeded from the last smoothed RTT, decision H8; \
+         careful: ours, RFC 9959 careful resume towards the recorded capacity, decision H9) \
          against the default initial window; every download after the first of each series, \
          all seeds pooled; Welch's t-test.\n"
     );
     let _ = writeln!(
         s,
-        "| claim | paper | ours: EWMA | ours: mean | verdict (EWMA) | ours: EWMA + RTT |\n|---|---|---|---|---|---|"
+        "| claim | paper | ours: EWMA | ours: mean | verdict (EWMA) | ours: EWMA + RTT | ours: careful |\n|---|---|---|---|---|---|---|"
     );
     let nets = [(0, "good"), (1, "average"), (2, "bad")];
     let claims: [(&str, usize, f64); 6] = [
@@ -129,7 +150,7 @@ pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Reco
         ("10MB", 2, 0.0),
     ];
     for (size, i, paper) in claims {
-        let Some((pct, w, [ewma, mean, rtt])) = against_default(simple, (size, i)) else {
+        let Some((pct, w, [ewma, mean, rtt, careful])) = against_default(simple, (size, i)) else {
             continue;
         };
         let claim = if paper == 0.0 {
@@ -139,19 +160,20 @@ pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Reco
         };
         let _ = writeln!(
             s,
-            "| {size} {} network | {claim} | {ewma} | {mean} | {} | {rtt} |",
+            "| {size} {} network | {claim} | {ewma} | {mean} | {} | {rtt} | {careful} |",
             nets[i].1,
             verdict(paper, pct, w)
         );
     }
     for (sweep, paper) in [("good", -22.0), ("average", -31.0)] {
         for i in 0..4 {
-            let Some((pct, w, [ewma, mean, rtt])) = against_default(dumbbell, (sweep, i)) else {
+            let Some((pct, w, [ewma, mean, rtt, careful])) = against_default(dumbbell, (sweep, i))
+            else {
                 continue;
             };
             let _ = writeln!(
                 s,
-                "| dumbbell 1MB {sweep}, {} competing flow(s) | {paper:+.0} % | {ewma} | {mean} | {} | {rtt} |",
+                "| dumbbell 1MB {sweep}, {} competing flow(s) | {paper:+.0} % | {ewma} | {mean} | {} | {rtt} | {careful} |",
                 i + 1,
                 verdict(paper, pct, w)
             );
@@ -172,22 +194,77 @@ pub fn against_paper(simple: &[Record], dumbbell: &[Record], change_runs: &[Reco
             .filter(|r| r.scheme == "ewma+safeguard")
             .filter_map(|r| r.scalars.get("dl.fell_back").copied())
             .sum();
-        let (d, e, g, r) = (
+        let (d, e, g, r, c) = (
             loss("default"),
             loss("history-ewma"),
             loss("ewma+safeguard"),
             loss("ewma+rtt"),
+            loss("careful"),
         );
         let _ = writeln!(
             s,
             "Good → bad (beyond the paper): in the bad phase the loss ratio was {:.4} (default), \
-             {:.4} (EWMA history from the good network), {:.4} (with the safeguard) and {:.4} \
-             (EWMA with the seeded RTT), means over {} seeds; the safeguard reset the window to \
-             the default on {fell:.0} connection(s). A loss storm would show as a loss ratio well \
-             above the default's.\n",
-            d.mean, e.mean, g.mean, r.mean, d.n
+             {:.4} (EWMA history from the good network), {:.4} (with the safeguard), {:.4} \
+             (EWMA with the seeded RTT) and {:.4} (careful resume), means over {} seeds; the \
+             safeguard reset the window to the default on {fell:.0} connection(s). A loss storm \
+             would show as a loss ratio well above the default's.\n",
+            d.mean, e.mean, g.mean, r.mean, c.mean, d.n
         );
     }
+    s.push_str(&congested_section(congested));
+    s
+}
+
+/// Paper 002's downloads where the loss comes from competing flows (`paper002-congested.toml`):
+/// each history scheme's download time and loss ratio against the default's, per point.
+fn congested_section(records: &[Record]) -> String {
+    let mut s = String::new();
+    if records.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "### At a congested bottleneck (loss from competing flows, not from a coin)\n\n\
+         `lab/plans/paper002-congested.toml`: the loss comes from a 200-packet drop-tail queue \
+         that 1–4 competing CUBIC flows keep full, not from a coin. Download time against the \
+         default (all downloads of all seeds pooled; Welch's t-test) and each scheme's mean \
+         loss ratio over its downloads, with the change from the default's in points.\n"
+    );
+    let schemes = ["history-mean", "history-ewma", "careful"];
+    let _ = writeln!(
+        s,
+        "| network, competing flows | default: time (s), loss | {} |\n|---|---|---|---|---|",
+        schemes.join(" | ")
+    );
+    for (sweep, net) in [("good", "good (38 ms)"), ("average", "average (50 ms)")] {
+        for i in 0..4 {
+            let at = (sweep, i);
+            let base = pooled(records, Some(at), "default", "dl.latency_s");
+            if base.is_empty() {
+                continue;
+            }
+            let loss0 = pooled_mean(records, at, "default", "dl.loss_ratio");
+            let mut row = format!(
+                "| {net}, {} | {:.3}, {:.2} % |",
+                i + 1,
+                Summary::of(&base).mean,
+                loss0.mean * 100.0
+            );
+            for scheme in schemes {
+                let (_, _, cell) =
+                    change(&base, &pooled(records, Some(at), scheme, "dl.latency_s"));
+                let loss = pooled_mean(records, at, scheme, "dl.loss_ratio");
+                let _ = write!(
+                    row,
+                    " {cell}; loss {:.2} % ({:+.2} points) |",
+                    loss.mean * 100.0,
+                    (loss.mean - loss0.mean) * 100.0
+                );
+            }
+            let _ = writeln!(s, "{row}");
+        }
+    }
+    s.push('\n');
     s
 }
 
@@ -196,7 +273,7 @@ mod tests {
     #[test]
     fn the_shipped_plans_parse() {
         let p = super::plans().unwrap();
-        assert_eq!(p.len(), 3);
+        assert_eq!(p.len(), 4);
         assert_eq!(p[0].0.plan.plan.name, "history");
     }
 

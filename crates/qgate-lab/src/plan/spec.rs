@@ -400,6 +400,11 @@ pub struct DownloadLoad {
     /// RTT (decision H8); `false` is paper 002's window-only scheme.
     #[serde(default = "default_seed_rtt")]
     pub seed_rtt: bool,
+    /// With history on, how a connection uses it: `window` (paper 002) or `careful` (RFC 9959
+    /// careful resume, decision H9; its RTT check uses the safeguard's factor when
+    /// `safeguard`, else RFC 9959's 10×).
+    #[serde(default)]
+    pub resume: qgate_core::history::Resume,
 }
 
 fn default_interval() -> f64 {

@@ -6,7 +6,9 @@
 //! Samples (runs after the first, t = the download's start): `latency_s` (connection start →
 //! last byte), `loss_ratio` (packets the server declared lost ÷ sent), `initial_window_kb`.
 //! Scalars: `first_latency_s` (the run without history), `completed`, `from_history` (fraction
-//! of runs whose window came from history), `fell_back` (runs the safeguard reset).
+//! of runs whose window came from history), `fell_back` (runs the safeguard reset, or whose
+//! careful resume found the path changed or retreated), `validated` and `retreated` (runs whose
+//! careful resume jump was validated, or retreated from).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +16,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use qgate_core::history::{Averaging, HistoryConfig};
+use qgate_core::careful_resume::Outcome as CarefulOutcome;
+use qgate_core::history::HistoryConfig;
 use qgate_netsim::World;
 use qgate_transport::history::{server_peer_key, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
 use qgate_transport::{client_config, connect, endpoint, server_config, Socket, TransportOptions};
@@ -28,11 +31,12 @@ use crate::plan::spec::DownloadLoad;
 const ALPN: &[u8] = b"qgate-history";
 
 /// An in-memory history store averaging with `averaging` (none: no history), in simulated time.
-fn virtual_store(averaging: Option<Averaging>, seed_rtt: bool) -> Option<Arc<HistoryStore>> {
-    averaging.map(|averaging| {
+fn virtual_store(d: &DownloadLoad) -> Option<Arc<HistoryStore>> {
+    d.history.averaging().map(|averaging| {
         super::virtual_history(HistoryConfig {
             averaging,
-            seed_rtt,
+            seed_rtt: d.seed_rtt,
+            resume: d.resume,
             ..Default::default()
         })
     })
@@ -44,6 +48,7 @@ struct Outcome {
     initial_window: u64,
     from_history: bool,
     fell_back: bool,
+    careful: CarefulOutcome,
 }
 
 /// Serve downloads on `ep`: a request is the byte count (8 bytes, big endian; 0 = endless);
@@ -102,6 +107,9 @@ async fn serve(
                 initial_window,
                 from_history: hist.as_ref().is_some_and(|h| h.decision.from_history),
                 fell_back: hist.as_ref().is_some_and(|h| h.fell_back()),
+                careful: hist
+                    .as_ref()
+                    .map_or(CarefulOutcome::None, |h| h.careful_outcome()),
             };
             let _ = tx.send((peer, outcome)).await;
         });
@@ -162,7 +170,7 @@ pub(super) fn prepare(d: &DownloadLoad, world: &mut World, s: &Setup) -> Result<
         .ok_or_else(|| format!("client '{}' has no link", d.client))?;
     let opts = TransportOptions::default();
     let base = server_config(&s.pki.server, &[ALPN], &opts).map_err(|e| e.to_string())?;
-    let store = virtual_store(d.history.averaging(), d.seed_rtt);
+    let store = virtual_store(d);
     let server_addr = SocketAddr::new(srv_ip, 5443 + s.index as u16);
     let ep = endpoint(
         Socket::from(net.bind(srv, server_addr).map_err(|e| e.to_string())?),
@@ -199,6 +207,7 @@ impl Prepared {
         let local = self.client.local_addr().expect("bound");
         let (mut latency, mut loss, mut iw) = (Vec::new(), Vec::new(), Vec::new());
         let (mut completed, mut from_history, mut fell_back) = (0usize, 0usize, 0usize);
+        let (mut validated, mut retreated) = (0usize, 0usize);
         let mut first = None;
         let mut ready = begin;
         for run in 0..d.runs {
@@ -268,6 +277,8 @@ impl Prepared {
             }
             from_history += usize::from(o.from_history);
             fell_back += usize::from(o.fell_back);
+            validated += usize::from(o.careful == CarefulOutcome::Validated);
+            retreated += usize::from(o.careful == CarefulOutcome::Retreated);
         }
         let mut m = Measurements::default();
         if let Some(f) = first {
@@ -279,6 +290,8 @@ impl Prepared {
             from_history as f64 / completed.max(1) as f64,
         ));
         m.scalars.push(("fell_back".into(), fell_back as f64));
+        m.scalars.push(("validated".into(), validated as f64));
+        m.scalars.push(("retreated".into(), retreated as f64));
         m.samples.push(("latency_s".into(), latency));
         m.samples.push(("loss_ratio".into(), loss));
         m.samples.push(("initial_window_kb".into(), iw));
