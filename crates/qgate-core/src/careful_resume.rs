@@ -1,30 +1,36 @@
 //! Careful resume (RFC 9959) over a congestion controller: a new connection starts at the
 //! initial window, confirms that the path's RTT is still the one its history was recorded at,
-//! then jumps to half the recorded capacity, paced over one RTT, and either validates the jump
-//! or retreats to half of what the jump delivered. Decision H9.
+//! then jumps to half the recorded capacity, paced by the sender, and either validates the jump
+//! or retreats to half of what it had validated. Decision H9.
 //!
 //! This is the decision loop only. The shell (qgate-transport's history controller) feeds it
 //! the controller events quinn gives, asks [`CarefulResume::window`] for the window while a
-//! careful phase owns it (`None`: the wrapped controller is in charge and sees every event),
-//! and, when a phase ends, carries out the returned [`Handover`].
+//! careful phase owns it (`None`: the wrapped controller is in charge), and, when a phase ends,
+//! carries out the returned [`Handover`].
 //!
-//! Phases (RFC 9959 §3): *Reconnaissance* — the wrapped controller runs from its initial window;
-//! every RTT sample is checked against the recorded minimum RTT (`saved.rtt`). The first RTT
-//! sample above `rtt_factor` × it (after [`ACK_DELAY_ALLOWANCE`]), a minimum at or below half of it, or a congestion signal ends
-//! careful resume (Normal, nothing rebuilt). Once the initial window's worth is acknowledged (or
-//! all that was sent), *Unvalidated*: window =
-//! saved.capacity / 2; the pipe size starts at the flight size and grows with
-//! every acknowledged byte; the window does not grow. It ends at the acknowledgement of the
-//! first packet sent after the jump, or after one smoothed RTT: if the flight is then under the
-//! initial window or within the pipe size, the window becomes max(pipe, initial window) and the
-//! controller takes over; otherwise the window becomes the flight size and *Validating* grows it
-//! by slow start until the last packet sent while unvalidated is acknowledged, when the
-//! controller takes over at that window. A loss (or ECN mark) of a packet sent since the jump,
-//! or an RTT sample above the factor, while unvalidated or validating: *Safe retreat* — window =
-//! pipe / 2 (at least `min_window`), not grown, until the last unvalidated packet is acknowledged
-//! or lost; then the controller takes over from the pipe size with its own multiplicative
-//! decrease (its threshold at β × pipe, β ∈ [0.5, 1] as §3.5 asks: CUBIC's 0.7). Persistent
-//! congestion in any phase hands the event to a fresh controller (its minimum window).
+//! Phases (RFC 9959 §3):
+//! - *Reconnaissance*: the wrapped controller runs from its initial window. An RTT sample above
+//!   `rtt_factor` × the saved minimum RTT (after [`ACK_DELAY_ALLOWANCE`]), a minimum at or below
+//!   half of it, or any congestion ends careful resume (Normal, nothing rebuilt). Once the
+//!   initial window's worth is acknowledged, or all that was in flight but one datagram,
+//!   *Unvalidated* (unless the controller's own window already reaches the jump).
+//! - *Unvalidated*: window = saved.capacity / 2, not grown; the pipe size starts at the flight
+//!   size and grows with every acknowledged byte. It ends when a packet sent since the jump is
+//!   acknowledged (packet numbers, as the RFC counts), or one smoothed RTT after the jump (also
+//!   checked when the sender next sends, so an idle connection does not keep an old jump): a
+//!   flight under the initial window or within the pipe size means the jump was not used, and
+//!   the controller takes over at max(pipe, initial window); otherwise the window becomes the
+//!   flight size and *Validating* grows it by slow start until the last packet sent while
+//!   unvalidated is acknowledged (or nothing is in flight), when the controller takes over at
+//!   that window.
+//! - *Safe retreat*, on any congestion signal or an RTT sample above the factor while
+//!   unvalidated or validating: window = half the pipe size at that moment (at least
+//!   `min_window`), not grown, until the last unvalidated packet is acknowledged (or nothing is
+//!   in flight); then a controller built at that pipe size takes one congestion event, so its own
+//!   decrease sets its window and threshold (CUBIC: 0.7 × pipe; RFC 9959 sets the threshold at
+//!   β × pipe and lets slow start climb there from pipe / 2, which this skips).
+//! - Persistent congestion while a careful phase owns the window hands the event to a fresh
+//!   controller (its minimum window); in reconnaissance the controller already has it.
 
 use std::time::{Duration, Instant};
 
@@ -68,7 +74,8 @@ pub enum Phase {
     Unvalidated,
     /// The jump is being acknowledged; the window grows by slow start.
     Validating,
-    /// A jump packet was lost: at half the validated pipe until the jump's packets are settled.
+    /// Congestion or RTT growth during the jump: at half the validated pipe until the jump's
+    /// packets are settled.
     SafeRetreat,
     /// Careful resume is over: the controller is in charge.
     Normal,
@@ -83,15 +90,18 @@ pub struct Handover {
     pub congestion: Option<bool>,
 }
 
-/// Why careful resume ended without a validated jump (for metrics and logs).
+/// How careful resume ended (for metrics and logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Still running, or never started (no usable history).
+    /// Still running, never started (no usable history) or not needed (the controller's own
+    /// window reached the jump first).
     None,
     /// The path's RTT was not the saved one: no jump.
     PathChanged,
     /// Congestion before the jump: no jump.
     CongestedBeforeJump,
+    /// The sender did not use the jump (it had less to send).
+    Unused,
     /// The jump was acknowledged: validated.
     Validated,
     /// The jump met congestion or RTT growth: safe retreat.
@@ -109,25 +119,21 @@ pub struct CarefulResume {
     cwnd: u64,
     /// Bytes acknowledged since the jump, plus the flight at the jump (RFC 9959 PipeSize).
     pipe: u64,
+    /// The pipe size when the retreat began.
+    retreat_pipe: u64,
     /// Bytes acknowledged in reconnaissance.
     acked: u64,
-    /// Bytes sent in reconnaissance.
-    sent: u64,
-    /// When the jump happened: packets sent from then on are unvalidated.
-    jump_at: Option<Instant>,
-    /// The last packet sent while unvalidated.
-    last_unvalidated: Option<Instant>,
-    /// Set by an acknowledgement that ends the unvalidated phase; acted on at the batch's end,
-    /// where the flight size is known.
-    unvalidated_done: bool,
-    /// The batch acknowledged the last unvalidated packet.
-    settled: bool,
-    /// The RTT sample showed a path change.
+    /// Bytes in flight at the last acknowledgement batch.
+    in_flight: u64,
+    /// When the jump happened, and the smoothed RTT then.
+    jumped: Option<(Instant, Duration)>,
+    /// The first and the last packet number sent while unvalidated.
+    first_pn: Option<u64>,
+    last_pn: Option<u64>,
+    /// An RTT sample showed a path change while the jump was unvalidated or validating.
     rtt_grew: bool,
     /// Smallest RTT sample so far.
     min_rtt: Option<Duration>,
-    /// The smoothed RTT at the jump.
-    jump_rtt: Duration,
 }
 
 impl CarefulResume {
@@ -146,15 +152,14 @@ impl CarefulResume {
             outcome: Outcome::None,
             cwnd: params.initial_window,
             pipe: 0,
+            retreat_pipe: 0,
             acked: 0,
-            sent: 0,
-            jump_at: None,
-            last_unvalidated: None,
-            unvalidated_done: false,
-            settled: false,
+            in_flight: 0,
+            jumped: None,
+            first_pn: None,
+            last_pn: None,
             rtt_grew: false,
             min_rtt: None,
-            jump_rtt: Duration::ZERO,
         }
     }
 
@@ -186,13 +191,25 @@ impl CarefulResume {
         self.outcome = outcome;
     }
 
-    /// A packet of `bytes` left at `now`.
-    pub fn on_sent(&mut self, now: Instant, bytes: u64) {
-        match self.phase {
-            Phase::Reconnaissance => self.sent += bytes,
-            Phase::Unvalidated => self.last_unvalidated = Some(now),
-            _ => {}
+    /// A transmission ending with packet number `pn` left at `now`. Returns the hand-over when
+    /// an unused jump has outlived its round trip.
+    pub fn on_sent(&mut self, now: Instant, pn: u64) -> Option<Handover> {
+        if self.phase != Phase::Unvalidated {
+            return None;
         }
+        if self.first_pn.is_none() && self.overdue(now) {
+            // The connection idled past the jump's round trip: the path was checked too long
+            // ago for the jump.
+            return self.finish_unvalidated();
+        }
+        self.first_pn.get_or_insert(pn);
+        self.last_pn = Some(pn);
+        None
+    }
+
+    fn overdue(&self, now: Instant) -> bool {
+        self.jumped
+            .is_some_and(|(at, rtt)| now.saturating_duration_since(at) > rtt)
     }
 
     /// A packet sent at `sent` and carrying `bytes` was acknowledged at `now`; `app_limited`:
@@ -202,54 +219,48 @@ impl CarefulResume {
         self.min_rtt = Some(self.min_rtt.map_or(sample, |m| m.min(sample)));
         let changed = sample.saturating_sub(ACK_DELAY_ALLOWANCE).as_secs_f64()
             > self.params.rtt_factor * self.saved.rtt.as_secs_f64();
-        let after_jump = self.jump_at.is_some_and(|j| sent >= j);
-        let last = self.last_unvalidated.is_some_and(|l| sent >= l);
         match self.phase {
-            Phase::Reconnaissance => {
-                if changed {
-                    self.end(Outcome::PathChanged);
-                } else {
-                    self.acked += bytes;
-                }
-            }
+            Phase::Reconnaissance if changed => self.end(Outcome::PathChanged),
+            Phase::Reconnaissance => self.acked += bytes,
             Phase::Unvalidated => {
                 self.pipe += bytes;
-                // Only a sample of a packet sent since the jump reflects the jump's queue.
-                self.rtt_grew |= changed && after_jump;
-                self.unvalidated_done |= after_jump;
+                self.rtt_grew |= changed;
             }
             Phase::Validating => {
                 self.pipe += bytes;
-                self.rtt_grew |= changed && after_jump;
+                self.rtt_grew |= changed;
                 if !app_limited {
                     self.cwnd += bytes; // slow start (RFC 9959 §3.4)
                 }
-                self.settled |= last;
             }
-            Phase::SafeRetreat => {
-                self.pipe += bytes;
-                self.settled |= last;
-            }
-            Phase::Normal => {}
+            Phase::SafeRetreat | Phase::Normal => {}
         }
     }
 
-    /// The acknowledgement batch ended at `now` with `in_flight` bytes outstanding and this
-    /// smoothed RTT. Returns the hand-over when a careful phase ends here.
+    /// The acknowledgement batch ended at `now`: `in_flight` bytes outstanding, `largest` the
+    /// largest packet number it acknowledged, `window` the controller's own window, and this
+    /// smoothed RTT (zero if none yet). Returns the hand-over when a careful phase ends here.
     pub fn on_end_acks(
         &mut self,
         now: Instant,
         in_flight: u64,
+        largest: Option<u64>,
+        window: u64,
         smoothed_rtt: Duration,
     ) -> Option<Handover> {
+        self.in_flight = in_flight;
+        let reached = |pn: Option<u64>| matches!((largest, pn), (Some(l), Some(p)) if l >= p);
+        // Everything sent is settled (acknowledged or declared lost).
+        let settled = |pn: Option<u64>| reached(pn) || in_flight == 0;
         match self.phase {
             Phase::Reconnaissance => {
-                // RFC 9959 §3.2: once all the initial data is acknowledged the sender MAY
-                // jump; it need not wait until it is limited by its window (§4.2 allows the
-                // wait). A server's handshake flight is all it sent before a request, so it
-                // jumps as the request arrives rather than one round trip later.
+                // RFC 9959 §3.2: once the initial data is acknowledged the sender MAY jump; it
+                // need not wait until it is limited by its window (§4.2 allows the wait). A
+                // QUIC server's first flight ends with a 1-RTT packet (new connection IDs) that
+                // the client acknowledges a round trip after the handshake: up to one datagram
+                // (half the minimum window) may still be out.
                 let confirmed = self.acked >= self.params.initial_window
-                    || (self.acked > 0 && self.acked >= self.sent);
+                    || (self.acked > 0 && in_flight <= self.params.min_window / 2);
                 if !confirmed {
                     return None;
                 }
@@ -261,42 +272,35 @@ impl CarefulResume {
                     self.end(Outcome::PathChanged);
                     return None;
                 }
+                if window >= self.jump_window() {
+                    self.end(Outcome::None); // slow start got there first
+                    return None;
+                }
                 self.phase = Phase::Unvalidated;
                 self.cwnd = self.jump_window();
                 self.pipe = in_flight;
-                self.jump_at = Some(now);
-                self.jump_rtt = smoothed_rtt;
+                let rtt = if smoothed_rtt.is_zero() {
+                    self.saved.rtt
+                } else {
+                    smoothed_rtt
+                };
+                self.jumped = Some((now, rtt));
                 None
             }
             Phase::Unvalidated => {
                 if self.rtt_grew {
                     return self.retreat();
                 }
-                let overdue = self
-                    .jump_at
-                    .is_some_and(|j| now.saturating_duration_since(j) > self.jump_rtt);
-                if !(self.unvalidated_done || overdue) {
-                    return None;
+                if reached(self.first_pn) || self.overdue(now) {
+                    return self.finish_unvalidated();
                 }
-                let iw = self.params.initial_window;
-                if in_flight < iw || in_flight <= self.pipe || self.last_unvalidated.is_none() {
-                    // The jump was not used (rate-limited): resume from what was delivered.
-                    self.end(Outcome::Validated);
-                    return Some(Handover {
-                        window: self.pipe.max(iw),
-                        congestion: None,
-                    });
-                }
-                self.cwnd = in_flight;
-                self.phase = Phase::Validating;
-                self.settled = false;
                 None
             }
             Phase::Validating => {
                 if self.rtt_grew {
                     return self.retreat();
                 }
-                if !self.settled {
+                if !settled(self.last_pn) {
                     return None;
                 }
                 self.end(Outcome::Validated);
@@ -305,57 +309,66 @@ impl CarefulResume {
                     congestion: None,
                 })
             }
-            Phase::SafeRetreat => self.settled.then(|| self.leave_retreat()),
+            Phase::SafeRetreat => settled(self.last_pn).then(|| self.leave_retreat()),
             Phase::Normal => None,
         }
+    }
+
+    /// The unvalidated phase is over: either the jump was not used, or validating begins at
+    /// the flight size (RFC 9959 §3.3).
+    fn finish_unvalidated(&mut self) -> Option<Handover> {
+        let iw = self.params.initial_window;
+        let flight = self.in_flight;
+        if flight < iw || flight <= self.pipe || self.first_pn.is_none() {
+            self.end(Outcome::Unused);
+            return Some(Handover {
+                window: self.pipe.max(iw),
+                congestion: None,
+            });
+        }
+        self.cwnd = flight;
+        self.phase = Phase::Validating;
+        None
     }
 
     /// Enter safe retreat: half the pipe, at least the minimum window.
     fn retreat(&mut self) -> Option<Handover> {
         self.phase = Phase::SafeRetreat;
         self.outcome = Outcome::Retreated;
+        self.retreat_pipe = self.pipe.max(self.params.min_window);
         self.cwnd = (self.pipe / 2).max(self.params.min_window);
         // The retreat waits for the last unvalidated packet; if none was sent it is over.
-        if self.last_unvalidated.is_none() {
+        if self.last_pn.is_none() {
             return Some(self.leave_retreat());
         }
-        self.settled = false;
         None
     }
 
     fn leave_retreat(&mut self) -> Handover {
         self.end(Outcome::Retreated);
         Handover {
-            window: self.pipe.max(self.params.min_window),
+            window: self.retreat_pipe,
             congestion: Some(false),
         }
     }
 
-    /// A packet sent at `sent` was found lost (or ECN-marked) at `now`.
-    pub fn on_congestion(&mut self, sent: Instant, persistent: bool) -> Option<Handover> {
-        if persistent && self.phase != Phase::Normal {
-            let was_careful = self.window().is_some();
-            self.end(if was_careful {
-                Outcome::Retreated
-            } else {
-                Outcome::CongestedBeforeJump
-            });
-            return was_careful.then_some(Handover {
-                window: self.params.initial_window,
-                congestion: Some(true),
-            });
-        }
-        let after_jump = self.jump_at.is_some_and(|j| sent >= j);
+    /// A congestion signal (a loss, an ECN mark; `persistent` congestion).
+    pub fn on_congestion(&mut self, persistent: bool) -> Option<Handover> {
         match self.phase {
+            Phase::Normal => None,
             Phase::Reconnaissance => {
                 self.end(Outcome::CongestedBeforeJump);
                 None
             }
-            Phase::Unvalidated | Phase::Validating if after_jump => self.retreat(),
-            Phase::SafeRetreat if self.last_unvalidated.is_some_and(|l| sent >= l) => {
-                Some(self.leave_retreat())
+            Phase::Unvalidated | Phase::Validating | Phase::SafeRetreat if persistent => {
+                self.end(Outcome::Retreated);
+                Some(Handover {
+                    window: self.params.initial_window,
+                    congestion: Some(true),
+                })
             }
-            _ => None,
+            Phase::Unvalidated | Phase::Validating => self.retreat(),
+            Phase::SafeRetreat => None,
         }
     }
 }
@@ -382,28 +395,35 @@ mod tests {
         t0 + Duration::from_millis(ms)
     }
 
-    /// Reconnaissance: send the initial window at 0, all acknowledged at `rtt_ms`.
+    /// Reconnaissance: packets 0–9 (the initial window) sent at 0, all acknowledged at `rtt_ms`.
     fn confirm(c: &mut CarefulResume, t0: Instant, rtt_ms: u64) -> Option<Handover> {
-        c.on_sent(t0, IW);
+        for pn in 0..10 {
+            assert_eq!(c.on_sent(t0, pn), None);
+        }
         c.on_ack(ms(t0, rtt_ms), t0, IW, false);
-        c.on_end_acks(ms(t0, rtt_ms), 0, Duration::from_millis(rtt_ms))
+        let rtt = Duration::from_millis(rtt_ms);
+        c.on_end_acks(ms(t0, rtt_ms), 0, Some(9), IW, rtt)
+    }
+
+    /// The jump's packets 10–19, 20 kB each, sent 4 ms apart from 40 ms.
+    fn send_jump(c: &mut CarefulResume, t0: Instant) {
+        for i in 0..10 {
+            assert_eq!(c.on_sent(ms(t0, 40 + 4 * i), 10 + i), None);
+        }
     }
 
     #[test]
     fn nothing_to_resume_when_half_the_capacity_is_not_above_the_initial_window() {
         assert_eq!(cr(2 * IW).phase(), Phase::Normal);
         assert_eq!(cr(2 * IW + 2).phase(), Phase::Reconnaissance);
-        let mut zero_rtt = CarefulResume::new(
+        let zero_rtt = CarefulResume::new(
             Saved {
                 capacity: 1 << 20,
                 rtt: Duration::ZERO,
             },
             cr(0).params,
         );
-        assert_eq!(zero_rtt.phase(), Phase::Normal);
-        assert_eq!(zero_rtt.window(), None);
-        zero_rtt.on_sent(Instant::now(), 1200);
-        assert_eq!(zero_rtt.outcome(), Outcome::None);
+        assert_eq!((zero_rtt.phase(), zero_rtt.window()), (Phase::Normal, None));
     }
 
     #[test]
@@ -414,21 +434,18 @@ mod tests {
         assert_eq!(confirm(&mut c, t0, 40), None);
         assert_eq!(c.phase(), Phase::Unvalidated);
         assert_eq!(c.window(), Some(200_000));
-        // The jump's packets go out paced over the next RTT.
-        for i in 0..10 {
-            c.on_sent(ms(t0, 40 + 4 * i), 20_000);
-        }
-        // The first one is acknowledged: the flight (180 KB) is above the pipe (20 KB).
+        send_jump(&mut c, t0);
+        // Packet 10 acknowledged: the flight (180 kB) is above the pipe (20 kB): validating.
         c.on_ack(ms(t0, 81), ms(t0, 40), 20_000, false);
-        assert_eq!(c.on_end_acks(ms(t0, 81), 180_000, RTT), None);
+        assert_eq!(c.on_end_acks(ms(t0, 81), 180_000, Some(10), IW, RTT), None);
         assert_eq!(c.phase(), Phase::Validating);
         assert_eq!(c.window(), Some(180_000));
-        // Validating grows by slow start until the last unvalidated packet is acknowledged.
+        // Validating grows by slow start until the last unvalidated packet (19) is acknowledged.
         c.on_ack(ms(t0, 90), ms(t0, 44), 20_000, false);
-        assert_eq!(c.on_end_acks(ms(t0, 90), 160_000, RTT), None);
+        assert_eq!(c.on_end_acks(ms(t0, 90), 160_000, Some(11), IW, RTT), None);
         assert_eq!(c.window(), Some(200_000));
         c.on_ack(ms(t0, 120), ms(t0, 76), 20_000, false);
-        let h = c.on_end_acks(ms(t0, 120), 0, RTT);
+        let h = c.on_end_acks(ms(t0, 120), 40_000, Some(19), IW, RTT);
         assert_eq!(
             h,
             Some(Handover {
@@ -441,6 +458,28 @@ mod tests {
             (Phase::Normal, Outcome::Validated)
         );
         assert_eq!(c.window(), None);
+    }
+
+    #[test]
+    fn packets_are_told_apart_by_number_not_by_send_time() {
+        // With a paused clock a reconnaissance packet and the jump's first share a time stamp:
+        // the acknowledgement of the earlier one must not end the unvalidated phase.
+        let t0 = Instant::now();
+        let mut c = cr(400_000);
+        for pn in 0..10 {
+            c.on_sent(t0, pn);
+        }
+        c.on_ack(ms(t0, 40), t0, IW, false);
+        c.on_end_acks(ms(t0, 40), 2_400, Some(7), IW, RTT); // 8, 9 still out
+        assert_eq!(c.phase(), Phase::Unvalidated);
+        c.on_sent(ms(t0, 40), 10);
+        c.on_sent(ms(t0, 40), 11);
+        c.on_ack(ms(t0, 41), t0, 2_400, false);
+        assert_eq!(c.on_end_acks(ms(t0, 41), 40_000, Some(9), IW, RTT), None);
+        assert_eq!(c.phase(), Phase::Unvalidated, "9 was sent before the jump");
+        c.on_ack(ms(t0, 80), ms(t0, 40), 20_000, false);
+        c.on_end_acks(ms(t0, 80), 60_000, Some(10), IW, RTT);
+        assert_eq!(c.phase(), Phase::Validating);
     }
 
     #[test]
@@ -474,38 +513,47 @@ mod tests {
     fn reconnaissance_waits_for_the_initial_data_to_be_acknowledged() {
         let t0 = Instant::now();
         let mut c = cr(400_000);
-        c.on_sent(t0, IW);
+        c.on_sent(t0, 0);
         c.on_ack(ms(t0, 40), t0, IW / 2, false);
-        assert_eq!(c.on_end_acks(ms(t0, 40), IW / 2, RTT), None);
+        assert_eq!(c.on_end_acks(ms(t0, 40), IW / 2, Some(0), IW, RTT), None);
         assert_eq!(
             c.phase(),
             Phase::Reconnaissance,
             "half the window acknowledged"
         );
         c.on_ack(ms(t0, 41), t0, IW / 2, false);
-        assert_eq!(c.on_end_acks(ms(t0, 41), 0, RTT), None);
+        assert_eq!(c.on_end_acks(ms(t0, 41), IW, Some(1), IW, RTT), None);
         assert_eq!(c.phase(), Phase::Unvalidated);
-        // A sender that sent less than the initial window confirms once all of it is acknowledged.
+        // A sender with less than the initial window out confirms once at most one datagram
+        // (half the minimum window) is in flight: a server's handshake flight.
         let mut c = cr(400_000);
-        c.on_sent(t0, 3_000);
         c.on_ack(ms(t0, 40), t0, 3_000, false);
-        c.on_end_acks(ms(t0, 40), 0, RTT);
+        c.on_end_acks(ms(t0, 40), 1_201, Some(0), IW, RTT);
+        assert_eq!(c.phase(), Phase::Reconnaissance);
+        c.on_end_acks(ms(t0, 41), 1_200, Some(1), IW, RTT);
         assert_eq!(c.phase(), Phase::Unvalidated);
     }
 
     #[test]
-    fn congestion_before_the_jump_ends_careful_resume_without_a_rebuild() {
+    fn no_jump_when_the_controller_already_reached_it() {
         let t0 = Instant::now();
+        let mut c = cr(100_000);
+        c.on_ack(ms(t0, 40), t0, IW, false);
+        assert_eq!(c.on_end_acks(ms(t0, 40), 0, Some(9), 50_000, RTT), None);
+        assert_eq!((c.phase(), c.outcome()), (Phase::Normal, Outcome::None));
+    }
+
+    #[test]
+    fn congestion_before_the_jump_ends_careful_resume_without_a_rebuild() {
         let mut c = cr(400_000);
-        c.on_sent(t0, IW);
-        assert_eq!(c.on_congestion(t0, false), None);
+        assert_eq!(c.on_congestion(false), None);
         assert_eq!(
             (c.phase(), c.outcome()),
             (Phase::Normal, Outcome::CongestedBeforeJump)
         );
         let mut c = cr(400_000);
         assert_eq!(
-            c.on_congestion(t0, true),
+            c.on_congestion(true),
             None,
             "persistent, controller in charge"
         );
@@ -513,67 +561,65 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_jump_packet_retreats_to_half_the_pipe_until_the_jump_settles() {
+    fn a_loss_in_the_jump_retreats_to_half_the_pipe_until_the_jump_settles() {
         let t0 = Instant::now();
         let mut c = cr(400_000);
         confirm(&mut c, t0, 40);
-        for i in 0..10 {
-            c.on_sent(ms(t0, 40 + 4 * i), 20_000);
-        }
-        // A loss of a packet sent before the jump is reconnaissance's: ignored.
-        assert_eq!(c.on_congestion(ms(t0, 10), false), None);
-        assert_eq!(c.phase(), Phase::Unvalidated);
+        send_jump(&mut c, t0);
         c.on_ack(ms(t0, 81), ms(t0, 40), 20_000, false);
+        c.on_end_acks(ms(t0, 81), 180_000, Some(10), IW, RTT);
         c.on_ack(ms(t0, 85), ms(t0, 44), 20_000, false);
-        assert_eq!(c.on_congestion(ms(t0, 48), false), None);
+        // Any loss now, even of a packet sent before the jump, is a congestion signal.
+        assert_eq!(c.on_congestion(false), None);
         assert_eq!(c.phase(), Phase::SafeRetreat);
-        assert_eq!(c.window(), Some(20_000), "pipe 40 KB / 2");
-        // The window does not grow while the jump's packets settle; the pipe does.
+        assert_eq!(c.window(), Some(20_000), "pipe 40 kB / 2");
+        // Neither the window nor what the hand-over starts from grows while the jump settles.
         c.on_ack(ms(t0, 95), ms(t0, 52), 20_000, false);
-        assert_eq!(c.on_end_acks(ms(t0, 95), 100_000, RTT), None);
+        assert_eq!(c.on_congestion(false), None);
+        assert_eq!(c.on_end_acks(ms(t0, 95), 100_000, Some(12), IW, RTT), None);
         assert_eq!(c.window(), Some(20_000));
-        // The last unvalidated packet acknowledged: the controller takes over from the pipe with
-        // its own decrease.
         c.on_ack(ms(t0, 120), ms(t0, 76), 20_000, false);
-        let h = c.on_end_acks(ms(t0, 120), 0, RTT);
+        let h = c.on_end_acks(ms(t0, 120), 20_000, Some(19), IW, RTT);
         assert_eq!(
             h,
             Some(Handover {
-                window: 80_000,
+                window: 40_000,
                 congestion: Some(false)
-            })
+            }),
+            "the controller's own decrease from the pipe at the loss"
         );
         assert_eq!(c.outcome(), Outcome::Retreated);
     }
 
     #[test]
-    fn the_last_unvalidated_packet_lost_also_ends_the_retreat() {
+    fn nothing_in_flight_also_ends_the_retreat() {
         let t0 = Instant::now();
         let mut c = cr(400_000);
         confirm(&mut c, t0, 40);
-        c.on_sent(ms(t0, 40), 20_000);
-        c.on_sent(ms(t0, 50), 20_000);
-        assert_eq!(c.on_congestion(ms(t0, 40), false), None);
+        c.on_sent(ms(t0, 40), 10);
+        c.on_sent(ms(t0, 50), 11);
+        assert_eq!(c.on_congestion(false), None);
         assert_eq!(
             c.window(),
             Some(2_400),
             "nothing validated: the minimum window"
         );
-        let h = c.on_congestion(ms(t0, 50), false);
+        assert_eq!(c.on_end_acks(ms(t0, 90), 1_200, Some(10), IW, RTT), None);
+        let h = c.on_end_acks(ms(t0, 95), 0, Some(10), IW, RTT);
         assert_eq!(h.map(|h| h.congestion), Some(Some(false)));
         assert_eq!(c.phase(), Phase::Normal);
     }
 
     #[test]
-    fn rtt_growth_after_the_jump_retreats() {
+    fn rtt_growth_in_the_jump_retreats() {
         let t0 = Instant::now();
         let mut c = cr(400_000);
         confirm(&mut c, t0, 40);
-        c.on_sent(ms(t0, 40), 20_000);
-        c.on_sent(ms(t0, 60), 20_000);
+        c.on_sent(ms(t0, 40), 10);
+        c.on_sent(ms(t0, 60), 11);
         // The jump's first packet comes back after 110 ms − 25 > 2 × 40.
         c.on_ack(ms(t0, 150), ms(t0, 40), 20_000, false);
-        assert_eq!(c.on_end_acks(ms(t0, 150), 20_000, RTT), None);
+        assert_eq!(c.on_end_acks(ms(t0, 150), 20_000, Some(10), IW, RTT), None);
         assert_eq!((c.phase(), c.window()), (Phase::SafeRetreat, Some(10_000)));
     }
 
@@ -582,21 +628,39 @@ mod tests {
         let t0 = Instant::now();
         let mut c = cr(400_000);
         confirm(&mut c, t0, 40);
-        c.on_sent(ms(t0, 40), 5_000);
+        c.on_sent(ms(t0, 40), 10);
         c.on_ack(ms(t0, 80), ms(t0, 40), 5_000, true);
         assert_eq!(
-            c.on_end_acks(ms(t0, 80), 0, RTT),
+            c.on_end_acks(ms(t0, 80), 0, Some(10), IW, RTT),
             Some(Handover {
                 window: IW,
                 congestion: None
             })
         );
-        assert_eq!(c.outcome(), Outcome::Validated);
-        // Nothing sent at all after the jump: over after one RTT.
+        assert_eq!(c.outcome(), Outcome::Unused);
+    }
+
+    #[test]
+    fn an_idle_connection_does_not_keep_an_old_jump() {
+        let t0 = Instant::now();
         let mut c = cr(400_000);
         confirm(&mut c, t0, 40);
-        assert_eq!(c.on_end_acks(ms(t0, 60), 0, RTT), None);
-        assert!(c.on_end_acks(ms(t0, 81), 0, RTT).is_some());
+        assert_eq!(c.window(), Some(200_000));
+        // Nothing to send for a minute; the next packet must not go out at the jump.
+        let h = c.on_sent(ms(t0, 60_000), 10);
+        assert_eq!(
+            h,
+            Some(Handover {
+                window: IW,
+                congestion: None
+            })
+        );
+        assert_eq!((c.phase(), c.outcome()), (Phase::Normal, Outcome::Unused));
+        // Within the round trip the jump stands.
+        let mut c = cr(400_000);
+        confirm(&mut c, t0, 40);
+        assert_eq!(c.on_sent(ms(t0, 79), 10), None);
+        assert_eq!(c.phase(), Phase::Unvalidated);
     }
 
     #[test]
@@ -604,9 +668,9 @@ mod tests {
         let t0 = Instant::now();
         let mut c = cr(400_000);
         confirm(&mut c, t0, 40);
-        c.on_sent(ms(t0, 40), 20_000);
+        c.on_sent(ms(t0, 40), 10);
         assert_eq!(
-            c.on_congestion(ms(t0, 40), true),
+            c.on_congestion(true),
             Some(Handover {
                 window: IW,
                 congestion: Some(true)
@@ -615,9 +679,10 @@ mod tests {
         assert_eq!(c.phase(), Phase::Normal);
     }
 
-    /// Random event sequences: the window is owned only in careful phases, never grows in
-    /// unvalidated or retreat, never exceeds the jump before validation, and a hand-over comes
-    /// exactly once when a careful phase ends.
+    /// Random event sequences (packet numbers rising, time stamps often equal): the window is
+    /// owned only in careful phases, is the jump while unvalidated, never grows in retreat nor
+    /// above what the retreat began from, and a hand-over comes exactly once, when a careful
+    /// phase ends.
     #[test]
     fn random_event_sequences_keep_the_invariants() {
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -628,48 +693,60 @@ mod tests {
             rng % n
         };
         let t0 = Instant::now();
-        for _ in 0..2_000 {
+        let mut phases_seen = std::collections::HashSet::new();
+        for _ in 0..3_000 {
             let cap = 10_000 + next(1_000_000);
             let mut c = cr(cap);
             let jump = c.jump_window();
-            let mut now = 0u64;
-            let mut sent: Vec<u64> = Vec::new();
+            let (mut now, mut pn) = (0u64, 0u64);
+            let mut out: Vec<(u64, u64)> = Vec::new(); // (pn, sent at)
             let mut handovers = 0;
             let mut was_careful = false;
+            let mut retreat_start = None;
             for _ in 0..200 {
-                now += 1 + next(10);
+                now += next(3) * next(20); // often the same instant
                 let before = (c.phase(), c.window());
-                let h = match next(4) {
-                    0 => {
-                        c.on_sent(ms(t0, now), 1_200);
-                        sent.push(now);
+                let h = match next(5) {
+                    0 | 1 => {
+                        pn += 1;
+                        out.push((pn, now));
+                        c.on_sent(ms(t0, now), pn)
+                    }
+                    2 if !out.is_empty() => {
+                        let (_, at) = out.remove(next(out.len() as u64) as usize);
+                        c.on_ack(ms(t0, now), ms(t0, at), 1_200, next(4) == 0);
                         None
                     }
-                    1 if !sent.is_empty() => {
-                        let s = sent.remove(next(sent.len() as u64) as usize);
-                        c.on_ack(ms(t0, now), ms(t0, s), 1_200, next(4) == 0);
-                        None
-                    }
-                    2 => c.on_end_acks(
+                    3 => c.on_end_acks(
                         ms(t0, now),
-                        sent.len() as u64 * 1_200,
-                        Duration::from_millis(20 + next(60)),
+                        out.len() as u64 * 6_000,
+                        out.first().map(|p| p.0.saturating_sub(1)).or(Some(pn)),
+                        IW + next(3) * 40_000,
+                        Duration::from_millis(next(80)),
                     ),
-                    _ if !sent.is_empty() => {
-                        let s = sent.remove(next(sent.len() as u64) as usize);
-                        c.on_congestion(ms(t0, s), next(20) == 0)
+                    _ if !out.is_empty() => {
+                        out.remove(next(out.len() as u64) as usize);
+                        c.on_congestion(next(20) == 0)
                     }
                     _ => None,
                 };
+                phases_seen.insert(format!("{:?}", c.phase()));
                 was_careful |= c.window().is_some();
                 if let Some(h) = h {
                     handovers += 1;
                     assert!(before.1.is_some(), "a hand-over only from a careful phase");
                     assert_eq!(c.phase(), Phase::Normal);
                     assert!(h.window >= 2_400);
+                    if let Some(start) = retreat_start.filter(|_| h.congestion == Some(false)) {
+                        assert!(h.window <= start, "{} > {start}", h.window);
+                    }
                 }
-                if let (Phase::Unvalidated, Some(w)) = (c.phase(), c.window()) {
-                    assert_eq!(w, jump);
+                if c.phase() == Phase::Unvalidated {
+                    assert_eq!(c.window(), Some(jump));
+                }
+                if c.phase() == Phase::SafeRetreat && before.0 != Phase::SafeRetreat {
+                    // Twice the retreat window, or the minimum: the pipe at the loss.
+                    retreat_start = Some((c.window().unwrap() * 2 + 1).max(2_400));
                 }
                 if let ((Phase::SafeRetreat, Some(a)), Some(b)) = (before, c.window()) {
                     assert!(b <= a, "no growth in retreat");
@@ -682,6 +759,18 @@ mod tests {
                 assert_eq!(handovers, 1, "one hand-over per careful run");
             }
             assert!(handovers <= 1);
+        }
+        for p in [
+            "Reconnaissance",
+            "Unvalidated",
+            "Validating",
+            "SafeRetreat",
+            "Normal",
+        ] {
+            assert!(
+                phases_seen.contains(p),
+                "{p} never reached: {phases_seen:?}"
+            );
         }
     }
 }

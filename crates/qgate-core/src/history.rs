@@ -222,20 +222,29 @@ impl HistoryTable {
                     *e = fresh; // stale history restarts
                     return;
                 }
-                let average = |avg: f64, sample: f64| match averaging {
-                    Averaging::Mean => avg + (sample - avg) / (e.count + 1) as f64,
-                    Averaging::Ewma { weight } => (1.0 - weight) * avg + weight * sample,
+                let ewma =
+                    |weight: f64, avg: f64, sample: f64| (1.0 - weight) * avg + weight * sample;
+                e.avg_cwnd = match averaging {
+                    Averaging::Mean => {
+                        e.avg_cwnd + (cwnd as f64 - e.avg_cwnd) / e.count.saturating_add(1) as f64
+                    }
+                    Averaging::Ewma { weight } => ewma(weight, e.avg_cwnd, cwnd as f64),
                 };
-                e.avg_cwnd = average(e.avg_cwnd, cwnd as f64);
                 // A connection that measured no capacity (too short) leaves the estimate alone.
+                // `count` counts windows, not capacities, so the capacity is an EWMA either way
+                // (the configured weight, or the default one under `mean`).
                 if capacity > 0 {
+                    let weight = match averaging {
+                        Averaging::Ewma { weight } => weight,
+                        Averaging::Mean => DEFAULT_EWMA_WEIGHT,
+                    };
                     e.capacity = if e.capacity > 0.0 {
-                        average(e.capacity, capacity as f64)
+                        ewma(weight, e.capacity, capacity as f64)
                     } else {
                         capacity as f64
                     };
                 }
-                e.count += 1;
+                e.count = e.count.saturating_add(1);
                 if min_us > 0 {
                     e.recent_rtt_us = min_us;
                 }
@@ -253,8 +262,10 @@ impl HistoryTable {
         (out, self.evict())
     }
 
-    /// The initial window for a new 1-RTT connection to `peer` at `now_ms`: max(default,
-    /// average), at most the ceiling (paper 002 Algorithm 1, line 10). A stale entry is dropped.
+    /// The initial window for a new 1-RTT connection to `peer` at `now_ms`: with
+    /// [`Resume::Window`], max(default, average), at most the ceiling (paper 002 Algorithm 1,
+    /// line 10); with [`Resume::Careful`], the default, and the capacity to resume towards once
+    /// the path is confirmed (H9). A stale entry is dropped.
     pub fn initial_window(&mut self, peer: &str, default: u64, now_ms: u64) -> Decision {
         let none = Decision {
             window: default,
@@ -280,7 +291,8 @@ impl HistoryTable {
             // Careful resume starts at the default window; the jump comes once the path is
             // confirmed (RFC 9959). Half the capacity must beat the default to be worth it.
             let saved = crate::careful_resume::Saved {
-                capacity: (e.capacity.round() as u64).min(2 * self.config.ceiling_bytes),
+                capacity: (e.capacity.round() as u64)
+                    .min(self.config.ceiling_bytes.saturating_mul(2)),
                 rtt: std::time::Duration::from_micros(e.recent_rtt_us),
             };
             let worth = saved.capacity / 2 > default && e.recent_rtt_us > 0;

@@ -355,6 +355,7 @@ impl HistoryStore {
             start: start_opts.controller_factory(),
             fallback: opts.controller_factory(),
             opts: opts.clone(),
+            careful_started: AtomicBool::new(false),
             store: self.clone(),
             conn: conn.clone(),
             safeguard,
@@ -426,6 +427,9 @@ struct HistoryFactory {
     fallback: Arc<dyn ControllerFactory + Send + Sync>,
     /// The connection's options, to build the controller careful resume hands over to.
     opts: TransportOptions,
+    /// Careful resume runs once per connection: quinn builds a controller again for a new path
+    /// (migration), which the saved state does not describe (RFC 9959 §3.2).
+    careful_started: AtomicBool,
     store: Arc<HistoryStore>,
     conn: Arc<ConnHistory>,
     safeguard: Option<f64>,
@@ -434,7 +438,8 @@ struct HistoryFactory {
 impl ControllerFactory for HistoryFactory {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
         let inner = self.start.clone().build(now, current_mtu);
-        let careful = self.conn.decision.careful.map(|saved| {
+        let first = !self.careful_started.swap(true, Ordering::Relaxed);
+        let careful = self.conn.decision.careful.filter(|_| first).map(|saved| {
             CarefulResume::new(
                 saved,
                 careful_resume::Params {
@@ -453,6 +458,7 @@ impl ControllerFactory for HistoryFactory {
             rtt: Observed::default(),
             delivery: Delivery::default(),
             careful,
+            published: Outcome::None,
             original: true,
         })
     }
@@ -510,6 +516,8 @@ struct HistoryController {
     delivery: Delivery,
     /// Careful resume, when the history decided on it.
     careful: Option<CarefulResume>,
+    /// The outcome last published to [`ConnHistory`].
+    published: Outcome,
     /// Copies made by `clone_box` (quinn's `congestion_state()`) do not record.
     original: bool,
 }
@@ -536,12 +544,16 @@ impl HistoryController {
         }
     }
 
-    /// Publish how careful resume ended, once it has.
-    fn note_careful(&self) {
+    /// Publish how careful resume ended, when that changes.
+    fn note_careful(&mut self) {
         let Some(c) = self.careful.as_ref().filter(|_| self.original) else {
             return;
         };
         let outcome = c.outcome();
+        if outcome == self.published {
+            return;
+        }
+        self.published = outcome;
         if matches!(outcome, Outcome::PathChanged | Outcome::Retreated) {
             self.factory.conn.fell_back.store(true, Ordering::Relaxed);
         }
@@ -556,10 +568,15 @@ impl HistoryController {
 
 impl Controller for HistoryController {
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
-        if let Some(c) = &mut self.careful {
-            c.on_sent(now, bytes);
+        self.inner.on_sent(now, bytes, last_packet_number);
+        if let Some(h) = self
+            .careful
+            .as_mut()
+            .and_then(|c| c.on_sent(now, last_packet_number))
+        {
+            self.hand_over(now, h);
+            self.note_careful();
         }
-        self.inner.on_sent(now, bytes, last_packet_number)
     }
 
     fn on_ack(
@@ -613,10 +630,11 @@ impl Controller for HistoryController {
         self.inner.on_end_acks(now, in_flight, app_limited, largest);
         let srtt = std::time::Duration::from_micros(self.rtt.srtt_us);
         let before = self.careful.as_ref().map(CarefulResume::phase);
+        let own = self.inner.window();
         if let Some(h) = self
             .careful
             .as_mut()
-            .and_then(|c| c.on_end_acks(now, in_flight, srtt))
+            .and_then(|c| c.on_end_acks(now, in_flight, largest, own, srtt))
         {
             self.hand_over(now, h);
         }
@@ -645,7 +663,7 @@ impl Controller for HistoryController {
         if let Some(h) = self
             .careful
             .as_mut()
-            .and_then(|c| c.on_congestion(sent, persistent))
+            .and_then(|c| c.on_congestion(persistent))
         {
             self.hand_over(now, h);
         }
@@ -665,7 +683,9 @@ impl Controller for HistoryController {
     }
 
     fn metrics(&self) -> quinn::congestion::ControllerMetrics {
-        self.inner.metrics()
+        let mut m = self.inner.metrics();
+        m.congestion_window = self.window();
+        m
     }
 
     fn clone_box(&self) -> Box<dyn Controller> {
@@ -678,6 +698,7 @@ impl Controller for HistoryController {
             rtt: self.rtt,
             delivery: self.delivery,
             careful: self.careful.clone(),
+            published: self.published,
             original: false,
         })
     }

@@ -55,8 +55,8 @@ pub struct HistorySection {
     pub mode: Option<HistoryMode>,
     /// The database file [default: $QGATE_HOME/history.redb].
     pub store: Option<PathBuf>,
-    /// Fall back to the default window when the first RTT exceeds this × the recorded one;
-    /// 0 turns the safeguard off.
+    /// Fall back to the default window (window resume) or make no jump (careful resume) when
+    /// an RTT sample exceeds this × the recorded one; at least 1, or 0 to turn it off.
     pub safeguard: Option<f64>,
     /// EWMA weight of the newest sample.
     pub ewma_weight: Option<f64>,

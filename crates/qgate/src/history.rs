@@ -57,8 +57,11 @@ pub fn open(
         eprintln!("qgate: warning: {w}");
     }
     let factor = cfg.history.safeguard.unwrap_or(DEFAULT_SAFEGUARD_FACTOR);
-    if !(factor.is_finite() && factor >= 0.0) {
-        return Err(usage("[history] safeguard must be a non-negative number"));
+    // Below 1 every connection would look like a path change.
+    if !(factor.is_finite() && (factor == 0.0 || factor >= 1.0)) {
+        return Err(usage(
+            "[history] safeguard must be 0 (off) or a factor of at least 1",
+        ));
     }
     Ok(Some((store, (factor > 0.0).then_some(factor))))
 }
