@@ -36,7 +36,8 @@ pub struct ClientArgs {
     /// An extra request header, 'NAME: VALUE' (repeatable), e.g. -H 'qgate-request-id: r-17'.
     #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
     headers: Vec<String>,
-    /// Start from the congestion window of earlier connections to this server (paper 002)
+    /// Start from the congestion window of earlier connections to this server (paper 002);
+    /// how is `[history] resume`: careful (RFC 9959, the default) or window (the paper's)
     /// [default: off, or [history] mode].
     #[arg(long, value_enum, value_name = "MODE")]
     history: Option<crate::config::HistoryMode>,
@@ -119,7 +120,7 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
             Some((store, safeguard)) => {
                 let peer = qgate_transport::history::client_peer_key(&target.host, addr);
                 let (c, h) = store.client_config(&ccfg, &transport, &peer, *safeguard).map_err(usage)?;
-                tracing::info!(%peer, window = h.decision.window, from_history = h.decision.from_history, "initial window");
+                tracing::info!(%peer, window = h.decision.window, from_history = h.decision.from_history, jump = h.decision.careful.map(|c| c.capacity / 2), "initial window");
                 c
             }
             None => qgate_transport::client_config_for(

@@ -32,7 +32,20 @@ pub fn history_config(mode: HistoryMode, s: &HistorySection) -> Result<HistoryCo
         resume: s.resume.unwrap_or(d.resume),
     };
     c.validate().map_err(|e| usage(format!("[history] {e}")))?;
+    safeguard(s)?;
     Ok(c)
+}
+
+/// The safeguard factor (`None` = off): 0 or at least 1, since below 1 every connection would
+/// look like a path change.
+fn safeguard(s: &HistorySection) -> Result<Option<f64>, Failure> {
+    let factor = s.safeguard.unwrap_or(DEFAULT_SAFEGUARD_FACTOR);
+    if !(factor.is_finite() && (factor == 0.0 || factor >= 1.0)) {
+        return Err(usage(format!(
+            "[history] safeguard = {factor}: must be 0 (off) or a factor of at least 1"
+        )));
+    }
+    Ok((factor > 0.0).then_some(factor))
 }
 
 /// An open store and its safeguard factor (`None` = safeguard off).
@@ -56,14 +69,7 @@ pub fn open(
     if let Some(w) = warning {
         eprintln!("qgate: warning: {w}");
     }
-    let factor = cfg.history.safeguard.unwrap_or(DEFAULT_SAFEGUARD_FACTOR);
-    // Below 1 every connection would look like a path change.
-    if !(factor.is_finite() && (factor == 0.0 || factor >= 1.0)) {
-        return Err(usage(
-            "[history] safeguard must be 0 (off) or a factor of at least 1",
-        ));
-    }
-    Ok(Some((store, (factor > 0.0).then_some(factor))))
+    Ok(Some((store, safeguard(&cfg.history)?)))
 }
 
 /// History for a long-running service or a device, **on (EWMA) unless turned off** (decision H6):
@@ -128,7 +134,7 @@ pub fn run(a: HistoryArgs, cfg: &Config) -> Result<(), Failure> {
     let now = store.now_ms();
     let line = |peer: &str, e: &qgate_core::history::Entry| {
         format!(
-            "{peer}\tavg_cwnd={:.0} B\tsamples={}\tmin_rtt={:.1} ms\tlast_srtt={:.1} ms\tcapacity={:.0} B\trecent_min_rtt={:.1} ms\tupdated={:.0} s ago",
+            "{peer}\tavg_cwnd={:.0} B\tsamples={}\tmin_rtt={:.3} ms\tlast_srtt={:.3} ms\tcapacity={:.0} B\trecent_min_rtt={:.3} ms\tupdated={:.0} s ago",
             e.avg_cwnd,
             e.count,
             e.min_rtt_us as f64 / 1000.0,

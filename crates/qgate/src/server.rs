@@ -87,7 +87,8 @@ pub struct ServerArgs {
     /// Congestion controller: cubic, new-reno, bbr or auto (CUBIC until random loss dominates, then BBR) [default: cubic].
     #[arg(long, value_name = "NAME")]
     congestion: Option<Congestion>,
-    /// Start each client's connection from that client's window history (paper 002)
+    /// Start each client's connection from that client's window history (paper 002); how is
+    /// `[history] resume`: careful (RFC 9959, the default) or window (the paper's)
     /// [default: off, or [history] mode].
     #[arg(long, value_enum, value_name = "MODE")]
     history: Option<crate::config::HistoryMode>,

@@ -607,6 +607,26 @@ fn history_is_recorded_listed_and_cleared() {
         "{}",
         stderr(&o)
     );
+
+    // A safeguard below 1 would take every connection for a path change: refused, by name.
+    let cfg = home.join("bad-safeguard.toml");
+    std::fs::write(&cfg, "[history]\nresume = \"careful\"\nsafeguard = 0.5\n").unwrap();
+    let o = run(
+        &home,
+        &[
+            "-c",
+            cfg.to_str().unwrap(),
+            "history",
+            "list",
+            "--store",
+            store.to_str().unwrap(),
+        ],
+    );
+    assert_fails(
+        o,
+        2,
+        "[history] safeguard = 0.5: must be 0 (off) or a factor of at least 1",
+    );
 }
 
 #[test]
