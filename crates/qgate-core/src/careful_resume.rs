@@ -32,6 +32,8 @@
 //! - Persistent congestion while a careful phase owns the window hands the event to a fresh
 //!   controller (its minimum window); in reconnaissance the controller already has it.
 
+// `Instant` is the controller trait's own type: quinn passes the times in (virtual under a
+// paused clock); nothing here reads a clock.
 use std::time::{Duration, Instant};
 
 /// What a connection's history holds for its peer.

@@ -215,6 +215,29 @@ pub fn against_paper(
     s
 }
 
+/// Scalar `metric` of each seed's run of `scheme` at `at`.
+fn per_seed(records: &[Record], at: (&str, usize), scheme: &str, metric: &str) -> Vec<f64> {
+    records
+        .iter()
+        .filter(|r| r.scheme == scheme)
+        .filter(|r| {
+            r.point
+                .as_ref()
+                .is_some_and(|p| p.sweep == at.0 && p.index == at.1)
+        })
+        .filter_map(|r| r.scalars.get(metric).copied())
+        .collect()
+}
+
+/// "3/3 distinct": how many different mean download times the seeds of `scheme` gave at `at`.
+fn distinct(records: &[Record], at: (&str, usize), scheme: &str) -> String {
+    let v = per_seed(records, at, scheme, "dl.latency_s_mean");
+    let mut bits: Vec<u64> = v.iter().map(|x| x.to_bits()).collect();
+    bits.sort_unstable();
+    bits.dedup();
+    format!("{}/{} distinct", bits.len(), v.len())
+}
+
 /// Paper 002's downloads where the loss comes from competing flows (`paper002-congested.toml`):
 /// each history scheme's download time and loss ratio against the default's, per point.
 fn congested_section(records: &[Record]) -> String {
@@ -226,9 +249,12 @@ fn congested_section(records: &[Record]) -> String {
         s,
         "### At a congested bottleneck (loss from competing flows, not from a coin)\n\n\
          `lab/plans/paper002-congested.toml`: the loss comes from a 200-packet drop-tail queue \
-         that 1–4 competing CUBIC flows keep full, not from a coin. Download time against the \
-         default (all downloads of all seeds pooled; Welch's t-test) and each scheme's mean \
-         loss ratio over its downloads, with the change from the default's in points.\n"
+         that 1–4 competing CUBIC flows load, not from a coin; the default column gives, from \
+         the same runs, the competing flows' utilisation of the bottleneck (after their 3 s \
+         warm-up) and the packets its queue dropped. Download time against the default (all \
+         downloads of all seeds pooled; Welch's t-test), each scheme's mean loss ratio over its \
+         downloads with the change from the default's in points, and how many distinct outcomes \
+         (mean download time) its seeds gave.\n"
     );
     let schemes = ["history-mean", "history-ewma", "careful"];
     let _ = writeln!(
@@ -244,11 +270,16 @@ fn congested_section(records: &[Record]) -> String {
                 continue;
             }
             let loss0 = pooled_mean(records, at, "default", "dl.loss_ratio");
+            let util = Summary::of(&per_seed(records, at, "default", "bg.utilisation"));
+            let drops = Summary::of(&per_seed(records, at, "default", "bg.queue_drops"));
             let mut row = format!(
-                "| {net}, {} | {:.3}, {:.2} % |",
+                "| {net}, {} | {:.3}, {:.2} %; flows' utilisation {:.1} %, {:.0} queue drops; {} |",
                 i + 1,
                 Summary::of(&base).mean,
-                loss0.mean * 100.0
+                loss0.mean * 100.0,
+                util.mean * 100.0,
+                drops.mean,
+                distinct(records, at, "default")
             );
             for scheme in schemes {
                 let (_, _, cell) =
@@ -256,9 +287,10 @@ fn congested_section(records: &[Record]) -> String {
                 let loss = pooled_mean(records, at, scheme, "dl.loss_ratio");
                 let _ = write!(
                     row,
-                    " {cell}; loss {:.2} % ({:+.2} points) |",
+                    " {cell}; loss {:.2} % ({:+.2} points); {} |",
                     loss.mean * 100.0,
-                    (loss.mean - loss0.mean) * 100.0
+                    (loss.mean - loss0.mean) * 100.0,
+                    distinct(records, at, scheme)
                 );
             }
             let _ = writeln!(s, "{row}");
