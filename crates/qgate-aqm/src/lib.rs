@@ -10,6 +10,7 @@
 //! (RFC 8290) and [`PidDelay`] (paper 004, and our stable variant). [`DisciplineSpec`] names any of them with its
 //! parameters, from TOML or a `kind:key=value` string.
 
+mod busy_guard;
 mod codel;
 mod droptail;
 mod fifo;
@@ -25,8 +26,8 @@ pub use codel::{Codel, CodelParams, CodelQueue, CodelState};
 pub use droptail::DropTail;
 pub use fqcodel::{FqCodel, FqCodelParams};
 pub use piddelay::{
-    Branch, PidController, PidDelay, PidDelayParams, STABLE_KI_PER_KP, STABLE_KP,
-    STABLE_PHASE_MARGIN_DEG, STABLE_TARGET_MS,
+    Branch, PidController, PidDelay, PidDelayParams, STABLE_BUSY, STABLE_KI_PER_KP, STABLE_KP,
+    STABLE_MAX_ALLOWANCE_MS, STABLE_PHASE_MARGIN_DEG, STABLE_TARGET_MS,
 };
 pub use pie::{Pie, PieParams};
 pub use red::{Red, RedParams};
@@ -191,7 +192,9 @@ pub trait QueueDiscipline<T>: Send {
     ) -> Verdict;
 
     /// Take the next packet to transmit at `now`, or `None` if the queue is empty. Packets the
-    /// discipline drops at the head on the way are appended to `dropped`.
+    /// discipline drops at the head on the way are appended to `dropped`. The caller asks when
+    /// its transmitter is free (a work-conserving link), so `None` means the link idles until
+    /// the next enqueue: PID-Delay's busy-time guard measures idle time that way.
     fn dequeue(&mut self, now: Instant, dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>>;
 
     /// Packets and bytes waiting.
@@ -204,6 +207,13 @@ pub trait QueueDiscipline<T>: Send {
     /// marks) an arriving packet, for disciplines that keep one as their state (PIE's p,
     /// PID-Delay's U); `None` for the others. The lab traces it.
     fn signal_probability(&self) -> Option<f64> {
+        None
+    }
+
+    /// The queue delay the discipline currently steers toward, for disciplines whose target
+    /// moves (the stable PID-Delay's τ0 plus its busy-time guard's allowance); `None` for the
+    /// others. The lab traces it.
+    fn target_delay(&self) -> Option<Duration> {
         None
     }
 }

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::busy_guard::BusyGuard;
 use crate::fifo::CountedFifo;
 use crate::rng::SplitMix64;
 use crate::{Backlog, DropReason, Dropped, Packet, QueueDiscipline, QueueStats, Verdict};
@@ -51,6 +52,11 @@ pub struct PidDelayParams {
     pub auto_scale: bool,
     /// Shape ΔU by Algorithm 1 (Z1–Z3, M1, M2); without it every update is eq. 5 as is.
     pub shaping: bool,
+    /// Keep the link busy at least this fraction of the time by raising τ0 while it idles
+    /// after our own signals (decision P12; [`BusyGuard`]); 0 turns the guard off.
+    pub busy: f64,
+    /// The most the busy-time guard may add to τ0.
+    pub max_allowance: Duration,
 }
 
 impl Default for PidDelayParams {
@@ -73,6 +79,8 @@ impl Default for PidDelayParams {
             sojourn: false,
             auto_scale: false,
             shaping: true,
+            busy: 0.0,
+            max_allowance: Duration::from_millis(STABLE_MAX_ALLOWANCE_MS),
         }
     }
 }
@@ -92,6 +100,7 @@ impl PidDelayParams {
             sojourn: true,
             auto_scale: true,
             shaping: false,
+            busy: STABLE_BUSY,
             ..PidDelayParams::default()
         }
     }
@@ -106,7 +115,12 @@ pub const STABLE_KP: f64 = 0.5;
 /// at the long-RTT point (docs/decisions.md P11).
 pub const STABLE_KI_PER_KP: f64 = 0.02;
 /// The stable variant's τ0, ms.
-pub const STABLE_TARGET_MS: u64 = 3;
+pub const STABLE_TARGET_MS: u64 = 1;
+/// The busy fraction the stable variant's guard keeps (decision P12): the link may idle 4 % of
+/// the time before the guard raises τ0.
+pub const STABLE_BUSY: f64 = 0.96;
+/// The most the busy-time guard adds to τ0, ms (decision P12).
+pub const STABLE_MAX_ALLOWANCE_MS: u64 = 100;
 
 /// Which branch of Algorithm 1 shaped an update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +144,9 @@ pub struct PidController {
     p: PidDelayParams,
     /// U, the control output, kept in [0, 1] (decision P4/P5).
     pub u: f64,
+    /// The target the errors are measured against, seconds: τ0, plus the busy-time guard's
+    /// allowance (decision P12).
+    target: f64,
     o1: f64,
     o2: f64,
 }
@@ -142,15 +159,25 @@ impl PidController {
         PidController {
             p,
             u: 0.0,
+            target: -o0,
             o1: o0,
             o2: o0,
         }
     }
 
-    /// Whether the last two errors put τ below τ0/2.
+    /// Whether the last two errors put τ below half the target.
     fn below_half_target(&self) -> bool {
-        let low = -self.p.target.as_secs_f64() / 2.0;
+        let low = -self.target / 2.0;
         self.o1 < low && self.o2 < low
+    }
+
+    /// Measure errors against `target` seconds from now on. The past errors move with it, so
+    /// a new target acts through the integral alone, without a proportional kick.
+    fn retarget(&mut self, target: f64) {
+        let shift = self.target - target;
+        self.o1 += shift;
+        self.o2 += shift;
+        self.target = target;
     }
 
     /// Feed the error o(t_i) in seconds; returns ΔU applied and the branch taken.
@@ -279,6 +306,8 @@ pub struct PidDelay<T> {
     next_update: Option<Instant>,
     tau: Duration,
     rng: SplitMix64,
+    /// Decision P12: raises τ0 while the link idles after our signals; `None` when off.
+    guard: Option<BusyGuard>,
 }
 
 impl<T> PidDelay<T> {
@@ -303,6 +332,7 @@ impl<T> PidDelay<T> {
             next_update: None,
             tau: Duration::ZERO,
             rng: SplitMix64::new(seed),
+            guard: (params.busy > 0.0).then(|| BusyGuard::new(params.busy, params.max_allowance)),
         }
     }
 
@@ -316,6 +346,15 @@ impl<T> PidDelay<T> {
         self.tau
     }
 
+    /// The target τ is steered toward: τ0 plus the busy-time guard's allowance.
+    pub fn target(&self) -> Duration {
+        self.p.target
+            + self
+                .guard
+                .as_ref()
+                .map_or(Duration::ZERO, BusyGuard::allowance)
+    }
+
     /// The dequeue-rate estimate, bytes per second (0 before the first sample, and always 0
     /// when τ comes from sojourn times).
     pub fn dequeue_rate(&self) -> f64 {
@@ -327,17 +366,20 @@ impl<T> PidDelay<T> {
     fn catch_up(&mut self, now: Instant) {
         let mut next = *self.next_update.get_or_insert(now + self.p.period);
         while now >= next {
-            if self.p.sojourn {
+            if let Some(g) = self.guard.as_mut() {
+                g.roll(next);
+            }
+            let target = self.target();
+            self.ctl.retarget(target.as_secs_f64());
+            let tau = if self.p.sojourn {
                 // Decision P11: the mean sojourn of the packets that left in the period; with
                 // none, how long the head has waited so far (0 when the queue is empty).
                 let s = std::mem::take(&mut self.sojourns);
-                self.tau = match (s.packets, self.q.fifo.packets.front()) {
+                Some(match (s.packets, self.q.fifo.packets.front()) {
                     (0, Some(head)) => head.sojourn(next),
                     (0, None) => Duration::ZERO,
                     (n, _) => s.total / n,
-                };
-                self.ctl
-                    .update(self.tau.as_secs_f64() - self.p.target.as_secs_f64());
+                })
             } else if self.rate.avg > 0.0 || self.q.fifo.bytes == 0 {
                 // Eq. 1 with the current backlog (decision P7). With no rate estimate yet and a
                 // non-empty queue there is no delay measurement: skip, as Linux PIE does.
@@ -346,9 +388,17 @@ impl<T> PidDelay<T> {
                 } else {
                     self.q.fifo.bytes as f64 / self.rate.avg
                 };
-                self.tau = Duration::from_secs_f64(tau.min(3600.0));
+                Some(Duration::from_secs_f64(tau.min(3600.0)))
+            } else {
+                None
+            };
+            if let Some(tau) = tau {
+                self.tau = tau;
+                if let Some(g) = self.guard.as_mut() {
+                    g.on_queue_delay(next, tau, target);
+                }
                 // Eq. 2.
-                self.ctl.update(tau - self.p.target.as_secs_f64());
+                self.ctl.update(tau.as_secs_f64() - target.as_secs_f64());
             }
             next += self.p.period;
         }
@@ -390,13 +440,22 @@ impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
                 Err(v) => return v,
             }
         }
+        if let Some(g) = self.guard.as_mut() {
+            g.on_arrival(now);
+        }
         self.q.admit(now, packet);
         verdict
     }
 
     fn dequeue(&mut self, now: Instant, _dropped: &mut Vec<Dropped<T>>) -> Option<Packet<T>> {
         self.catch_up(now);
-        let p = self.q.depart()?;
+        let Some(p) = self.q.depart() else {
+            // The transmitter asked and found nothing: the link idles until the next admission.
+            if let Some(g) = self.guard.as_mut() {
+                g.on_empty(now);
+            }
+            return None;
+        };
         if self.p.sojourn {
             self.sojourns.total += p.sojourn(now);
             self.sojourns.packets = self.sojourns.packets.saturating_add(1);
@@ -418,11 +477,17 @@ impl<T: Send> QueueDiscipline<T> for PidDelay<T> {
     fn signal_probability(&self) -> Option<f64> {
         Some(self.ctl.u)
     }
+
+    fn target_delay(&self) -> Option<Duration> {
+        // Only a guarded target moves; a fixed τ0 is in the spec.
+        self.guard.as_ref().map(|_| self.target())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::busy_guard::{FULL_MEMORY, MAX_STEP, WINDOW};
     use crate::Ecn;
 
     const MS: f64 = 0.001;
@@ -594,9 +659,13 @@ mod tests {
     /// once the overload ends (PIE's decay) instead of at the integral's pace.
     #[test]
     fn stable_variant_holds_overload_and_unwinds_after_it() {
+        // τ0 above this harness's sojourn floor: a packet arriving at an idle queue waits for
+        // the next 1.2 ms service slot, so at light load every τ is 1.2 ms.
+        let tau0 = Duration::from_millis(3);
         let mut q = PidDelay::stable(
             PidDelayParams {
                 ecn: false,
+                target: tau0,
                 ..PidDelayParams::stable()
             },
             5,
@@ -616,6 +685,7 @@ mod tests {
         let mean = tail.iter().sum::<f64>() / tail.len() as f64;
         assert!(mean < 0.02, "mean sojourn {mean} s under 1.5× overload");
         let u = q.drop_probability();
+        assert_eq!(q.target(), tau0, "a busy link never raises the target");
         // A third must go; packets are spared while ≤ 2 are queued or τ < τ0/2, so U may
         // settle on either side of 1/3.
         assert!(u > 0.25 && u < 0.8, "U {u} for a 1/3 excess");
@@ -643,6 +713,11 @@ mod tests {
             "{:?}",
             q.queue_delay()
         );
+        // Decision P12: the link idles half the time once the load falls, but the queue was
+        // full only until the overload ended, so the busy-time guard raised the target for at
+        // most FULL_MEMORY's windows, a capped step each, and never during the overload.
+        let bound = tau0 + MAX_STEP * (FULL_MEMORY.as_secs() / WINDOW.as_secs()) as u32;
+        assert!(q.target() <= bound, "{:?} > {bound:?}", q.target());
     }
 
     /// With ECN on (the stable variant's default) and U ≤ 10 %, an ECN-capable packet the

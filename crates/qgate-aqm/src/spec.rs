@@ -190,6 +190,12 @@ pub enum DisciplineSpec {
         /// Scale ΔU by U's magnitude as PIE does (true).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         auto_scale: Option<bool>,
+        /// Busy fraction the busy-time guard keeps, 0 (off) or in (0, 1) (`STABLE_BUSY`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        busy: Option<f64>,
+        /// The most the guard adds to τ0, ms (`STABLE_MAX_ALLOWANCE_MS`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_allowance_ms: Option<f64>,
     },
 }
 
@@ -429,13 +435,23 @@ impl DisciplineSpec {
                 kp,
                 ki,
                 kd,
+                busy,
+                max_allowance_ms,
                 ..
             } => {
                 at_least_one("limit", *limit)?;
                 time("target_ms", *target_ms, false)?;
+                time("max_allowance_ms", *max_allowance_ms, true)?;
                 period("period_ms", *period_ms)?;
                 for (n, v) in [("kp", kp), ("ki", ki), ("kd", kd)] {
                     nonneg(n, *v)?;
+                }
+                if let Some(b) = busy {
+                    if !(*b == 0.0 || (*b > 0.0 && *b < 1.0)) {
+                        return Err(err(format!(
+                            "busy = {b}: the busy fraction to keep is 0 (guard off) or between 0 and 1"
+                        )));
+                    }
                 }
                 Ok(())
             }
@@ -592,6 +608,8 @@ impl DisciplineSpec {
                 ecn,
                 sojourn,
                 auto_scale,
+                busy,
+                max_allowance_ms,
             } => {
                 let d = PidDelayParams::stable();
                 Box::new(PidDelay::stable(
@@ -605,6 +623,8 @@ impl DisciplineSpec {
                         ecn: ecn.unwrap_or(d.ecn),
                         sojourn: sojourn.unwrap_or(d.sojourn),
                         auto_scale: auto_scale.unwrap_or(d.auto_scale),
+                        busy: busy.unwrap_or(d.busy),
+                        max_allowance: ms(*max_allowance_ms, d.max_allowance),
                         ..d
                     },
                     ctx.seed,
@@ -690,6 +710,7 @@ mod tests {
             "pid-delay:target_ms=10",
             "pid-delay-stable",
             "pid-delay-stable:auto_scale=false,kp=0.2,sojourn=false",
+            "pid-delay-stable:busy=0.9,max_allowance_ms=50",
         ] {
             let spec: DisciplineSpec = s.parse().unwrap();
             let again: DisciplineSpec = spec.to_string().parse().unwrap();
@@ -737,6 +758,15 @@ mod tests {
             ),
             ("pie:t_update_ms=0.01", "t_update_ms must be at least 1 ms"),
             ("pid-delay-stable:kp=-1", "kp must be a non-negative number"),
+            ("pid-delay-stable:busy=1", "busy = 1: the busy fraction"),
+            (
+                "pid-delay-stable:busy=-0.5",
+                "busy = -0.5: the busy fraction",
+            ),
+            (
+                "pid-delay-stable:max_allowance_ms=-1",
+                "max_allowance_ms must be a non-negative",
+            ),
             ("codel:target_ms", "'target_ms' is not key=value"),
             (
                 "fq-codel:ecn=maybe",

@@ -318,6 +318,12 @@ impl<P: Send + 'static> LinkModel<P> {
         self.queue.signal_probability()
     }
 
+    /// The queue delay the discipline steers toward, if its target moves (the stable
+    /// PID-Delay's busy-time guard).
+    pub fn target_delay(&self) -> Option<Duration> {
+        self.queue.target_delay()
+    }
+
     /// What is queued now (not counting the packet being transmitted).
     pub fn backlog(&self) -> Backlog {
         self.queue.backlog()

@@ -549,6 +549,14 @@ impl Network {
             .signal_probability()
     }
 
+    /// The queue delay one direction's discipline steers toward, if its target moves (the
+    /// stable PID-Delay's busy-time guard).
+    pub fn target_delay(&self, link: LinkId, dir: Direction) -> Option<Duration> {
+        self.lock().links[link.0].dirs[dir.index()]
+            .model
+            .target_delay()
+    }
+
     /// Packets queued, being transmitted or on the wire, across the network.
     pub fn in_flight(&self) -> usize {
         let st = self.lock();

@@ -1032,7 +1032,23 @@ fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
         let r = execute(&t, &topts, a.jobs)?;
         tau0 = r.variants.into_iter().zip(r.records).collect();
     }
-    let extra = paper004::sections(&ran.variants, &ran.records, &tau0)
+    // What 95 % utilisation costs at the third point (decision P12): not with --quick, nor
+    // when the stable variant or that point is left out.
+    let mut frontier = Vec::new();
+    if !a.quick
+        && !a.no_second_point
+        && (a.only.is_empty() || a.only.iter().any(|o| o == paper004::STABLE))
+    {
+        let t = paper004::frontier_plan().map_err(usage)?;
+        let fopts = qgate_lab::plan::Options {
+            seeds: a.seeds,
+            set: opts.set.clone(),
+            ..Default::default()
+        };
+        let r = execute(&t, &fopts, a.jobs)?;
+        frontier = r.variants.into_iter().zip(r.records).collect();
+    }
+    let extra = paper004::sections(&ran.variants, &ran.records, &tau0, &frontier)
         .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;
     write_results(&eff, &opts, &ran, out, false, &extra)
 }

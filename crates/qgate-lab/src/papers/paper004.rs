@@ -3,6 +3,7 @@
 //! `paper004-tau0.toml` (PID-Delay's τ0), with the paper's own table, its numbers against ours,
 //! the τ0 sweep and the stability margins appended to the plan's summary.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -27,6 +28,11 @@ pub const TAU0_PLAN: &str = include_str!("../../../../lab/plans/paper004-tau0.to
 /// Its path in the repository.
 pub const TAU0_PLAN_PATH: &str = "lab/plans/paper004-tau0.toml";
 
+/// The shipped plan of what 95 % utilisation costs at the third point (decision P12).
+pub const FRONTIER_PLAN: &str = include_str!("../../../../lab/plans/paper004-frontier.toml");
+/// Its path in the repository.
+pub const FRONTIER_PLAN_PATH: &str = "lab/plans/paper004-frontier.toml";
+
 /// The disciplines plan, parsed.
 pub fn plan() -> Result<Loaded, PlanError> {
     Loaded::parse(PLAN, Path::new(PLAN_PATH))
@@ -35,6 +41,11 @@ pub fn plan() -> Result<Loaded, PlanError> {
 /// The τ0 plan, parsed.
 pub fn tau0_plan() -> Result<Loaded, PlanError> {
     Loaded::parse(TAU0_PLAN, Path::new(TAU0_PLAN_PATH))
+}
+
+/// The frontier plan, parsed.
+pub fn frontier_plan() -> Result<Loaded, PlanError> {
+    Loaded::parse(FRONTIER_PLAN, Path::new(FRONTIER_PLAN_PATH))
 }
 
 /// The operating point a variant of these plans runs, in the report's terms (read from the
@@ -133,15 +144,18 @@ pub fn run_result(v: &Variant, r: &Record) -> RunResult {
             get("drop_probability").unwrap_or(nan),
             get("drop_probability_std").unwrap_or(nan),
         ),
+        target_ms: get("target_ms").unwrap_or(nan),
     }
 }
 
 /// The appended sections: per operating point, the paper's table and comparison; the τ0
-/// table from `tau0` runs (at the first point); the stability margins.
+/// table from `tau0` runs (at the first point); the stability margins; what 95 % utilisation
+/// costs at the third point, from `frontier` runs.
 pub fn sections(
     variants: &[Variant],
     records: &[Record],
     tau0: &[(Variant, Record)],
+    frontier: &[(Variant, Record)],
 ) -> Result<String, String> {
     let mut points: Vec<usize> = Vec::new();
     for v in variants {
@@ -194,11 +208,37 @@ pub fn sections(
         let sw: &[(f64, Aggregate)] = if k == 0 { &sweep } else { &[] };
         out.push_str(&paper004_report::paper_sections(&cfg, &paper, sw, &margins));
         if paper.len() < runs.len() {
-            let stable = paper004_report::margins_md(&cfg, &PidDelayParams::stable());
+            let mut stable = paper004_report::margins_md(&cfg, &PidDelayParams::stable());
+            // The busy-time guard moves the target, and the loop's RTT with it (decision P12).
+            let targets: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.discipline == STABLE && r.target_ms.is_finite())
+                .map(|r| r.target_ms)
+                .collect();
+            if !targets.is_empty() {
+                let mean = Summary::of(&targets).mean;
+                let at = PidDelayParams {
+                    target: std::time::Duration::from_secs_f64(mean / 1e3),
+                    ..PidDelayParams::stable()
+                };
+                let _ = write!(
+                    stable,
+                    "\n\nAt the target the busy-time guard held on average in this run ({mean:.2} ms, decision P12):\n\n{}",
+                    paper004_report::margins_md(&cfg, &at)
+                );
+            }
             out.push_str(&paper004_report::stable_section(
                 &cfg, &runs, STABLE, &stable,
             ));
         }
+    }
+    if let Some((v, _)) = frontier.first() {
+        let mut seeds: Vec<u64> = frontier.iter().map(|(v, _)| v.seed).collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        let cfg = config(&v.plan, seeds)?;
+        let runs: Vec<RunResult> = frontier.iter().map(|(v, r)| run_result(v, r)).collect();
+        out.push_str(&paper004_report::frontier_section(&cfg, &runs, STABLE));
     }
     Ok(out)
 }
@@ -222,5 +262,6 @@ mod tests {
         assert_eq!(cfg.loss, 0.01);
         assert_eq!(cfg.access_rate_bps, 50_000_000);
         super::tau0_plan().unwrap();
+        super::frontier_plan().unwrap();
     }
 }

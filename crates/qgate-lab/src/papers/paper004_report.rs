@@ -34,6 +34,8 @@ pub struct Aggregate {
     /// Per run, the mean and the std dev of the signal probability's 10 ms samples (NaN for
     /// disciplines without one).
     pub signal_probability: (Summary, Summary),
+    /// The target the discipline steered toward, per run, ms (NaN for fixed targets).
+    pub target: Summary,
 }
 
 /// Aggregate runs by discipline, in the order they first appear.
@@ -76,6 +78,7 @@ pub fn aggregate(results: &[RunResult]) -> Vec<Aggregate> {
                     col(&|r| r.signal_probability.0),
                     col(&|r| r.signal_probability.1),
                 ),
+                target: col(&|r| r.target_ms),
             }
         })
         .collect()
@@ -330,12 +333,12 @@ pub fn stable_section(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n## The stable variant ({stable}, decision P11) — {}\n",
+        "\n## The stable variant ({stable}, decisions P11, P12) — {}\n",
         cfg.label
     );
-    let _ = writeln!(s, "Every discipline at this point, the stable variant included. U is the discipline's drop (or mark) probability, sampled every 10 ms after the warm-up: its mean, and its standard deviation across those samples averaged over the seeds (how much U moves; packets are spared while ≤ 2 are queued and, for the stable variant, while τ < τ0/2, so U is not the drop rate). n = {} seeds.\n", cfg.seeds.len());
-    let _ = writeln!(s, "| discipline | utilisation % | queue delay mean ms | queue delay p99 ms | AQM drops | U mean | U std (10 ms samples) |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "Every discipline at this point, the stable variant included. U is the discipline's drop (or mark) probability, sampled every 10 ms after the warm-up: its mean, and its standard deviation across those samples averaged over the seeds (how much U moves; packets are spared while ≤ 2 are queued and, for the stable variant, while τ is below half its target, so U is not the drop rate). The stable variant's target is τ0 plus what its busy-time guard adds while the link idles although the flows fill the queue (decision P12); the target column is its mean over the measured seconds. n = {} seeds.\n", cfg.seeds.len());
+    let _ = writeln!(s, "| discipline | utilisation % | queue delay mean ms | queue delay p99 ms | AQM drops | U mean | U std (10 ms samples) | target ms |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     for a in &aggs {
         let (um, us) = &a.signal_probability;
         let ufmt = |x: &Summary| {
@@ -345,9 +348,14 @@ pub fn stable_section(
                 "–".into()
             }
         };
+        let target = if a.target.mean.is_finite() {
+            fmt_s(&a.target, 2)
+        } else {
+            "–".into()
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.2} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.0} | {} | {} | {target} |",
             a.discipline,
             fmt_s(
                 &Summary {
@@ -432,6 +440,89 @@ pub fn stable_section(
         s,
         "\n### Stability margins of the stable variant's gains\n\n{margins}\n"
     );
+    s
+}
+
+/// What 95 % utilisation costs at one operating point: every scheme of the frontier plan
+/// (drop-tail buffers, raised PIE, CoDel and fixed stable-variant targets, the busy-time guard)
+/// by mean queue delay, with its utilisation, and which keep ≥ [`MIN_UTILISATION`].
+pub fn frontier_section(cfg: &AqmConfig, results: &[RunResult], stable: &str) -> String {
+    let mut aggs = aggregate(results);
+    aggs.sort_by(|a, b| a.qdelay_mean.mean.total_cmp(&b.qdelay_mean.mean));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n# What {:.0} % utilisation costs — {}\n",
+        MIN_UTILISATION * 100.0,
+        cfg.label
+    );
+    let _ = writeln!(s, "Each discipline with its target or buffer raised (`lab/plans/paper004-frontier.toml`), beside {stable} with its busy-time guard (decision P12), by mean queue delay. n = {} seeds.\n", cfg.seeds.len());
+    let _ = writeln!(
+        s,
+        "| scheme | queue delay mean ms | utilisation % | AQM drops | target ms |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for a in &aggs {
+        let target = if a.target.mean.is_finite() {
+            fmt_s(&a.target, 2)
+        } else {
+            "–".into()
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} | {target} |",
+            a.discipline,
+            fmt_s(&a.qdelay_mean, 2),
+            fmt_s(
+                &Summary {
+                    mean: a.utilisation.mean * 100.0,
+                    std: a.utilisation.std * 100.0,
+                    n: a.utilisation.n
+                },
+                1
+            ),
+            a.aqm_drops.mean,
+        );
+    }
+    let ok: Vec<&Aggregate> = aggs
+        .iter()
+        .filter(|a| a.utilisation.mean >= MIN_UTILISATION)
+        .collect();
+    let below = aggs
+        .iter()
+        .take_while(|a| a.utilisation.mean < MIN_UTILISATION)
+        .last();
+    let _ = writeln!(s);
+    match ok.first() {
+        Some(best) => {
+            let _ = writeln!(
+                s,
+                "- Lowest mean queue delay with ≥ {:.0} % utilisation: {} ({:.2} ms, {:.1} %); {} of {} schemes get there.",
+                MIN_UTILISATION * 100.0,
+                best.discipline,
+                best.qdelay_mean.mean,
+                best.utilisation.mean * 100.0,
+                ok.len(),
+                aggs.len()
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "- No scheme here keeps {:.0} % utilisation.",
+                MIN_UTILISATION * 100.0
+            );
+        }
+    }
+    if let Some(b) = below {
+        let _ = writeln!(
+            s,
+            "- Every scheme with less queue delay than that stays below it; the nearest, {}, has {:.2} ms at {:.1} %.",
+            b.discipline,
+            b.qdelay_mean.mean,
+            b.utilisation.mean * 100.0
+        );
+    }
     s
 }
 

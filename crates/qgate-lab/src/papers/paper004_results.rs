@@ -73,4 +73,7 @@ pub struct RunResult {
     /// The discipline's signal probability (PIE's p, PID-Delay's U) sampled every 10 ms after
     /// the warm-up: mean and standard deviation; NaN for disciplines without one.
     pub signal_probability: (f64, f64),
+    /// The delay the discipline steered toward, once a second after the warm-up, averaged
+    /// (the stable variant's τ0 plus its busy-time guard's allowance), ms; NaN for the others.
+    pub target_ms: f64,
 }

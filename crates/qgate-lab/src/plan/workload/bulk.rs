@@ -225,6 +225,9 @@ impl Prepared {
         // The discipline's signal probability (PIE's p, PID-Delay's U), sampled every
         // U_SAMPLE so that oscillation at the controller's period shows.
         let (mut u_series, mut u_samples) = (Vec::new(), Vec::new());
+        // The discipline's target delay where it moves (the stable PID-Delay's busy-time
+        // guard), once a second.
+        let (mut target_series, mut target_samples) = (Vec::new(), Vec::new());
         let mut at_warm = None;
         let mut measured_s = 0.0f64;
         // The measured link's capacity over the measured seconds, bits: its rate may change on
@@ -253,10 +256,17 @@ impl Prepared {
                 }
             }
             tokio::time::sleep_until(at).await;
+            let t = sec as f64;
             if let Some((id, d)) = self.measure {
                 u_second.extend(self.net.signal_probability(id, d));
+                if let Some(target) = self.net.target_delay(id, d) {
+                    let ms = target.as_secs_f64() * 1e3;
+                    target_series.push((t, ms));
+                    if after {
+                        target_samples.push(ms);
+                    }
+                }
             }
-            let t = sec as f64;
             if !u_second.is_empty() {
                 u_series.push((t, Summary::of(&u_second).mean));
                 if after {
@@ -330,6 +340,9 @@ impl Prepared {
         if !u_series.is_empty() {
             m.series.push(("drop_probability".into(), u_series));
         }
+        if !target_series.is_empty() {
+            m.series.push(("target_ms".into(), target_series));
+        }
         sink.abort();
         self.server.close(0u32.into(), b"done");
 
@@ -395,6 +408,10 @@ impl Prepared {
                 let u = Summary::of(&u_samples);
                 m.scalars.push(("drop_probability".into(), u.mean));
                 m.scalars.push(("drop_probability_std".into(), u.std));
+            }
+            if !target_samples.is_empty() {
+                m.scalars
+                    .push(("target_ms".into(), Summary::of(&target_samples).mean));
             }
         }
         m.samples.push((
