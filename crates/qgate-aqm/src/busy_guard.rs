@@ -104,12 +104,15 @@ impl BusyGuard {
                 .last_full
                 .is_some_and(|t| end.saturating_duration_since(t) <= FULL_MEMORY);
             // Too much idle raises the allowance only while the flows fill the queue to the
-            // target; too little always lowers it.
-            if error < 0.0 || filled {
-                let step = (GAIN_S * error).min(MAX_STEP.as_secs_f64());
-                let a = self.allowance.as_secs_f64() + step;
-                self.allowance = Duration::from_secs_f64(a.clamp(0.0, self.max.as_secs_f64()));
-            }
+            // target; otherwise it is a lack of traffic, and the allowance falls as on a busy
+            // link. Too little idle always lowers it.
+            let step = if error < 0.0 || filled {
+                (GAIN_S * error).min(MAX_STEP.as_secs_f64())
+            } else {
+                -GAIN_S * (1.0 - self.busy)
+            };
+            let a = self.allowance.as_secs_f64() + step;
+            self.allowance = Duration::from_secs_f64(a.clamp(0.0, self.max.as_secs_f64()));
             self.idle = Duration::ZERO;
             start = end;
         }
@@ -156,6 +159,8 @@ mod tests {
         assert_ms(&g, 0.0);
     }
 
+    /// Idle raises the allowance only for FULL_MEMORY after the queue was last full; after
+    /// that it is a lack of traffic, and the allowance falls as on a busy link.
     #[test]
     fn idle_without_a_full_queue_is_a_lack_of_traffic() {
         let t0 = Instant::now();
@@ -163,9 +168,17 @@ mod tests {
         g.roll(t0);
         windows(&mut g, t0, 0, 20, 900, false);
         assert_ms(&g, 0.0);
-        // A full queue longer ago than FULL_MEMORY does not count either.
-        g.on_queue_delay(t0 + WINDOW * 20, 5 * MS, 5 * MS);
-        windows(&mut g, t0, 24, 5, 900, false);
+        // Full at the start of windows 20–22 (the last at 22 s), 12 % idle: +8 ms each.
+        windows(&mut g, t0, 20, 3, 120, true);
+        assert_ms(&g, 24.0);
+        // Then idle from 23 s on with nothing queued: the windows ending at 24 and 25 s are
+        // within FULL_MEMORY of 22 s (+10 ms each, the step cap); from 26 s, −4 ms each.
+        g.on_empty(t0 + WINDOW * 23);
+        g.roll(t0 + WINDOW * 25);
+        assert_ms(&g, 44.0);
+        g.roll(t0 + WINDOW * 30);
+        assert_ms(&g, 24.0);
+        g.roll(t0 + WINDOW * 40);
         assert_ms(&g, 0.0);
     }
 
@@ -178,7 +191,7 @@ mod tests {
         g.roll(t0);
         g.on_queue_delay(t0, 5 * MS, 5 * MS);
         g.on_empty(t0);
-        g.roll(t0 + WINDOW * 10);
+        g.roll(t0 + FULL_MEMORY);
         let windows_in_memory = FULL_MEMORY.as_secs_f64() / WINDOW.as_secs_f64();
         assert_ms(&g, windows_in_memory * MAX_STEP.as_secs_f64() * 1e3);
         let mut g = BusyGuard::new(0.96, 30 * MS);

@@ -542,7 +542,7 @@ pub fn margins_md(cfg: &AqmConfig, params: &qgate_aqm::PidDelayParams) -> String
         rtt,
     };
     let mut s = format!(
-        "Operating point: C = {capacity_pps:.0} packets/s, N = {}, R* = {:.1} ms (propagation + τ0), T = {:.0} ms; gains Kp {}, Ki {}, Kd {}, errors in seconds. Loop rebuilt from paper eqs. 15–17 (see docs/decisions.md P10).\n\n| gains | gain crossover rad/s | phase margin ° | phase crossover rad/s | gain margin dB |\n|---|---|---|---|---|\n",
+        "Operating point: C = {capacity_pps:.0} packets/s, N = {}, R* = {:.1} ms (propagation + target), T = {:.0} ms; gains Kp {}, Ki {}, Kd {}, errors in seconds. Loop rebuilt from paper eqs. 15–17 (see docs/decisions.md P10).\n\n| gains | gain crossover rad/s | phase margin ° | phase crossover rad/s | gain margin dB |\n|---|---|---|---|---|\n",
         cfg.flows, rtt * 1000.0, params.period.as_secs_f64() * 1000.0, params.kp, params.ki, params.kd
     );
     let f = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.2}"));
