@@ -1020,17 +1020,20 @@ fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
     let eff = loaded.overridden(&opts).map_err(usage)?;
     let out = out_dir(&eff, a.out)?;
     let ran = execute(&loaded, &opts, a.jobs)?;
-    // PID-Delay's τ0 sweep (not with --quick, nor when PID-Delay is left out).
-    let mut tau0 = Vec::new();
-    if !a.quick && (a.only.is_empty() || a.only.iter().any(|o| o == "pid-delay")) {
-        let t = paper004::tau0_plan().map_err(usage)?;
-        let topts = qgate_lab::plan::Options {
+    // The companion plans run with the same seeds and overrides.
+    let beside = |plan: qgate_lab::plan::Loaded| -> Result<Vec<_>, Failure> {
+        let o = qgate_lab::plan::Options {
             seeds: a.seeds,
             set: opts.set.clone(),
             ..Default::default()
         };
-        let r = execute(&t, &topts, a.jobs)?;
-        tau0 = r.variants.into_iter().zip(r.records).collect();
+        let r = execute(&plan, &o, a.jobs)?;
+        Ok(r.variants.into_iter().zip(r.records).collect())
+    };
+    // PID-Delay's τ0 sweep (not with --quick, nor when PID-Delay is left out).
+    let mut tau0 = Vec::new();
+    if !a.quick && (a.only.is_empty() || a.only.iter().any(|o| o == "pid-delay")) {
+        tau0 = beside(paper004::tau0_plan().map_err(usage)?)?;
     }
     // What 95 % utilisation costs at the third point (decision P12): not with --quick, nor
     // when the stable variant or that point is left out.
@@ -1039,14 +1042,7 @@ fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
         && !a.no_second_point
         && (a.only.is_empty() || a.only.iter().any(|o| o == paper004::STABLE))
     {
-        let t = paper004::frontier_plan().map_err(usage)?;
-        let fopts = qgate_lab::plan::Options {
-            seeds: a.seeds,
-            set: opts.set.clone(),
-            ..Default::default()
-        };
-        let r = execute(&t, &fopts, a.jobs)?;
-        frontier = r.variants.into_iter().zip(r.records).collect();
+        frontier = beside(paper004::frontier_plan().map_err(usage)?)?;
     }
     let extra = paper004::sections(&ran.variants, &ran.records, &tau0, &frontier)
         .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;

@@ -111,6 +111,20 @@ fn fmt_s(s: &Summary, p: usize) -> String {
     format!("{:.p$} ± {:.p$}", s.mean, s.std)
 }
 
+/// A fraction as a percentage, mean ± std dev to 0.1.
+fn fmt_pct(s: &Summary) -> String {
+    format!("{:.1} ± {:.1}", s.mean * 100.0, s.std * 100.0)
+}
+
+/// `fmt_s`, or a dash where the quantity does not apply (NaN: a discipline without it).
+fn fmt_or_dash(s: &Summary, p: usize) -> String {
+    if s.mean.is_finite() {
+        fmt_s(s, p)
+    } else {
+        "–".into()
+    }
+}
+
 /// The sections `qgate lab aqm` adds to the plan's summary for one operating point: the
 /// results in the paper's terms, the comparison with the paper, the τ0 sweep, the stability
 /// margins and why we differ — every number from this run.
@@ -348,23 +362,12 @@ pub fn stable_section(
                 "–".into()
             }
         };
-        let target = if a.target.mean.is_finite() {
-            fmt_s(&a.target, 2)
-        } else {
-            "–".into()
-        };
+        let target = fmt_or_dash(&a.target, 2);
         let _ = writeln!(
             s,
             "| {} | {} | {} | {:.2} | {:.0} | {} | {} | {target} |",
             a.discipline,
-            fmt_s(
-                &Summary {
-                    mean: a.utilisation.mean * 100.0,
-                    std: a.utilisation.std * 100.0,
-                    n: a.utilisation.n
-                },
-                1
-            ),
+            fmt_pct(&a.utilisation),
             fmt_s(&a.qdelay_mean, 2),
             a.qdelay_p99,
             a.aqm_drops.mean,
@@ -463,24 +466,13 @@ pub fn frontier_section(cfg: &AqmConfig, results: &[RunResult], stable: &str) ->
     );
     let _ = writeln!(s, "|---|---|---|---|---|");
     for a in &aggs {
-        let target = if a.target.mean.is_finite() {
-            fmt_s(&a.target, 2)
-        } else {
-            "–".into()
-        };
+        let target = fmt_or_dash(&a.target, 2);
         let _ = writeln!(
             s,
             "| {} | {} | {} | {:.0} | {target} |",
             a.discipline,
             fmt_s(&a.qdelay_mean, 2),
-            fmt_s(
-                &Summary {
-                    mean: a.utilisation.mean * 100.0,
-                    std: a.utilisation.std * 100.0,
-                    n: a.utilisation.n
-                },
-                1
-            ),
+            fmt_pct(&a.utilisation),
             a.aqm_drops.mean,
         );
     }
