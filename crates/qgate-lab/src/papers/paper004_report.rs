@@ -476,6 +476,22 @@ pub fn frontier_section(cfg: &AqmConfig, results: &[RunResult], stable: &str) ->
             a.aqm_drops.mean,
         );
     }
+    // Whether the seeds really differ: distinct (utilisation, queue delay) pairs per scheme.
+    let distinct: Vec<String> = aggs
+        .iter()
+        .map(|a| {
+            let mut seen: Vec<(u64, u64)> = results
+                .iter()
+                .filter(|r| r.discipline == a.discipline)
+                .map(|r| (r.utilisation.to_bits(), r.qdelay_ms.mean.to_bits()))
+                .collect();
+            let n = seen.len();
+            seen.sort_unstable();
+            seen.dedup();
+            format!("{} {}/{n}", a.discipline, seen.len())
+        })
+        .collect();
+    let _ = writeln!(s, "\nDistinct outcomes: {}.", distinct.join(", "));
     let ok: Vec<&Aggregate> = aggs
         .iter()
         .filter(|a| a.utilisation.mean >= MIN_UTILISATION)
