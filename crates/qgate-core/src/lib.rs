@@ -2,6 +2,7 @@
 //! and return decisions; the async shells in other crates own sockets, clocks and files.
 
 pub mod careful_resume;
+pub mod forwarder;
 pub mod history;
 pub mod loggate;
 pub mod metrics;

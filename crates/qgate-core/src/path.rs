@@ -354,7 +354,12 @@ impl PathTable {
                 [
                     Some(p.next_probe),
                     p.outstanding.map(|(_, sent)| sent + t),
-                    p.awaiting_since.map(|a| a + t),
+                    // While a probe is out, its own timeout comes first (`poll` checks the
+                    // traffic only then): counting this too would ask for a poll that does
+                    // nothing, again and again (found by the forwarder's harness).
+                    p.awaiting_since
+                        .filter(|_| p.outstanding.is_none())
+                        .map(|a| a + t),
                 ]
             })
             .flatten()

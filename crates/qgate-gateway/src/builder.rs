@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use qgate_core::forwarder::Forwarder;
 use qgate_core::path::PathConfig;
 use qgate_core::scheduler::{self, Scheduler};
 use qgate_transport::http3::ALPN_H3;
@@ -219,17 +220,24 @@ impl GatewayBuilder {
             }
             None => os_random()?,
         };
+        let core = Forwarder::new(
+            backhaul.len(),
+            self.config.forwarder_config(self.path_config),
+            scheduler,
+            hash_seed,
+            tokio::time::Instant::now().into_std(),
+        );
         let paths = PathManager::start_with_history(
             backhaul,
             ccfg,
             self.transport.clone(),
-            self.path_config,
+            core,
             self.history,
         );
         let endpoint =
             self.config
                 .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;
-        let mut gateway = Gateway::new(paths, scheduler, self.config, hash_seed);
+        let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
         let gateway = Arc::new(gateway);
         let task = tokio::spawn(gateway.clone().serve_devices(endpoint.clone()));

@@ -1,6 +1,7 @@
-//! Device-facing side of the gateway (paper 000 §3.3–3.4): registration (Hash IDs), the
-//! connection manager (scheduler + hits) and forwarding over the chosen backhaul path, retried
-//! on another path with the same request id when a path fails.
+//! Device-facing side of the gateway (paper 000 §3.3–3.4): the shell of the sans-IO
+//! [`Forwarder`](qgate_core::forwarder::Forwarder) (registration, sessions, the scheduler, hits, retries and request ids, under
+//! one lock) that carries each request over the path it chose, and again on another path with
+//! the same request id when that one fails.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,12 +10,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use qgate_core::forwarder::{Attempt, ForwarderConfig, Outcome, RequestId, Step};
 use qgate_core::loggate::LogGate;
 use qgate_core::metrics;
-use qgate_core::path::PathId;
-use qgate_core::path::{ConnectionSample, Ticket};
-use qgate_core::scheduler::{self, Ask, Priority, Scheduler};
-use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits, SessionTable};
+use qgate_core::path::{ConnectionSample, PathConfig, PathId};
+use qgate_core::scheduler::Priority;
+use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
 use qgate_transport::shared_driver::EndpointStats;
 use qgate_transport::{
@@ -96,6 +97,16 @@ impl GatewayConfig {
             per_address: self.max_sessions_per_address,
             max_inflight: self.max_inflight_per_device,
             idle: self.session_idle_timeout,
+        }
+    }
+
+    /// The forwarding core's bounds, with probing as `paths` says.
+    pub fn forwarder_config(&self, paths: PathConfig) -> ForwarderConfig {
+        ForwarderConfig {
+            sessions: self.session_limits(),
+            paths,
+            attempts: self.attempts,
+            attempt_timeout: self.request_timeout,
         }
     }
 
@@ -275,9 +286,8 @@ macro_rules! noisy_warn {
 
 /// The gateway.
 pub struct Gateway {
+    /// The backhaul paths' shell, holding the forwarding core.
     paths: PathManager,
-    sessions: Mutex<SessionTable>,
-    scheduler: Mutex<Box<dyn Scheduler>>,
     clients: Vec<tokio::sync::Mutex<Option<CachedClient>>>,
     logs: Mutex<LogGates>,
     /// The device endpoint's handshake counters, once serving.
@@ -285,8 +295,6 @@ pub struct Gateway {
     next_conn: AtomicU64,
     /// Device connections being served, for the admin port's list and close.
     conns: Mutex<std::collections::HashMap<ConnId, shared_driver::Connection>>,
-    instance: u64,
-    next_rid: AtomicU64,
     cfg: GatewayConfig,
     /// Counters.
     pub stats: GatewayStats,
@@ -313,24 +321,15 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Bytes> {
 }
 
 impl Gateway {
-    /// A gateway over `paths`, choosing with `scheduler`, Hash IDs from `seed`.
-    pub fn new(
-        paths: PathManager,
-        scheduler: Box<dyn Scheduler>,
-        cfg: GatewayConfig,
-        seed: [u8; 32],
-    ) -> Gateway {
+    /// A gateway over `paths` (and the forwarding core they hold).
+    pub fn new(paths: PathManager, cfg: GatewayConfig) -> Gateway {
         let n = paths.table().paths().len();
         Gateway {
-            sessions: Mutex::new(SessionTable::new(cfg.session_limits(), seed)),
-            scheduler: Mutex::new(scheduler),
             clients: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
             logs: Mutex::default(),
             endpoint: std::sync::OnceLock::new(),
             next_conn: AtomicU64::new(0),
             conns: Mutex::default(),
-            instance: u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
-            next_rid: AtomicU64::new(1),
             per_path: (0..n).map(|_| AtomicU64::new(0)).collect(),
             per_path_bytes: (0..n).map(|_| AtomicU64::new(0)).collect(),
             shapers: Vec::new(),
@@ -390,32 +389,21 @@ impl Gateway {
         }
     }
 
-    /// Release the path hits of sessions that ended.
-    fn release(&self, gone: Vec<qgate_core::session::Session>) {
-        if gone.iter().any(|s| s.path.is_some()) {
-            self.paths.with_table(|t| {
-                for p in gone.iter().filter_map(|s| s.path) {
-                    t.remove_hit(p);
-                }
-            });
-        }
-    }
-
     /// Connection `conn` closed: its sessions end.
     fn end_sessions(&self, conn: ConnId) {
-        let gone = lock(&self.sessions).remove_connection(conn);
-        self.release(gone);
+        self.paths.with_core(|f| f.end_connection(conn));
     }
 
     /// End idle sessions (decision G10).
     pub fn expire_sessions(&self) {
-        let gone = lock(&self.sessions).expire(Instant::now().into_std());
-        if !gone.is_empty() {
+        let n = self
+            .paths
+            .with_core(|f| f.expire(Instant::now().into_std()));
+        if n > 0 {
             self.stats
                 .sessions_expired
-                .fetch_add(gone.len() as u64, Ordering::Relaxed);
-            tracing::debug!(n = gone.len(), "idle sessions expired");
-            self.release(gone);
+                .fetch_add(n as u64, Ordering::Relaxed);
+            tracing::debug!(n, "idle sessions expired");
         }
     }
 
@@ -433,17 +421,17 @@ impl Gateway {
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             };
         let now = Instant::now().into_std();
-        let mut sessions = lock(&self.sessions);
-        // Checked under the sessions lock: once the connection has closed, its sessions are
+        // Checked under the core's lock: once the connection has closed, its sessions are
         // removed (`end_sessions`, after this lock) and none may be added.
-        if conn.conn.is_closed() {
+        let registered = self.paths.with_core(|f| {
+            (!conn.conn.is_closed()).then(|| f.register(conn.id, device, priority, now))
+        });
+        let Some(registered) = registered else {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the connection is closing\n",
             );
-        }
-        let registered = sessions.register(conn.id, device, device, priority, now);
-        drop(sessions);
+        };
         match registered {
             Ok(h) => {
                 self.stats.registered.fetch_add(1, Ordering::Relaxed);
@@ -477,43 +465,6 @@ impl Gateway {
         Some(c)
     }
 
-    /// Choose (and record) the device's path for a request of `bytes`, avoiding the paths in
-    /// `tried` (where this request already failed) while another path is up. One pass under
-    /// the sessions lock, then the table's and the scheduler's: the table is not copied.
-    fn assign(
-        &self,
-        hash: &HashId,
-        conn: ConnId,
-        bytes: u64,
-        tried: &[PathId],
-    ) -> Result<Option<PathId>, SessionError> {
-        let now = Instant::now().into_std();
-        let mut sessions = lock(&self.sessions);
-        let s = sessions.lookup(hash, conn, now)?;
-        let ask = Ask {
-            priority: s.priority,
-            bytes,
-            current: s.path,
-            avoid: tried,
-            now,
-        };
-        let old = s.path;
-        let pick = self.paths.with_table(|t| {
-            let pick = scheduler::pick_avoiding(&mut **lock(&self.scheduler), t, &ask);
-            if pick != old {
-                if let Some(o) = old {
-                    t.remove_hit(o);
-                }
-                if let Some(p) = pick {
-                    t.add_hit(p);
-                }
-            }
-            pick
-        });
-        s.path = pick;
-        Ok(pick)
-    }
-
     /// Count a refused request and answer it.
     fn refuse(&self, conn: ConnId, device: SocketAddr, e: SessionError) -> Response<Bytes> {
         self.stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -533,8 +484,8 @@ impl Gateway {
         text(status, body)
     }
 
-    /// Forward one device request: its session admits it (Hash ID bound to `conn`, room in
-    /// flight), then it goes out on a path; the session's count is released at the end.
+    /// Forward one device request: the core admits it (its session bound to `conn`, with
+    /// room in flight) and plans its attempts; each goes out on its path here.
     async fn forward(
         &self,
         req: Request<()>,
@@ -550,13 +501,23 @@ impl Gateway {
                 Err(e) => return self.refuse(conn, device, e),
             },
         };
-        let class = match lock(&self.sessions).begin(&hash, conn, start.into_std()) {
-            Ok(s) => s.priority,
+        let bytes = body.len() as u64;
+        let begun = self
+            .paths
+            .with_core(|f| f.begin(&hash, conn, bytes, start.into_std()));
+        let (id, class, step) = match begun {
+            Ok(b) => b,
             Err(e) => return self.refuse(conn, device, e),
         };
-        // Released however this future ends, dropped mid-way included.
-        let _slot = InFlightSlot { gw: self, hash };
-        let resp = self.forward_inner(req, body, conn, device, hash).await;
+        // Handed back however this future ends, dropped mid-way included.
+        let mut admitted = Admitted {
+            gw: self,
+            id,
+            over: false,
+        };
+        let resp = self
+            .carry(&mut admitted, step, req, body, conn, device)
+            .await;
         if resp.status().is_success() {
             match class {
                 Priority::Priority => self.stats.delay_priority.record(start.elapsed()),
@@ -566,129 +527,132 @@ impl Gateway {
         resp
     }
 
-    async fn forward_inner(
+    /// Carry out the core's steps for request `admitted` until one is final.
+    async fn carry(
         &self,
+        admitted: &mut Admitted<'_>,
+        mut step: Step,
         req: Request<()>,
         body: Bytes,
         conn: ConnId,
         device: SocketAddr,
-        hash: HashId,
     ) -> Response<Bytes> {
-        let rid = format!(
-            "{:016x}-{}",
-            self.instance,
-            self.next_rid.fetch_add(1, Ordering::Relaxed)
-        );
+        let rid = admitted.id.to_string();
         let device_name = device.to_string();
-        let path_and_query = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
-        // The request's whole budget; while no path is up it waits for probing to find one.
-        let deadline = Instant::now() + self.cfg.request_timeout * self.cfg.attempts.max(1) as u32;
-        let mut attempts = 0;
-        let mut tried: Vec<PathId> = Vec::new();
-        while attempts < self.cfg.attempts.max(1) && Instant::now() < deadline {
-            let path = match self.assign(&hash, conn, body.len() as u64, &tried) {
-                Ok(Some(p)) => p,
-                Ok(None) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+        let uri = format!(
+            "https://{}{}",
+            self.cfg.server_authority,
+            req.uri().path_and_query().map_or("/", |p| p.as_str())
+        );
+        loop {
+            step = match step {
+                Step::Send(a) => {
+                    let path = a.path;
+                    let out = Request::builder()
+                        .method(req.method().clone())
+                        .uri(uri.as_str())
+                        .header(REQUEST_ID_HEADER, rid.as_str())
+                        // Who sent it and which path carried it, for the server's sink (S7).
+                        .header(DEVICE_HEADER, device_name.as_str())
+                        .header(PATH_HEADER, path.0)
+                        .body(())
+                        .expect("valid request");
+                    match self.attempt(a, out, &body).await {
+                        Ok(resp) => {
+                            admitted.over = true;
+                            return resp;
+                        }
+                        Err(next) => next,
+                    }
+                }
+                Step::Wait(w) => {
+                    tokio::time::sleep_until(Instant::from_std(w.until)).await;
+                    let now = Instant::now().into_std();
+                    self.paths.with_core(|f| f.resume(w, now))
+                }
+                // (An answer comes back from `attempt`, never as a step here.)
+                Step::Answered(_) | Step::Failed => {
+                    admitted.over = true;
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
+                    return text(
+                        StatusCode::BAD_GATEWAY,
+                        "the server is unreachable on every backhaul path\n",
+                    );
                 }
                 // The session ended meanwhile (its connection closed, or it expired).
-                Err(e) => return self.refuse(conn, device, e),
-            };
-            attempts += 1;
-            let Some(client) = self.client(path).await else {
-                self.paths
-                    .with_table(|t| t.on_connection_lost(path, Instant::now().into_std()));
-                continue;
-            };
-            let out = Request::builder()
-                .method(req.method().clone())
-                .uri(format!(
-                    "https://{}{}",
-                    self.cfg.server_authority, path_and_query
-                ))
-                .header(REQUEST_ID_HEADER, rid.as_str())
-                // Who sent it and which path carried it, for the server's sink (decision S7).
-                .header(DEVICE_HEADER, device_name.as_str())
-                .header(PATH_HEADER, path.0)
-                .body(())
-                .expect("valid request");
-            // Handed back however the attempt ends, this future dropped mid-way included.
-            let queued = Queued {
-                gw: self,
-                ticket: self.paths.with_table(|t| {
-                    t.on_request_sent(path, body.len() as u64, Instant::now().into_std())
-                }),
-            };
-            // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future
-            // (and the per-request task) grows by it and is copied around with it.
-            let outcome = Box::pin(client.request_within(
-                out,
-                body.clone(),
-                1 << 20,
-                self.cfg.request_timeout,
-            ))
-            .await;
-            match outcome {
-                Ok(r) => {
-                    // Every answer refreshes the path's RTT from QUIC's estimate (§3.2), so a
-                    // path that slows down is seen between the 30 s probes, and its window and
-                    // loss for the per-request scheduler.
-                    // Read under the table's lock: samples from concurrent answers are applied
-                    // in the order they were taken, so the counters never seem to go back.
-                    // A success times the path (decision G14); a refusal may not have read the
-                    // body, so its ticket only ends (when `queued` drops).
-                    let answered = Instant::now().into_std();
-                    self.paths.with_table(|t| {
-                        if r.status.is_success() {
-                            t.on_request_answered(queued.ticket, answered);
-                        }
-                        t.on_heard(path);
-                        t.on_connection_sample(path, connection_sample(client.connection()));
-                    });
-                    self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                    self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
-                    self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
-                    let retry_after = r.headers.get(http::header::RETRY_AFTER).cloned();
-                    let mut resp = text(r.status, r.body);
-                    resp.headers_mut()
-                        .insert(PATH_HEADER, http::HeaderValue::from(path.0));
-                    // A server whose queue is down says when to try again (decision S5).
-                    if let Some(v) = retry_after {
-                        resp.headers_mut().insert(http::header::RETRY_AFTER, v);
-                    }
-                    return resp;
+                Step::Refused(e) => {
+                    admitted.over = true;
+                    return self.refuse(conn, device, e);
                 }
-                Err(e) => {
-                    self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                    tried.push(path);
-                    if client.is_closed() {
-                        // The path's connection (QUIC or HTTP/3) is gone: take the path out
-                        // until probing brings it back (the next use reconnects).
-                        *self.clients[path.0].lock().await = None;
-                        self.paths
-                            .with_table(|t| t.on_connection_lost(path, Instant::now().into_std()));
-                    } else if matches!(e, H3Error::TimedOut(_)) {
-                        // Only this request's stream was cancelled (decision G5): the
-                        // connection and the other devices' requests on it carry on; the path
-                        // table probes the path because this request got no answer.
+            };
+        }
+    }
+
+    /// One attempt on its path: the answer to hand the device, or the core's next step.
+    async fn attempt(
+        &self,
+        a: Attempt,
+        out: Request<()>,
+        body: &Bytes,
+    ) -> Result<Response<Bytes>, Step> {
+        let path = a.path;
+        let finish = |a: Attempt, outcome: Outcome| {
+            let now = Instant::now().into_std();
+            // `None`: abandoned meanwhile, which this task alone does, on drop.
+            self.paths
+                .with_core(|f| f.finish(a, outcome, now))
+                .unwrap_or(Step::Failed)
+        };
+        let Some(client) = self.client(path).await else {
+            return Err(finish(a, Outcome::ConnectionLost));
+        };
+        // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future (and
+        // the per-request task) grows by it and is copied around with it.
+        let outcome =
+            Box::pin(client.request_within(out, body.clone(), 1 << 20, self.cfg.request_timeout))
+                .await;
+        match outcome {
+            Ok(r) => {
+                // Every answer refreshes the path's RTT, window and loss from QUIC (§3.2), so a
+                // path that slows down is seen between the 30 s probes; read and applied under
+                // the core's lock, so samples of concurrent answers go in the order taken.
+                let sample = Some(connection_sample(client.connection()));
+                let success = r.status.is_success();
+                finish(a, Outcome::Answered { success, sample });
+                self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
+                self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
+                let retry_after = r.headers.get(http::header::RETRY_AFTER).cloned();
+                let mut resp = text(r.status, r.body);
+                resp.headers_mut()
+                    .insert(PATH_HEADER, http::HeaderValue::from(path.0));
+                // A server whose queue is down says when to try again (decision S5).
+                if let Some(v) = retry_after {
+                    resp.headers_mut().insert(http::header::RETRY_AFTER, v);
+                }
+                Ok(resp)
+            }
+            Err(e) => {
+                self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                let outcome = if client.is_closed() {
+                    // The path's connection (QUIC or HTTP/3) is gone: the core takes the path
+                    // out until probing brings it back (the next use reconnects).
+                    *self.clients[path.0].lock().await = None;
+                    Outcome::ConnectionLost
+                } else {
+                    // Only this request's stream was cancelled (decision G5): the connection
+                    // and the other devices' requests on it carry on; the path table probes
+                    // the path because this request got no answer.
+                    if matches!(e, H3Error::TimedOut(_)) {
                         self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                     }
-                    // Retried on another path with the same request id (the server stores it
-                    // once).
-                }
+                    Outcome::Unanswered
+                };
+                // Retried on another path with the same request id (the server stores it once).
+                Err(finish(a, outcome))
             }
         }
-        self.stats.failed.fetch_add(1, Ordering::Relaxed);
-        noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
-        text(
-            StatusCode::BAD_GATEWAY,
-            "the server is unreachable on every backhaul path\n",
-        )
     }
 }
 
@@ -705,16 +669,20 @@ pub(crate) fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
     }
 }
 
-/// A forwarding attempt's place in its path's queue, given back on drop.
-struct Queued<'a> {
+/// A request admitted by the core, abandoned on drop unless it is over (its task was dropped
+/// mid-way: the device went away, or the gateway stopped).
+struct Admitted<'a> {
     gw: &'a Gateway,
-    ticket: Ticket,
+    id: RequestId,
+    over: bool,
 }
 
-impl Drop for Queued<'_> {
+impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        let ticket = self.ticket;
-        self.gw.paths.with_table(|t| t.on_request_done(ticket));
+        if !self.over {
+            let (id, now) = (self.id, Instant::now().into_std());
+            self.gw.paths.with_core(|f| f.abandon(id, now));
+        }
     }
 }
 
@@ -728,18 +696,6 @@ struct Listed {
 impl Drop for Listed {
     fn drop(&mut self) {
         lock(&self.gw.conns).remove(&self.id);
-    }
-}
-
-/// A request's place in its session's in-flight count, given back on drop.
-struct InFlightSlot<'a> {
-    gw: &'a Gateway,
-    hash: HashId,
-}
-
-impl Drop for InFlightSlot<'_> {
-    fn drop(&mut self) {
-        lock(&self.gw.sessions).end(&self.hash, Instant::now().into_std());
     }
 }
 
@@ -868,10 +824,10 @@ impl metrics::Collector for GatewayMetrics {
             "packets queued in the path's egress shaper",
             by_shaper(|_, b| b),
         )?;
-        let (sessions, (conns, addrs)) = {
-            let t = lock(&gw.sessions);
+        let (sessions, (conns, addrs)) = gw.paths.with_core(|f| {
+            let t = f.sessions();
             (t.len(), t.owners())
-        };
+        });
         metrics::gauge(
             &mut e,
             "qgate_gateway_sessions",

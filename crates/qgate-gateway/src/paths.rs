@@ -1,14 +1,16 @@
 //! The path manager's shell (paper 000 §3.2): one QUIC connection per backhaul path, bound to
 //! the path's local address; Path Request / ACK Response probes as QUIC datagrams when the
-//! sans-IO [`PathTable`] asks for them; QUIC's own RTT estimate between probes; a closed
-//! connection reported at once; reconnection attempts as the probes of a path without one.
+//! sans-IO [`Forwarder`] (its path table) asks for them; QUIC's own RTT estimate between
+//! probes; a closed connection reported at once; reconnection attempts as the probes of a path
+//! without one. It holds the forwarder under the gateway's one lock.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::path::{PathConfig, PathId, PathTable};
+use qgate_core::forwarder::Forwarder;
+use qgate_core::path::{PathId, PathTable};
 use qgate_core::probe::ProbeMsg;
 use qgate_transport::{connect, Congestion, Socket, TransportError, TransportOptions};
 use tokio::sync::Notify;
@@ -45,7 +47,8 @@ impl Backhaul {
 }
 
 struct Shared {
-    table: Mutex<PathTable>,
+    /// The forwarding core: sessions, paths, scheduler, requests (the one lock).
+    core: Mutex<Forwarder>,
     conns: Vec<Mutex<Option<quinn::Connection>>>,
     connecting: Vec<Mutex<bool>>,
     wake: Notify,
@@ -80,13 +83,10 @@ pub struct BackhaulHistory {
 }
 
 impl PathManager {
-    /// Start managing `paths` with client configuration `cfg` (it must offer the server's ALPN).
-    pub fn start(
-        paths: Vec<Backhaul>,
-        cfg: quinn::ClientConfig,
-        config: PathConfig,
-    ) -> PathManager {
-        Self::start_with_history(paths, cfg, TransportOptions::default(), config, None)
+    /// Start managing `paths` for `core` (one path each) with client configuration `cfg` (it
+    /// must offer the server's ALPN).
+    pub fn start(paths: Vec<Backhaul>, cfg: quinn::ClientConfig, core: Forwarder) -> PathManager {
+        Self::start_with_history(paths, cfg, TransportOptions::default(), core, None)
     }
 
     /// [`PathManager::start`], each backhaul connection starting from its path's window history
@@ -97,12 +97,17 @@ impl PathManager {
         paths: Vec<Backhaul>,
         cfg: quinn::ClientConfig,
         opts: TransportOptions,
-        config: PathConfig,
+        core: Forwarder,
         history: Option<BackhaulHistory>,
     ) -> PathManager {
         let n = paths.len();
+        assert_eq!(
+            core.paths().paths().len(),
+            n,
+            "one backhaul per path of the core"
+        );
         let shared = Arc::new(Shared {
-            table: Mutex::new(PathTable::new(n, config, Instant::now().into_std())),
+            core: Mutex::new(core),
             conns: (0..n).map(|_| Mutex::new(None)).collect(),
             connecting: (0..n).map(|_| Mutex::new(false)).collect(),
             wake: Notify::new(),
@@ -117,7 +122,7 @@ impl PathManager {
 
     /// A copy of the path table now.
     pub fn table(&self) -> PathTable {
-        lock(&self.shared.table).clone()
+        lock(&self.shared.core).paths().clone()
     }
 
     /// The live connection of `path`, if any.
@@ -125,11 +130,17 @@ impl PathManager {
         lock(self.shared.conns.get(path.0)?).clone()
     }
 
-    /// Apply `f` to the table (assign or release hits, report traffic, pick a path) under its
-    /// lock, then let the driver re-plan: the change may bring a timeout forward.
-    pub fn with_table<R>(&self, f: impl FnOnce(&mut PathTable) -> R) -> R {
-        let r = f(&mut lock(&self.shared.table));
-        self.shared.wake.notify_one();
+    /// Apply `f` to the forwarder under its lock; if that brought its next timeout forward,
+    /// the driver re-plans (most requests leave it where it was, and cost no wake-up).
+    pub fn with_core<R>(&self, f: impl FnOnce(&mut Forwarder) -> R) -> R {
+        let mut core = lock(&self.shared.core);
+        let before = core.poll_timeout();
+        let r = f(&mut core);
+        let after = core.poll_timeout();
+        drop(core);
+        if after.is_some_and(|a| before.is_none_or(|b| a < b)) {
+            self.shared.wake.notify_one();
+        }
         r
     }
 }
@@ -142,16 +153,15 @@ async fn drive(
 ) {
     loop {
         let now = Instant::now();
-        let probes = lock(&shared.table).poll(now.into_std());
+        let probes = lock(&shared.core).poll(now.into_std());
         for probe in probes {
             let conn = lock(&shared.conns[probe.path.0]).clone();
             match conn {
                 Some(c) => {
                     // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
-                    // Under the table's lock, as the gateway's samples (in order).
-                    let mut t = lock(&shared.table);
-                    t.on_connection_sample(probe.path, crate::gateway::connection_sample(&c));
-                    drop(t);
+                    // Under the core's lock, as the gateway's samples (in order).
+                    lock(&shared.core)
+                        .on_connection_sample(probe.path, crate::gateway::connection_sample(&c));
                     let _ = c.send_datagram(Bytes::copy_from_slice(
                         &ProbeMsg::Request(probe.seq).encode(),
                     ));
@@ -159,7 +169,7 @@ async fn drive(
                 None => reconnect(&shared, &paths, &cfg, &history, probe.path),
             }
         }
-        let next = lock(&shared.table).next_timeout();
+        let next = lock(&shared.core).poll_timeout();
         match next {
             Some(t) => {
                 let at = Instant::from_std(t);
@@ -243,15 +253,12 @@ fn reconnect(
         shared.wake.notify_one(); // probe the new connection now rather than at the next timer
         while let Ok(d) = conn.read_datagram().await {
             if let Ok(ProbeMsg::Response(seq)) = ProbeMsg::decode(&d) {
-                let now = Instant::now().into_std();
-                let mut t = lock(&shared.table);
-                t.on_probe_ack(path, seq, now);
-                t.on_heard(path);
+                lock(&shared.core).on_probe_ack(path, seq, Instant::now().into_std());
             }
         }
         // The connection is gone: the path is down until a reconnection succeeds.
         *lock(&shared.conns[path.0]) = None;
-        lock(&shared.table).on_connection_lost(path, Instant::now().into_std());
+        lock(&shared.core).on_connection_lost(path, Instant::now().into_std());
         shared.wake.notify_one();
     });
 }

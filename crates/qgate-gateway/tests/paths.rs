@@ -5,11 +5,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use qgate_core::forwarder::{Forwarder, Step};
 use qgate_core::path::{PathConfig, PathId};
+use qgate_core::scheduler::{Priority, Scheduler, Single};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkParams, Network};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{client_config, DevPki, Socket, TransportOptions};
+
+/// A forwarding core for `n` paths with the gateway's defaults and `scheduler`.
+fn core(n: usize, scheduler: Box<dyn Scheduler>) -> Forwarder {
+    let cfg =
+        qgate_gateway::gateway::GatewayConfig::default().forwarder_config(PathConfig::default());
+    let now = tokio::time::Instant::now().into_std();
+    Forwarder::new(n, cfg, scheduler, [1; 32], now)
+}
 
 /// A gateway and a server joined by one 100 Mbit/s link per one-way delay (path i, from 1, on
 /// 10.0.i.0/24), the server answering on each with `opts`.
@@ -90,7 +100,8 @@ async fn measures_detects_death_and_recovery() {
     let (net, links, pki) = (&w.net, &w.links, &w.pki);
     let paths = (1..=3u8).map(|i| w.path(i, i as u64)).collect();
     let cfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
-    let pm = PathManager::start(paths, cfg, PathConfig::default());
+    // Requests go to path 2 (index 1), to show its death.
+    let pm = PathManager::start(paths, cfg, core(3, Box::new(Single { path: PathId(1) })));
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t = pm.table();
@@ -106,9 +117,16 @@ async fn measures_detects_death_and_recovery() {
 
     // Path 2 (index 1) goes dark; traffic on it is not answered.
     net.update_both(links[1], |l| l.up = false).unwrap();
-    pm.with_table(|t| {
-        t.on_request_sent(PathId(1), 1000, tokio::time::Instant::now().into_std());
+    let step = pm.with_core(|f| {
+        let now = tokio::time::Instant::now().into_std();
+        let device = SocketAddr::from(([10, 9, 9, 9], 9));
+        let h = f.register(1, device, Priority::Priority, now).unwrap();
+        f.begin(&h, 1, 1000, now).unwrap().2
     });
+    assert!(
+        matches!(&step, Step::Send(a) if a.path == PathId(1)),
+        "{step:?}"
+    );
     let died = tokio::time::Instant::now();
     while pm.table().get(PathId(1)).unwrap().up {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -160,7 +178,7 @@ async fn backhaul_connections_record_and_reuse_their_window_history() {
         vec![path],
         cfg,
         opts.clone(),
-        PathConfig::default(),
+        core(1, Box::new(Single { path: PathId(0) })),
         Some(history),
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -202,7 +220,13 @@ async fn bbr_per_path(history: bool) -> [bool; 2] {
         store: virtual_store(),
         safeguard: Some(2.0),
     });
-    let pm = PathManager::start_with_history(paths, cfg, opts, PathConfig::default(), history);
+    let pm = PathManager::start_with_history(
+        paths,
+        cfg,
+        opts,
+        core(2, qgate_core::scheduler::by_name("completion").unwrap()),
+        history,
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     // BBR reports a pacing rate, CUBIC a slow-start threshold (through any wrapper).
     [0, 1].map(|k| {

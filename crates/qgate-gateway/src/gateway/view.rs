@@ -107,8 +107,9 @@ impl Gateway {
     /// lock (which forwarding takes too) is held only to copy the rows.
     pub fn session_views(&self, limit: usize) -> (Vec<SessionView>, usize) {
         let now = Instant::now().into_std();
-        let rows: Vec<qgate_core::session::Session> =
-            lock(&self.sessions).iter().cloned().collect();
+        let rows: Vec<qgate_core::session::Session> = self
+            .paths
+            .with_core(|f| f.sessions().iter().cloned().collect());
         let total = rows.len();
         let mut rows: Vec<SessionView> = rows
             .into_iter()
@@ -133,9 +134,11 @@ impl Gateway {
     /// Up to `limit` device connections, by id, and how many there are in all.
     pub fn connection_views(&self, limit: usize) -> (Vec<ConnectionView>, usize) {
         let mut per_conn = std::collections::HashMap::<ConnId, usize>::new();
-        for s in lock(&self.sessions).iter() {
-            *per_conn.entry(s.conn).or_default() += 1;
-        }
+        self.paths.with_core(|f| {
+            for s in f.sessions().iter() {
+                *per_conn.entry(s.conn).or_default() += 1;
+            }
+        });
         let conns = lock(&self.conns);
         let mut rows: Vec<ConnectionView> = conns
             .iter()
@@ -165,21 +168,23 @@ impl Gateway {
 
     /// Requests being forwarded now (a graceful stop waits for them).
     pub fn requests_in_flight(&self) -> usize {
-        lock(&self.sessions).iter().map(|s| s.inflight).sum()
+        self.paths.with_core(|f| f.requests_in_flight())
     }
 
     /// The scheduler's name.
     pub fn scheduler_name(&self) -> &'static str {
-        lock(&self.scheduler).name()
+        self.paths.with_core(|f| f.scheduler_name())
     }
 
     /// Choose paths with scheduler `name` from now on (sessions keep their paths until they
     /// are assigned again); returns the previous one's name.
     pub fn set_scheduler(&self, name: &str) -> Result<&'static str, String> {
         let next = scheduler::by_name(name)?;
-        let mut s = lock(&self.scheduler);
-        let before = s.name();
-        *s = next;
+        let before = self.paths.with_core(|f| {
+            let before = f.scheduler_name();
+            f.set_scheduler(next);
+            before
+        });
         tracing::info!(from = before, to = name, "scheduler switched");
         Ok(before)
     }
