@@ -130,7 +130,7 @@ impl PathManager {
         lock(self.shared.conns.get(path.0)?).clone()
     }
 
-    /// Apply `f` to the forwarder under its lock; if that brought its next timeout forward,
+    /// Apply `f` to the forwarder under its lock (decision G17); if that brought its next timeout forward,
     /// the driver re-plans (most requests leave it where it was, and cost no wake-up).
     pub fn with_core<R>(&self, f: impl FnOnce(&mut Forwarder) -> R) -> R {
         let mut core = lock(&self.shared.core);
