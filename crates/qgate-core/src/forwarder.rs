@@ -1,6 +1,6 @@
 //! The gateway's forwarding core (paper 000 §3.3–3.4), sans-IO: the session table, the path
 //! table, the scheduler, the requests in flight with their retry budgets and ids, behind one
-//! interface the shell calls under one lock.
+//! interface the shell calls under one lock (decision G17).
 //!
 //! A forwarded request goes through [`Forwarder::begin`] (its session admits it, a path is
 //! picked, the path's queue counts it) and then one [`Forwarder::finish`] per attempt, each of
