@@ -142,6 +142,9 @@ pub struct Forwarder {
     paths: PathTable,
     scheduler: Box<dyn Scheduler>,
     requests: HashMap<RequestId, InFlight>,
+    /// Sessions registered on first use ([`Forwarder::session_for`]), per connection and class
+    /// (best effort, priority); an entry may outlive its session, never its connection.
+    first_use: HashMap<ConnId, [Option<HashId>; 2]>,
     instance: u64,
     next_seq: u64,
     cfg: ForwarderConfig,
@@ -173,6 +176,7 @@ impl Forwarder {
             paths: PathTable::new(n, cfg.paths, now),
             scheduler,
             requests: HashMap::new(),
+            first_use: HashMap::new(),
             instance: u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
             next_seq: 1,
             cfg,
@@ -221,6 +225,27 @@ impl Forwarder {
         self.sessions.register(conn, device, device, priority, now)
     }
 
+    /// The session of class `priority` that `conn` registered on first use, registered now if
+    /// it has none (decision G18): a returning device's first records carry their class instead
+    /// of a Hash ID, so they can ride in 0-RTT with no registration round trip before them.
+    pub fn session_for(
+        &mut self,
+        conn: ConnId,
+        device: SocketAddr,
+        priority: Priority,
+        now: Instant,
+    ) -> Result<HashId, SessionError> {
+        let k = usize::from(priority == Priority::Priority);
+        if let Some(h) = self.first_use.get(&conn).and_then(|s| s[k]) {
+            if self.sessions.lookup(&h, conn, now).is_ok() {
+                return Ok(h);
+            }
+        }
+        let h = self.register(conn, device, priority, now)?;
+        self.first_use.entry(conn).or_default()[k] = Some(h);
+        Ok(h)
+    }
+
     /// A request of `bytes` carrying `hash` arrived on `conn`: its session admits it (one
     /// lookup: bound to `conn`, room in flight) and its first step is planned. Returns its id
     /// and class with the step.
@@ -264,6 +289,7 @@ impl Forwarder {
     /// request was abandoned meanwhile (nothing to do).
     pub fn finish(&mut self, attempt: Attempt, outcome: Outcome, now: Instant) -> Option<Step> {
         let r = self.requests.get_mut(&attempt.request)?;
+        debug_assert_eq!(r.current, Some(attempt.ticket), "one attempt at a time");
         r.current = None;
         let path = attempt.path;
         match outcome {
@@ -340,6 +366,7 @@ impl Forwarder {
     /// Connection `conn` closed: its sessions end (their requests are refused at their next
     /// step). Returns how many ended.
     pub fn end_connection(&mut self, conn: ConnId) -> usize {
+        self.first_use.remove(&conn);
         let gone = self.sessions.remove_connection(conn);
         self.release(&gone);
         gone.len()

@@ -352,7 +352,8 @@ impl PathTable {
             .flat_map(|p| {
                 let t = p.timeout(&self.cfg);
                 [
-                    Some(p.next_probe),
+                    // Once the probe out times out, `poll` sets the next one for then.
+                    Some(p.next_probe).filter(|_| p.outstanding.is_none()),
                     p.outstanding.map(|(_, sent)| sent + t),
                     // While a probe is out, its own timeout comes first (`poll` checks the
                     // traffic only then): counting this too would ask for a poll that does

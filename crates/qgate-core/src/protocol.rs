@@ -12,6 +12,9 @@ pub const HASH_ID_HEADER: &str = "qgate-hash-id";
 /// The class asked for at registration: `0` best effort, `1` priority.
 pub const PRIORITY_HEADER: &str = "qgate-priority";
 /// The gateway's id for a forwarded request; the server stores each id once (decision G5).
+/// A device may send its own ([`parse_device_request_id`]): the gateway then forwards that one,
+/// so a request the device sends again (or an attacker replays in 0-RTT) is stored once
+/// (decision G18).
 pub const REQUEST_ID_HEADER: &str = "qgate-request-id";
 /// The backhaul path the gateway used: on its answer to the device, and on the forwarded
 /// request (the server passes it on with the body).
@@ -36,6 +39,9 @@ pub enum ProtocolError {
     /// A request id that is empty, too long or not visible ASCII.
     #[error("{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
     RequestId,
+    /// A device's request id that is not 32 hex digits.
+    #[error("a device's {REQUEST_ID_HEADER} must be 32 hex digits (128 bits, random per device)")]
+    DeviceRequestId,
     /// A device header that is not 1-64 visible ASCII characters.
     #[error("{DEVICE_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
     Device,
@@ -100,6 +106,26 @@ pub fn parse_request_id(v: &[u8]) -> Result<&str, ProtocolError> {
     std::str::from_utf8(v).map_err(|_| ProtocolError::RequestId)
 }
 
+/// A device's request id: 32 hex digits, lowercased. 128 bits keep ids that devices draw at
+/// random from colliding (a collision would make the server take a record for a copy).
+pub fn parse_device_request_id(v: &[u8]) -> Result<String, ProtocolError> {
+    if v.len() != 32 || !v.iter().all(u8::is_ascii_hexdigit) {
+        return Err(ProtocolError::DeviceRequestId);
+    }
+    Ok(String::from_utf8_lossy(v).to_ascii_lowercase())
+}
+
+/// A device's request id from its random base and a counter.
+pub fn emit_device_request_id(base: u64, n: u64) -> String {
+    format!("{base:016x}{n:016x}")
+}
+
+/// The id the gateway forwards a request under when its device named it: the device's, marked
+/// so that it can never equal one of the gateway's own (`<instance>-<n>`).
+pub fn forwarded_device_request_id(device: &str) -> String {
+    format!("d-{device}")
+}
+
 /// A device header's value: 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
 pub fn parse_device(v: &[u8]) -> Result<&str, ProtocolError> {
     parse_request_id(v).map_err(|_| ProtocolError::Device)
@@ -125,6 +151,32 @@ pub fn parse_path(v: &[u8]) -> Result<usize, ProtocolError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn device_request_ids() {
+        let id = emit_device_request_id(0xdead_beef, 7);
+        assert_eq!(id.len(), 32);
+        assert_eq!(parse_device_request_id(id.as_bytes()).unwrap(), id);
+        assert_eq!(
+            parse_device_request_id(id.to_uppercase().as_bytes()).unwrap(),
+            id
+        );
+        for bad in [
+            "",
+            "abc",
+            &id[1..],
+            &format!("{id}0"),
+            &id.replace('d', "g"),
+        ] {
+            assert_eq!(
+                parse_device_request_id(bad.as_bytes()),
+                Err(ProtocolError::DeviceRequestId),
+                "{bad}"
+            );
+        }
+        let fwd = forwarded_device_request_id(&id);
+        assert!(parse_request_id(fwd.as_bytes()).is_ok() && !fwd.contains(char::is_whitespace));
+    }
 
     #[test]
     fn priorities() {

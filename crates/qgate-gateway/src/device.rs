@@ -1,7 +1,11 @@
 //! A device: registers with a gateway for a Hash ID (paper 000 Fig. 2 steps 4–6), then sends
-//! records carrying it (step 10). Used by `qgate device`, the demo and the experiments.
+//! records carrying it (step 10); or, returning on a resumed connection, sends its first
+//! records in 0-RTT with its class instead, each under its own request id, and learns its Hash
+//! ID from the first answer (decision G18). Used by `qgate device`, the demo and the
+//! experiments.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,9 +13,11 @@ use qgate_transport::http3::{H3Client, H3Error};
 use tokio::time::Instant;
 
 use qgate_core::protocol::{
-    emit_priority, parse_path, Registered, HASH_ID_HEADER, PATH_HEADER, PRIORITY_HEADER,
+    emit_device_request_id, emit_priority, parse_path, Registered, HASH_ID_HEADER, PATH_HEADER,
+    PRIORITY_HEADER, REQUEST_ID_HEADER,
 };
 use qgate_core::scheduler::Priority;
+use qgate_core::session::HashId;
 
 /// Why a device operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +67,16 @@ impl DeviceError {
 /// gateway's whole retry budget (its attempts × its request timeout).
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A registered device on one HTTP/3 connection to a gateway.
+/// A device on one HTTP/3 connection to a gateway.
 pub struct Device {
     /// Shared by the sessions registered on one connection ([`Device::also`]).
     h3: Arc<H3Client>,
-    hash: String,
+    /// Its Hash ID: from registration, or from the first answer to a device registered on
+    /// first use.
+    hash: OnceLock<String>,
+    priority: Priority,
+    /// Request ids: a random base and a counter, when the device names its requests.
+    ids: Option<(u64, AtomicU64)>,
 }
 
 /// One record's outcome.
@@ -89,16 +100,29 @@ impl Device {
         Self::register_on(self.h3.clone(), priority).await
     }
 
+    /// A device that registers on first use (decision G18): no exchange now; its first record
+    /// carries its class, and the answer its Hash ID. Each record goes under a request id drawn
+    /// from `id_base` (random per device: 64 bits of it and a counter make the id), so it may
+    /// ride in 0-RTT and a copy of it is stored once.
+    pub fn first_use(h3: Arc<H3Client>, priority: bool, id_base: u64) -> Device {
+        Device {
+            h3,
+            hash: OnceLock::new(),
+            priority: class(priority),
+            ids: Some((id_base, AtomicU64::new(0))),
+        }
+    }
+
+    /// Name every request from now on with ids drawn from `id_base` (see
+    /// [`first_use`](Self::first_use)).
+    pub fn with_request_ids(mut self, id_base: u64) -> Device {
+        self.ids = Some((id_base, AtomicU64::new(0)));
+        self
+    }
+
     async fn register_on(h3: Arc<H3Client>, priority: bool) -> Result<Device, DeviceError> {
         let req = http::Request::post("https://gateway/register")
-            .header(
-                PRIORITY_HEADER,
-                emit_priority(if priority {
-                    Priority::Priority
-                } else {
-                    Priority::BestEffort
-                }),
-            )
+            .header(PRIORITY_HEADER, emit_priority(class(priority)))
             .body(())
             .expect("valid request");
         let r = h3.request(req, Bytes::new(), 4096).await?;
@@ -118,25 +142,61 @@ impl Device {
             })?
             .hash
             .to_string();
-        Ok(Device { h3, hash })
+        Ok(Device {
+            h3,
+            hash: OnceLock::from(hash),
+            priority: class(priority),
+            ids: None,
+        })
     }
 
-    /// The Hash ID the gateway issued.
-    pub fn hash_id(&self) -> &str {
-        &self.hash
+    /// The Hash ID the gateway issued, once known.
+    pub fn hash_id(&self) -> Option<&str> {
+        self.hash.get().map(String::as_str)
     }
 
-    /// Send one record to `path` (e.g. `/ingest/sensors`) through the gateway.
+    /// The next request id, if the device names its requests. Send a record again under the
+    /// same id ([`send_as`](Self::send_as)) and the server stores it once.
+    pub fn next_request_id(&self) -> Option<String> {
+        self.ids
+            .as_ref()
+            .map(|(base, n)| emit_device_request_id(*base, n.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    /// Send one record to `path` (e.g. `/ingest/sensors`) through the gateway, under a new
+    /// request id if the device names its requests.
     pub async fn send(&self, path: &str, record: Bytes) -> Result<Sent, DeviceError> {
-        let req = http::Request::post(format!("https://gateway{path}"))
-            .header(HASH_ID_HEADER, self.hash.as_str())
-            .body(())
-            .expect("valid request");
+        let id = self.next_request_id();
+        self.send_as(path, record, id.as_deref()).await
+    }
+
+    /// [`send`](Self::send) under request id `id` (from [`next_request_id`](Self::next_request_id)).
+    pub async fn send_as(
+        &self,
+        path: &str,
+        record: Bytes,
+        id: Option<&str>,
+    ) -> Result<Sent, DeviceError> {
+        let mut req = http::Request::post(format!("https://gateway{path}"));
+        req = match self.hash.get() {
+            Some(h) => req.header(HASH_ID_HEADER, h.as_str()),
+            None => req.header(PRIORITY_HEADER, emit_priority(self.priority)),
+        };
+        if let Some(id) = id {
+            req = req.header(REQUEST_ID_HEADER, id);
+        }
+        let req = req.body(()).expect("valid request");
         let t = Instant::now();
         let r = self
             .h3
             .request_within(req, record, 1 << 16, SEND_TIMEOUT)
             .await?;
+        // A session made on first use: the answer names it (checked: 32 hex digits).
+        if let Some(h) = r.headers.get(HASH_ID_HEADER) {
+            if let Ok(h) = h.to_str().unwrap_or("").parse::<HashId>() {
+                let _ = self.hash.set(h.to_string());
+            }
+        }
         if !r.status.is_success() {
             return Err(DeviceError::Refused {
                 status: r.status,
@@ -156,6 +216,22 @@ impl Device {
     /// The HTTP/3 client underneath.
     pub fn client(&self) -> &H3Client {
         &self.h3
+    }
+}
+
+/// A random base for a device's request ids, from the operating system.
+pub fn random_id_base() -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// The class for a `priority` flag.
+fn class(priority: bool) -> Priority {
+    if priority {
+        Priority::Priority
+    } else {
+        Priority::BestEffort
     }
 }
 

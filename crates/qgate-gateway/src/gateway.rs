@@ -19,7 +19,7 @@ use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
 use qgate_transport::shared_driver::EndpointStats;
 use qgate_transport::{
-    server_config, shared_driver, Identity, Socket, TransportError, TransportOptions,
+    server_config_resuming, shared_driver, Identity, Socket, TransportError, TransportOptions,
 };
 use tokio::time::Instant;
 
@@ -124,13 +124,16 @@ impl GatewayConfig {
         seed: Option<u64>,
     ) -> Result<shared_driver::Endpoint, TransportError> {
         let opts = self.device_transport(base);
-        let scfg = server_config(identity, &[http3::ALPN_H3], &opts)?;
         let limits = shared_driver::Limits {
             max_connections: self.max_devices + self.max_devices / 8 + 16,
             max_handshakes: self.max_handshakes,
             retry_above: self.retry_above,
             handshake_timeout: self.handshake_timeout,
         };
+        // A resumption ticket for every device it may serve, so returning devices use 0-RTT
+        // (decision G18).
+        let scfg =
+            server_config_resuming(identity, &[http3::ALPN_H3], &opts, limits.max_connections)?;
         shared_driver::Endpoint::server(socket, scfg, &opts, seed, limits)
     }
 
@@ -213,6 +216,10 @@ pub struct GatewayStats {
     pub timeouts: AtomicU64,
     /// Requests that failed on every path.
     pub failed: AtomicU64,
+    /// Requests that arrived in 0-RTT, before their connection's handshake finished.
+    pub early: AtomicU64,
+    /// Requests refused for arriving in 0-RTT without a device request id (425).
+    pub too_early: AtomicU64,
     /// Response delay (device request in → response out) of priority devices.
     pub delay_priority: DelayHistogram,
     /// Response delay of best-effort devices.
@@ -238,6 +245,10 @@ pub struct StatsSnapshot {
     pub timeouts: u64,
     /// Requests that failed on every path.
     pub failed: u64,
+    /// Requests that arrived in 0-RTT.
+    pub early: u64,
+    /// Requests refused as too early (425).
+    pub too_early: u64,
 }
 
 impl GatewayStats {
@@ -253,6 +264,8 @@ impl GatewayStats {
             sessions_expired: r(&self.sessions_expired),
             timeouts: r(&self.timeouts),
             failed: r(&self.failed),
+            early: r(&self.early),
+            too_early: r(&self.too_early),
         }
     }
 }
@@ -295,6 +308,8 @@ pub struct Gateway {
     next_conn: AtomicU64,
     /// Device connections being served, for the admin port's list and close.
     conns: Mutex<std::collections::HashMap<ConnId, shared_driver::Connection>>,
+    /// One attempt's limit: the core's, which also sets the retry budget from it.
+    attempt_timeout: Duration,
     cfg: GatewayConfig,
     /// Counters.
     pub stats: GatewayStats,
@@ -323,8 +338,10 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Bytes> {
 impl Gateway {
     /// A gateway over `paths` (and the forwarding core they hold).
     pub fn new(paths: PathManager, cfg: GatewayConfig) -> Gateway {
-        let n = paths.table().paths().len();
+        let (n, attempt_timeout) =
+            paths.with_core(|f| (f.paths().paths().len(), f.config().attempt_timeout));
         Gateway {
+            attempt_timeout,
             clients: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
             logs: Mutex::default(),
             endpoint: std::sync::OnceLock::new(),
@@ -420,10 +437,10 @@ impl Gateway {
                 Ok(p) => p,
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             };
-        let now = Instant::now().into_std();
         // Checked under the core's lock: once the connection has closed, its sessions are
         // removed (`end_sessions`, after this lock) and none may be added.
         let registered = self.paths.with_core(|f| {
+            let now = Instant::now().into_std();
             (!conn.conn.is_closed()).then(|| f.register(conn.id, device, priority, now))
         });
         let Some(registered) = registered else {
@@ -437,17 +454,55 @@ impl Gateway {
                 self.stats.registered.fetch_add(1, Ordering::Relaxed);
                 text(StatusCode::CREATED, Registered { hash: h }.to_string())
             }
-            Err(e) => {
-                self.stats
-                    .registrations_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                noisy_warn!(self, Noise::Registration, %device, error = %e, "registration refused");
-                let status = match e {
-                    SessionError::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::TOO_MANY_REQUESTS,
-                };
-                text(status, format!("{e}\n"))
-            }
+            Err(e) => self.registration_refused(device, e),
+        }
+    }
+
+    /// Count a refused registration and answer it.
+    fn registration_refused(&self, device: SocketAddr, e: SessionError) -> Response<Bytes> {
+        self.stats
+            .registrations_refused
+            .fetch_add(1, Ordering::Relaxed);
+        noisy_warn!(self, Noise::Registration, %device, error = %e, "registration refused");
+        let status = match e {
+            SessionError::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        };
+        text(status, format!("{e}\n"))
+    }
+
+    /// The session a request names: its Hash ID, or (no Hash ID, a class instead) the session
+    /// of that class its connection registered on first use (decision G18). `Err` is the answer.
+    fn session_of(
+        &self,
+        req: &Request<()>,
+        dc: &DeviceConnection,
+        device: SocketAddr,
+    ) -> Result<(HashId, bool), Box<Response<Bytes>>> {
+        let conn = dc.id;
+        if let Some(v) = req.headers().get(HASH_ID_HEADER) {
+            return match v.to_str().unwrap_or("").parse::<HashId>() {
+                Ok(h) => Ok((h, false)),
+                Err(e) => Err(Box::new(self.refuse(conn, device, e))),
+            };
+        }
+        let Some(p) = req.headers().get(PRIORITY_HEADER) else {
+            return Err(Box::new(self.refuse(conn, device, SessionError::Unknown)));
+        };
+        let priority = wire::parse_priority(Some(p.as_bytes()))
+            .map_err(|e| Box::new(text(StatusCode::BAD_REQUEST, format!("{e}\n"))))?;
+        // As at registration: a closed connection's sessions are gone and none may be added.
+        let made = self.paths.with_core(|f| {
+            let now = Instant::now().into_std();
+            (!dc.conn.is_closed()).then(|| f.session_for(conn, device, priority, now))
+        });
+        match made {
+            None => Err(Box::new(text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the connection is closing\n",
+            ))),
+            Some(Ok(h)) => Ok((h, true)),
+            Some(Err(e)) => Err(Box::new(self.registration_refused(device, e))),
         }
     }
 
@@ -478,33 +533,56 @@ impl Gateway {
         let mut body = format!("{e}\n");
         if e == SessionError::Unknown {
             body.push_str(&format!(
-                "register first: POST /register, then send {HASH_ID_HEADER}\n"
+                "register first: POST /register, then send {HASH_ID_HEADER}; or send {PRIORITY_HEADER} to register on first use\n"
             ));
         }
         text(status, body)
     }
 
     /// Forward one device request: the core admits it (its session bound to `conn`, with
-    /// room in flight) and plans its attempts; each goes out on its path here.
+    /// room in flight) and plans its attempts; each goes out on its path here. A request that
+    /// arrived in 0-RTT goes on only under the device's own request id, so a replay of it is
+    /// stored once (decision G18).
     async fn forward(
         &self,
         req: Request<()>,
         body: Bytes,
-        conn: ConnId,
+        dc: &DeviceConnection,
         device: SocketAddr,
     ) -> Response<Bytes> {
         let start = Instant::now();
-        let hash = match req.headers().get(HASH_ID_HEADER) {
-            None => return self.refuse(conn, device, SessionError::Unknown),
-            Some(v) => match v.to_str().unwrap_or("").parse::<HashId>() {
-                Ok(h) => h,
-                Err(e) => return self.refuse(conn, device, e),
+        let conn = dc.id;
+        let device_rid = match req.headers().get(REQUEST_ID_HEADER) {
+            None => None,
+            Some(v) => match wire::parse_device_request_id(v.as_bytes()) {
+                Ok(id) => Some(id),
+                Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             },
         };
+        if !dc.conn.is_established() {
+            self.stats.early.fetch_add(1, Ordering::Relaxed);
+            if device_rid.is_none() {
+                self.stats.too_early.fetch_add(1, Ordering::Relaxed);
+                // RFC 8470 §5.2: the device sends it again once the handshake is done.
+                return text(
+                    StatusCode::from_u16(425).expect("valid status"),
+                    format!(
+                        "a request in 0-RTT needs {REQUEST_ID_HEADER} (32 hex digits); send it again after the handshake\n"
+                    ),
+                );
+            }
+        }
+        let (hash, first_use) = match self.session_of(&req, dc, device) {
+            Ok(s) => s,
+            Err(resp) => return *resp,
+        };
+        if first_use {
+            self.stats.registered.fetch_add(1, Ordering::Relaxed);
+        }
         let bytes = body.len() as u64;
         let begun = self
             .paths
-            .with_core(|f| f.begin(&hash, conn, bytes, start.into_std()));
+            .with_core(|f| f.begin(&hash, conn, bytes, Instant::now().into_std()));
         let (id, class, step) = match begun {
             Ok(b) => b,
             Err(e) => return self.refuse(conn, device, e),
@@ -513,11 +591,20 @@ impl Gateway {
         let mut admitted = Admitted {
             gw: self,
             id,
+            // The id it goes under: the device's if it named one, else the gateway's.
+            rid: device_rid
+                .map_or_else(|| id.to_string(), |d| wire::forwarded_device_request_id(&d)),
             over: false,
         };
-        let resp = self
+        let mut resp = self
             .carry(&mut admitted, step, req, body, conn, device)
             .await;
+        // The Hash ID of a session made on first use, for the device's next requests.
+        if first_use {
+            if let Ok(v) = http::HeaderValue::from_str(&hash.to_string()) {
+                resp.headers_mut().insert(HASH_ID_HEADER, v);
+            }
+        }
         if resp.status().is_success() {
             match class {
                 Priority::Priority => self.stats.delay_priority.record(start.elapsed()),
@@ -537,7 +624,8 @@ impl Gateway {
         conn: ConnId,
         device: SocketAddr,
     ) -> Response<Bytes> {
-        let rid = admitted.id.to_string();
+        let rid = std::mem::take(&mut admitted.rid);
+        let rid = rid.as_str();
         let device_name = device.to_string();
         let uri = format!(
             "https://{}{}",
@@ -551,7 +639,7 @@ impl Gateway {
                     let out = Request::builder()
                         .method(req.method().clone())
                         .uri(uri.as_str())
-                        .header(REQUEST_ID_HEADER, rid.as_str())
+                        .header(REQUEST_ID_HEADER, rid)
                         // Who sent it and which path carried it, for the server's sink (S7).
                         .header(DEVICE_HEADER, device_name.as_str())
                         .header(PATH_HEADER, path.0)
@@ -567,11 +655,12 @@ impl Gateway {
                 }
                 Step::Wait(w) => {
                     tokio::time::sleep_until(Instant::from_std(w.until)).await;
-                    let now = Instant::now().into_std();
-                    self.paths.with_core(|f| f.resume(w, now))
+                    self.paths
+                        .with_core(|f| f.resume(w, Instant::now().into_std()))
                 }
-                // (An answer comes back from `attempt`, never as a step here.)
+                // An answer comes back from `attempt`, never as a step here.
                 Step::Answered(_) | Step::Failed => {
+                    debug_assert!(matches!(step, Step::Failed), "{step:?}");
                     admitted.over = true;
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
                     noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
@@ -597,29 +686,31 @@ impl Gateway {
         body: &Bytes,
     ) -> Result<Response<Bytes>, Step> {
         let path = a.path;
-        let finish = |a: Attempt, outcome: Outcome| {
-            let now = Instant::now().into_std();
-            // `None`: abandoned meanwhile, which this task alone does, on drop.
+        // The outcome (with QUIC's sample of the path) and the clock are read under the core's
+        // lock, so concurrent answers reach it in the order they were taken and time never
+        // goes back for it.
+        let finish = |a: Attempt, outcome: &dyn Fn() -> Outcome| {
             self.paths
-                .with_core(|f| f.finish(a, outcome, now))
+                .with_core(|f| f.finish(a, outcome(), Instant::now().into_std()))
+                // `None`: abandoned meanwhile, which this task alone does, on drop.
                 .unwrap_or(Step::Failed)
         };
         let Some(client) = self.client(path).await else {
-            return Err(finish(a, Outcome::ConnectionLost));
+            return Err(finish(a, &|| Outcome::ConnectionLost));
         };
         // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future (and
         // the per-request task) grows by it and is copied around with it.
         let outcome =
-            Box::pin(client.request_within(out, body.clone(), 1 << 20, self.cfg.request_timeout))
-                .await;
+            Box::pin(client.request_within(out, body.clone(), 1 << 20, self.attempt_timeout)).await;
         match outcome {
             Ok(r) => {
                 // Every answer refreshes the path's RTT, window and loss from QUIC (§3.2), so a
-                // path that slows down is seen between the 30 s probes; read and applied under
-                // the core's lock, so samples of concurrent answers go in the order taken.
-                let sample = Some(connection_sample(client.connection()));
+                // path that slows down is seen between the 30 s probes.
                 let success = r.status.is_success();
-                finish(a, Outcome::Answered { success, sample });
+                finish(a, &|| Outcome::Answered {
+                    success,
+                    sample: Some(connection_sample(client.connection())),
+                });
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
                 self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
@@ -650,7 +741,7 @@ impl Gateway {
                     Outcome::Unanswered
                 };
                 // Retried on another path with the same request id (the server stores it once).
-                Err(finish(a, outcome))
+                Err(finish(a, &|| outcome))
             }
         }
     }
@@ -674,14 +765,18 @@ pub(crate) fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
 struct Admitted<'a> {
     gw: &'a Gateway,
     id: RequestId,
+    /// Its id on the wire.
+    rid: String,
     over: bool,
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         if !self.over {
-            let (id, now) = (self.id, Instant::now().into_std());
-            self.gw.paths.with_core(|f| f.abandon(id, now));
+            let id = self.id;
+            self.gw
+                .paths
+                .with_core(|f| f.abandon(id, Instant::now().into_std()));
         }
     }
 }
@@ -953,6 +1048,16 @@ impl metrics::Collector for GatewayMetrics {
                 "requests that failed on every path",
                 &st.failed,
             ),
+            (
+                "qgate_gateway_early_requests",
+                "requests that arrived in 0-RTT, before their connection's handshake finished",
+                &st.early,
+            ),
+            (
+                "qgate_gateway_too_early",
+                "0-RTT requests refused (425) for carrying no device request id",
+                &st.too_early,
+            ),
         ] {
             metrics::counter(&mut e, name, help, r(v))?;
         }
@@ -972,7 +1077,7 @@ impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         match (req.method().as_str(), req.uri().path()) {
             ("POST", "/register") => self.gw.register(&req, self),
-            _ => self.gw.forward(req, body, self.id, peer).await,
+            _ => self.gw.forward(req, body, self, peer).await,
         }
     }
 }

@@ -71,6 +71,29 @@ pub fn server_config_with_client_auth(
     opts: &TransportOptions,
     client_ca: Option<&TrustRoots>,
 ) -> Result<ServerConfig, TransportError> {
+    server_config_inner(identity, alpn, opts, client_ca, None)
+}
+
+/// [`server_config`] that remembers the resumption tickets of up to `clients` clients (one
+/// ticket per connection), so that many returning clients may resume with 0-RTT; rustls's
+/// default store holds 256. Each ticket is taken when used: a replayed first flight finds none
+/// and gets a full handshake with its early data discarded (RFC 8446 §8.1; decision G18).
+pub fn server_config_resuming(
+    identity: &Identity,
+    alpn: &[&[u8]],
+    opts: &TransportOptions,
+    clients: usize,
+) -> Result<ServerConfig, TransportError> {
+    server_config_inner(identity, alpn, opts, None, Some(clients))
+}
+
+fn server_config_inner(
+    identity: &Identity,
+    alpn: &[&[u8]],
+    opts: &TransportOptions,
+    client_ca: Option<&TrustRoots>,
+    tickets: Option<usize>,
+) -> Result<ServerConfig, TransportError> {
     let b = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
     let b = match client_ca {
@@ -89,6 +112,10 @@ pub fn server_config_with_client_auth(
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     // QUIC requires max_early_data_size to be 0 or u32::MAX (RFC 9001 §4.6.1); MAX enables 0-RTT.
     tls.max_early_data_size = u32::MAX;
+    if let Some(n) = tickets {
+        tls.session_storage = rustls::server::ServerSessionMemoryCache::new(n.max(1));
+        tls.send_tls13_tickets = 1;
+    }
     tls.key_log = crate::tls::key_log();
     let crypto = QuicServerConfig::try_from(tls)
         .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
@@ -293,7 +320,8 @@ fn on_socket(
 /// A connection attempt's outcome as to early data.
 pub enum Connected {
     /// The client had a session ticket and may send 0-RTT data at once; `accepted` resolves
-    /// to whether the server accepted that data (if not, quinn resends it as 1-RTT).
+    /// to whether the server accepted that data (if not, the streams opened in it are gone:
+    /// quinn-proto discards them, and the application must send again).
     ZeroRtt {
         /// The connection, usable immediately.
         conn: quinn::Connection,

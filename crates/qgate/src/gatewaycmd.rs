@@ -455,9 +455,12 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
                 "no response from {addr} within 10s: is a qgate gateway listening there?"
             )
         })??;
-        let dev =
-            Device::register(H3Client::new(conn.connection().clone()).await?, a.priority).await?;
-        eprintln!("registered, Hash ID {}", dev.hash_id());
+        // Each record goes under its own request id, the same on every retry of it, so the
+        // server stores a record once however often it is sent (decision G18).
+        let dev = Device::register(H3Client::new(conn.connection().clone()).await?, a.priority)
+            .await?
+            .with_request_ids(qgate_gateway::device::random_id_base()?);
+        eprintln!("registered, Hash ID {}", dev.hash_id().unwrap_or("?"));
         let mut delays = Vec::with_capacity(records.len());
         let mut by_path = std::collections::BTreeMap::new();
         let start = tokio::time::Instant::now();
@@ -469,8 +472,9 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
             let (dev, path, retries, record) = (&dev, &path, &retries, records[i].clone());
             async move {
                 let first_try = tokio::time::Instant::now();
+                let id = dev.next_request_id();
                 loop {
-                    match dev.send(path, record.clone()).await {
+                    match dev.send_as(path, record.clone(), id.as_deref()).await {
                         Ok(s) => return Ok((i, first_try, s)),
                         Err(e) => match e.retry_in() {
                             Some(wait) if first_try.elapsed() + wait <= retry_for => {

@@ -64,7 +64,16 @@ enum End {
     Abandoned,
 }
 
+/// A request begun and not over: its session, attempts sent, and when its budget ends.
+#[derive(Debug)]
+struct Live {
+    session: usize,
+    sends: usize,
+    deadline: Instant,
+}
+
 struct World {
+    seed: u64,
     f: Forwarder,
     rng: ChaCha8Rng,
     t0: Instant,
@@ -74,8 +83,8 @@ struct World {
     events: Vec<Option<Event>>,
     queue: BinaryHeap<Reverse<(Instant, usize)>>,
     sessions: Vec<(HashId, ConnId)>,
-    /// Requests begun and not over, with the session they came from.
-    live: HashMap<RequestId, usize>,
+    /// Requests begun and not over.
+    live: HashMap<RequestId, Live>,
     ends: HashMap<RequestId, End>,
     /// Requests whose device did nothing to them (no abandon, its connection kept).
     undisturbed: Vec<RequestId>,
@@ -148,6 +157,7 @@ impl World {
         rng.fill(&mut seed_bytes);
         let f = Forwarder::new(n, cfg, by_name(name).unwrap(), seed_bytes, t0);
         let mut w = World {
+            seed,
             f,
             rng,
             t0,
@@ -202,7 +212,7 @@ impl World {
             }
         }
         if let Err(e) = self.f.audit() {
-            panic!("at {:?}: {e}", self.now - self.t0);
+            panic!("seed {}, at {:?}: {e}", self.seed, self.now - self.t0);
         }
         true
     }
@@ -243,8 +253,15 @@ impl World {
                 let Ok((id, _, step)) = self.f.begin(&hash, conn, bytes, now) else {
                     return;
                 };
+                let cfg = self.f.config();
+                let deadline = now + cfg.attempt_timeout * cfg.attempts as u32;
+                let live = Live {
+                    session: k,
+                    sends: 0,
+                    deadline,
+                };
                 assert!(
-                    !self.ends.contains_key(&id) && self.live.insert(id, k).is_none(),
+                    !self.ends.contains_key(&id) && self.live.insert(id, live).is_none(),
                     "request id {id} given twice"
                 );
                 if self.rng.random_bool(0.05) {
@@ -287,13 +304,23 @@ impl World {
                 let hit: Vec<RequestId> = self
                     .live
                     .iter()
-                    .filter(|(_, &k)| self.sessions[k].1 == conn)
+                    .filter(|(_, l)| self.sessions[l.session].1 == conn)
                     .map(|(id, _)| *id)
                     .collect();
                 self.undisturbed.retain(|id| !hit.contains(id));
             }
             Event::Expire => {
                 self.f.expire(now);
+                // The shell's other callers: a new scheduler, a backhaul connection seen gone.
+                if self.rng.random_bool(0.1) {
+                    let name = SCHEDULERS[self.rng.random_range(0..SCHEDULERS.len())];
+                    self.f.set_scheduler(by_name(name).unwrap());
+                }
+                for i in 0..self.paths.len() {
+                    if self.paths[i].dead(self.t0, now) && self.rng.random_bool(0.3) {
+                        self.f.on_connection_lost(PathId(i), now);
+                    }
+                }
             }
             Event::ProbeAck(path, seq) => {
                 self.f.on_probe_ack(path, seq, now);
@@ -304,9 +331,18 @@ impl World {
     /// Carry out `step` for request `id`.
     fn follow(&mut self, id: RequestId, step: Step) {
         let now = self.now;
+        let attempts = self.f.config().attempts;
+        let live = self.live.get_mut(&id).expect("a step for a live request");
         let end = match step {
             Step::Send(a) => {
                 assert_eq!(a.request, id, "an attempt under another request's id");
+                live.sends += 1;
+                assert!(
+                    live.sends <= attempts,
+                    "{id}: attempt {} of {attempts}",
+                    live.sends
+                );
+                assert!(now < live.deadline, "{id}: an attempt after its budget");
                 self.send(a);
                 return;
             }
@@ -317,8 +353,22 @@ impl World {
                 return;
             }
             Step::Answered(p) => End::Answered(p),
-            Step::Failed => End::Failed,
-            Step::Refused(_) => End::Refused,
+            Step::Failed => {
+                assert!(
+                    live.sends == attempts || now >= live.deadline,
+                    "{id}: failed after {} of {attempts} attempts, budget left",
+                    live.sends
+                );
+                End::Failed
+            }
+            Step::Refused(_) => {
+                let conn = self.sessions[live.session].1;
+                assert!(
+                    self.closed.contains(&conn),
+                    "{id}: refused, connection open"
+                );
+                End::Refused
+            }
         };
         assert!(
             self.live.remove(&id).is_some(),
@@ -356,8 +406,10 @@ impl World {
             self.at(now + timeout, Event::Finish(a, Outcome::Unanswered));
             return;
         }
+        // QUIC's estimate wanders around the path's RTT.
+        let jitter = p.delay.mul_f64(self.rng.random_range(0.0..1.0));
         let sample = ConnectionSample {
-            rtt: p.delay * 2,
+            rtt: p.delay * 2 + jitter,
             cwnd: 14_720 + p.sent * 100,
             sent_packets: p.sent,
             lost_packets: p.lost,
@@ -578,4 +630,34 @@ fn a_session_admits_no_more_than_its_limit_in_flight() {
     }
     f.audit().unwrap();
     assert!(f.begin(&h, 1, 10, t0 + ms(70)).is_ok());
+}
+
+#[test]
+fn first_use_registers_once_per_connection_and_class() {
+    let (mut f, t0, _) = pair("completion", 1);
+    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 10);
+    let a = f.session_for(5, addr, Priority::BestEffort, t0).unwrap();
+    assert_eq!(f.session_for(5, addr, Priority::BestEffort, t0).unwrap(), a);
+    let b = f.session_for(5, addr, Priority::Priority, t0).unwrap();
+    assert_ne!(a, b);
+    // Another connection gets its own.
+    let c = f.session_for(6, addr, Priority::BestEffort, t0).unwrap();
+    assert_ne!(a, c);
+    assert_eq!(f.sessions().len(), 4);
+    // An expired session is registered anew; a closed connection forgets its own.
+    let idle = SessionLimits::DEFAULT.idle + ms(1);
+    assert_eq!(f.expire(t0 + idle), 4);
+    let a2 = f
+        .session_for(5, addr, Priority::BestEffort, t0 + idle)
+        .unwrap();
+    assert_ne!(a, a2);
+    assert_eq!(f.end_connection(5), 1);
+    assert!(!f.first_use.contains_key(&5));
+    // The per-connection bound holds for sessions made on first use too.
+    for _ in 0..2 {
+        f.session_for(7, addr, Priority::Priority, t0 + idle)
+            .unwrap();
+    }
+    assert_eq!(f.sessions().iter().filter(|s| s.conn == 7).count(), 1);
+    f.audit().unwrap();
 }

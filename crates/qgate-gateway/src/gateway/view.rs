@@ -103,8 +103,8 @@ impl Gateway {
             .collect()
     }
 
-    /// Up to `limit` sessions, longest idle last, and how many there are in all. The table's
-    /// lock (which forwarding takes too) is held only to copy the rows.
+    /// Up to `limit` sessions, longest idle last, and how many there are in all. The core's
+    /// lock (which forwarding and the path driver take too) is held only to copy the rows.
     pub fn session_views(&self, limit: usize) -> (Vec<SessionView>, usize) {
         let now = Instant::now().into_std();
         let rows: Vec<qgate_core::session::Session> = self

@@ -42,6 +42,10 @@ pub struct World {
     _running: RunningGateway,
     pub server: Arc<ServerStats>,
     pub devices: Vec<Arc<H3Client>>,
+    /// The devices' client configuration (its ticket cache lets them come back in 0-RTT) and
+    /// each device's endpoint.
+    pub device_cfg: quinn::ClientConfig,
+    pub device_eps: Vec<quinn::Endpoint>,
 }
 
 /// The server at the far end of the backhaul.
@@ -150,6 +154,7 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
 
     let dcfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let mut devices = Vec::new();
+    let mut device_eps = Vec::new();
     for i in 0..n {
         let name = format!("dev{i}");
         let h = sim.add_host(&name, false).unwrap();
@@ -178,7 +183,7 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
         devices.push(Arc::new(
             H3Client::new(conn.connection().clone()).await.unwrap(),
         ));
-        std::mem::forget(ep); // keep the device endpoint alive for the test
+        device_eps.push(ep);
     }
     World {
         net,
@@ -187,6 +192,8 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
         _running: running,
         server,
         devices,
+        device_cfg: dcfg,
+        device_eps,
     }
 }
 

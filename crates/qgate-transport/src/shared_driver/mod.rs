@@ -148,6 +148,9 @@ struct Conn {
     handshake_deadline: Option<Instant>,
     /// Its handshake finished (it counts as established, not handshaking).
     established: bool,
+    /// Handed to [`Endpoint::accept`]: after its handshake, or before it once the peer's 0-RTT
+    /// data was accepted (decision G18).
+    surfaced: bool,
     /// Why it ended, once it has.
     error: Option<proto::ConnectionError>,
     /// Live handles (connection, opener, streams; a queued accept counts as one).
@@ -318,7 +321,9 @@ impl Endpoint {
         self.shared.local
     }
 
-    /// The next connection whose handshake has finished; `None` once the endpoint is closed.
+    /// The next connection whose handshake has finished, or whose peer's 0-RTT data was
+    /// accepted ([`Connection::is_established`] tells which; decision G18); `None` once the
+    /// endpoint is closed.
     pub fn accept(&self) -> impl Future<Output = Option<Connection>> + '_ {
         std::future::poll_fn(move |cx| {
             let mut ep = lock(&self.shared.ep);
@@ -457,6 +462,16 @@ fn release(shared: &Shared, cell: &ConnCell, c: &mut Conn) {
     }
 }
 
+/// Hand `cell` to [`Endpoint::accept`] (the queue holds a reference until it is taken).
+fn surface(ep: &mut EpState, cell: &ConnCell, c: &mut Conn) {
+    c.surfaced = true;
+    c.refs += 1;
+    ep.accept_queue.push_back(cell.id);
+    if let Some(w) = ep.acceptor.take() {
+        w.wake();
+    }
+}
+
 /// One turn of a connection (the driver's, under the connection's lock): due timer, transmits
 /// (built in `buf`), endpoint and application events, drain, next timer. If the socket would
 /// block, the rest waits for the next turn.
@@ -513,8 +528,9 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                     ep.established += 1;
                     ep.publish(&shared.stats);
                 }
+                // A connection handed out early is closed here too if it no longer fits.
                 if ep.closed
-                    || ep.accept_queue.len() >= MAX_PENDING_ACCEPT
+                    || (!c.surfaced && ep.accept_queue.len() >= MAX_PENDING_ACCEPT)
                     || ep.established > ep.limits.max_connections
                 {
                     drop(ep);
@@ -525,12 +541,8 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                     );
                     // Send the close on the next turn.
                     queue(shared, cell);
-                } else {
-                    c.refs += 1;
-                    ep.accept_queue.push_back(cell.id);
-                    if let Some(w) = ep.acceptor.take() {
-                        w.wake();
-                    }
+                } else if !c.surfaced {
+                    surface(&mut ep, cell, c);
                 }
             }
             proto::Event::ConnectionLost { reason } => {
@@ -548,6 +560,18 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
             proto::Event::HandshakeDataReady
             | proto::Event::DatagramReceived
             | proto::Event::DatagramsUnblocked => {}
+        }
+    }
+    // 0-RTT data accepted: the application may read it now, before the handshake finishes, if
+    // the connection would fit once established (decision G18).
+    let p = c.proto.as_ref().expect("alive");
+    if !c.surfaced && !c.established && p.has_0rtt() && !p.is_closed() {
+        let mut ep = lock(&shared.ep);
+        if !ep.closed
+            && ep.accept_queue.len() < MAX_PENDING_ACCEPT
+            && ep.established < ep.limits.max_connections
+        {
+            surface(&mut ep, cell, c);
         }
     }
     let p = c.proto.as_mut().expect("alive");
@@ -879,6 +903,7 @@ fn datagram(
                             remote: conn.remote_address(),
                             handshake_deadline: Some(t + l.handshake_timeout),
                             established: false,
+                            surfaced: false,
                             proto: Some(conn),
                             handle: h,
                             error: None,
@@ -945,6 +970,12 @@ impl Connection {
             }
             s.touch();
         })
+    }
+
+    /// Whether the handshake has finished. A connection that [`Endpoint::accept`] gave out
+    /// before then carries 0-RTT data, which an attacker may have replayed (RFC 9001 §9.2).
+    pub fn is_established(&self) -> bool {
+        lock(&self.cell.conn).established
     }
 
     /// Whether the connection is closing or gone, closed by either side (a local close sets no
