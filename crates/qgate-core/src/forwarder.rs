@@ -228,22 +228,23 @@ impl Forwarder {
     /// The session of class `priority` that `conn` registered on first use, registered now if
     /// it has none (decision G18): a returning device's first records carry their class instead
     /// of a Hash ID, so they can ride in 0-RTT with no registration round trip before them.
+    /// Returns the session and whether it is new.
     pub fn session_for(
         &mut self,
         conn: ConnId,
         device: SocketAddr,
         priority: Priority,
         now: Instant,
-    ) -> Result<HashId, SessionError> {
+    ) -> Result<(HashId, bool), SessionError> {
         let k = usize::from(priority == Priority::Priority);
         if let Some(h) = self.first_use.get(&conn).and_then(|s| s[k]) {
             if self.sessions.lookup(&h, conn, now).is_ok() {
-                return Ok(h);
+                return Ok((h, false));
             }
         }
         let h = self.register(conn, device, priority, now)?;
         self.first_use.entry(conn).or_default()[k] = Some(h);
-        Ok(h)
+        Ok((h, true))
     }
 
     /// A request of `bytes` carrying `hash` arrived on `conn`: its session admits it (one

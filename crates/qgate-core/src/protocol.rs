@@ -40,7 +40,7 @@ pub enum ProtocolError {
     #[error("{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
     RequestId,
     /// A device's request id that is not 32 hex digits.
-    #[error("a device's {REQUEST_ID_HEADER} must be 32 hex digits (128 bits, random per device)")]
+    #[error("a device's {REQUEST_ID_HEADER} must be 32 hex digits (128 random bits per record)")]
     DeviceRequestId,
     /// A device header that is not 1-64 visible ASCII characters.
     #[error("{DEVICE_HEADER} must be 1 to {MAX_REQUEST_ID} visible ASCII characters")]
@@ -106,8 +106,9 @@ pub fn parse_request_id(v: &[u8]) -> Result<&str, ProtocolError> {
     std::str::from_utf8(v).map_err(|_| ProtocolError::RequestId)
 }
 
-/// A device's request id: 32 hex digits, lowercased. 128 bits keep ids that devices draw at
-/// random from colliding (a collision would make the server take a record for a copy).
+/// A device's request id: 32 hex digits, lowercased. Devices draw each record's id at random
+/// (128 bits), so ids neither collide (the server would take a record for a copy) nor can be
+/// guessed from one seen.
 pub fn parse_device_request_id(v: &[u8]) -> Result<String, ProtocolError> {
     if v.len() != 32 || !v.iter().all(u8::is_ascii_hexdigit) {
         return Err(ProtocolError::DeviceRequestId);
@@ -115,9 +116,9 @@ pub fn parse_device_request_id(v: &[u8]) -> Result<String, ProtocolError> {
     Ok(String::from_utf8_lossy(v).to_ascii_lowercase())
 }
 
-/// A device's request id from its random base and a counter.
-pub fn emit_device_request_id(base: u64, n: u64) -> String {
-    format!("{base:016x}{n:016x}")
+/// A device's request id from 128 random bits.
+pub fn emit_device_request_id(bits: u128) -> String {
+    format!("{bits:032x}")
 }
 
 /// The id the gateway forwards a request under when its device named it: the device's, marked
@@ -154,7 +155,7 @@ mod tests {
 
     #[test]
     fn device_request_ids() {
-        let id = emit_device_request_id(0xdead_beef, 7);
+        let id = emit_device_request_id(0xdead_beef << 64 | 7);
         assert_eq!(id.len(), 32);
         assert_eq!(parse_device_request_id(id.as_bytes()).unwrap(), id);
         assert_eq!(

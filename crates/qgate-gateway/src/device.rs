@@ -4,9 +4,11 @@
 //! ID from the first answer (decision G18). Used by `qgate device`, the demo and the
 //! experiments.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 
 use bytes::Bytes;
 use qgate_transport::http3::{H3Client, H3Error};
@@ -56,6 +58,11 @@ impl DeviceError {
                         .max(Duration::from_millis(100)),
                 )
             }
+            // Too early (RFC 8470): sent in 0-RTT without what the gateway needs to take it
+            // then; again once the handshake is done.
+            DeviceError::Refused { status, .. } if status.as_u16() == 425 => {
+                Some(Duration::from_millis(100))
+            }
             DeviceError::Refused { .. } => None,
             DeviceError::H3(H3Error::TimedOut(_)) => Some(Duration::from_secs(1)),
             DeviceError::H3(_) => None,
@@ -72,11 +79,12 @@ pub struct Device {
     /// Shared by the sessions registered on one connection ([`Device::also`]).
     h3: Arc<H3Client>,
     /// Its Hash ID: from registration, or from the first answer to a device registered on
-    /// first use.
-    hash: OnceLock<String>,
+    /// first use; forgotten when the gateway no longer knows it (the device then registers on
+    /// first use again).
+    hash: Mutex<Option<String>>,
     priority: Priority,
-    /// Request ids: a random base and a counter, when the device names its requests.
-    ids: Option<(u64, AtomicU64)>,
+    /// Where request ids come from, when the device names its requests.
+    ids: Option<Mutex<ChaCha20Rng>>,
 }
 
 /// One record's outcome.
@@ -101,22 +109,22 @@ impl Device {
     }
 
     /// A device that registers on first use (decision G18): no exchange now; its first record
-    /// carries its class, and the answer its Hash ID. Each record goes under a request id drawn
-    /// from `id_base` (random per device: 64 bits of it and a counter make the id), so it may
-    /// ride in 0-RTT and a copy of it is stored once.
-    pub fn first_use(h3: Arc<H3Client>, priority: bool, id_base: u64) -> Device {
+    /// carries its class, and the answer its Hash ID. Each record goes under a request id of
+    /// 128 bits drawn from a generator seeded with `ids` ([`random_id_seed`] in deployment, the
+    /// scenario's seed in simulation), so it may ride in 0-RTT and a copy of it is stored once.
+    pub fn first_use(h3: Arc<H3Client>, priority: bool, ids: [u8; 32]) -> Device {
         Device {
             h3,
-            hash: OnceLock::new(),
+            hash: Mutex::new(None),
             priority: class(priority),
-            ids: Some((id_base, AtomicU64::new(0))),
+            ids: Some(Mutex::new(ChaCha20Rng::from_seed(ids))),
         }
     }
 
-    /// Name every request from now on with ids drawn from `id_base` (see
+    /// Name every request from now on with ids drawn from a generator seeded with `ids` (see
     /// [`first_use`](Self::first_use)).
-    pub fn with_request_ids(mut self, id_base: u64) -> Device {
-        self.ids = Some((id_base, AtomicU64::new(0)));
+    pub fn with_request_ids(mut self, ids: [u8; 32]) -> Device {
+        self.ids = Some(Mutex::new(ChaCha20Rng::from_seed(ids)));
         self
     }
 
@@ -144,27 +152,29 @@ impl Device {
             .to_string();
         Ok(Device {
             h3,
-            hash: OnceLock::from(hash),
+            hash: Mutex::new(Some(hash)),
             priority: class(priority),
             ids: None,
         })
     }
 
     /// The Hash ID the gateway issued, once known.
-    pub fn hash_id(&self) -> Option<&str> {
-        self.hash.get().map(String::as_str)
+    pub fn hash_id(&self) -> Option<String> {
+        lock(&self.hash).clone()
     }
 
-    /// The next request id, if the device names its requests. Send a record again under the
-    /// same id ([`send_as`](Self::send_as)) and the server stores it once.
+    /// A new request id, if the device names its requests. Send a record again under the same
+    /// id ([`send_as`](Self::send_as)) and the server stores it once.
     pub fn next_request_id(&self) -> Option<String> {
         self.ids
             .as_ref()
-            .map(|(base, n)| emit_device_request_id(*base, n.fetch_add(1, Ordering::Relaxed)))
+            .map(|g| emit_device_request_id(lock(g).random::<u128>()))
     }
 
     /// Send one record to `path` (e.g. `/ingest/sensors`) through the gateway, under a new
-    /// request id if the device names its requests.
+    /// request id if the device names its requests. To send a record again, use
+    /// [`send_as`](Self::send_as) with the id it went under the first time: a new id would
+    /// make a new record if the first one (or a copy of it) did arrive.
     pub async fn send(&self, path: &str, record: Bytes) -> Result<Sent, DeviceError> {
         let id = self.next_request_id();
         self.send_as(path, record, id.as_deref()).await
@@ -178,7 +188,8 @@ impl Device {
         id: Option<&str>,
     ) -> Result<Sent, DeviceError> {
         let mut req = http::Request::post(format!("https://gateway{path}"));
-        req = match self.hash.get() {
+        let hash = self.hash_id();
+        req = match &hash {
             Some(h) => req.header(HASH_ID_HEADER, h.as_str()),
             None => req.header(PRIORITY_HEADER, emit_priority(self.priority)),
         };
@@ -194,7 +205,15 @@ impl Device {
         // A session made on first use: the answer names it (checked: 32 hex digits).
         if let Some(h) = r.headers.get(HASH_ID_HEADER) {
             if let Ok(h) = h.to_str().unwrap_or("").parse::<HashId>() {
-                let _ = self.hash.set(h.to_string());
+                *lock(&self.hash) = Some(h.to_string());
+            }
+        }
+        // The gateway no longer knows the session (it expired): a device that can register on
+        // first use does so with its next record.
+        if r.status == http::StatusCode::UNAUTHORIZED && self.ids.is_some() {
+            let mut held = lock(&self.hash);
+            if *held == hash {
+                *held = None;
             }
         }
         if !r.status.is_success() {
@@ -219,11 +238,15 @@ impl Device {
     }
 }
 
-/// A random base for a device's request ids, from the operating system.
-pub fn random_id_base() -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
+/// A seed for a device's request ids, from the operating system.
+pub fn random_id_seed() -> std::io::Result<[u8; 32]> {
+    let mut b = [0u8; 32];
     std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
-    Ok(u64::from_le_bytes(b))
+    Ok(b)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The class for a `priority` flag.
@@ -264,6 +287,10 @@ mod tests {
             Some(Duration::from_millis(100))
         );
         assert_eq!(refused(502, None).retry_in(), Some(Duration::from_secs(1)));
+        assert_eq!(
+            refused(425, None).retry_in(),
+            Some(Duration::from_millis(100))
+        );
         for permanent in [400, 401, 413, 500] {
             assert_eq!(refused(permanent, Some(1)).retry_in(), None, "{permanent}");
         }

@@ -216,9 +216,9 @@ pub struct GatewayStats {
     pub timeouts: AtomicU64,
     /// Requests that failed on every path.
     pub failed: AtomicU64,
-    /// Requests that arrived in 0-RTT, before their connection's handshake finished.
+    /// Requests handled before their connection's handshake finished (they came in 0-RTT).
     pub early: AtomicU64,
-    /// Requests refused for arriving in 0-RTT without a device request id (425).
+    /// Of those, refused (425): no device request id, or not a record.
     pub too_early: AtomicU64,
     /// Response delay (device request in → response out) of priority devices.
     pub delay_priority: DelayHistogram,
@@ -472,7 +472,8 @@ impl Gateway {
     }
 
     /// The session a request names: its Hash ID, or (no Hash ID, a class instead) the session
-    /// of that class its connection registered on first use (decision G18). `Err` is the answer.
+    /// of that class its connection registered on first use (decision G18), and whether it was
+    /// registered now. `Err` is the answer.
     fn session_of(
         &self,
         req: &Request<()>,
@@ -501,7 +502,7 @@ impl Gateway {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the connection is closing\n",
             ))),
-            Some(Ok(h)) => Ok((h, true)),
+            Some(Ok(made)) => Ok(made),
             Some(Err(e)) => Err(Box::new(self.registration_refused(device, e))),
         }
     }
@@ -559,24 +560,30 @@ impl Gateway {
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             },
         };
+        // Before the handshake finishes the request may have come in 0-RTT, and a copy of it
+        // too: it goes on only under the device's own id, to a route the server de-duplicates.
+        // (Early data read after the handshake is safe: a copy never completes one.)
         if !dc.conn.is_established() {
             self.stats.early.fetch_add(1, Ordering::Relaxed);
-            if device_rid.is_none() {
+            let ingest =
+                req.method() == http::Method::POST && req.uri().path().starts_with("/ingest/");
+            if device_rid.is_none() || !ingest {
                 self.stats.too_early.fetch_add(1, Ordering::Relaxed);
                 // RFC 8470 §5.2: the device sends it again once the handshake is done.
                 return text(
                     StatusCode::from_u16(425).expect("valid status"),
                     format!(
-                        "a request in 0-RTT needs {REQUEST_ID_HEADER} (32 hex digits); send it again after the handshake\n"
+                        "before the handshake finishes only POST /ingest/... with {REQUEST_ID_HEADER} (32 hex digits) is taken; send it again after the handshake\n"
                     ),
                 );
             }
         }
-        let (hash, first_use) = match self.session_of(&req, dc, device) {
+        let named = req.headers().get(HASH_ID_HEADER).is_some();
+        let (hash, registered) = match self.session_of(&req, dc, device) {
             Ok(s) => s,
             Err(resp) => return *resp,
         };
-        if first_use {
+        if registered {
             self.stats.registered.fetch_add(1, Ordering::Relaxed);
         }
         let bytes = body.len() as u64;
@@ -600,7 +607,7 @@ impl Gateway {
             .carry(&mut admitted, step, req, body, conn, device)
             .await;
         // The Hash ID of a session made on first use, for the device's next requests.
-        if first_use {
+        if !named {
             if let Ok(v) = http::HeaderValue::from_str(&hash.to_string()) {
                 resp.headers_mut().insert(HASH_ID_HEADER, v);
             }
@@ -1050,12 +1057,12 @@ impl metrics::Collector for GatewayMetrics {
             ),
             (
                 "qgate_gateway_early_requests",
-                "requests that arrived in 0-RTT, before their connection's handshake finished",
+                "requests handled before their connection's handshake finished (0-RTT)",
                 &st.early,
             ),
             (
                 "qgate_gateway_too_early",
-                "0-RTT requests refused (425) for carrying no device request id",
+                "of those, refused with 425: no device request id, or not a record",
                 &st.too_early,
             ),
         ] {

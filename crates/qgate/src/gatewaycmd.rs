@@ -459,8 +459,9 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         // server stores a record once however often it is sent (decision G18).
         let dev = Device::register(H3Client::new(conn.connection().clone()).await?, a.priority)
             .await?
-            .with_request_ids(qgate_gateway::device::random_id_base()?);
-        eprintln!("registered, Hash ID {}", dev.hash_id().unwrap_or("?"));
+            .with_request_ids(qgate_gateway::device::random_id_seed()?);
+        let hash = dev.hash_id().unwrap_or_default();
+        eprintln!("registered, Hash ID {hash}");
         let mut delays = Vec::with_capacity(records.len());
         let mut by_path = std::collections::BTreeMap::new();
         let start = tokio::time::Instant::now();

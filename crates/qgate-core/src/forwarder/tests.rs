@@ -636,21 +636,25 @@ fn a_session_admits_no_more_than_its_limit_in_flight() {
 fn first_use_registers_once_per_connection_and_class() {
     let (mut f, t0, _) = pair("completion", 1);
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 10);
-    let a = f.session_for(5, addr, Priority::BestEffort, t0).unwrap();
-    assert_eq!(f.session_for(5, addr, Priority::BestEffort, t0).unwrap(), a);
-    let b = f.session_for(5, addr, Priority::Priority, t0).unwrap();
+    let (a, new) = f.session_for(5, addr, Priority::BestEffort, t0).unwrap();
+    assert!(new);
+    assert_eq!(
+        f.session_for(5, addr, Priority::BestEffort, t0).unwrap(),
+        (a, false)
+    );
+    let (b, _) = f.session_for(5, addr, Priority::Priority, t0).unwrap();
     assert_ne!(a, b);
     // Another connection gets its own.
-    let c = f.session_for(6, addr, Priority::BestEffort, t0).unwrap();
+    let (c, _) = f.session_for(6, addr, Priority::BestEffort, t0).unwrap();
     assert_ne!(a, c);
     assert_eq!(f.sessions().len(), 4);
     // An expired session is registered anew; a closed connection forgets its own.
     let idle = SessionLimits::DEFAULT.idle + ms(1);
     assert_eq!(f.expire(t0 + idle), 4);
-    let a2 = f
+    let (a2, new) = f
         .session_for(5, addr, Priority::BestEffort, t0 + idle)
         .unwrap();
-    assert_ne!(a, a2);
+    assert!(new && a != a2);
     assert_eq!(f.end_connection(5), 1);
     assert!(!f.first_use.contains_key(&5));
     // The per-connection bound holds for sessions made on first use too.

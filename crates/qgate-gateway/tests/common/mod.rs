@@ -46,6 +46,8 @@ pub struct World {
     /// each device's endpoint.
     pub device_cfg: quinn::ClientConfig,
     pub device_eps: Vec<quinn::Endpoint>,
+    /// Each device's host (device i is 10.8.i.2, the gateway 10.8.i.1 on its link).
+    pub device_hosts: Vec<qgate_netsim::HostId>,
 }
 
 /// The server at the far end of the backhaul.
@@ -155,9 +157,11 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
     let dcfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let mut devices = Vec::new();
     let mut device_eps = Vec::new();
+    let mut device_hosts = Vec::new();
     for i in 0..n {
         let name = format!("dev{i}");
         let h = sim.add_host(&name, false).unwrap();
+        device_hosts.push(h);
         let access = LinkChange {
             rate_mbps: Some(1000.0),
             delay_ms: Some(1.0),
@@ -194,6 +198,7 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
         devices,
         device_cfg: dcfg,
         device_eps,
+        device_hosts,
     }
 }
 

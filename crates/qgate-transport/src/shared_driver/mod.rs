@@ -205,6 +205,8 @@ struct EpState {
     handshaking: usize,
     /// Connected and not yet drained.
     established: usize,
+    /// Handed to `accept` before their handshake finished, and still handshaking.
+    early: usize,
     timers: BTreeSet<(Instant, u64)>,
     /// Connections the driver should give a turn (datagrams arrived, timer due, socket full).
     queue: VecDeque<u64>,
@@ -289,6 +291,7 @@ impl Endpoint {
             limits,
             handshaking: 0,
             established: 0,
+            early: 0,
             timers: BTreeSet::new(),
             queue: VecDeque::new(),
             driver: None,
@@ -526,11 +529,13 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                     c.handshake_deadline = None;
                     ep.handshaking -= 1;
                     ep.established += 1;
+                    if c.surfaced {
+                        ep.early -= 1;
+                    }
                     ep.publish(&shared.stats);
                 }
-                // A connection handed out early is closed here too if it no longer fits.
-                if ep.closed
-                    || (!c.surfaced && ep.accept_queue.len() >= MAX_PENDING_ACCEPT)
+                // A connection handed out early is already open: only the limit closes it.
+                if (!c.surfaced && (ep.closed || ep.accept_queue.len() >= MAX_PENDING_ACCEPT))
                     || ep.established > ep.limits.max_connections
                 {
                     drop(ep);
@@ -563,14 +568,15 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
         }
     }
     // 0-RTT data accepted: the application may read it now, before the handshake finishes, if
-    // the connection would fit once established (decision G18).
+    // the connection would fit once established with the others handed out early (G18).
     let p = c.proto.as_ref().expect("alive");
     if !c.surfaced && !c.established && p.has_0rtt() && !p.is_closed() {
         let mut ep = lock(&shared.ep);
         if !ep.closed
             && ep.accept_queue.len() < MAX_PENDING_ACCEPT
-            && ep.established < ep.limits.max_connections
+            && ep.established + ep.early < ep.limits.max_connections
         {
+            ep.early += 1;
             surface(&mut ep, cell, c);
         }
     }
@@ -600,6 +606,9 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                 ep.established -= 1;
             } else {
                 ep.handshaking -= 1;
+                if c.surfaced {
+                    ep.early -= 1;
+                }
             }
             ep.publish(&shared.stats);
             if c.refs == 0 {
