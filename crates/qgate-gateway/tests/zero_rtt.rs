@@ -76,8 +76,9 @@ async fn a_returning_device_rides_in_0rtt_and_a_copy_of_its_flight_is_stored_onc
     // An early request that names no id could not be told from its copies: 425 Too Early.
     let (c3, h3) = reconnect(&w).await;
     assert!(c3.is_0rtt());
-    let r = h3
-        .request(
+    // A record with its class and no request id.
+    let anonymous = || async {
+        h3.request(
             http::Request::post("https://gw/ingest/data")
                 .header(PRIORITY_HEADER, "1")
                 .body(())
@@ -86,7 +87,9 @@ async fn a_returning_device_rides_in_0rtt_and_a_copy_of_its_flight_is_stored_onc
             4096,
         )
         .await
-        .unwrap();
+        .unwrap()
+    };
+    let r = anonymous().await;
     assert_eq!(
         r.status.as_u16(),
         425,
@@ -98,17 +101,7 @@ async fn a_returning_device_rides_in_0rtt_and_a_copy_of_its_flight_is_stored_onc
     if let Connected::ZeroRtt { accepted, .. } = c3 {
         assert!(accepted.await, "the gateway accepted the early data");
     }
-    let r = h3
-        .request(
-            http::Request::post("https://gw/ingest/data")
-                .header(PRIORITY_HEADER, "1")
-                .body(())
-                .unwrap(),
-            record,
-            4096,
-        )
-        .await
-        .unwrap();
+    let r = anonymous().await;
     assert_eq!(r.status.as_u16(), 201);
     assert_eq!(w.server.snapshot().ingested, 3);
 
