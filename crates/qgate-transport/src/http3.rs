@@ -382,8 +382,13 @@ where
             .await
             .map_err(|e| H3Error::Connection(e.to_string()))?;
     loop {
-        match h3c.accept().await {
-            Ok(Some(resolver)) => {
+        // Polled here rather than through `accept()`, whose future (~850 bytes, sized by the
+        // GOAWAY it sends at the end) would sit in every idle connection's task (decision G7).
+        match std::future::poll_fn(|cx| h3c.poll_accept_request_stream(cx)).await {
+            Ok(Some(stream)) => {
+                let resolver = h3c.create_resolver(h3::frame::FrameStream::new(
+                    h3::stream::BufRecvStream::new(stream),
+                ));
                 let (handler, limits) = (handler.clone(), limits.clone());
                 // Boxed: a handler's future is several KB, and a task's future is copied into
                 // its cell and again over it when it ends; a box makes both copies a pointer.
@@ -393,7 +398,12 @@ where
                     }
                 }));
             }
-            Ok(None) => return Ok(()),
+            Ok(None) => {
+                // The peer said GOAWAY and every request is done: our last GOAWAY, as
+                // `accept()` sends it.
+                let _ = Box::pin(h3c.shutdown(0)).await;
+                return Ok(());
+            }
             Err(e) if e.is_h3_no_error() => return Ok(()),
             Err(e) => {
                 // A peer that closes with a QUIC-level no-error or times out ends the loop too.
@@ -466,3 +476,4 @@ where
     drop(held);
     Ok(())
 }
+
