@@ -408,7 +408,7 @@ where
             Err(e) => {
                 // A peer that closes with a QUIC-level no-error or times out ends the loop too.
                 return match e {
-                    h3::error::ConnectionError::Timeout { .. } => Ok(()),
+                    h3::error::ConnectionError::Timeout => Ok(()),
                     e => Err(H3Error::Connection(e.to_string())),
                 };
             }
@@ -476,4 +476,3 @@ where
     drop(held);
     Ok(())
 }
-

@@ -11,6 +11,7 @@ mod options;
 pub mod qlog;
 pub mod shaped;
 pub mod shared_driver;
+pub mod tickets;
 pub mod tls;
 
 pub use endpoint::{
