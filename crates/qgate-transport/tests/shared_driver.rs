@@ -414,3 +414,48 @@ async fn stop_accepting_keeps_open_connections_and_refuses_new_ones() {
     assert_eq!(ep.open_connections(), 1);
     open.close();
 }
+
+/// A client that says GOAWAY (RFC 9114 §5.2) after its last answer: the server's request loop
+/// ends (it sends its own GOAWAY) and the connection is freed without the client closing it.
+/// The GOAWAY comes after the answer is read: the server closes as soon as its last request is
+/// done, and a quinn client drops what it had not read yet when the close arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_goaway_ends_the_connection() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    let (ep, addr, cep) = loopback(&pki, &opts);
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let run = async {
+        let conn = connect(&cep, &ccfg, addr, "localhost", false)
+            .await
+            .unwrap()
+            .connection()
+            .clone();
+        let (mut driver, mut send) = h3::client::builder()
+            .build::<_, _, Bytes>(h3_quinn::Connection::new(conn.clone()))
+            .await
+            .unwrap();
+        let mut stream = send.send_request(post(0)).await.unwrap();
+        stream.send_data(Bytes::from_static(b"last")).await.unwrap();
+        stream.finish().await.unwrap();
+        let resp = stream.recv_response().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+            use bytes::Buf;
+            body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        }
+        assert_eq!(body, b"last");
+        assert_eq!(ep.open_connections(), 1);
+        driver.shutdown(0).await.unwrap();
+        // The server closes the connection: the client never does.
+        conn.closed().await;
+        while ep.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(send);
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the server ends a connection whose client said GOAWAY");
+}
