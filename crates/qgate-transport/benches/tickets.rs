@@ -1,8 +1,10 @@
-//! One resumption's work on a full ticket store (decision G18: one ticket per device slot):
-//! take a held ticket, store the new one issued on that connection. Ours against rustls's
-//! `ServerSessionMemoryCache`, the store the device listener used before, in the same run.
+//! A full ticket store (decision G18: one ticket per device slot), ours against rustls's
+//! `ServerSessionMemoryCache` (the store the device listener used before) in the same run:
+//! `take+put` is a returning device (its ticket taken, the new one stored; the taken ticket sits
+//! in the middle of the storing order), `put` a new device (the oldest ticket evicted).
 
 use std::hint::black_box;
+use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use qgate_transport::tickets::TicketStore;
@@ -14,28 +16,46 @@ fn key(i: u64) -> Vec<u8> {
     k
 }
 
+fn full(name: &str, slots: u64, value: &[u8]) -> Arc<dyn StoresServerSessions> {
+    let store: Arc<dyn StoresServerSessions> = match name {
+        "rustls" => ServerSessionMemoryCache::new(slots as usize),
+        _ => Arc::new(TicketStore::new(slots as usize)),
+    };
+    for i in 0..slots {
+        store.put(key(i), value.to_vec());
+    }
+    store
+}
+
 fn bench(c: &mut Criterion) {
     let value = vec![7u8; 120];
     for slots in [1_000u64, 10_000, 100_000] {
         let mut group = c.benchmark_group(format!("take+put/{slots}"));
-        let stores: [(&str, std::sync::Arc<dyn StoresServerSessions>); 2] = [
-            ("rustls", ServerSessionMemoryCache::new(slots as usize)),
-            (
-                "ours",
-                std::sync::Arc::new(TicketStore::new(slots as usize)),
-            ),
-        ];
-        for (name, store) in stores {
-            for i in 0..slots {
-                store.put(key(i), value.clone());
-            }
-            // Devices come back in the order they connected (the one whose ticket is oldest),
-            // a middle-of-the-queue case for the linear search.
+        for name in ["rustls", "ours"] {
+            let store = full(name, slots, &value);
+            // Keys next - slots .. next are held; the one taken is in the middle of them.
+            let mut next = slots;
+            assert!(
+                store.take(&key(slots / 2)).is_some(),
+                "{name} holds the ticket"
+            );
+            store.put(key(next), value.clone());
+            next += 1;
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    black_box(store.take(&key(next - slots + slots / 2)));
+                    store.put(key(next), value.clone());
+                    next += 1;
+                })
+            });
+        }
+        group.finish();
+        let mut group = c.benchmark_group(format!("put/{slots}"));
+        for name in ["rustls", "ours"] {
+            let store = full(name, slots, &value);
             let mut next = slots;
             group.bench_function(name, |b| {
                 b.iter(|| {
-                    let back = next - slots + slots / 2;
-                    black_box(store.take(&key(back)));
                     store.put(key(next), value.clone());
                     next += 1;
                 })

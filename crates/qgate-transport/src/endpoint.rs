@@ -76,8 +76,9 @@ pub fn server_config_with_client_auth(
 
 /// [`server_config`] that remembers the resumption tickets of up to `clients` clients (one
 /// ticket per connection, in a [`TicketStore`](crate::tickets::TicketStore)), so that many
-/// returning clients may resume with 0-RTT; rustls's default store holds 256. Each ticket is taken when used: a replayed first flight finds none
-/// and gets a full handshake with its early data discarded (RFC 8446 §8.1; decision G18).
+/// returning clients may resume with 0-RTT; rustls's default store holds 256. Each ticket is
+/// taken when used: a replayed first flight finds none and gets a full handshake with its early
+/// data discarded (RFC 8446 §8.1; decision G18).
 pub fn server_config_resuming(
     identity: &Identity,
     alpn: &[&[u8]],
@@ -113,7 +114,7 @@ fn server_config_inner(
     // QUIC requires max_early_data_size to be 0 or u32::MAX (RFC 9001 §4.6.1); MAX enables 0-RTT.
     tls.max_early_data_size = u32::MAX;
     if let Some(n) = tickets {
-        // Constant-time take and put however many slots (decision G18).
+        // No pass over the store per resumption, however many slots (decision G18).
         tls.session_storage = Arc::new(crate::tickets::TicketStore::new(n));
         tls.send_tls13_tickets = 1;
     }

@@ -386,6 +386,8 @@ where
         // GOAWAY it sends at the end) would sit in every idle connection's task (decision G7).
         match std::future::poll_fn(|cx| h3c.poll_accept_request_stream(cx)).await {
             Ok(Some(stream)) => {
+                // As `accept()` builds it; `accept()` also clears h3's grease flag after the
+                // first request, which `send_grease(false)` above leaves clear from the start.
                 let resolver = h3c.create_resolver(h3::frame::FrameStream::new(
                     h3::stream::BufRecvStream::new(stream),
                 ));
@@ -400,7 +402,7 @@ where
             }
             Ok(None) => {
                 // The peer said GOAWAY and every request is done: our last GOAWAY, as
-                // `accept()` sends it.
+                // `accept()` sends it (an error sending it ends the connection all the same).
                 let _ = Box::pin(h3c.shutdown(0)).await;
                 return Ok(());
             }

@@ -1,29 +1,26 @@
 //! A server's store of TLS 1.3 resumption tickets (stateful: the ticket is a key into this
-//! store), with constant-time `put` and `take` however many clients it remembers.
+//! store), with `take` and `put` in O(log n) at worst however many clients it remembers.
 //!
 //! rustls's `ServerSessionMemoryCache` finds a taken key's place in its eviction queue by a linear
 //! search, so with one ticket per device slot (decision G18) every resumption scanned up to
-//! `max_devices` keys while holding the device listener's endpoint lock. Here each entry carries
-//! the sequence number it was stored under and the queue is cleaned lazily: a key in the queue
-//! whose entry is gone (taken) or was stored again later is skipped when it reaches the front,
-//! and the queue is rebuilt once it holds more than twice the capacity, so memory stays bounded.
+//! `max_devices` keys while holding the device listener's endpoint lock. Here each ticket is
+//! stored under a sequence number, and the eviction order is a B-tree keyed by it: a taken
+//! ticket leaves it at once, and the oldest is its first entry.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 /// The tickets of up to `capacity` clients, the oldest evicted first; each is taken when used.
-#[derive(Debug)]
 pub struct TicketStore {
     inner: Mutex<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     capacity: usize,
     /// Key → (value, the sequence number it was stored under).
     entries: HashMap<Vec<u8>, (Vec<u8>, u64)>,
-    /// Keys in storing order with their sequence numbers; stale ones are skipped.
-    order: VecDeque<(u64, Vec<u8>)>,
+    /// Sequence number → key, in storing order: exactly the stored tickets.
+    order: BTreeMap<u64, Vec<u8>>,
     next: u64,
 }
 
@@ -34,7 +31,7 @@ impl TicketStore {
             inner: Mutex::new(Inner {
                 capacity: capacity.max(1),
                 entries: HashMap::new(),
-                order: VecDeque::new(),
+                order: BTreeMap::new(),
                 next: 0,
             }),
         }
@@ -50,40 +47,41 @@ impl TicketStore {
         self.len() == 0
     }
 
-    /// The eviction queue's length, stale keys included (at most 2 × capacity).
-    pub fn queued(&self) -> usize {
-        self.lock().order.len()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-impl Inner {
-    /// Whether the queue's entry `(seq, key)` still names a stored ticket.
-    fn live(&self, seq: u64, key: &[u8]) -> bool {
-        self.entries.get(key).is_some_and(|(_, s)| *s == seq)
+/// Counts only: the values are resumption secrets, never printed (rustls's store prints
+/// nothing either, and `rustls::ServerConfig`'s `Debug` includes its store).
+impl std::fmt::Debug for TicketStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.lock();
+        f.debug_struct("TicketStore")
+            .field("capacity", &i.capacity)
+            .field("len", &i.entries.len())
+            .finish_non_exhaustive()
     }
+}
 
+impl Inner {
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
         let seq = self.next;
         self.next += 1;
-        self.entries.insert(key.clone(), (value, seq));
-        self.order.push_back((seq, key));
+        if let Some((_, old)) = self.entries.insert(key.clone(), (value, seq)) {
+            self.order.remove(&old);
+        }
+        self.order.insert(seq, key);
         while self.entries.len() > self.capacity {
-            let (seq, key) = self.order.pop_front().expect("a stored key is queued");
-            if self.live(seq, &key) {
-                self.entries.remove(&key);
-            }
+            let (_, oldest) = self.order.pop_first().expect("a stored key is ordered");
+            self.entries.remove(&oldest);
         }
-        if self.order.len() > 2 * self.capacity {
-            let order = std::mem::take(&mut self.order);
-            self.order = order
-                .into_iter()
-                .filter(|(s, k)| self.live(*s, k))
-                .collect();
-        }
+    }
+
+    fn take(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        let (value, seq) = self.entries.remove(key)?;
+        self.order.remove(&seq);
+        Some(value)
     }
 }
 
@@ -98,7 +96,7 @@ impl rustls::server::StoresServerSessions for TicketStore {
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.lock().entries.remove(key).map(|(v, _)| v)
+        self.lock().take(key)
     }
 
     fn can_cache(&self) -> bool {
@@ -146,11 +144,23 @@ mod tests {
         let s = TicketStore::new(2);
         s.put(key(1), vec![1]);
         s.put(key(2), vec![2]);
-        assert!(s.take(&key(1)).is_some());
-        // The store holds one ticket: the next fills the free place without evicting key 2.
+        assert!(s.take(&key(2)).is_some());
+        // The store holds one ticket: the next fills the free place without evicting key 1.
         s.put(key(3), vec![3]);
         assert_eq!(s.len(), 2);
-        assert!(s.get(&key(2)).is_some() && s.get(&key(3)).is_some());
+        assert!(s.get(&key(1)).is_some() && s.get(&key(3)).is_some());
+    }
+
+    #[test]
+    fn debug_prints_no_secret() {
+        let s = TicketStore::new(2);
+        s.put(b"ticket-id".to_vec(), b"resumption-secret".to_vec());
+        let d = format!("{s:?}");
+        assert!(d.contains("len: 1"), "{d}");
+        assert!(
+            !d.contains("secret") && !d.contains("ticket-id") && !d.contains("114"),
+            "{d}"
+        );
     }
 
     #[test]
@@ -167,7 +177,7 @@ mod tests {
     }
 
     /// Against a model (a list in storing order), over random puts, re-puts and takes: the
-    /// same tickets held, never more than the capacity, and a queue of at most 2 × capacity.
+    /// same tickets held, never more than the capacity, and the order index naming exactly them.
     #[test]
     fn matches_a_fifo_model() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
@@ -192,7 +202,9 @@ mod tests {
                     assert_eq!(s.take(&k), want, "capacity {capacity}, step {step}");
                 }
                 assert_eq!(s.len(), model.len());
-                assert!(s.queued() <= 2 * capacity);
+                let i = s.lock();
+                assert_eq!(i.order.len(), i.entries.len());
+                assert!(i.order.iter().all(|(q, k)| i.entries[k].1 == *q));
             }
             for (k, v) in &model {
                 assert_eq!(s.get(k).as_ref(), Some(v));

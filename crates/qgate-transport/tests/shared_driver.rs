@@ -416,7 +416,8 @@ async fn stop_accepting_keeps_open_connections_and_refuses_new_ones() {
 }
 
 /// A client that says GOAWAY (RFC 9114 §5.2) after its last answer: the server's request loop
-/// ends (it sends its own GOAWAY) and the connection is freed without the client closing it.
+/// ends and the connection is freed without the client closing it (a loop that kept waiting
+/// would hold it until the 30 s idle timeout).
 /// The GOAWAY comes after the answer is read: the server closes as soon as its last request is
 /// done, and a quinn client drops what it had not read yet when the close arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
