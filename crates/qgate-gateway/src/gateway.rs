@@ -129,6 +129,7 @@ impl GatewayConfig {
             max_handshakes: self.max_handshakes,
             retry_above: self.retry_above,
             handshake_timeout: self.handshake_timeout,
+            ..shared_driver::Limits::DEFAULT
         };
         // A resumption ticket for every device it may serve, so returning devices use 0-RTT
         // (decision G18).

@@ -418,8 +418,7 @@ async fn stop_accepting_keeps_open_connections_and_refuses_new_ones() {
 /// A client that says GOAWAY (RFC 9114 §5.2) after its last answer: the server's request loop
 /// ends and the connection is freed without the client closing it (a loop that kept waiting
 /// would hold it until the 30 s idle timeout).
-/// The GOAWAY comes after the answer is read: the server closes as soon as its last request is
-/// done, and a quinn client drops what it had not read yet when the close arrives.
+/// (The next test sends GOAWAY before its answer is read.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_goaway_ends_the_connection() {
     let pki = DevPki::generate(&[]).unwrap();
@@ -459,4 +458,127 @@ async fn a_client_goaway_ends_the_connection() {
     tokio::time::timeout(Duration::from_secs(20), run)
         .await
         .expect("the server ends a connection whose client said GOAWAY");
+}
+
+/// A client says GOAWAY while its last answer is still on the way, larger than its stream
+/// window: the server's request loop ends and the answer's handle is the last one, yet the close
+/// waits until the peer has acknowledged the whole answer (decision G19), so the client reads
+/// every byte; then the server closes without the client doing so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_before_the_answer_is_read_loses_none_of_it() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let (ep, addr, cep) = loopback(&pki, &tight());
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &tight()).unwrap();
+    let run = async {
+        let conn = connect(&cep, &ccfg, addr, "localhost", false)
+            .await
+            .unwrap()
+            .connection()
+            .clone();
+        let (mut driver, mut send) = h3::client::builder()
+            .build::<_, _, Bytes>(h3_quinn::Connection::new(conn.clone()))
+            .await
+            .unwrap();
+        let sent: Bytes = (0..200 * 1024).map(|k| (k % 251) as u8).collect();
+        let mut stream = send.send_request(post(0)).await.unwrap();
+        stream.send_data(sent.clone()).await.unwrap();
+        stream.finish().await.unwrap();
+        let resp = stream.recv_response().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        // Most of the answer is held back by the client's 16 KiB stream window.
+        driver.shutdown(0).await.unwrap();
+        // The client's driver runs on, as `H3Client`'s does: the end of the server's control
+        // stream would be a connection error (H3_CLOSED_CRITICAL_STREAM) that loses the answer.
+        let ended =
+            tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+        let mut body = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+            use bytes::Buf;
+            // A slow reader: the server's handles are gone long before the answer is acked.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        }
+        assert_eq!(body.len(), sent.len());
+        assert!(body == sent, "the answer arrived intact");
+        conn.closed().await;
+        let e = ended.await.unwrap();
+        assert!(e.is_h3_no_error(), "the server closed gracefully: {e}");
+        while ep.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(send);
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the whole answer, then the server's close");
+}
+
+/// The graceful close's wait is bounded (decision G19): a client says GOAWAY with its request
+/// and then hears nothing more (the server-to-client direction goes down while the answer is
+/// on its way), so the answer is never acknowledged. The server still holds the connection at
+/// 5 s, waiting, and has closed and freed it by 15 s: within its 10 s linger, not at the 30 s
+/// idle timeout.
+#[tokio::test(start_paused = true)]
+async fn a_graceful_close_waits_for_unacknowledged_answers_within_its_linger() {
+    let net = Network::new(5);
+    let (s, c) = (net.add_host("server"), net.add_host("client"));
+    let si = net.add_interface(s, "10.0.0.1".parse().unwrap()).unwrap();
+    let ci = net.add_interface(c, "10.0.0.2".parse().unwrap()).unwrap();
+    let link = net
+        .connect_symmetric(
+            ci,
+            si,
+            LinkParams::new(10_000_000, Duration::from_millis(10)),
+        )
+        .unwrap();
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    assert_eq!(opts.idle_timeout_ms, 30_000);
+    assert_eq!(
+        shared_driver::Limits::DEFAULT.linger,
+        Duration::from_secs(10)
+    );
+    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
+    let ep = shared_driver::Endpoint::server(
+        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
+        scfg,
+        &opts,
+        Some(1),
+        shared_driver::Limits::with_connections(4),
+    )
+    .unwrap();
+    serve(ep.clone());
+    let cep = endpoint(
+        Socket::from(net.bind(c, sa("10.0.0.2:0")).unwrap()),
+        None,
+        Some(2),
+    )
+    .unwrap();
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let conn = connect(&cep, &ccfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap()
+        .connection()
+        .clone();
+    let (mut driver, mut send) = h3::client::builder()
+        .build::<_, _, Bytes>(h3_quinn::Connection::new(conn.clone()))
+        .await
+        .unwrap();
+    // Settle the handshake's last packets, then send the request and the GOAWAY together.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = tokio::time::Instant::now();
+    let mut stream = send.send_request(post(0)).await.unwrap();
+    stream.send_data(Bytes::from_static(b"lost")).await.unwrap();
+    stream.finish().await.unwrap();
+    driver.shutdown(0).await.unwrap();
+    // They reach the server after ~10 ms, and its answer is on the wire until ~20 ms.
+    tokio::time::sleep_until(t0 + Duration::from_millis(16)).await;
+    let down = |p: &mut LinkParams| p.up = false;
+    net.update(link, qgate_netsim::Direction::BtoA, down)
+        .unwrap();
+    tokio::time::sleep_until(t0 + Duration::from_secs(5)).await;
+    assert_eq!(ep.open_connections(), 1, "the close waits for the answer");
+    tokio::time::sleep_until(t0 + Duration::from_secs(15)).await;
+    assert_eq!(ep.open_connections(), 0, "the wait ends at the linger");
+    drop((stream, send, conn));
 }

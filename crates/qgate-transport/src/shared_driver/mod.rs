@@ -29,7 +29,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use quinn::udp::{self, RecvMeta};
@@ -62,16 +62,21 @@ pub struct Limits {
     /// sent a Retry (RFC 9000 §8.1.2) instead of getting state.
     pub retry_above: usize,
     /// A handshake not finished within this long is closed.
-    pub handshake_timeout: std::time::Duration,
+    pub handshake_timeout: Duration,
+    /// Once the last handle is dropped, the close waits at most this long for the peer to
+    /// acknowledge the answers already finished (decision G19).
+    pub linger: Duration,
 }
 
 impl Limits {
-    /// The defaults besides `max_connections`: 256 handshakes, Retry above 16, 10 s to finish.
+    /// The defaults besides `max_connections`: 256 handshakes, Retry above 16, 10 s to finish,
+    /// 10 s to linger.
     pub const DEFAULT: Limits = Limits {
         max_connections: 1024,
         max_handshakes: 256,
         retry_above: 16,
-        handshake_timeout: std::time::Duration::from_secs(10),
+        handshake_timeout: Duration::from_secs(10),
+        linger: Duration::from_secs(10),
     };
 
     /// The defaults with `max_connections` established connections.
@@ -120,6 +125,8 @@ struct Shared {
     socket: Arc<dyn AsyncUdpSocket>,
     local: SocketAddr,
     stats: Arc<EndpointStats>,
+    /// [`Limits::linger`].
+    linger: Duration,
 }
 
 /// What a task waits for on a connection.
@@ -160,6 +167,20 @@ struct Conn {
     waiters: Vec<(Waiter, Waker)>,
     /// A datagram the socket refused (would block), sent first on the next turn.
     blocked: Option<(proto::Transmit, Box<[u8]>)>,
+    /// Bidirectional streams the application finished whose data the peer has not acknowledged
+    /// yet (at most the peer's concurrent-stream limit: quinn-proto frees a stream's credit
+    /// only once its data is acknowledged).
+    unacked: Vec<StreamId>,
+    /// A graceful close waiting for `unacked` (boxed: most connections never have one).
+    linger: Option<Box<Linger>>,
+}
+
+/// A close deferred until the peer has acknowledged every finished answer (decision G19).
+struct Linger {
+    /// The close happens then at the latest.
+    until: Instant,
+    code: proto::VarInt,
+    reason: bytes::Bytes,
 }
 
 impl Conn {
@@ -179,6 +200,40 @@ impl Conn {
     fn wake_all(&mut self) {
         for (_, k) in std::mem::take(&mut self.waiters) {
             k.wake();
+        }
+    }
+
+    /// The application finished the sending half of stream `id`.
+    fn finished(&mut self, id: StreamId) {
+        if id.dir() == Dir::Bi {
+            self.unacked.push(id);
+        }
+    }
+
+    /// Stream `id`'s sending half is done with: acknowledged, or stopped by the peer.
+    fn acked(&mut self, id: StreamId) {
+        if let Some(i) = self.unacked.iter().position(|&x| x == id) {
+            self.unacked.swap_remove(i);
+        }
+    }
+
+    /// Close without an error: at once if the peer has acknowledged every answer finished, or
+    /// once it has, within `linger` (G19). A close discards what is not yet sent and what the
+    /// peer has received but not read: a server ending after a GOAWAY would lose its answers.
+    fn close_gracefully(&mut self, linger: Duration, code: proto::VarInt, reason: bytes::Bytes) {
+        let Some(p) = self.proto.as_mut() else { return };
+        if self.error.is_some() || p.is_closed() || self.linger.is_some() {
+            return;
+        }
+        let t = now();
+        if self.unacked.is_empty() {
+            p.close(t, code, reason);
+        } else {
+            self.linger = Some(Box::new(Linger {
+                until: t + linger,
+                code,
+                reason,
+            }));
         }
     }
 }
@@ -307,13 +362,14 @@ impl Endpoint {
             socket: socket.clone(),
             local,
             stats: Arc::default(),
+            linger: limits.linger,
         });
         tokio::spawn(Driver {
             shared: shared.clone(),
             poller: socket.create_io_poller(),
             recv_buf: vec![0; recv_len].into_boxed_slice(),
             send_buf: Vec::new(),
-            sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             sleep_at: None,
         });
         Ok(Endpoint { shared })
@@ -445,18 +501,16 @@ fn queue(shared: &Shared, cell: &ConnCell) {
     }
 }
 
-/// Drop one reference to a connection: the last one closes it (code 0), or frees it if it has
-/// already drained.
+/// Drop one reference to a connection: the last one closes it (code 0) once the answers it
+/// finished are acknowledged, or frees it if it has already drained.
 fn release(shared: &Shared, cell: &ConnCell, c: &mut Conn) {
     c.refs -= 1;
     if c.refs > 0 {
         return;
     }
-    match c.proto.as_mut() {
-        Some(p) => {
-            if c.error.is_none() {
-                p.close(now(), 0u32.into(), bytes::Bytes::new());
-            }
+    match c.proto {
+        Some(_) => {
+            c.close_gracefully(shared.linger, 0u32.into(), bytes::Bytes::new());
             queue(shared, cell);
         }
         None => {
@@ -557,9 +611,11 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
             proto::Event::Stream(s) => match s {
                 StreamEvent::Opened { dir } => c.wake(Waiter::Accept(dir)),
                 StreamEvent::Readable { id } => c.wake(Waiter::Read(id)),
-                StreamEvent::Writable { id }
-                | StreamEvent::Finished { id }
-                | StreamEvent::Stopped { id, .. } => c.wake(Waiter::Write(id)),
+                StreamEvent::Writable { id } => c.wake(Waiter::Write(id)),
+                StreamEvent::Finished { id } | StreamEvent::Stopped { id, .. } => {
+                    c.acked(id);
+                    c.wake(Waiter::Write(id));
+                }
                 StreamEvent::Available { dir } => c.wake(Waiter::Open(dir)),
             },
             proto::Event::HandshakeDataReady
@@ -581,13 +637,27 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
         }
     }
     let p = c.proto.as_mut().expect("alive");
+    if let Some(l) = &c.linger {
+        if p.is_closed() || c.unacked.is_empty() || l.until <= t {
+            let l = c.linger.take().expect("lingering");
+            if !p.is_closed() {
+                p.close(t, l.code, l.reason);
+                // Send the close on the next turn.
+                queue(shared, cell);
+            }
+        }
+    }
     let next = if p.is_drained() {
         None
     } else {
-        match (p.poll_timeout(), c.handshake_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            p.poll_timeout(),
+            c.handshake_deadline,
+            c.linger.as_ref().map(|l| l.until),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     };
     let drained = p.is_drained();
     if next != c.timer || drained || timed_out {
@@ -920,6 +990,8 @@ fn datagram(
                             timer: None,
                             waiters: Vec::new(),
                             blocked: None,
+                            unacked: Vec::new(),
+                            linger: None,
                         }),
                     });
                     ep.conns.insert(id, cell.clone());
@@ -947,7 +1019,8 @@ fn datagram(
 }
 
 /// A handle on one connection of a shared-driver [`Endpoint`]; the connection closes (code 0) when
-/// the last handle to it, streams included, is dropped.
+/// the last handle to it, streams included, is dropped, once the peer has acknowledged the
+/// answers finished on it (within [`Limits::linger`], decision G19).
 pub struct Connection {
     shared: Arc<Shared>,
     cell: Arc<ConnCell>,
@@ -968,6 +1041,15 @@ impl Connection {
     /// [`close`](Self::close) with any 62-bit code (h3's codes do not fit a u32).
     fn close_with(&self, code: quinn_proto::VarInt, reason: &[u8]) {
         self.apply(|p| p.close(now(), code, bytes::Bytes::copy_from_slice(reason)));
+    }
+
+    /// Close without an error once the peer has acknowledged every answer (G19).
+    fn close_gracefully(&self, code: quinn_proto::VarInt, reason: &[u8]) {
+        let linger = self.shared.linger;
+        self.with(|c, s| {
+            c.close_gracefully(linger, code, bytes::Bytes::copy_from_slice(reason));
+            s.touch();
+        })
     }
 
     /// Run `f` on the state machine if the connection has not drained, and queue the

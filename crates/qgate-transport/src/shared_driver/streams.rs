@@ -73,13 +73,11 @@ impl Connection {
 
     /// A stream half goes away: forget its waiter and, unless it already ended, `end` it
     /// (finish a send half, stop a receive half) as quinn's streams do when dropped.
-    fn drop_half(&self, waiter: Waiter, ended: bool, end: impl FnOnce(&mut proto::Connection)) {
+    fn drop_half(&self, waiter: Waiter, ended: bool, end: impl FnOnce(&mut Conn)) {
         self.with(|c, s| {
             c.waiters.retain(|(w, _)| *w != waiter);
             if !ended {
-                if let Some(p) = c.proto.as_mut() {
-                    end(p);
-                }
+                end(c);
                 s.touch();
             }
         })
@@ -147,7 +145,13 @@ impl quic::OpenStreams<Bytes> for Connection {
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        self.close_with(varint(code.value()), reason);
+        // h3 closes with H3_NO_ERROR when its connection is dropped, right after the last
+        // request ended: that close waits for the answers to arrive (G19).
+        if code == h3::error::Code::H3_NO_ERROR {
+            self.close_gracefully(varint(code.value()), reason);
+        } else {
+            self.close_with(varint(code.value()), reason);
+        }
     }
 }
 
@@ -246,7 +250,10 @@ impl quic::SendStream<Bytes> for SendStream {
             let res = p.send_stream(id).finish();
             s.touch();
             Poll::Ready(match res {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    c.finished(id);
+                    Ok(())
+                }
                 Err(proto::FinishError::Stopped(code)) => {
                     Err(StreamErrorIncoming::StreamTerminated {
                         error_code: code.into_inner(),
@@ -274,8 +281,16 @@ impl quic::SendStream<Bytes> for SendStream {
 impl Drop for SendStream {
     fn drop(&mut self) {
         let id = self.id;
-        self.conn.drop_half(Waiter::Write(id), self.ended, |p| {
-            let _ = p.send_stream(id).finish();
+        // A unidirectional stream of ours is one of HTTP/3's critical streams (control, QPACK;
+        // h3 finishes its grease stream itself), whose end the peer takes as a connection
+        // error: it is left open for the connection's close to end (G19).
+        let ended = self.ended || id.dir() == Dir::Uni;
+        self.conn.drop_half(Waiter::Write(id), ended, |c| {
+            if let Some(p) = c.proto.as_mut() {
+                if p.send_stream(id).finish().is_ok() {
+                    c.finished(id);
+                }
+            }
         });
     }
 }
@@ -359,8 +374,10 @@ impl quic::RecvStream for RecvStream {
 impl Drop for RecvStream {
     fn drop(&mut self) {
         let id = self.id;
-        self.conn.drop_half(Waiter::Read(id), self.ended, |p| {
-            let _ = p.recv_stream(id).stop(0u32.into());
+        self.conn.drop_half(Waiter::Read(id), self.ended, |c| {
+            if let Some(p) = c.proto.as_mut() {
+                let _ = p.recv_stream(id).stop(0u32.into());
+            }
         });
     }
 }
