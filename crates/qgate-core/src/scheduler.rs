@@ -245,10 +245,12 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// oldest request unanswered on the path has waited longer than the path table's timeout
 /// (`max(3 × srtt, 100 ms)`), the first term is at least that wait: a path that went silent or
 /// slow is left within a few RTTs (the wait replaces the queue estimate, which it already
-/// contains, rather than multiplying it). Priority requests take the lowest `E`. Best-effort requests pay
-/// `1 + best_effort_margin` times `E` on the path a priority request would take now, so they
-/// spill off it first as it loads, and priority traffic keeps the best path (paper 000's
-/// guarantee). Unmeasured paths come last; ties go to the lower path index.
+/// contains, rather than multiplying it). Priority requests take the lowest `E`. Best-effort requests
+/// are placed by the exploring estimate ([`Completion::expected_exploring`], decision G20: in
+/// slow start only `B` pays the window's growth) and pay `1 + best_effort_margin` times it on
+/// the path a priority request would take now, so they spill off it first as it loads, and
+/// priority traffic keeps the best path (paper 000's guarantee). Unmeasured paths come last;
+/// ties go to the lower path index.
 #[derive(Debug, Clone)]
 pub struct Completion {
     /// Extra cost of the priority class's path for best-effort requests (0.5 = 50 %).
@@ -266,8 +268,33 @@ impl Default for Completion {
 
 impl Completion {
     /// Expected completion time of `bytes` on `p` (a path of `table`) at `now`, seconds;
-    /// `None` if unmeasured.
+    /// `None` if unmeasured. Priority requests are placed by it.
     pub fn expected(table: &PathTable, p: &PathState, bytes: u64, now: Instant) -> Option<f64> {
+        Self::estimate(table, p, bytes, now, false)
+    }
+
+    /// [`expected`](Self::expected) for a best-effort request: in slow start only the queue
+    /// ahead pays the window's growth, not the request itself (decision G20). A window that
+    /// light use kept small grows with the first requests a path carries and keeps its size
+    /// (quinn does not shrink an idle window), so charging every request the slow start only
+    /// the first ones pay would keep a lightly used path unused; best-effort traffic pays for
+    /// that exploration, priority traffic never does.
+    pub fn expected_exploring(
+        table: &PathTable,
+        p: &PathState,
+        bytes: u64,
+        now: Instant,
+    ) -> Option<f64> {
+        Self::estimate(table, p, bytes, now, true)
+    }
+
+    fn estimate(
+        table: &PathTable,
+        p: &PathState,
+        bytes: u64,
+        now: Instant,
+        exploring: bool,
+    ) -> Option<f64> {
         let r = p.quic_rtt.or(p.rtt)?.as_secs_f64();
         let waited = table.stalled(p, now).map_or(0.0, |d| d.as_secs_f64());
         let w = p
@@ -276,12 +303,12 @@ impl Completion {
             .max(PACKET_PAYLOAD);
         let backlog = p.drain_rate(now).map_or(0.0, |d| p.backlog(d, now));
         let ahead = backlog + bytes as f64;
-        let windows = ahead / (PACING_GAIN * w);
         let flights = 1.0
             + if p.slow_start {
-                windows.ln_1p() / std::f64::consts::LN_2
+                let grows = if exploring { backlog } else { ahead };
+                (grows / (PACING_GAIN * w)).ln_1p() / std::f64::consts::LN_2
             } else {
-                windows
+                ahead / (PACING_GAIN * w)
             };
         let served = p.served_rate(now).map_or(0.0, |c| ahead / c);
         let packets = (bytes as f64 / PACKET_PAYLOAD).ceil() + 1.0;
@@ -303,24 +330,20 @@ impl Scheduler for Completion {
     }
 
     fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
-        // Each usable path's expected completion, once (unmeasured paths last).
-        let costs: Vec<(f64, PathId)> = table
-            .usable(ask.avoid)
-            .map(|p| {
-                let e = Self::expected(table, p, ask.bytes, ask.now);
-                (e.unwrap_or(f64::INFINITY), p.id)
-            })
-            .collect();
-        let first = Self::best(costs.iter().copied())?;
+        // Each usable path's expected completion (unmeasured paths last).
+        let cost = |p: &PathState, exploring: bool| {
+            let e = Self::estimate(table, p, ask.bytes, ask.now, exploring);
+            (e.unwrap_or(f64::INFINITY), p.id)
+        };
+        let first = Self::best(table.usable(ask.avoid).map(|p| cost(p, false)))?;
         match ask.priority {
             Priority::Priority => Some(first),
             Priority::BestEffort => {
                 let m = 1.0 + self.best_effort_margin;
-                Self::best(
-                    costs
-                        .iter()
-                        .map(|&(e, id)| (if id == first { e * m } else { e }, id)),
-                )
+                Self::best(table.usable(ask.avoid).map(|p| {
+                    let (e, id) = cost(p, true);
+                    (if id == first { e * m } else { e }, id)
+                }))
             }
         }
     }
@@ -556,8 +579,14 @@ mod tests {
         assert_eq!(by_name("rr").unwrap().name(), "round-robin");
     }
 
-    /// A table whose paths have QUIC samples: (RTT ms, cwnd bytes, loss rate, up) each.
+    /// A table whose paths have QUIC samples: (RTT ms, cwnd bytes, loss rate, up) each, past
+    /// slow start.
     fn measured(rows: &[(u64, u64, f64, bool)]) -> PathTable {
+        measured_in(rows, &vec![false; rows.len()])
+    }
+
+    /// [`measured`], with path i in slow start (no congestion event yet) if `slow_start[i]`.
+    fn measured_in(rows: &[(u64, u64, f64, bool)], slow_start: &[bool]) -> PathTable {
         let mut t = table(&rows.iter().map(|r| (Some(r.0), 0, r.3)).collect::<Vec<_>>());
         for (i, (rtt, cwnd, loss, _)) in rows.iter().enumerate() {
             let s = |sent: u64| ConnectionSample {
@@ -565,7 +594,7 @@ mod tests {
                 cwnd: *cwnd,
                 sent_packets: sent,
                 lost_packets: (sent as f64 * loss).round() as u64,
-                congestion_events: 1,
+                congestion_events: u64::from(!slow_start[i]),
                 min_rtt: Duration::from_millis(*rtt),
             };
             t.on_connection_sample(PathId(i), s(0));
@@ -798,7 +827,8 @@ mod tests {
                     )
                 })
                 .collect();
-            let mut t = measured(&rows);
+            let slow: Vec<bool> = (0..n).map(|_| rng.random_bool(0.5)).collect();
+            let mut t = measured_in(&rows, &slow);
             for i in 0..n {
                 // Sent oldest first, as a shell sends.
                 let mut ago: Vec<u64> = (0..rng.random_range(0..4))
@@ -816,6 +846,7 @@ mod tests {
             let at = |p: Priority| c.clone().pick(&t, &Ask::new(p, bytes, None, t0));
             let (hi, be) = (at(Priority::Priority), at(Priority::BestEffort));
             let e = |p: &PathState| Completion::expected(&t, p, bytes, t0).unwrap();
+            let x = |p: &PathState| Completion::expected_exploring(&t, p, bytes, t0).unwrap();
             // Brute force: the up path with the lowest E, the first of equals.
             let mut want: Option<&PathState> = None;
             for p in t.paths().iter().filter(|p| p.up) {
@@ -826,13 +857,48 @@ mod tests {
             assert_eq!(hi, want.map(|p| p.id), "case {case}: {rows:?}");
             assert_eq!(be.is_some(), hi.is_some(), "case {case}");
             if let (Some(h), Some(b)) = (hi, be) {
-                let (eh, eb) = (e(t.get(h).unwrap()), e(t.get(b).unwrap()));
-                assert!(t.get(b).unwrap().up, "case {case}");
-                assert!(
-                    b == h || (eb >= eh && eb < m * eh),
-                    "case {case}: best effort on {b:?} (E {eb}) vs priority's {h:?} (E {eh})"
-                );
+                // Best effort: the lowest exploring estimate, priority's path costing m × its.
+                let cost = |p: &PathState| if p.id == h { m * x(p) } else { x(p) };
+                let pb = t.get(b).unwrap();
+                assert!(pb.up, "case {case}");
+                for p in t.paths().iter().filter(|p| p.up) {
+                    assert!(
+                        cost(pb) < cost(p) || (cost(pb) == cost(p) && pb.id <= p.id),
+                        "case {case}: best effort on {b:?} ({}) vs {:?} ({})",
+                        cost(pb),
+                        p.id,
+                        cost(p)
+                    );
+                }
+                // Exploring never costs more than the honest estimate, and past slow start
+                // they agree.
+                for p in t.paths().iter().filter(|p| p.up) {
+                    assert!(x(p) <= e(p), "case {case}");
+                    if !p.slow_start {
+                        assert_eq!(x(p), e(p), "case {case}");
+                    }
+                }
             }
         }
+    }
+
+    /// A path still in slow start with a window smaller than a request (light use kept it
+    /// small; decision G20): a priority request pays the extra round trip its growth costs and
+    /// goes elsewhere, a best-effort one explores it, until requests queue there.
+    #[test]
+    fn best_effort_explores_a_path_whose_window_light_use_kept_small() {
+        let t0 = T0.with(|t| *t);
+        let rows = [(40, 64_000, 0.0, true), (30, 12_000, 0.0, true)];
+        let mut t = measured_in(&rows, &[false, true]);
+        // Priority: 30 × (1 + log2(1 + 16 384 / 15 000)) = 62 ms against 40 × 1.2 = 48 ms.
+        assert_eq!(completion(&t, Priority::Priority), Some(0));
+        // Best effort: 30 ms (nothing queued grows the window) against 1.15 × 48 ms.
+        assert_eq!(completion(&t, Priority::BestEffort), Some(1));
+        // 30 KB queued there: 30 × (1 + log2(1 + 30 000 / 15 000)) = 78 ms: back on path 0.
+        t.on_request_sent(PathId(1), 30_000, t0);
+        assert_eq!(completion(&t, Priority::BestEffort), Some(0));
+        // Past slow start the window is what it is, for both classes.
+        let t = measured(&rows);
+        assert_eq!(completion(&t, Priority::BestEffort), Some(0));
     }
 }
