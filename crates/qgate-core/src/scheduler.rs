@@ -247,7 +247,7 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// slow is left within a few RTTs (the wait replaces the queue estimate, which it already
 /// contains, rather than multiplying it). Priority requests take the lowest `E`. Best-effort requests
 /// are placed by the exploring estimate ([`Completion::expected_exploring`], decision G20: in
-/// slow start only `B` pays the window's growth) and pay `1 + best_effort_margin` times it on
+/// slow start `B` pays the window's growth, and `b` only beyond its first paced window) and pay `1 + best_effort_margin` times it on
 /// the path a priority request would take now, so they spill off it first as it loads, and
 /// priority traffic keeps the best path (paper 000's guarantee). Unmeasured paths come last;
 /// ties go to the lower path index.
@@ -273,8 +273,9 @@ impl Completion {
         Self::estimate(table, p, bytes, now, false)
     }
 
-    /// [`expected`](Self::expected) for a best-effort request: in slow start only the queue
-    /// ahead pays the window's growth, not the request itself (decision G20). A window that
+    /// [`expected`](Self::expected) for a best-effort request: in slow start the queue ahead
+    /// pays the window's growth, and the request only for what exceeds its first paced window
+    /// (decision G20). A window that
     /// light use kept small grows with the first requests a path carries and keeps its size
     /// (quinn does not shrink an idle window), so charging every request the slow start only
     /// the first ones pay would keep a lightly used path unused; best-effort traffic pays for
@@ -305,7 +306,12 @@ impl Completion {
         let ahead = backlog + bytes as f64;
         let flights = 1.0
             + if p.slow_start {
-                let grows = if exploring { backlog } else { ahead };
+                // Exploring, the request pays only for what exceeds its first paced window.
+                let grows = if exploring {
+                    backlog + (bytes as f64 - PACING_GAIN * w).max(0.0)
+                } else {
+                    ahead
+                };
                 (grows / (PACING_GAIN * w)).ln_1p() / std::f64::consts::LN_2
             } else {
                 ahead / (PACING_GAIN * w)
@@ -807,11 +813,12 @@ mod tests {
         }
     }
 
-    /// Random tables: a priority request takes the up path with the lowest expected completion
-    /// (the lower index on a tie); a best-effort request takes the same path, or another whose
-    /// expected completion is below (1 + margin) × it; nothing while no path is up.
+    /// Random tables, paths in or past slow start: a priority request takes the up path with
+    /// the lowest expected completion (the lower index on a tie); a best-effort request the up
+    /// path with the lowest exploring estimate, priority's path costing (1 + margin) × its own;
+    /// nothing while no path is up.
     #[test]
-    fn completion_picks_the_earliest_path_and_best_effort_spills_within_its_margin() {
+    fn completion_places_priority_by_its_estimate_and_best_effort_by_the_exploring_one() {
         use rand::{Rng, SeedableRng};
         let t0 = T0.with(|t| *t);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
@@ -892,9 +899,15 @@ mod tests {
         let mut t = measured_in(&rows, &[false, true]);
         // Priority: 30 × (1 + log2(1 + 16 384 / 15 000)) = 62 ms against 40 × 1.2 = 48 ms.
         assert_eq!(completion(&t, Priority::Priority), Some(0));
-        // Best effort: 30 ms (nothing queued grows the window) against 1.15 × 48 ms.
+        // Best effort: 30 × (1 + log2(1 + 1 384 / 15 000)) = 34 ms (nothing queued; the
+        // request exceeds its first paced window by 1 384 bytes) against 1.15 × 48 ms.
         assert_eq!(completion(&t, Priority::BestEffort), Some(1));
-        // 30 KB queued there: 30 × (1 + log2(1 + 30 000 / 15 000)) = 78 ms: back on path 0.
+        // A 60 KB request pays for the window's growth beyond its first 15 KB:
+        // 30 × (1 + log2(1 + 45 000 / 15 000)) = 90 ms against 1.15 × 40 × 1.75 = 80.5 ms.
+        let big = Ask::new(Priority::BestEffort, 60_000, None, t0);
+        assert_eq!(Completion::default().pick(&t, &big), Some(PathId(0)));
+        // 30 KB queued there: 30 × (1 + log2(1 + (30 000 + 1 384) / 15 000)) = 79 ms: back on
+        // path 0.
         t.on_request_sent(PathId(1), 30_000, t0);
         assert_eq!(completion(&t, Priority::BestEffort), Some(0));
         // Past slow start the window is what it is, for both classes.

@@ -582,3 +582,64 @@ async fn a_graceful_close_waits_for_unacknowledged_answers_within_its_linger() {
     assert_eq!(ep.open_connections(), 0, "the wait ends at the linger");
     drop((stream, send, conn));
 }
+
+/// A stream reset after it was finished is not waited for (decision G19; quinn-proto reports
+/// no `Finished` for it): with nothing acknowledged from then on, the last handle's close goes
+/// out at once and the connection is freed long before the 10 s linger.
+#[tokio::test(start_paused = true)]
+async fn a_stream_reset_after_its_finish_is_not_waited_for() {
+    use h3::quic::{Connection as _, SendStream as _};
+    let net = Network::new(6);
+    let (s, c) = (net.add_host("server"), net.add_host("client"));
+    let si = net.add_interface(s, "10.0.0.1".parse().unwrap()).unwrap();
+    let ci = net.add_interface(c, "10.0.0.2".parse().unwrap()).unwrap();
+    let link = net
+        .connect_symmetric(
+            ci,
+            si,
+            LinkParams::new(10_000_000, Duration::from_millis(10)),
+        )
+        .unwrap();
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions::default();
+    let scfg = server_config(&pki.server, &[b"test"], &opts).unwrap();
+    let ep = shared_driver::Endpoint::server(
+        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
+        scfg,
+        &opts,
+        Some(1),
+        shared_driver::Limits::with_connections(4),
+    )
+    .unwrap();
+    let cep = endpoint(
+        Socket::from(net.bind(c, sa("10.0.0.2:0")).unwrap()),
+        None,
+        Some(2),
+    )
+    .unwrap();
+    let ccfg = client_config(&pki.trust(), &[b"test"], &opts).unwrap();
+    let client = connect(&cep, &ccfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let (mut tx, _rx) = client.connection().open_bi().await.unwrap();
+    tx.write_all(b"hi").await.unwrap();
+    tx.finish().unwrap();
+    let mut conn = ep.accept().await.expect("accepted");
+    let mut stream = std::future::poll_fn(|cx| conn.poll_accept_bidi(cx))
+        .await
+        .unwrap();
+    // From now on the client hears nothing, so nothing is acknowledged.
+    let down = |p: &mut LinkParams| p.up = false;
+    net.update(link, qgate_netsim::Direction::BtoA, down)
+        .unwrap();
+    let frame = h3::proto::frame::Frame::Data(Bytes::from_static(b"answer"));
+    stream.send_data(frame).unwrap();
+    std::future::poll_fn(|cx| stream.poll_finish(cx))
+        .await
+        .unwrap();
+    stream.reset(7);
+    drop((stream, conn));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(ep.open_connections(), 0, "closed at once, not after 10 s");
+    drop(client);
+}

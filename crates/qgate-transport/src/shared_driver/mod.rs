@@ -210,16 +210,20 @@ impl Conn {
         }
     }
 
-    /// Stream `id`'s sending half is done with: acknowledged, or stopped by the peer.
+    /// Stream `id`'s sending half is done with: acknowledged, stopped by the peer, or reset.
     fn acked(&mut self, id: StreamId) {
         if let Some(i) = self.unacked.iter().position(|&x| x == id) {
             self.unacked.swap_remove(i);
+            if self.unacked.is_empty() {
+                // An idle connection keeps no allocation for it (G9).
+                self.unacked = Vec::new();
+            }
         }
     }
 
     /// Close without an error: at once if the peer has acknowledged every answer finished, or
-    /// once it has, within `linger` (G19). A close discards what is not yet sent and what the
-    /// peer has received but not read: a server ending after a GOAWAY would lose its answers.
+    /// once it has, within `linger` (G19). A close discards what is not yet sent (or must be
+    /// sent again): a server ending after a GOAWAY would lose the rest of its answers.
     fn close_gracefully(&mut self, linger: Duration, code: proto::VarInt, reason: bytes::Bytes) {
         let Some(p) = self.proto.as_mut() else { return };
         if self.error.is_some() || p.is_closed() || self.linger.is_some() {

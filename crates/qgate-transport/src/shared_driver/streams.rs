@@ -155,8 +155,8 @@ impl quic::OpenStreams<Bytes> for Connection {
     }
 }
 
-/// The sending half of a stream. Dropped before it is finished or reset, it finishes (as
-/// quinn's streams do).
+/// The sending half of a stream. A bidirectional one dropped before it is finished or reset
+/// finishes (as quinn's streams do); a unidirectional one is left open (G19).
 pub struct SendStream {
     conn: Connection,
     id: StreamId,
@@ -268,8 +268,14 @@ impl quic::SendStream<Bytes> for SendStream {
         let id = self.id;
         self.ended = true;
         self.writing = None;
-        self.conn.apply(|p| {
-            let _ = p.send_stream(id).reset(varint(reset_code));
+        self.conn.with(|c, s| {
+            if let Some(p) = c.proto.as_mut() {
+                let _ = p.send_stream(id).reset(varint(reset_code));
+            }
+            // A reset stream (even one finished before) is not waited for: quinn-proto reports
+            // no `Finished` for it.
+            c.acked(id);
+            s.touch();
         });
     }
 
