@@ -273,24 +273,32 @@ async fn idle_connections_time_out_and_are_freed() {
     assert!(!e.to_string().is_empty());
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_server_close_reaches_the_client_with_its_code() {
-    let net = Network::new(3);
+/// A client host and a server host joined by one 10 Mbit/s link (the client on its A side), a
+/// shared-driver server for `alpn` on it (up to 4 connections, seed 1) and a client endpoint
+/// (seed 2) with its configuration.
+struct OneLink {
+    net: Network,
+    link: qgate_netsim::LinkId,
+    ep: shared_driver::Endpoint,
+    cep: quinn::Endpoint,
+    ccfg: quinn::ClientConfig,
+}
+
+fn one_link(net_seed: u64, delay: Duration, alpn: &[u8]) -> OneLink {
+    let net = Network::new(net_seed);
     let (s, c) = (net.add_host("server"), net.add_host("client"));
     let si = net.add_interface(s, "10.0.0.1".parse().unwrap()).unwrap();
     let ci = net.add_interface(c, "10.0.0.2".parse().unwrap()).unwrap();
-    net.connect_symmetric(
-        ci,
-        si,
-        LinkParams::new(10_000_000, Duration::from_millis(5)),
-    )
-    .unwrap();
+    let link = net
+        .connect_symmetric(ci, si, LinkParams::new(10_000_000, delay))
+        .unwrap();
     let pki = DevPki::generate(&[]).unwrap();
-    let scfg = server_config(&pki.server, &[b"test"], &TransportOptions::default()).unwrap();
+    let opts = TransportOptions::default();
+    let scfg = server_config(&pki.server, &[alpn], &opts).unwrap();
     let ep = shared_driver::Endpoint::server(
         Socket::from(net.bind(s, sa(SERVER)).unwrap()),
         scfg,
-        &Default::default(),
+        &opts,
         Some(1),
         shared_driver::Limits::with_connections(4),
     )
@@ -301,7 +309,25 @@ async fn a_server_close_reaches_the_client_with_its_code() {
         Some(2),
     )
     .unwrap();
-    let ccfg = client_config(&pki.trust(), &[b"test"], &TransportOptions::default()).unwrap();
+    let ccfg = client_config(&pki.trust(), &[alpn], &opts).unwrap();
+    OneLink {
+        net,
+        link,
+        ep,
+        cep,
+        ccfg,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_close_reaches_the_client_with_its_code() {
+    let OneLink {
+        net: _net,
+        ep,
+        cep,
+        ccfg,
+        ..
+    } = one_link(3, Duration::from_millis(5), b"test");
     let client = connect(&cep, &ccfg, sa(SERVER), "localhost", false)
         .await
         .unwrap();
@@ -520,41 +546,19 @@ async fn a_goaway_before_the_answer_is_read_loses_none_of_it() {
 /// idle timeout.
 #[tokio::test(start_paused = true)]
 async fn a_graceful_close_waits_for_unacknowledged_answers_within_its_linger() {
-    let net = Network::new(5);
-    let (s, c) = (net.add_host("server"), net.add_host("client"));
-    let si = net.add_interface(s, "10.0.0.1".parse().unwrap()).unwrap();
-    let ci = net.add_interface(c, "10.0.0.2".parse().unwrap()).unwrap();
-    let link = net
-        .connect_symmetric(
-            ci,
-            si,
-            LinkParams::new(10_000_000, Duration::from_millis(10)),
-        )
-        .unwrap();
-    let pki = DevPki::generate(&[]).unwrap();
-    let opts = TransportOptions::default();
-    assert_eq!(opts.idle_timeout_ms, 30_000);
+    let OneLink {
+        net,
+        link,
+        ep,
+        cep,
+        ccfg,
+    } = one_link(5, Duration::from_millis(10), ALPN_H3);
+    assert_eq!(TransportOptions::default().idle_timeout_ms, 30_000);
     assert_eq!(
         shared_driver::Limits::DEFAULT.linger,
         Duration::from_secs(10)
     );
-    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
-    let ep = shared_driver::Endpoint::server(
-        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
-        scfg,
-        &opts,
-        Some(1),
-        shared_driver::Limits::with_connections(4),
-    )
-    .unwrap();
     serve(ep.clone());
-    let cep = endpoint(
-        Socket::from(net.bind(c, sa("10.0.0.2:0")).unwrap()),
-        None,
-        Some(2),
-    )
-    .unwrap();
-    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &opts).unwrap();
     let conn = connect(&cep, &ccfg, sa(SERVER), "localhost", false)
         .await
         .unwrap()
@@ -589,35 +593,13 @@ async fn a_graceful_close_waits_for_unacknowledged_answers_within_its_linger() {
 #[tokio::test(start_paused = true)]
 async fn a_stream_reset_after_its_finish_is_not_waited_for() {
     use h3::quic::{Connection as _, SendStream as _};
-    let net = Network::new(6);
-    let (s, c) = (net.add_host("server"), net.add_host("client"));
-    let si = net.add_interface(s, "10.0.0.1".parse().unwrap()).unwrap();
-    let ci = net.add_interface(c, "10.0.0.2".parse().unwrap()).unwrap();
-    let link = net
-        .connect_symmetric(
-            ci,
-            si,
-            LinkParams::new(10_000_000, Duration::from_millis(10)),
-        )
-        .unwrap();
-    let pki = DevPki::generate(&[]).unwrap();
-    let opts = TransportOptions::default();
-    let scfg = server_config(&pki.server, &[b"test"], &opts).unwrap();
-    let ep = shared_driver::Endpoint::server(
-        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
-        scfg,
-        &opts,
-        Some(1),
-        shared_driver::Limits::with_connections(4),
-    )
-    .unwrap();
-    let cep = endpoint(
-        Socket::from(net.bind(c, sa("10.0.0.2:0")).unwrap()),
-        None,
-        Some(2),
-    )
-    .unwrap();
-    let ccfg = client_config(&pki.trust(), &[b"test"], &opts).unwrap();
+    let OneLink {
+        net,
+        link,
+        ep,
+        cep,
+        ccfg,
+    } = one_link(6, Duration::from_millis(10), b"test");
     let client = connect(&cep, &ccfg, sa(SERVER), "localhost", false)
         .await
         .unwrap();
