@@ -16,7 +16,9 @@ use qgate_transport::{
 };
 
 use crate::gateway::{Gateway, GatewayConfig};
-use crate::paths::{Backhaul, BackhaulHistory, PathManager};
+use crate::paths::{
+    Backhaul, BackhaulHistory, PathManager, DEFAULT_CONNECTIONS_PER_PATH, MAX_CONNECTIONS_PER_PATH,
+};
 
 /// Why a gateway could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +29,9 @@ pub enum BuildError {
     /// The scheduler name is unknown.
     #[error("{0}")]
     Scheduler(String),
+    /// A path asks for no connection, or for more than a path may have.
+    #[error("a backhaul path's connections must be 1 to {MAX_CONNECTIONS_PER_PATH}, not {0}")]
+    Connections(usize),
     /// A QUIC endpoint or TLS configuration failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -45,6 +50,9 @@ pub struct PathOptions {
     /// Its connections' congestion controller; `None`: the gateway transport's (decision G16:
     /// `auto` or BBR where random loss dominates).
     pub congestion: Option<Congestion>,
+    /// Its QUIC connections to the server; `None`: [`DEFAULT_CONNECTIONS_PER_PATH`]. Requests
+    /// go on the one with the fewest out (decision G21).
+    pub connections: Option<usize>,
 }
 
 /// Assembles a [`Gateway`]: backhaul paths, the device listener, the scheduler, history and
@@ -208,8 +216,13 @@ impl GatewayBuilder {
                     sock
                 }
             };
+            let connections = options.connections.unwrap_or(DEFAULT_CONNECTIONS_PER_PATH);
+            if !(1..=MAX_CONNECTIONS_PER_PATH).contains(&connections) {
+                return Err(BuildError::Connections(connections));
+            }
             let mut path = Backhaul::new(sock, server, &self.config.server_authority, path_seed)?;
             path.congestion = options.congestion;
+            path.connections = connections;
             backhaul.push(path);
         }
         let hash_seed = match seed {

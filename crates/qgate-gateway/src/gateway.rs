@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use qgate_core::forwarder::{Attempt, ForwarderConfig, Outcome, RequestId, Step};
 use qgate_core::loggate::LogGate;
 use qgate_core::metrics;
-use qgate_core::path::{ConnectionSample, PathConfig, PathId};
+use qgate_core::path::{PathConfig, PathId};
 use qgate_core::scheduler::Priority;
 use qgate_core::session::{ConnId, HashId, SessionError, SessionLimits};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
@@ -23,7 +23,7 @@ use qgate_transport::{
 };
 use tokio::time::Instant;
 
-use crate::paths::PathManager;
+use crate::paths::{Lease, PathManager};
 
 use qgate_core::protocol::{
     self as wire, Registered, DEVICE_HEADER, PATH_HEADER, REQUEST_ID_HEADER,
@@ -302,7 +302,8 @@ macro_rules! noisy_warn {
 pub struct Gateway {
     /// The backhaul paths' shell, holding the forwarding core.
     paths: PathManager,
-    clients: Vec<tokio::sync::Mutex<Option<CachedClient>>>,
+    /// Each path's lanes' HTTP/3 clients (decision G21).
+    clients: Vec<Vec<tokio::sync::Mutex<Option<CachedClient>>>>,
     logs: Mutex<LogGates>,
     /// The device endpoint's handshake counters, once serving.
     endpoint: std::sync::OnceLock<Arc<EndpointStats>>,
@@ -322,7 +323,7 @@ pub struct Gateway {
     pub(crate) shapers: Vec<Option<qgate_transport::shaped::ShapeHandle>>,
 }
 
-/// A path's HTTP/3 client and the id of the QUIC connection it runs on.
+/// A lane's HTTP/3 client and the id of the QUIC connection it runs on.
 type CachedClient = (usize, Arc<H3Client>);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -343,7 +344,13 @@ impl Gateway {
             paths.with_core(|f| (f.paths().paths().len(), f.config().attempt_timeout));
         Gateway {
             attempt_timeout,
-            clients: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            clients: (0..n)
+                .map(|i| {
+                    (0..paths.lanes(PathId(i)))
+                        .map(|_| tokio::sync::Mutex::new(None))
+                        .collect()
+                })
+                .collect(),
             logs: Mutex::default(),
             endpoint: std::sync::OnceLock::new(),
             next_conn: AtomicU64::new(0),
@@ -508,18 +515,21 @@ impl Gateway {
         }
     }
 
-    /// The H3 client on `path`'s current backhaul connection (made on first use per connection).
-    async fn client(&self, path: PathId) -> Option<Arc<H3Client>> {
-        let conn = self.paths.connection(path)?;
-        let mut slot = self.clients[path.0].lock().await;
+    /// The H3 client on the backhaul connection of `path` with the fewest requests out (made
+    /// on first use per connection), leased for one request.
+    async fn client(&self, path: PathId) -> Option<(Arc<H3Client>, Lease)> {
+        let lease = self.paths.lease(path)?;
+        let conn = lease.connection();
+        let mut slot = self.clients[path.0][lease.lane()].lock().await;
         if let Some((id, c)) = slot.as_ref() {
             if *id == conn.stable_id() {
-                return Some(c.clone());
+                return Some((c.clone(), lease));
             }
         }
         let c = Arc::new(H3Client::new(conn.clone()).await.ok()?);
         *slot = Some((conn.stable_id(), c.clone()));
-        Some(c)
+        drop(slot);
+        Some((c, lease))
     }
 
     /// Count a refused request and answer it.
@@ -703,7 +713,7 @@ impl Gateway {
                 // `None`: abandoned meanwhile, which this task alone does, on drop.
                 .unwrap_or(Step::Failed)
         };
-        let Some(client) = self.client(path).await else {
+        let Some((client, lease)) = self.client(path).await else {
             return Err(finish(a, &|| Outcome::ConnectionLost));
         };
         // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future (and
@@ -717,7 +727,7 @@ impl Gateway {
                 let success = r.status.is_success();
                 finish(a, &|| Outcome::Answered {
                     success,
-                    sample: Some(connection_sample(client.connection())),
+                    sample: self.paths.sample(path),
                 });
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
@@ -734,11 +744,22 @@ impl Gateway {
             }
             Err(e) => {
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                let outcome = if client.is_closed() {
+                let closed = client.is_closed();
+                if closed {
+                    *self.clients[path.0][lease.lane()].lock().await = None;
+                }
+                let others = |l: &Lease| {
+                    let id = l.connection().stable_id();
+                    self.paths.live(path).any(|c| c.stable_id() != id)
+                };
+                let outcome = if closed && !others(&lease) {
                     // The path's connection (QUIC or HTTP/3) is gone: the core takes the path
                     // out until probing brings it back (the next use reconnects).
-                    *self.clients[path.0].lock().await = None;
                     Outcome::ConnectionLost
+                } else if closed {
+                    // One of several connections is gone (decision G21): the path stays in
+                    // on the others, and its probes reconnect this one.
+                    Outcome::Unanswered
                 } else {
                     // Only this request's stream was cancelled (decision G5): the connection
                     // and the other devices' requests on it carry on; the path table probes
@@ -752,19 +773,6 @@ impl Gateway {
                 Err(finish(a, &|| outcome))
             }
         }
-    }
-}
-
-/// What QUIC says about a backhaul connection now.
-pub(crate) fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
-    let p = c.stats().path;
-    ConnectionSample {
-        rtt: p.rtt,
-        cwnd: p.cwnd,
-        sent_packets: p.sent_packets,
-        lost_packets: p.lost_packets,
-        congestion_events: p.congestion_events,
-        min_rtt: p.min_rtt,
     }
 }
 
@@ -872,6 +880,15 @@ impl metrics::Collector for GatewayMetrics {
                 .iter()
                 .enumerate()
                 .map(|(i, p)| (per_path(i), u64::from(p.up))),
+        )?;
+        metrics::gauges(
+            &mut e,
+            "qgate_gateway_path_connections",
+            "live QUIC connections of each path (decision G21)",
+            (0..table.paths().len()).map(|i| {
+                let live = gw.paths.live_connections(PathId(i)) as u64;
+                (per_path(i), live)
+            }),
         )?;
         metrics::counters(
             &mut e,

@@ -1,20 +1,26 @@
-//! The path manager's shell (paper 000 §3.2): one QUIC connection per backhaul path, bound to
-//! the path's local address; Path Request / ACK Response probes as QUIC datagrams when the
-//! sans-IO [`Forwarder`] (its path table) asks for them; QUIC's own RTT estimate between
-//! probes; a closed connection reported at once; reconnection attempts as the probes of a path
-//! without one. It holds the forwarder under the gateway's one lock.
+//! The path manager's shell (paper 000 §3.2): one QUIC connection per backhaul path (or a few,
+//! decision G21), bound to the path's local address; Path Request / ACK Response probes as
+//! QUIC datagrams when the sans-IO [`Forwarder`] (its path table) asks for them; QUIC's own RTT
+//! estimate between probes; a closed connection reported at once; reconnection attempts as the
+//! probes of a path without one. It holds the forwarder under the gateway's one lock.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use qgate_core::forwarder::Forwarder;
-use qgate_core::path::{PathId, PathTable};
+use qgate_core::path::{ConnectionSample, PathId, PathTable};
 use qgate_core::probe::ProbeMsg;
 use qgate_transport::{connect, Congestion, Socket, TransportError, TransportOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// Backhaul connections per path unless a path says otherwise (decision G21).
+pub const DEFAULT_CONNECTIONS_PER_PATH: usize = 1;
+/// The most connections one path may have (each holds its own QUIC state at both ends).
+pub const MAX_CONNECTIONS_PER_PATH: usize = 16;
 
 /// One backhaul path: the endpoint bound to its local address, and where the server is.
 pub struct Backhaul {
@@ -26,6 +32,9 @@ pub struct Backhaul {
     pub server_name: String,
     /// This path's congestion controller, if not the gateway transport's (decision G16).
     pub congestion: Option<Congestion>,
+    /// Its QUIC connections to the server (1 to [`MAX_CONNECTIONS_PER_PATH`]; decision G21):
+    /// each request goes on the one with the fewest requests out.
+    pub connections: usize,
 }
 
 impl Backhaul {
@@ -42,16 +51,39 @@ impl Backhaul {
             server,
             server_name: server_name.to_string(),
             congestion: None,
+            connections: DEFAULT_CONNECTIONS_PER_PATH,
         })
     }
+}
+
+/// One of a path's backhaul connections.
+#[derive(Default)]
+struct Lane {
+    conn: Mutex<Option<quinn::Connection>>,
+    connecting: Mutex<bool>,
+    /// Requests out on this lane now ([`Lease`]s).
+    busy: AtomicUsize,
 }
 
 struct Shared {
     /// The forwarding core: sessions, paths, scheduler, requests (the one lock).
     core: Mutex<Forwarder>,
-    conns: Vec<Mutex<Option<quinn::Connection>>>,
-    connecting: Vec<Mutex<bool>>,
+    /// Each path's lanes. Never locked while the core's lock is wanted (the core's lock may
+    /// be held while a lane's is taken).
+    lanes: Vec<Vec<Lane>>,
     wake: Notify,
+}
+
+impl Shared {
+    fn live(&self, path: PathId) -> impl Iterator<Item = (usize, quinn::Connection)> + '_ {
+        self.lanes
+            .get(path.0)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, l)| lock(&l.conn).clone().map(|c| (i, c)))
+            .filter(|(_, c)| c.close_reason().is_none())
+    }
 }
 
 /// The running path manager. Dropping it stops its tasks.
@@ -82,6 +114,35 @@ pub struct BackhaulHistory {
     pub safeguard: Option<f64>,
 }
 
+/// A request's use of one backhaul connection: counted against its lane until dropped, so the
+/// next request picks the lane with the fewest out.
+pub struct Lease {
+    shared: Arc<Shared>,
+    path: PathId,
+    lane: usize,
+    conn: quinn::Connection,
+}
+
+impl Lease {
+    /// The lane (which of its path's connections), from 0.
+    pub fn lane(&self) -> usize {
+        self.lane
+    }
+
+    /// The connection.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.conn
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.shared.lanes[self.path.0][self.lane]
+            .busy
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl PathManager {
     /// Start managing `paths` for `core` (one path each) with client configuration `cfg` (it
     /// must offer the server's ALPN).
@@ -100,16 +161,20 @@ impl PathManager {
         core: Forwarder,
         history: Option<BackhaulHistory>,
     ) -> PathManager {
-        let n = paths.len();
         assert_eq!(
             core.paths().paths().len(),
-            n,
+            paths.len(),
             "one backhaul per path of the core"
         );
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
-            conns: (0..n).map(|_| Mutex::new(None)).collect(),
-            connecting: (0..n).map(|_| Mutex::new(false)).collect(),
+            lanes: paths
+                .iter()
+                .map(|p| {
+                    let n = p.connections.clamp(1, MAX_CONNECTIONS_PER_PATH);
+                    (0..n).map(|_| Lane::default()).collect()
+                })
+                .collect(),
             wake: Notify::new(),
         });
         let paths = Arc::new(paths);
@@ -125,9 +190,48 @@ impl PathManager {
         lock(&self.shared.core).paths().clone()
     }
 
-    /// The live connection of `path`, if any.
+    /// A live connection of `path` (its first live lane's), if any.
     pub fn connection(&self, path: PathId) -> Option<quinn::Connection> {
-        lock(self.shared.conns.get(path.0)?).clone()
+        self.shared.live(path).next().map(|(_, c)| c)
+    }
+
+    /// `path`'s live connections, in lane order.
+    pub fn live(&self, path: PathId) -> impl Iterator<Item = quinn::Connection> + '_ {
+        self.shared.live(path).map(|(_, c)| c)
+    }
+
+    /// How many connections `path` keeps (its lanes).
+    pub fn lanes(&self, path: PathId) -> usize {
+        self.shared.lanes.get(path.0).map_or(0, Vec::len)
+    }
+
+    /// How many of `path`'s connections are up.
+    pub fn live_connections(&self, path: PathId) -> usize {
+        self.shared.live(path).count()
+    }
+
+    /// The live connection of `path` with the fewest requests out (the first such lane on a
+    /// tie), leased for one request.
+    pub fn lease(&self, path: PathId) -> Option<Lease> {
+        let lanes = self.shared.lanes.get(path.0)?;
+        let (lane, conn) = self
+            .shared
+            .live(path)
+            .min_by_key(|(i, _)| lanes[*i].busy.load(Ordering::Relaxed))?;
+        lanes[lane].busy.fetch_add(1, Ordering::Relaxed);
+        Some(Lease {
+            shared: self.shared.clone(),
+            path,
+            lane,
+            conn,
+        })
+    }
+
+    /// What QUIC says about `path` now: with one connection its sample; with several, the
+    /// path as one pipe (decision G21): their windows and packet counts summed, their smoothed
+    /// RTTs averaged, the smallest minimum RTT.
+    pub fn sample(&self, path: PathId) -> Option<ConnectionSample> {
+        sample_of(self.shared.live(path).map(|(_, c)| connection_sample(&c)))
     }
 
     /// Apply `f` to the forwarder under its lock (decision G17); if that brought its next timeout forward,
@@ -145,6 +249,43 @@ impl PathManager {
     }
 }
 
+/// What QUIC says about one backhaul connection now.
+fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
+    let p = c.stats().path;
+    ConnectionSample {
+        rtt: p.rtt,
+        cwnd: p.cwnd,
+        sent_packets: p.sent_packets,
+        lost_packets: p.lost_packets,
+        congestion_events: p.congestion_events,
+        min_rtt: p.min_rtt,
+    }
+}
+
+/// Several connections of one path as one sample (see [`PathManager::sample`]).
+fn sample_of(samples: impl Iterator<Item = ConnectionSample>) -> Option<ConnectionSample> {
+    let mut n = 0u32;
+    let mut sum: Option<ConnectionSample> = None;
+    for s in samples {
+        n += 1;
+        sum = Some(match sum {
+            None => s,
+            Some(a) => ConnectionSample {
+                rtt: a.rtt + s.rtt,
+                cwnd: a.cwnd + s.cwnd,
+                sent_packets: a.sent_packets + s.sent_packets,
+                lost_packets: a.lost_packets + s.lost_packets,
+                congestion_events: a.congestion_events + s.congestion_events,
+                min_rtt: a.min_rtt.min(s.min_rtt),
+            },
+        });
+    }
+    sum.map(|s| ConnectionSample {
+        rtt: s.rtt / n,
+        ..s
+    })
+}
+
 async fn drive(
     shared: Arc<Shared>,
     paths: Arc<Vec<Backhaul>>,
@@ -155,18 +296,24 @@ async fn drive(
         let now = Instant::now();
         let probes = lock(&shared.core).poll(now.into_std());
         for probe in probes {
-            let conn = lock(&shared.conns[probe.path.0]).clone();
-            match conn {
-                Some(c) => {
-                    // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
-                    // Under the core's lock, as the gateway's samples (in order).
-                    lock(&shared.core)
-                        .on_connection_sample(probe.path, crate::gateway::connection_sample(&c));
-                    let _ = c.send_datagram(Bytes::copy_from_slice(
-                        &ProbeMsg::Request(probe.seq).encode(),
-                    ));
+            let live: Vec<(usize, quinn::Connection)> = shared.live(probe.path).collect();
+            // A lane that lost its connection while others kept theirs reconnects with the
+            // path's probes; a path with none left is down until one comes back.
+            for lane in 0..shared.lanes[probe.path.0].len() {
+                if !live.iter().any(|(i, _)| *i == lane) {
+                    reconnect(&shared, &paths, &cfg, &history, probe.path, lane);
                 }
-                None => reconnect(&shared, &paths, &cfg, &history, probe.path),
+            }
+            if let Some((_, c)) = live.first() {
+                let sample = sample_of(live.iter().map(|(_, c)| connection_sample(c)));
+                // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
+                // Under the core's lock, as the gateway's samples (in order).
+                if let Some(s) = sample {
+                    lock(&shared.core).on_connection_sample(probe.path, s);
+                }
+                let _ = c.send_datagram(Bytes::copy_from_slice(
+                    &ProbeMsg::Request(probe.seq).encode(),
+                ));
             }
         }
         let next = lock(&shared.core).poll_timeout();
@@ -183,17 +330,18 @@ async fn drive(
     }
 }
 
-/// Connect `path` unless an attempt is under way; on success, read its probe answers until the
-/// connection closes, then report the loss.
+/// Connect `lane` of `path` unless an attempt is under way; on success, read its probe
+/// answers until the connection closes, then report the loss if it was the path's last.
 fn reconnect(
     shared: &Arc<Shared>,
     paths: &Arc<Vec<Backhaul>>,
     (cfg, opts): &(quinn::ClientConfig, TransportOptions),
     history: &Option<BackhaulHistory>,
     path: PathId,
+    lane: usize,
 ) {
     {
-        let mut busy = lock(&shared.connecting[path.0]);
+        let mut busy = lock(&shared.lanes[path.0][lane].connecting);
         if *busy {
             return;
         }
@@ -204,6 +352,7 @@ fn reconnect(
         .endpoint
         .local_addr()
         .map_or("?".to_string(), |a| a.ip().to_string());
+    // One key per path: its lanes share the path's history.
     let key = format!("{}@{} via {local}", p.server_name, p.server);
     // A path with a controller of its own gets a transport configuration of its own.
     let own = p
@@ -235,30 +384,34 @@ fn reconnect(
     let (shared, paths) = (shared.clone(), paths.clone());
     tokio::spawn(async move {
         let p = &paths[path.0];
+        let slot = &shared.lanes[path.0][lane];
         let result = tokio::time::timeout(
             Duration::from_secs(5),
             connect(&p.endpoint, &cfg, p.server, &p.server_name, false),
         )
         .await;
-        *lock(&shared.connecting[path.0]) = false;
+        *lock(&slot.connecting) = false;
         let conn = match result {
             Ok(Ok(c)) => c.connection().clone(),
             Ok(Err(e)) => {
-                tracing::debug!(path = path.0, error = %e, "backhaul connect failed");
+                tracing::debug!(path = path.0, lane, error = %e, "backhaul connect failed");
                 return;
             }
             Err(_) => return,
         };
-        *lock(&shared.conns[path.0]) = Some(conn.clone());
+        *lock(&slot.conn) = Some(conn.clone());
         shared.wake.notify_one(); // probe the new connection now rather than at the next timer
         while let Ok(d) = conn.read_datagram().await {
             if let Ok(ProbeMsg::Response(seq)) = ProbeMsg::decode(&d) {
                 lock(&shared.core).on_probe_ack(path, seq, Instant::now().into_std());
             }
         }
-        // The connection is gone: the path is down until a reconnection succeeds.
-        *lock(&shared.conns[path.0]) = None;
-        lock(&shared.core).on_connection_lost(path, Instant::now().into_std());
+        // The connection is gone; with it the path's last, the path is down until a
+        // reconnection succeeds.
+        *lock(&slot.conn) = None;
+        if shared.live(path).next().is_none() {
+            lock(&shared.core).on_connection_lost(path, Instant::now().into_std());
+        }
         shared.wake.notify_one();
     });
 }

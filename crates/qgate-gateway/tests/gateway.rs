@@ -91,6 +91,7 @@ async fn a_forged_hash_id_is_refused() {
             "qgate_gateway_refused_total 3",
             "qgate_gateway_forwarded_total 1",
             "qgate_gateway_path_up{path=\"0\"} 1",
+            "qgate_gateway_path_connections{path=\"0\"} 1",
             "qgate_gateway_response_delay_seconds_count{class=\"best_effort\"} 1",
             "qgate_gateway_response_delay_seconds_count{class=\"priority\"} 0",
             "qgate_gateway_path_bytes_total{path=\"0\"} 1024",

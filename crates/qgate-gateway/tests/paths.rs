@@ -249,3 +249,74 @@ async fn a_path_runs_its_own_congestion_controller() {
 async fn a_path_runs_its_own_congestion_controller_with_history() {
     assert_eq!(bbr_per_path(true).await, [true, false]);
 }
+
+/// Decision G21: a path with three connections keeps three, leases each request to the one
+/// with the fewest out, stays up while any lives, and reconnects a lost one with its probes.
+#[tokio::test(start_paused = true)]
+async fn a_path_with_several_connections_spreads_requests_and_outlives_one_of_them() {
+    let opts = TransportOptions {
+        keep_alive_ms: Some(1000),
+        ..Default::default()
+    };
+    let w = backhauls(3, &[10], &opts);
+    let mut path = w.path(1, 1);
+    path.connections = 3;
+    let cfg = client_config(&w.pki.trust(), &[ALPN_H3], &opts).unwrap();
+    let pm = PathManager::start(
+        vec![path],
+        cfg,
+        core(1, Box::new(Single { path: PathId(0) })),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let p = PathId(0);
+    assert_eq!((pm.lanes(p), pm.live_connections(p)), (3, 3));
+
+    // Three requests out take three different connections; a fourth shares the least busy.
+    let mut leases: Vec<_> = (0..3).map(|_| pm.lease(p).expect("a connection")).collect();
+    let mut lanes: Vec<usize> = leases.iter().map(|l| l.lane()).collect();
+    lanes.sort();
+    assert_eq!(lanes, [0, 1, 2]);
+    let ids: std::collections::HashSet<usize> =
+        leases.iter().map(|l| l.connection().stable_id()).collect();
+    assert_eq!(ids.len(), 3, "three distinct QUIC connections");
+    let freed = leases.remove(1).lane();
+    assert_eq!(pm.lease(p).unwrap().lane(), freed, "the one with none out");
+    drop(leases);
+
+    // The sample is the path as one pipe: three windows, one RTT.
+    let one = pm.connection(p).unwrap().stats().path;
+    let s = pm.sample(p).unwrap();
+    assert!(
+        s.cwnd >= 3 * one.cwnd.min(s.cwnd / 3),
+        "{} vs {}",
+        s.cwnd,
+        one.cwnd
+    );
+    assert!((s.rtt.as_secs_f64() - 0.020).abs() < 0.003, "{:?}", s.rtt);
+
+    // One connection closes: the path stays up on the other two, and the next probe (30 s)
+    // brings the third back.
+    let lost = pm.lease(p).unwrap();
+    let (lost_lane, lost_id) = (lost.lane(), lost.connection().stable_id());
+    lost.connection().close(0u32.into(), b"test");
+    drop(lost);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pm.live_connections(p), 2);
+    assert!(
+        pm.table().get(p).unwrap().up,
+        "up while two connections live"
+    );
+    for _ in 0..4 {
+        let l = pm.lease(p).unwrap();
+        assert_ne!(l.lane(), lost_lane, "no request on the closed connection");
+    }
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(pm.live_connections(p), 3, "reconnected with the probes");
+    assert!(pm.lease(p).map(|l| l.connection().stable_id()) != Some(lost_id));
+
+    // The link dies: every connection idles out (30 s), and the path goes down with them.
+    w.net.update_both(w.links[0], |l| l.up = false).unwrap();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(pm.live_connections(p), 0);
+    assert!(!pm.table().get(p).unwrap().up);
+}

@@ -276,6 +276,53 @@ fn auto_congestion_leaves_cubic_under_random_loss_and_keeps_it_without() {
 }
 
 #[test]
+fn several_backhaul_connections_lift_cubic_under_random_loss() {
+    use qgate_lab::plan::{run::run_variant, Loaded, Options};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../lab/plans/proxy-backhaul-conns.toml");
+    let plan = Loaded::read(&path).unwrap();
+    let variants = plan
+        .variants(&Options {
+            seeds: Some(1),
+            schemes: vec!["single-cubic-1".into(), "single-cubic-4".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    let mean = |scheme: &str| {
+        let v = variants
+            .iter()
+            .find(|v| {
+                v.scheme == scheme
+                    && v.point
+                        .as_ref()
+                        .is_some_and(|p| p.sweep == "loss" && p.x == 5.0)
+            })
+            .unwrap();
+        let r = run_variant(v).unwrap();
+        assert_eq!(r.scalars["gw.failed"], 0.0, "{scheme}");
+        assert_eq!(r.scalars["gw.unfinished"], 0.0, "{scheme}");
+        r.scalars["gw.response_ms_mean"]
+    };
+    // 5 % random loss on path 1: one CUBIC window collapses; four share the requests, so the
+    // path's window is four collapsed ones (decision G21).
+    let (one, four) = (mean("single-cubic-1"), mean("single-cubic-4"));
+    assert!(four * 2.0 < one, "4 connections {four} ms vs 1: {one} ms");
+    // A path may not have none.
+    let cc = Loaded::read(&path.with_file_name("proxy-backhaul-cc.toml")).unwrap();
+    let e = cc
+        .variants(&Options {
+            set: vec![(
+                "workloads.gw.connections_per_path".into(),
+                toml::Value::Integer(0),
+            )],
+            ..Default::default()
+        })
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("connections_per_path"), "{e}");
+}
+
+#[test]
 fn amqp_quick_plans_deliver_everything_and_netsim_is_deterministic() {
     use qgate_lab::papers::paper003::{
         loopback, netsim_points, workload, Case, Point, Rep, Transport, PLANS,

@@ -261,6 +261,16 @@ ttl = "30s"
             g.paths[2].congestion,
             Some(qgate_transport::Congestion::Auto)
         );
+        assert_eq!(g.paths[2].connections, None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let documented = format!(
+            "[default: {}]",
+            qgate_gateway::paths::DEFAULT_CONNECTIONS_PER_PATH
+        );
+        assert!(
+            text.contains(&documented),
+            "the example's connections default"
+        );
         assert_eq!(cfg.history.mode, Some(HistoryMode::Ewma));
         assert_eq!(cfg.transport.idle_timeout_ms, 30_000);
         // The example documents the gateway crate's defaults: it must not drift from them.

@@ -58,6 +58,10 @@ pub struct PathSection {
     /// loss dominates, then BBR; decision G16) [default: [transport] congestion].
     #[serde(default)]
     pub congestion: Option<qgate_transport::Congestion>,
+    /// QUIC connections on this path (1 to `MAX_CONNECTIONS_PER_PATH`); each request takes the
+    /// one with the fewest out (decision G21) [default: `DEFAULT_CONNECTIONS_PER_PATH`].
+    #[serde(default)]
+    pub connections: Option<usize>,
 }
 
 /// Where `qgate gateway` listens for devices unless told.
@@ -73,7 +77,8 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "ADDR")]
     server: Option<SocketAddr>,
     /// A backhaul path: LOCAL_ADDR or LOCAL_ADDR=SERVER_ADDR (repeat; replaces the config's
-    /// paths, and with them their shape and congestion, which only the config file sets).
+    /// paths, and with them their shape, congestion and connections, which only the config file
+    /// sets).
     #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
     paths: Vec<String>,
     #[arg(long, value_name = "NAME", help = dflt(
@@ -162,9 +167,17 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
                 }
                 None => None,
             };
+            let max = qgate_gateway::paths::MAX_CONNECTIONS_PER_PATH;
+            if p.connections.is_some_and(|n| !(1..=max).contains(&n)) {
+                return Err(usage(format!(
+                    "path {}: connections must be 1 to {max}",
+                    p.local
+                )));
+            }
             options.push(qgate_gateway::builder::PathOptions {
                 shape,
                 congestion: p.congestion,
+                connections: p.connections,
             });
             let server = p.server.or(default_server).ok_or_else(|| {
                 usage(format!(

@@ -1147,6 +1147,19 @@ fn a_gateway_path_shape_it_cannot_do_is_refused_before_anything_binds() {
         let o = run(&home, &["-c", cfg.to_str().unwrap(), "gateway"]);
         assert_fails(o, 2, says);
     }
+    // So is a path with no connection or too many (decision G21).
+    for n in [0, 17] {
+        let cfg = home.join("gw.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[gateway]\nserver = \"127.0.0.1:9\"\n[[gateway.paths]]\nlocal = \"127.0.0.1:0\"\nconnections = {n}\n"
+            ),
+        )
+        .unwrap();
+        let o = run(&home, &["-c", cfg.to_str().unwrap(), "gateway"]);
+        assert_fails(o, 2, "connections must be 1 to 16");
+    }
 }
 
 #[test]

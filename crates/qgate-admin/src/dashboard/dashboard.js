@@ -119,7 +119,7 @@ function rate(now, key, value) {
 async function gateway(now, values) {
   const [paths, delay, sched] = await Promise.all([api("/api/paths"), api("/api/delay"), api("/api/scheduler")]);
   panel("gw-paths", `Backhaul paths · scheduler ${sched.name}`,
-    table("paths", [["id", "path"], [(p) => (p.up ? "up" : "down"), "state", "state"], ["rtt_ms", "RTT ms"], ["quic_rtt_ms", "QUIC RTT ms"], ["hits", "devices"], ["requests", "requests"], ["loss", "loss"]],
+    table("paths", [["id", "path"], [(p) => (p.up ? "up" : "down"), "state", "state"], ["rtt_ms", "RTT ms"], ["quic_rtt_ms", "QUIC RTT ms"], ["hits", "devices"], ["requests", "requests"], ["connections", "connections"], ["loss", "loss"]],
       paths, (p) => (p.up ? "up" : "down")));
   const lines = [];
   for (const [cls, color] of [["priority", "#c5221f"], ["best_effort", "#1a73e8"]]) {

@@ -36,6 +36,8 @@ pub struct PathView {
     pub bytes: u64,
     /// The server address its connection reaches, while connected.
     pub server: Option<String>,
+    /// Its live QUIC connections (decision G21).
+    pub connections: usize,
 }
 
 /// One registered device.
@@ -99,6 +101,7 @@ impl Gateway {
                     .paths
                     .connection(p.id)
                     .map(|c| c.remote_address().to_string()),
+                connections: self.paths.live_connections(p.id),
             })
             .collect()
     }

@@ -267,6 +267,8 @@ pub struct GatewayLoad {
     /// The gateway's congestion controller: cubic (quinn's default), new-reno, bbr or auto
     /// (CUBIC until random loss dominates, then BBR; decision G16).
     pub congestion: Option<String>,
+    /// QUIC connections per backhaul path (the gateway's default when absent; decision G21).
+    pub connections_per_path: Option<usize>,
 }
 
 pub(crate) fn backhaul_history() -> HistoryMode {

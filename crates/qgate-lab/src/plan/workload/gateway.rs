@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use qgate_core::history::HistoryConfig;
-use qgate_gateway::builder::RunningGateway;
+use qgate_gateway::builder::{PathOptions, RunningGateway};
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::BackhaulHistory;
@@ -126,6 +126,15 @@ pub(super) fn check(
     if let Some(c) = &g.congestion {
         c.parse::<Congestion>()
             .map_err(|e| format!("workload '{}': 'congestion': {e}", g.name))?;
+    }
+    let max = qgate_gateway::paths::MAX_CONNECTIONS_PER_PATH;
+    if g.connections_per_path
+        .is_some_and(|n| !(1..=max).contains(&n))
+    {
+        return Err(format!(
+            "workload '{}': 'connections_per_path' must be 1 to {max}",
+            g.name
+        ));
     }
     if !(g.start_jitter_ms.is_finite() && g.start_jitter_ms >= 0.0) {
         return Err(format!(
@@ -238,7 +247,11 @@ pub(crate) async fn prepare(
         let sock = net
             .bind(gw_host, SocketAddr::new(local, 0))
             .map_err(|e| e.to_string())?;
-        builder = builder.with_path(Socket::from(sock), SocketAddr::new(remote, 443));
+        let options = PathOptions {
+            connections: g.connections_per_path,
+            ..Default::default()
+        };
+        builder = builder.with_backhaul(Socket::from(sock), SocketAddr::new(remote, 443), options);
         paths.push(PathLink { id: l.id, up });
     }
     let running = builder.start().map_err(|e| e.to_string())?;
