@@ -516,20 +516,25 @@ impl Gateway {
     }
 
     /// The H3 client on the backhaul connection of `path` with the fewest requests out (made
-    /// on first use per connection), leased for one request.
-    async fn client(&self, path: PathId) -> Option<(Arc<H3Client>, Lease)> {
-        let lease = self.paths.lease(path)?;
+    /// on first use per connection), leased for one request; else the lane whose HTTP/3 setup
+    /// failed, or `None` when the path has no connection.
+    async fn client(&self, path: PathId) -> Result<(Arc<H3Client>, Lease), Option<usize>> {
+        let lease = self.paths.lease(path).ok_or(None)?;
         let conn = lease.connection();
         let mut slot = self.clients[path.0][lease.lane()].lock().await;
         if let Some((id, c)) = slot.as_ref() {
             if *id == conn.stable_id() {
-                return Some((c.clone(), lease));
+                return Ok((c.clone(), lease));
             }
         }
-        let c = Arc::new(H3Client::new(conn.clone()).await.ok()?);
+        let c = Arc::new(
+            H3Client::new(conn.clone())
+                .await
+                .map_err(|_| Some(lease.lane()))?,
+        );
         *slot = Some((conn.stable_id(), c.clone()));
         drop(slot);
-        Some((c, lease))
+        Ok((c, lease))
     }
 
     /// Count a refused request and answer it.
@@ -713,8 +718,14 @@ impl Gateway {
                 // `None`: abandoned meanwhile, which this task alone does, on drop.
                 .unwrap_or(Step::Failed)
         };
-        let Some((client, lease)) = self.client(path).await else {
-            return Err(finish(a, &|| Outcome::ConnectionLost));
+        let (client, lease) = match self.client(path).await {
+            Ok(c) => c,
+            // One of several connections failed (decision G21): the path stays in on the
+            // others. Its last: the path is out until probing brings it back.
+            Err(lane) if self.paths.others_live(path, lane) => {
+                return Err(finish(a, &|| Outcome::Unanswered));
+            }
+            Err(_) => return Err(finish(a, &|| Outcome::ConnectionLost)),
         };
         // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future (and
         // the per-request task) grows by it and is copied around with it.
@@ -727,7 +738,7 @@ impl Gateway {
                 let success = r.status.is_success();
                 finish(a, &|| Outcome::Answered {
                     success,
-                    sample: self.paths.sample(path),
+                    sample: self.paths.sample_for(&lease),
                 });
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
@@ -746,19 +757,23 @@ impl Gateway {
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
                 let closed = client.is_closed();
                 if closed {
-                    *self.clients[path.0][lease.lane()].lock().await = None;
+                    let mut cached = self.clients[path.0][lease.lane()].lock().await;
+                    if cached
+                        .as_ref()
+                        .is_some_and(|(_, c)| Arc::ptr_eq(c, &client))
+                    {
+                        *cached = None;
+                    }
                 }
-                let others = |l: &Lease| {
-                    let id = l.connection().stable_id();
-                    self.paths.live(path).any(|c| c.stable_id() != id)
-                };
-                let outcome = if closed && !others(&lease) {
+                let outcome = if closed && !self.paths.others_live(path, Some(lease.lane())) {
                     // The path's connection (QUIC or HTTP/3) is gone: the core takes the path
                     // out until probing brings it back (the next use reconnects).
                     Outcome::ConnectionLost
                 } else if closed {
                     // One of several connections is gone (decision G21): the path stays in
-                    // on the others, and its probes reconnect this one.
+                    // on the others, and its probes reconnect this one (closed here if only
+                    // its HTTP/3 ended, so that it is replaced).
+                    lease.connection().close(0u32.into(), b"HTTP/3 ended");
                     Outcome::Unanswered
                 } else {
                     // Only this request's stream was cancelled (decision G5): the connection

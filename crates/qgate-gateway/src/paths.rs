@@ -32,8 +32,8 @@ pub struct Backhaul {
     pub server_name: String,
     /// This path's congestion controller, if not the gateway transport's (decision G16).
     pub congestion: Option<Congestion>,
-    /// Its QUIC connections to the server (1 to [`MAX_CONNECTIONS_PER_PATH`]; decision G21):
-    /// each request goes on the one with the fewest requests out.
+    /// Its QUIC connections to the server (1 to [`MAX_CONNECTIONS_PER_PATH`], a value outside
+    /// taken as the nearest; decision G21): each request goes on the one with the fewest out.
     pub connections: usize,
 }
 
@@ -71,10 +71,77 @@ struct Shared {
     /// Each path's lanes. Never locked while the core's lock is wanted (the core's lock may
     /// be held while a lane's is taken).
     lanes: Vec<Vec<Lane>>,
+    /// Per path with several lanes: packet counters summed over its connections so far, so
+    /// they only grow when one of them is replaced (the path table reads their differences).
+    totals: Vec<Mutex<Totals>>,
     wake: Notify,
 }
 
+/// A path's counters over all its connections, and what each lane's connection had counted at
+/// the last sample (its id, sent, lost, congestion events).
+#[derive(Default)]
+struct Totals {
+    sent: u64,
+    lost: u64,
+    events: u64,
+    seen: Vec<Option<(usize, u64, u64, u64)>>,
+}
+
 impl Shared {
+    /// What QUIC says about `path` now, with `own`'s connection standing for its lane (the
+    /// connection a request was answered on). One connection: its sample, as before G21.
+    /// Several (decision G21): the path as one pipe, windows summed, smoothed RTTs averaged,
+    /// the smallest minimum RTT, and packet counters that only grow (see [`Totals`]).
+    fn sample(&self, path: PathId, own: Option<&Lease>) -> Option<ConnectionSample> {
+        let lanes = self.lanes.get(path.0)?;
+        let conns: Vec<(usize, quinn::Connection)> = lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| match own {
+                Some(o) if o.lane == i => Some((i, o.conn.clone())),
+                _ => lock(&l.conn).clone().map(|c| (i, c)),
+            })
+            .collect();
+        if lanes.len() == 1 {
+            return conns.first().map(|(_, c)| connection_sample(c));
+        }
+        let mut t = lock(&self.totals[path.0]);
+        t.seen.resize(lanes.len(), None);
+        let mut sum: Option<ConnectionSample> = None;
+        for (i, c) in &conns {
+            let s = connection_sample(c);
+            let id = c.stable_id();
+            let (sent, lost, events) = match t.seen[*i] {
+                Some((seen, a, b, e)) if seen == id => (
+                    s.sent_packets.saturating_sub(a),
+                    s.lost_packets.saturating_sub(b),
+                    s.congestion_events.saturating_sub(e),
+                ),
+                _ => (s.sent_packets, s.lost_packets, s.congestion_events),
+            };
+            t.seen[*i] = Some((id, s.sent_packets, s.lost_packets, s.congestion_events));
+            t.sent += sent;
+            t.lost += lost;
+            t.events += events;
+            sum = Some(match sum {
+                None => s,
+                Some(a) => ConnectionSample {
+                    rtt: a.rtt + s.rtt,
+                    cwnd: a.cwnd + s.cwnd,
+                    min_rtt: a.min_rtt.min(s.min_rtt),
+                    ..a
+                },
+            });
+        }
+        sum.map(|s| ConnectionSample {
+            rtt: s.rtt / conns.len() as u32,
+            sent_packets: t.sent,
+            lost_packets: t.lost,
+            congestion_events: t.events,
+            ..s
+        })
+    }
+
     fn live(&self, path: PathId) -> impl Iterator<Item = (usize, quinn::Connection)> + '_ {
         self.lanes
             .get(path.0)
@@ -82,7 +149,6 @@ impl Shared {
             .flatten()
             .enumerate()
             .filter_map(|(i, l)| lock(&l.conn).clone().map(|c| (i, c)))
-            .filter(|(_, c)| c.close_reason().is_none())
     }
 }
 
@@ -175,6 +241,7 @@ impl PathManager {
                     (0..n).map(|_| Lane::default()).collect()
                 })
                 .collect(),
+            totals: paths.iter().map(|_| Mutex::default()).collect(),
             wake: Notify::new(),
         });
         let paths = Arc::new(paths);
@@ -214,9 +281,11 @@ impl PathManager {
     /// tie), leased for one request.
     pub fn lease(&self, path: PathId) -> Option<Lease> {
         let lanes = self.shared.lanes.get(path.0)?;
+        // With several, not one that is closing (its slot is cleared a moment later).
         let (lane, conn) = self
             .shared
             .live(path)
+            .filter(|(_, c)| lanes.len() == 1 || c.close_reason().is_none())
             .min_by_key(|(i, _)| lanes[*i].busy.load(Ordering::Relaxed))?;
         lanes[lane].busy.fetch_add(1, Ordering::Relaxed);
         Some(Lease {
@@ -228,10 +297,22 @@ impl PathManager {
     }
 
     /// What QUIC says about `path` now: with one connection its sample; with several, the
-    /// path as one pipe (decision G21): their windows and packet counts summed, their smoothed
-    /// RTTs averaged, the smallest minimum RTT.
+    /// path as one pipe (decision G21): their windows summed, their smoothed RTTs averaged,
+    /// the smallest minimum RTT, packet counters summed over every connection so far.
     pub fn sample(&self, path: PathId) -> Option<ConnectionSample> {
-        sample_of(self.shared.live(path).map(|(_, c)| connection_sample(&c)))
+        self.shared.sample(path, None)
+    }
+
+    /// [`PathManager::sample`] with `lease`'s connection for its lane (the one that answered).
+    pub fn sample_for(&self, lease: &Lease) -> Option<ConnectionSample> {
+        self.shared.sample(lease.path, Some(lease))
+    }
+
+    /// Whether `path` has a connection open besides `lane`'s.
+    pub fn others_live(&self, path: PathId, lane: Option<usize>) -> bool {
+        self.shared
+            .live(path)
+            .any(|(i, c)| Some(i) != lane && c.close_reason().is_none())
     }
 
     /// Apply `f` to the forwarder under its lock (decision G17); if that brought its next timeout forward,
@@ -262,30 +343,6 @@ fn connection_sample(c: &quinn::Connection) -> ConnectionSample {
     }
 }
 
-/// Several connections of one path as one sample (see [`PathManager::sample`]).
-fn sample_of(samples: impl Iterator<Item = ConnectionSample>) -> Option<ConnectionSample> {
-    let mut n = 0u32;
-    let mut sum: Option<ConnectionSample> = None;
-    for s in samples {
-        n += 1;
-        sum = Some(match sum {
-            None => s,
-            Some(a) => ConnectionSample {
-                rtt: a.rtt + s.rtt,
-                cwnd: a.cwnd + s.cwnd,
-                sent_packets: a.sent_packets + s.sent_packets,
-                lost_packets: a.lost_packets + s.lost_packets,
-                congestion_events: a.congestion_events + s.congestion_events,
-                min_rtt: a.min_rtt.min(s.min_rtt),
-            },
-        });
-    }
-    sum.map(|s| ConnectionSample {
-        rtt: s.rtt / n,
-        ..s
-    })
-}
-
 async fn drive(
     shared: Arc<Shared>,
     paths: Arc<Vec<Backhaul>>,
@@ -305,12 +362,13 @@ async fn drive(
                 }
             }
             if let Some((_, c)) = live.first() {
-                let sample = sample_of(live.iter().map(|(_, c)| connection_sample(c)));
                 // Between probes, QUIC's own estimate refines the path's RTT (§3.2).
                 // Under the core's lock, as the gateway's samples (in order).
-                if let Some(s) = sample {
-                    lock(&shared.core).on_connection_sample(probe.path, s);
+                let mut core = lock(&shared.core);
+                if let Some(s) = shared.sample(probe.path, None) {
+                    core.on_connection_sample(probe.path, s);
                 }
+                drop(core);
                 let _ = c.send_datagram(Bytes::copy_from_slice(
                     &ProbeMsg::Request(probe.seq).encode(),
                 ));
@@ -408,7 +466,15 @@ fn reconnect(
         }
         // The connection is gone; with it the path's last, the path is down until a
         // reconnection succeeds.
-        *lock(&slot.conn) = None;
+        {
+            let mut held = lock(&slot.conn);
+            if held
+                .as_ref()
+                .is_some_and(|c| c.stable_id() == conn.stable_id())
+            {
+                *held = None;
+            }
+        }
         if shared.live(path).next().is_none() {
             lock(&shared.core).on_connection_lost(path, Instant::now().into_std());
         }

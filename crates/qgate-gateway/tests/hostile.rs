@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    assert_metrics, metrics, register, send, send_to, try_register, world, world_with, Far, Slow,
+    assert_metrics, metrics, register, send, send_to, try_register, world, world_with,
+    world_with_lanes, Far, Slow,
 };
 use qgate_core::path::PathId;
 use qgate_gateway::gateway::GatewayConfig;
@@ -115,6 +116,52 @@ async fn made_up_hash_ids_leave_no_state() {
         ],
     );
     assert_eq!(w.server.snapshot().ingested, 1);
+}
+
+/// Decision G21: one of a path's two backhaul connections closes under a request. The
+/// request is retried, the path stays up on the other connection, and the other devices'
+/// requests go on there; the closed one is replaced with the path's probes.
+#[tokio::test(start_paused = true)]
+async fn a_backhaul_connection_closing_among_several_keeps_its_path() {
+    let slow = Arc::new(Slow::default());
+    let cfg = GatewayConfig {
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let w = world_with_lanes(2, "single", cfg, Far::Slow(slow.clone()), 2).await;
+    let (a, b) = (
+        register(&w.devices[0], 0).await,
+        register(&w.devices[1], 0).await,
+    );
+    let paths = w.gateway.paths();
+    let p0 = PathId(0);
+    assert_eq!(paths.live_connections(p0), 2);
+    // Device 0's request is held at the server on the first connection (none out: lane 0).
+    let d0 = w.devices[0].clone();
+    let stuck = tokio::spawn(async move { send_to(&d0, &a, "/ingest/slow").await.0 });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let first = paths.live(p0).next().unwrap();
+    first.close(0u32.into(), b"test");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        paths.table().get(p0).unwrap().up,
+        "the path is up on its other connection"
+    );
+    for _ in 0..10 {
+        assert_eq!(
+            send(&w.devices[1], &b).await,
+            (http::StatusCode::CREATED, Some(0)),
+            "requests go on path 0's other connection"
+        );
+    }
+    assert_eq!(paths.live_connections(p0), 1);
+    stuck.abort();
+    let st = &w.gateway.stats;
+    assert_eq!(st.failed.load(Ordering::Relaxed), 0);
+    assert!(
+        st.retried.load(Ordering::Relaxed) >= 1,
+        "the held request was retried"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -283,14 +283,13 @@ async fn a_path_with_several_connections_spreads_requests_and_outlives_one_of_th
     assert_eq!(pm.lease(p).unwrap().lane(), freed, "the one with none out");
     drop(leases);
 
-    // The sample is the path as one pipe: three windows, one RTT.
-    let one = pm.connection(p).unwrap().stats().path;
+    // The sample is the path as one pipe: three windows, one RTT, the packets of all three.
+    let stats: Vec<_> = pm.live(p).map(|c| c.stats().path).collect();
     let s = pm.sample(p).unwrap();
-    assert!(
-        s.cwnd >= 3 * one.cwnd.min(s.cwnd / 3),
-        "{} vs {}",
-        s.cwnd,
-        one.cwnd
+    assert_eq!(s.cwnd, stats.iter().map(|x| x.cwnd).sum::<u64>());
+    assert_eq!(
+        s.sent_packets,
+        stats.iter().map(|x| x.sent_packets).sum::<u64>()
     );
     assert!((s.rtt.as_secs_f64() - 0.020).abs() < 0.003, "{:?}", s.rtt);
 
@@ -310,13 +309,30 @@ async fn a_path_with_several_connections_spreads_requests_and_outlives_one_of_th
         let l = pm.lease(p).unwrap();
         assert_ne!(l.lane(), lost_lane, "no request on the closed connection");
     }
+    let before = pm.sample(p).unwrap();
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(pm.live_connections(p), 3, "reconnected with the probes");
-    assert!(pm.lease(p).map(|l| l.connection().stable_id()) != Some(lost_id));
+    let ids: std::collections::HashSet<usize> = pm.live(p).map(|c| c.stable_id()).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(
+        !ids.contains(&lost_id),
+        "a new connection in the lost one's lane"
+    );
+    // A new connection's packets add to the path's counters, and the lost one's stay in
+    // them: they never go back.
+    let after = pm.sample(p).unwrap();
+    let now: u64 = pm.live(p).map(|c| c.stats().path.sent_packets).sum();
+    assert!(after.sent_packets > before.sent_packets && after.sent_packets > now);
 
-    // The link dies: every connection idles out (30 s), and the path goes down with them.
-    w.net.update_both(w.links[0], |l| l.up = false).unwrap();
-    tokio::time::sleep(Duration::from_secs(40)).await;
-    assert_eq!(pm.live_connections(p), 0);
-    assert!(!pm.table().get(p).unwrap().up);
+    // Every connection closes: the path is down at once, its window forgotten.
+    for c in pm.live(p).collect::<Vec<_>>() {
+        c.close(0u32.into(), b"test");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = pm.table();
+    let path = t.get(p).unwrap();
+    assert!(
+        !path.up && path.cwnd.is_none(),
+        "down with its last connection"
+    );
 }

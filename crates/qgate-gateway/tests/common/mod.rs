@@ -82,6 +82,17 @@ impl Handler for Slow {
 /// backhaul paths of 100/75/50 Mbit/s with 10/20/30 ms one-way delay; the gateway configured
 /// by `cfg` (request timeout 500 ms unless `cfg` says otherwise).
 pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> World {
+    world_with_lanes(n, sched, cfg, far, 1).await
+}
+
+/// [`world_with`], each backhaul path with `lanes` QUIC connections (decision G21).
+pub async fn world_with_lanes(
+    n: usize,
+    sched: &str,
+    cfg: GatewayConfig,
+    far: Far,
+    lanes: usize,
+) -> World {
     // Built through qgate_netsim's World (the plans' assembly path): paths 1–3 get the
     // automatic addresses 10.0.k.1 (gateway) and 10.0.k.2 (server).
     let mut sim = SimWorld::new(7);
@@ -148,7 +159,11 @@ pub async fn world_with(n: usize, sched: &str, cfg: GatewayConfig, far: Far) -> 
     for k in 1..=3u8 {
         let local: SocketAddr = format!("10.0.{k}.1:0").parse().unwrap();
         let remote: SocketAddr = format!("10.0.{k}.2:443").parse().unwrap();
-        builder = builder.with_path(Socket::from(net.bind(g, local).unwrap()), remote);
+        let options = qgate_gateway::builder::PathOptions {
+            connections: Some(lanes),
+            ..Default::default()
+        };
+        builder = builder.with_backhaul(Socket::from(net.bind(g, local).unwrap()), remote, options);
     }
     let running = builder.start().unwrap();
     let gateway = running.gateway.clone();
