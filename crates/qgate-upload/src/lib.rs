@@ -90,8 +90,11 @@ pub struct LaneCounters {
     pub migrations: AtomicU64,
     /// Whether the lane's connection is on its backup interface now.
     pub on_backup: AtomicBool,
-    /// Requests cancelled because another lane took their chunk over.
+    /// Requests cancelled because another lane took their chunk over, or because another
+    /// lane's copy of it arrived first.
     pub taken_away: AtomicU64,
+    /// End-game copies of another lane's last chunk this lane sent (decision U11).
+    pub copies: AtomicU64,
 }
 
 impl Progress {
@@ -565,13 +568,14 @@ impl Shared {
         }
     }
 
-    /// Completes when `chunk` is no longer `lane`'s (another lane stole it, or it failed).
+    /// Completes when `lane` no longer sends `chunk` (another lane stole it, another lane's
+    /// copy of it arrived first, or it failed).
     async fn taken_away(&self, lane: usize, chunk: usize) {
         loop {
             let news = self.news.notified();
             tokio::pin!(news);
             news.as_mut().enable();
-            if self.planner.lock().expect("lock").owner(chunk) != Some(lane) {
+            if !self.planner.lock().expect("lock").sends(lane, chunk) {
                 return;
             }
             news.await;
@@ -759,7 +763,18 @@ impl Shared {
                     let mut p = self.planner.lock().expect("lock");
                     match p.next(i).expect("lane") {
                         Some(c) => (Some(c), false),
-                        None if self.steal => (p.steal(i).expect("lane"), true),
+                        None if self.steal => match p.steal(i).expect("lane") {
+                            Some(c) => (Some(c), true),
+                            // Nothing to steal: the end game, a copy of the chunk another
+                            // lane will finish last (decision U11).
+                            None => {
+                                let copy = p.copy(i).expect("lane");
+                                if copy.is_some() {
+                                    counters.copies.fetch_add(1, Ordering::Relaxed);
+                                }
+                                (copy, false)
+                            }
+                        },
                         None => (None, false),
                     }
                 };
@@ -839,12 +854,17 @@ impl Shared {
             last_progress = Instant::now();
             match outcome {
                 Outcome::Stored { complete } => {
-                    let first = {
+                    let (first, shared) = {
                         let mut p = self.planner.lock().expect("lock");
                         let first = !p.is_done(c);
+                        // Another lane sending it too (a copy) stops at this news.
+                        let shared = (0..p.lanes()).any(|l| l != i && p.sends(l, c));
                         p.confirm(c).expect("chunk");
-                        first
+                        (first, shared)
                     };
+                    if shared {
+                        self.news.notify_waiters();
+                    }
                     // A chunk another lane already had confirmed (a take-over that crossed the
                     // original's answer) counts once, for the first.
                     if first {

@@ -20,8 +20,11 @@
 //! Beyond the paper (decision U6): where the lanes meet, a lane with nothing left may
 //! [`Planner::steal`] the chunk another lane took last (the one nearest the meeting point, the
 //! last in that lane's send queue), so a slow lane's queued chunks do not hold up the end of the
-//! file; the victim cancels its request. The paper's literal scheme is the planner without
-//! steals.
+//! file; the victim cancels its request. When nothing is left to steal (each other lane holds
+//! only the chunk it is sending), an idle lane may [`Planner::copy`] the chunk another lane will
+//! finish last and send it too: whichever copy the receiver confirms first counts, and the
+//! other request is cancelled (decision U11). The paper's literal scheme is the planner without
+//! steals or copies.
 
 use super::Layout;
 
@@ -63,6 +66,8 @@ struct Lane {
     walk: Option<Walk>,
     /// Taken and unconfirmed chunks, oldest first.
     taken: std::collections::VecDeque<usize>,
+    /// A chunk another lane holds that this one sends too ([`Planner::copy`]).
+    copy: Option<usize>,
 }
 
 /// Why the planner refused a call: the shell asked for something impossible.
@@ -102,6 +107,7 @@ impl Planner {
                     up: true,
                     walk: None,
                     taken: std::collections::VecDeque::new(),
+                    copy: None,
                 };
                 lanes
             ],
@@ -148,6 +154,19 @@ impl Planner {
         }
     }
 
+    /// Whether `lane` should go on sending `chunk`: it has taken it, or copies it, and the
+    /// receiver does not hold it yet. A request for which this turns false should be
+    /// cancelled.
+    pub fn sends(&self, lane: usize, chunk: usize) -> bool {
+        self.owner(chunk) == Some(lane)
+            || self.lanes.get(lane).is_some_and(|l| l.copy == Some(chunk))
+    }
+
+    /// The chunk `lane` copies, if any.
+    pub fn copy_of(&self, lane: usize) -> Option<usize> {
+        self.lanes.get(lane).and_then(|l| l.copy)
+    }
+
     /// Whether `chunk` is held by the receiver.
     pub fn is_done(&self, chunk: usize) -> bool {
         self.state.get(chunk) == Some(&State::Done)
@@ -190,6 +209,7 @@ impl Planner {
         }
         *s = State::Done;
         self.done += 1;
+        self.drop_copies(chunk);
         Ok(())
     }
 
@@ -208,7 +228,16 @@ impl Planner {
     /// this one) may take it again. A chunk the lane does not hold is left alone.
     pub fn release(&mut self, lane: usize, chunk: usize) -> Result<(), PlanError> {
         self.lanes.get(lane).ok_or(PlanError::NoLane(lane))?;
-        let s = self.state.get_mut(chunk).ok_or(PlanError::NoChunk(chunk))?;
+        self.state.get(chunk).ok_or(PlanError::NoChunk(chunk))?;
+        if self.lanes[lane].copy == Some(chunk) {
+            // Only a copy: the lane that holds the chunk goes on sending it.
+            self.lanes[lane].copy = None;
+            return Ok(());
+        }
+        if self.hand_to_copier(lane, chunk) {
+            return Ok(());
+        }
+        let s = &mut self.state[chunk];
         if matches!(*s, State::Taken(l) | State::Stolen(l) if l as usize == lane) {
             *s = State::Free;
             let l = &mut self.lanes[lane];
@@ -226,8 +255,14 @@ impl Planner {
         let l = self.lanes.get_mut(lane).ok_or(PlanError::NoLane(lane))?;
         l.up = false;
         l.walk = None;
+        l.copy = None;
         for c in std::mem::take(&mut l.taken) {
-            self.state[c] = State::Free;
+            // Back in the lane's list for a moment, so a copier can take it over.
+            self.lanes[lane].taken.push_back(c);
+            if !self.hand_to_copier(lane, c) {
+                forget(&mut self.lanes[lane].taken, c);
+                self.state[c] = State::Free;
+            }
         }
         Ok(())
     }
@@ -265,6 +300,58 @@ impl Planner {
         self.state[c] = State::Stolen(lane as u8);
         self.lanes[lane].taken.push_back(c);
         Ok(Some(c))
+    }
+
+    /// For `lane`, which holds nothing (no chunk taken, none copied) when nothing is left to
+    /// take or steal: a chunk another lane holds, to send as well (the end game, decision
+    /// U11). It is the chunk the lane holding the most took last (the one it will finish
+    /// last), never one copied already, and `lane` copies at most one at a time. The first
+    /// copy the receiver confirms ends both requests ([`Planner::sends`]). `None` when there
+    /// is none.
+    pub fn copy(&mut self, lane: usize) -> Result<Option<usize>, PlanError> {
+        let me = self.lanes.get(lane).ok_or(PlanError::NoLane(lane))?;
+        if !me.up || !me.taken.is_empty() || me.copy.is_some() {
+            return Ok(None);
+        }
+        let copied = |c: usize| self.lanes.iter().any(|l| l.copy == Some(c));
+        let victim = (0..self.lanes.len())
+            .filter(|&v| v != lane && self.lanes[v].up)
+            .filter_map(|v| {
+                let c = *self.lanes[v].taken.back()?;
+                (!copied(c)).then_some((v, c))
+            })
+            .max_by_key(|&(v, _)| (self.lanes[v].taken.len(), std::cmp::Reverse(v)));
+        let Some((_, c)) = victim else {
+            return Ok(None);
+        };
+        self.lanes[lane].copy = Some(c);
+        Ok(Some(c))
+    }
+
+    /// `lane` no longer sends `chunk` (released or failed): if another lane copies it, that
+    /// lane now holds it (not to be stolen again). Whether there was one.
+    fn hand_to_copier(&mut self, lane: usize, chunk: usize) -> bool {
+        if !matches!(self.state[chunk], State::Taken(l) | State::Stolen(l) if l as usize == lane) {
+            return false;
+        }
+        let Some(copier) = self.lanes.iter().position(|l| l.copy == Some(chunk)) else {
+            return false;
+        };
+        forget(&mut self.lanes[lane].taken, chunk);
+        self.lanes[copier].copy = None;
+        // Its request went out before any chunk the copier took since.
+        self.lanes[copier].taken.push_front(chunk);
+        self.state[chunk] = State::Stolen(copier as u8);
+        true
+    }
+
+    /// `chunk` is held by the receiver: nobody copies it any more.
+    fn drop_copies(&mut self, chunk: usize) {
+        for l in &mut self.lanes {
+            if l.copy == Some(chunk) {
+                l.copy = None;
+            }
+        }
     }
 
     fn take(&mut self, lane: usize, w: Walk) -> usize {

@@ -17,6 +17,8 @@ struct Sim {
     sent: usize,
     lost_in_flight: usize,
     stolen: usize,
+    /// Requests cancelled because another lane's copy of their chunk arrived first.
+    cancelled: usize,
     order: Vec<Vec<usize>>,
 }
 
@@ -31,6 +33,7 @@ impl Sim {
             sent: 0,
             lost_in_flight: 0,
             stolen: 0,
+            cancelled: 0,
             order: vec![Vec::new(); lanes],
         }
     }
@@ -66,8 +69,51 @@ impl Sim {
             return false;
         };
         assert!(!self.confirmed[c], "chunk {c} delivered twice");
+        assert!(self.p.sends(l, c), "lane {l} delivered {c}, no longer its");
         self.confirmed[c] = true;
         self.p.confirm(c).unwrap();
+        // The other copy's request is cancelled (the planner no longer has anyone send it).
+        for (o, pipe) in self.pipes.iter_mut().enumerate() {
+            if let Some(i) = pipe.iter().position(|&x| x == c) {
+                assert!(!self.p.sends(o, c));
+                pipe.remove(i);
+                self.cancelled += 1;
+            }
+        }
+        true
+    }
+
+    /// Lane `l`'s chunks in its pipe that it holds (not the one it copies).
+    fn owned(&self, l: usize) -> Vec<usize> {
+        let copy = self.p.copy_of(l);
+        self.pipes[l]
+            .iter()
+            .copied()
+            .filter(|&c| Some(c) != copy)
+            .collect()
+    }
+
+    /// Lane `l` copies another lane's chunk (the end game).
+    fn copy(&mut self, l: usize) -> bool {
+        if self.pipes[l].len() >= self.window {
+            return false;
+        }
+        let Some(c) = self.p.copy(l).unwrap() else {
+            return false;
+        };
+        assert!(!self.confirmed[c], "copied confirmed chunk {c}");
+        assert!(self.pipes[l].is_empty(), "only an idle lane copies");
+        let owner = self.p.owner(c).expect("a copied chunk has an owner");
+        assert_ne!(owner, l);
+        assert_eq!(
+            self.owned(owner).last(),
+            Some(&c),
+            "the chunk its owner took last"
+        );
+        assert!(self.p.sends(l, c) && self.p.sends(owner, c));
+        self.pipes[l].push_back(c);
+        self.order[l].push(c);
+        self.sent += 1;
         true
     }
 
@@ -82,19 +128,16 @@ impl Sim {
         assert!(!self.confirmed[c], "stole confirmed chunk {c}");
         assert_eq!(self.p.owner(c), Some(l));
         let victim = (0..self.pipes.len())
-            .find(|&v| self.pipes[v].contains(&c))
+            .find(|&v| v != l && self.pipes[v].contains(&c) && self.p.copy_of(v) != Some(c))
             .expect("a stolen chunk was in some lane's pipe");
-        assert_ne!(victim, l);
+        let (theirs, mine) = (self.owned(victim), self.owned(l));
         assert!(
-            self.pipes[victim].len() >= self.pipes[l].len() + 2,
+            theirs.len() >= mine.len() + 2,
             "the victim keeps the chunk it is sending and held two more than the thief"
         );
-        assert_eq!(
-            self.pipes[victim].back(),
-            Some(&c),
-            "the victim's last-taken chunk"
-        );
-        self.pipes[victim].pop_back();
+        assert_eq!(theirs.last(), Some(&c), "the victim's last-taken chunk");
+        let at = self.pipes[victim].iter().rposition(|&x| x == c).unwrap();
+        self.pipes[victim].remove(at);
         self.pipes[l].push_back(c);
         self.order[l].push(c);
         self.sent += 1;
@@ -138,10 +181,11 @@ impl Sim {
         // A chunk is sent again only if it was lost in flight with a failed lane or stolen.
         assert_eq!(
             self.sent,
-            self.confirmed.len() + self.lost_in_flight + self.stolen
+            self.confirmed.len() + self.lost_in_flight + self.stolen + self.cancelled
         );
         for l in 0..self.pipes.len() {
             assert_eq!(self.p.taken_by(l), 0);
+            assert_eq!(self.p.copy_of(l), None);
         }
     }
 }
@@ -356,6 +400,86 @@ fn a_fast_lane_steals_the_slow_lanes_queue_where_they_meet() {
     assert_eq!(p.steal(0).unwrap(), None, "a down lane steals nothing");
 }
 
+/// The end game (decision U11): with nothing left to take or steal, the idle fast lane sends
+/// the slow lane's last chunk too; the first copy to arrive counts and the other is cancelled.
+#[test]
+fn an_idle_lane_copies_the_chunk_another_lane_will_finish_last() {
+    let mut sooner = 0;
+    for n in 2..=40 {
+        let run = |copy: bool| {
+            let mut s = Sim::new(n, 2, 2);
+            let mut steps = 0;
+            while !s.p.is_complete() {
+                // Lane 0 delivers every step, lane 1 every sixth.
+                if !s.fill(0) {
+                    while s.steal(0) {}
+                    if copy && s.pipes[0].is_empty() {
+                        s.copy(0);
+                    }
+                }
+                s.deliver(0);
+                s.fill(1);
+                if steps % 6 == 5 {
+                    s.deliver(1);
+                }
+                steps += 1;
+            }
+            s.check_complete();
+            (steps, s.cancelled)
+        };
+        let (plain, none) = run(false);
+        let (copying, cancelled) = run(true);
+        assert_eq!(none, 0);
+        assert!(copying <= plain, "{n} chunks: {copying} vs {plain} steps");
+        assert!(cancelled <= 1, "{n} chunks: one copy at the end");
+        sooner += usize::from(copying < plain);
+    }
+    // Not when the slow lane's last chunk was due anyway as the fast lane ran dry (n ≡ 6, 0
+    // mod 7 here): 27 of the 39 sizes end sooner.
+    assert!(sooner >= 25, "{sooner} of 39 sizes ended sooner");
+    let l = Layout::new(4 * MIN_CHUNK, MIN_CHUNK).unwrap();
+    let mut p = Planner::new(l, 3).unwrap();
+    assert_eq!(p.copy(0).unwrap(), None, "nothing held by anyone");
+    let (a, b) = (p.next(0).unwrap().unwrap(), p.next(1).unwrap().unwrap());
+    assert_eq!(
+        p.copy(0).unwrap(),
+        None,
+        "a lane holding a chunk copies none"
+    );
+    assert_eq!(
+        p.copy(2).unwrap(),
+        Some(a),
+        "the lane holding the most, lowest first"
+    );
+    assert_eq!(p.copy(2).unwrap(), None, "one copy at a time");
+    // The owner gives the chunk back: the copier now holds it, and it is not free.
+    p.release(0, a).unwrap();
+    assert_eq!((p.owner(a), p.copy_of(2)), (Some(2), None));
+    assert_eq!(p.taken_by(2), 1);
+    // A lane copying a chunk whose owner fails takes it over too.
+    p.fail(0).unwrap();
+    let c = p.next(0).unwrap();
+    assert_eq!(c, None, "a down lane takes nothing");
+    p.restore(0).unwrap();
+    let rest = p.next(0).unwrap().unwrap();
+    assert_eq!(p.copy(0).unwrap(), None, "it holds a chunk");
+    p.confirm(rest).unwrap();
+    assert_eq!(
+        p.copy(0).unwrap(),
+        Some(b),
+        "lane 2's chunk was copied by none"
+    );
+    p.fail(1).unwrap();
+    assert_eq!((p.owner(b), p.copy_of(0)), (Some(0), None));
+    // A confirmed chunk's copies end.
+    p.restore(1).unwrap();
+    assert_eq!(p.copy(1).unwrap(), Some(b));
+    p.confirm(b).unwrap();
+    assert!(!p.sends(0, b) && !p.sends(1, b) && p.copy_of(1).is_none());
+    p.fail(1).unwrap();
+    assert_eq!(p.copy(1).unwrap(), None, "a down lane copies nothing");
+}
+
 #[test]
 fn resuming_skips_what_the_receiver_holds() {
     for n in 1..=40usize {
@@ -524,7 +648,7 @@ proptest! {
         n in 0usize..200,
         lanes in 1usize..=5,
         window in 1usize..6,
-        ops in proptest::collection::vec((0u8..10, 0usize..5), 0..400),
+        ops in proptest::collection::vec((0u8..11, 0usize..5), 0..400),
     ) {
         let mut s = Sim::new(n, lanes, window);
         for (op, l) in ops {
@@ -534,6 +658,7 @@ proptest! {
                 1 => s.p.restore(l).unwrap(),
                 2..=4 => { s.fill(l); }
                 5 => { s.steal(l); }
+                6 => { s.copy(l); }
                 _ => { s.deliver(l); }
             }
         }

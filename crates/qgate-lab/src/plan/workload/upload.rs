@@ -6,7 +6,8 @@
 //! Scalars: `completion_s` (start → the server confirmed the file), `goodput_mbps` (file bits
 //! ÷ completion time), `completed` (1 when confirmed and byte-identical), `lane<i>_share`
 //! (fraction of the file's bytes that lane i carried), `failed_requests`, `connects`,
-//! `migrations` (moves to a backup interface), `max_stall_s` (the longest time no lane had a
+//! `migrations` (moves to a backup interface), `copies` (end-game copies of another lane's
+//! last chunk, decision U11), `max_stall_s` (the longest time no lane had a
 //! chunk confirmed, sampled every 10 ms), `lane<i>_max_stall_s` (the same per lane, not counting
 //! a lane that waits at the end of the file), `tail_s` (with several lanes: from the moment the
 //! first lane had its last chunk confirmed to the end, the time it sat idle while the others
@@ -322,7 +323,7 @@ impl Prepared {
                 u.bytes as f64 * 8e-6 / elapsed.max(1e-9),
             ));
         }
-        let (mut failed, mut connects, mut migrations) = (0, 0, 0);
+        let (mut failed, mut connects, mut migrations, mut copies) = (0, 0, 0, 0);
         for i in 0..n {
             let l = progress.lane(i);
             m.scalars.push((
@@ -332,8 +333,10 @@ impl Prepared {
             failed += l.failed.load(Ordering::Relaxed);
             connects += l.connects.load(Ordering::Relaxed);
             migrations += l.migrations.load(Ordering::Relaxed);
+            copies += l.copies.load(Ordering::Relaxed);
         }
         m.scalars.push(("migrations".into(), migrations as f64));
+        m.scalars.push(("copies".into(), copies as f64));
         m.scalars.push(("max_stall_s".into(), max_stall));
         if let (Some(t), true) = (tail, n > 1 && identical) {
             m.scalars.push(("tail_s".into(), t));
