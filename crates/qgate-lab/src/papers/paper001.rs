@@ -434,8 +434,10 @@ pub fn against_paper(records: &[Record], fault: &[Record], required: &[Record]) 
             s,
             "\nLane 1's longest stall includes the wait that triggers the move: no chunk \
              confirmed for max(1 s, 8 × RTT) (decision U7), after which its connection \
-             continues over the cellular interface by QUIC connection migration; without a \
-             backup (`no-backup`) it waits for its requests to time out (30 s)."
+             continues over the cellular interface by QUIC connection migration. Without a \
+             backup (`no-backup`) its requests wait for their timeout (30 s), while the other \
+             lane takes over its queued chunks where they meet (decision U6) and copies the \
+             one it was sending (U11), so the file completes without it."
         );
     }
     s
