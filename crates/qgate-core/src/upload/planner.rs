@@ -285,11 +285,13 @@ impl Planner {
         // Only from a lane holding at least two more than the thief, and never a chunk stolen
         // before: so two lanes cannot pass chunks back and forth.
         let mine = self.lanes[lane].taken.len();
+        // Nor one another lane copies (decision U11): two lanes send it already.
+        let copied = |c: usize| self.lanes.iter().any(|l| l.copy == Some(c));
         let last_unstolen = |v: usize| {
             let t = &self.lanes[v].taken;
             t.back()
                 .copied()
-                .filter(|&c| t.len() >= 2 && matches!(self.state[c], State::Taken(_)))
+                .filter(|&c| t.len() >= 2 && matches!(self.state[c], State::Taken(_)) && !copied(c))
         };
         let victim = (0..self.lanes.len())
             .filter(|&v| v != lane && self.lanes[v].taken.len() >= mine + 2)
@@ -305,7 +307,7 @@ impl Planner {
     /// For `lane`, which holds nothing (no chunk taken, none copied) when nothing is left to
     /// take or steal: a chunk another lane holds, to send as well (the end game, decision
     /// U11). It is the chunk the lane holding the most took last (the one it will finish
-    /// last), never one copied already, and `lane` copies at most one at a time. The first
+    /// last), never one another lane is copying, and `lane` copies at most one at a time. The first
     /// copy the receiver confirms ends both requests ([`Planner::sends`]). `None` when there
     /// is none.
     pub fn copy(&mut self, lane: usize) -> Result<Option<usize>, PlanError> {

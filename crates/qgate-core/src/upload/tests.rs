@@ -126,6 +126,15 @@ impl Sim {
             return false;
         };
         assert!(!self.confirmed[c], "stole confirmed chunk {c}");
+        assert!(
+            !self.pipes[l].contains(&c) && self.p.copy_of(l) != Some(c),
+            "lane {l} stole chunk {c} it already sends"
+        );
+        assert_eq!(
+            self.pipes.iter().filter(|p| p.contains(&c)).count(),
+            1,
+            "a stolen chunk is sent by its victim alone (not one another lane copies)"
+        );
         assert_eq!(self.p.owner(c), Some(l));
         let victim = (0..self.pipes.len())
             .find(|&v| v != l && self.pipes[v].contains(&c) && self.p.copy_of(v) != Some(c))
@@ -143,6 +152,23 @@ impl Sim {
         self.sent += 1;
         self.stolen += 1;
         true
+    }
+
+    /// Lane `l`'s oldest request fails and gives its chunk back (a copy is dropped; a chunk
+    /// another lane copies goes to that lane).
+    fn release(&mut self, l: usize) {
+        let Some(c) = self.pipes[l].pop_front() else {
+            return;
+        };
+        self.lost_in_flight += 1;
+        self.p.release(l, c).unwrap();
+        assert!(
+            !self.p.sends(l, c),
+            "lane {l} still sends {c} after giving it back"
+        );
+        if let Some(o) = (0..self.pipes.len()).find(|&o| self.pipes[o].contains(&c)) {
+            assert!(self.p.sends(o, c), "lane {o} still has {c} in flight");
+        }
     }
 
     fn fail(&mut self, l: usize) {
@@ -456,7 +482,7 @@ fn an_idle_lane_copies_the_chunk_another_lane_will_finish_last() {
     p.release(0, a).unwrap();
     assert_eq!((p.owner(a), p.copy_of(2)), (Some(2), None));
     assert_eq!(p.taken_by(2), 1);
-    // A lane copying a chunk whose owner fails takes it over too.
+    // A down lane takes and copies nothing; lane 0 comes back and takes the last free chunk.
     p.fail(0).unwrap();
     let c = p.next(0).unwrap();
     assert_eq!(c, None, "a down lane takes nothing");
@@ -469,6 +495,7 @@ fn an_idle_lane_copies_the_chunk_another_lane_will_finish_last() {
         Some(b),
         "lane 2's chunk was copied by none"
     );
+    // The owner fails: the lane copying its chunk takes it over.
     p.fail(1).unwrap();
     assert_eq!((p.owner(b), p.copy_of(0)), (Some(0), None));
     // A confirmed chunk's copies end.
@@ -648,7 +675,7 @@ proptest! {
         n in 0usize..200,
         lanes in 1usize..=5,
         window in 1usize..6,
-        ops in proptest::collection::vec((0u8..11, 0usize..5), 0..400),
+        ops in proptest::collection::vec((0u8..12, 0usize..5), 0..400),
     ) {
         let mut s = Sim::new(n, lanes, window);
         for (op, l) in ops {
@@ -659,6 +686,7 @@ proptest! {
                 2..=4 => { s.fill(l); }
                 5 => { s.steal(l); }
                 6 => { s.copy(l); }
+                7 => s.release(l),
                 _ => { s.deliver(l); }
             }
         }
