@@ -1,5 +1,7 @@
 //! The lab's scenarios run and measure what they claim to.
 
+use std::collections::BTreeMap;
+
 use qgate_lab::bench::transport::{sim_speed, SimSpeedConfig};
 use qgate_lab::demo::transport::{self as demo, DemoConfig};
 use qgate_netsim::LossModel;
@@ -234,32 +236,38 @@ fn proxy_devices_sending_both_classes_split_each_device_in_two() {
     );
 }
 
-#[test]
-fn auto_congestion_leaves_cubic_under_random_loss_and_keeps_it_without() {
+/// The scalars of one run (seed 1) of `scheme` at point `x` of `sweep` in the shipped plan
+/// `lab/plans/PLAN`.
+fn shipped_point(plan: &str, scheme: &str, sweep: &str, x: f64) -> BTreeMap<String, f64> {
     use qgate_lab::plan::{run::run_variant, Loaded, Options};
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../lab/plans/proxy-backhaul-cc.toml");
-    let plan = Loaded::read(&path).unwrap();
-    let variants = plan
+        .join("../../lab/plans")
+        .join(plan);
+    let variants = Loaded::read(&path)
+        .unwrap()
         .variants(&Options {
             seeds: Some(1),
-            schemes: vec!["single-cubic".into(), "single-auto".into()],
+            schemes: vec![scheme.into()],
             ..Default::default()
         })
         .unwrap();
+    let v = variants
+        .iter()
+        .find(|v| {
+            v.point
+                .as_ref()
+                .is_some_and(|p| p.sweep == sweep && p.x == x)
+        })
+        .unwrap_or_else(|| panic!("{plan}: no point {sweep} {x}"));
+    run_variant(v).unwrap().scalars
+}
+
+#[test]
+fn auto_congestion_leaves_cubic_under_random_loss_and_keeps_it_without() {
     let mean = |sweep: &str, x: f64, scheme: &str| {
-        let v = variants
-            .iter()
-            .find(|v| {
-                v.scheme == scheme
-                    && v.point
-                        .as_ref()
-                        .is_some_and(|p| p.sweep == sweep && p.x == x)
-            })
-            .unwrap();
-        let r = run_variant(v).unwrap();
-        assert_eq!(r.scalars["gw.failed"], 0.0, "{scheme} at {sweep} {x}");
-        r.scalars["gw.response_ms_mean"]
+        let r = shipped_point("proxy-backhaul-cc.toml", scheme, sweep, x);
+        assert_eq!(r["gw.failed"], 0.0, "{scheme} at {sweep} {x}");
+        r["gw.response_ms_mean"]
     };
     // 5 % random loss: CUBIC halves its window at every loss; auto hands over to BBR.
     let (cubic, auto) = (
@@ -277,39 +285,22 @@ fn auto_congestion_leaves_cubic_under_random_loss_and_keeps_it_without() {
 
 #[test]
 fn several_backhaul_connections_lift_cubic_under_random_loss() {
-    use qgate_lab::plan::{run::run_variant, Loaded, Options};
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../lab/plans/proxy-backhaul-conns.toml");
-    let plan = Loaded::read(&path).unwrap();
-    let variants = plan
-        .variants(&Options {
-            seeds: Some(1),
-            schemes: vec!["single-cubic-1".into(), "single-cubic-4".into()],
-            ..Default::default()
-        })
-        .unwrap();
+    use qgate_lab::plan::{Loaded, Options};
     let mean = |scheme: &str| {
-        let v = variants
-            .iter()
-            .find(|v| {
-                v.scheme == scheme
-                    && v.point
-                        .as_ref()
-                        .is_some_and(|p| p.sweep == "loss" && p.x == 5.0)
-            })
-            .unwrap();
-        let r = run_variant(v).unwrap();
-        assert_eq!(r.scalars["gw.failed"], 0.0, "{scheme}");
-        assert_eq!(r.scalars["gw.unfinished"], 0.0, "{scheme}");
-        r.scalars["gw.response_ms_mean"]
+        let r = shipped_point("proxy-backhaul-conns.toml", scheme, "loss", 5.0);
+        assert_eq!(r["gw.failed"], 0.0, "{scheme}");
+        assert_eq!(r["gw.unfinished"], 0.0, "{scheme}");
+        r["gw.response_ms_mean"]
     };
     // 5 % random loss on path 1: one CUBIC window collapses; four share the requests, so the
     // path's window is four collapsed ones (decision G21).
     let (one, four) = (mean("single-cubic-1"), mean("single-cubic-4"));
     assert!(four * 2.0 < one, "4 connections {four} ms vs 1: {one} ms");
     // A path may not have none.
-    let cc = Loaded::read(&path.with_file_name("proxy-backhaul-cc.toml")).unwrap();
-    let e = cc
+    let cc = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../lab/plans/proxy-backhaul-cc.toml");
+    let e = Loaded::read(&cc)
+        .unwrap()
         .variants(&Options {
             set: vec![(
                 "workloads.gw.connections_per_path".into(),
