@@ -94,6 +94,13 @@ impl Shared {
     /// the smallest minimum RTT, and packet counters that only grow (see [`Totals`]).
     fn sample(&self, path: PathId, own: Option<&Lease>) -> Option<ConnectionSample> {
         let lanes = self.lanes.get(path.0)?;
+        if lanes.len() == 1 {
+            // Every answered request samples its path: no collection for the common case.
+            return match own {
+                Some(o) => Some(connection_sample(&o.conn)),
+                None => lock(&lanes[0].conn).as_ref().map(connection_sample),
+            };
+        }
         let conns: Vec<(usize, quinn::Connection)> = lanes
             .iter()
             .enumerate()
@@ -102,9 +109,6 @@ impl Shared {
                 _ => lock(&l.conn).clone().map(|c| (i, c)),
             })
             .collect();
-        if lanes.len() == 1 {
-            return conns.first().map(|(_, c)| connection_sample(c));
-        }
         let mut t = lock(&self.totals[path.0]);
         t.seen.resize(lanes.len(), None);
         let mut sum: Option<ConnectionSample> = None;
