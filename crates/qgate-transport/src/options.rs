@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::congestion::{BbrConfig, ControllerFactory, CubicConfig, NewRenoConfig};
-use quinn::{IdleTimeout, TransportConfig, VarInt};
+use quinn::{AckFrequencyConfig, IdleTimeout, TransportConfig, VarInt};
 use serde::{Deserialize, Serialize};
 
 /// The congestion controller a connection uses.
@@ -43,6 +43,14 @@ impl std::str::FromStr for Congestion {
 /// client's address is validated, three times that (RFC 9000 §8.1).
 pub const HANDSHAKE_FLIGHT_BYTES: u64 = 4 * 1228;
 
+/// The ack-eliciting threshold asked of the peer when [`TransportOptions::link_kbps`] declares
+/// a slow radio and [`TransportOptions::ack_eliciting_threshold`] is not set (decision T9).
+pub const CONSTRAINED_ACK_ELICITING_THRESHOLD: u32 = 10;
+
+/// The largest [`TransportOptions::ack_eliciting_threshold`]: beyond it the peer's ACKs would
+/// come from its max_ack_delay timer alone, and loss recovery with them.
+pub const MAX_ACK_ELICITING_THRESHOLD: u32 = 1000;
+
 /// QUIC transport settings. Every window is bounded: quinn's connection-wide receive window is
 /// unlimited by default, which lets one peer pin memory; here it has a limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +68,12 @@ pub struct TransportOptions {
     /// to serialise the handshake's first flights on it ([`HANDSHAKE_FLIGHT_BYTES`]), so a
     /// slow link does not make every handshake packet look lost (decision T6).
     pub link_kbps: Option<f64>,
+    /// Ask the peer to acknowledge only after more than this many ack-eliciting packets (or
+    /// its max_ack_delay, 25 ms by default), with the ACK frequency extension
+    /// (draft-ietf-quic-ack-frequency; out-of-order packets are still acknowledged at once).
+    /// Unset: RFC 9000's every second packet, or [`CONSTRAINED_ACK_ELICITING_THRESHOLD`] when
+    /// `link_kbps` is declared (decision T9). 1 asks for RFC 9000's behaviour explicitly.
+    pub ack_eliciting_threshold: Option<u32>,
     /// Close a connection after this long without traffic, ms.
     pub idle_timeout_ms: u64,
     /// Send a keep-alive after this long without traffic, ms; `None` = never.
@@ -98,6 +112,7 @@ impl Default for TransportOptions {
             initial_window: None,
             initial_rtt_ms: 333.0,
             link_kbps: None,
+            ack_eliciting_threshold: None,
             idle_timeout_ms: 30_000,
             keep_alive_ms: None,
             stream_receive_window: 2 * 1024 * 1024,
@@ -158,6 +173,15 @@ impl TransportOptions {
             if !(k.is_finite() && k > 0.0) {
                 return Err(err("link_kbps", "must be a positive number of kbit/s"));
             }
+        }
+        if self
+            .ack_eliciting_threshold
+            .is_some_and(|n| n > MAX_ACK_ELICITING_THRESHOLD)
+        {
+            return Err(err(
+                "ack_eliciting_threshold",
+                format!("must be at most {MAX_ACK_ELICITING_THRESHOLD} packets"),
+            ));
         }
         if self.idle_timeout_ms == 0 {
             return Err(err("idle_timeout_ms", "must be positive"));
@@ -270,6 +294,14 @@ impl TransportOptions {
             .map_or(0.0, |k| HANDSHAKE_FLIGHT_BYTES as f64 * 8.0 / k)
     }
 
+    /// The ack-eliciting threshold asked of the peer: [`Self::ack_eliciting_threshold`], or
+    /// [`CONSTRAINED_ACK_ELICITING_THRESHOLD`] on a declared slow radio; `None` leaves the
+    /// extension off.
+    pub fn effective_ack_eliciting_threshold(&self) -> Option<u32> {
+        self.ack_eliciting_threshold
+            .or(self.link_kbps.map(|_| CONSTRAINED_ACK_ELICITING_THRESHOLD))
+    }
+
     /// A quinn transport config with these settings.
     pub fn to_quinn(&self) -> Result<TransportConfig, OptionError> {
         self.validate()?;
@@ -292,6 +324,13 @@ impl TransportOptions {
         }
         if let Some(m) = self.max_udp_payload {
             t.initial_mtu(m).min_mtu(m.min(1200));
+        }
+        if let Some(n) = self.effective_ack_eliciting_threshold() {
+            // Decision T9: fewer ACK-only datagrams on a slow radio.
+            let mut a = AckFrequencyConfig::default();
+            a.ack_eliciting_threshold(n.into())
+                .reordering_threshold(1u32.into());
+            t.ack_frequency_config(Some(a));
         }
         Ok(t)
     }
@@ -343,6 +382,38 @@ mod tests {
             };
             assert!(o.validate().unwrap_err().to_string().contains("link_kbps"));
         }
+    }
+
+    #[test]
+    fn a_declared_radio_asks_the_peer_for_fewer_acks_unless_told_otherwise() {
+        let quinn = |o: &TransportOptions| format!("{:?}", o.to_quinn().unwrap());
+        let plain = TransportOptions::default();
+        assert_eq!(plain.effective_ack_eliciting_threshold(), None);
+        assert!(quinn(&plain).contains("ack_frequency_config: None"));
+        let radio = TransportOptions {
+            link_kbps: Some(16.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            radio.effective_ack_eliciting_threshold(),
+            Some(CONSTRAINED_ACK_ELICITING_THRESHOLD)
+        );
+        let want = format!("ack_eliciting_threshold: {CONSTRAINED_ACK_ELICITING_THRESHOLD}");
+        assert!(quinn(&radio).contains(&want), "{}", quinn(&radio));
+        let told = TransportOptions {
+            ack_eliciting_threshold: Some(1),
+            ..radio
+        };
+        assert_eq!(told.effective_ack_eliciting_threshold(), Some(1));
+        let over = TransportOptions {
+            ack_eliciting_threshold: Some(MAX_ACK_ELICITING_THRESHOLD + 1),
+            ..Default::default()
+        };
+        assert!(over
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ack_eliciting_threshold"));
     }
 
     #[test]

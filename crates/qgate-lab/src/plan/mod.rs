@@ -970,6 +970,7 @@ values = [5, 50]
             ("timeout_s = -1", "'timeout_s'"),
             ("radio = { volts = -3 }", "'radio'"),
             ("transport = \"udp\"", "unknown variant"),
+            ("ack_eliciting_threshold = 1001", "at most 1000"),
         ] {
             let e = load(&amqp(extra))
                 .and_then(|l| l.variants(&Options::default()).map(|_| ()))
@@ -1008,6 +1009,11 @@ values = [5, 50]
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))
             .unwrap_err();
         assert!(e.message.contains("'history'"), "{e}");
+        // And the ACK frequency asked of the peer, which also has a bound.
+        let e = load(&amqp("ack_eliciting_threshold = 10"))
+            .and_then(|l| l.variants(&Options::default()).map(|_| ()))
+            .unwrap_err();
+        assert!(e.message.contains("'ack_eliciting_threshold'"), "{e}");
     }
 
     #[test]

@@ -508,6 +508,10 @@ pub struct AmqpLoad {
     /// (QUIC only).
     #[serde(default)]
     pub constrained: bool,
+    /// Both ends ask the other to acknowledge only after more than this many ack-eliciting
+    /// packets (transport option `ack_eliciting_threshold`, decision T9; QUIC only). Unset:
+    /// the transport's own default, which the constrained profile raises.
+    pub ack_eliciting_threshold: Option<u32>,
     /// Each client keeps a history of its connections to the broker (as `qgate device` does,
     /// decision H6): a new connection starts from its window and last smoothed RTT (H8),
     /// with the safeguard on (QUIC only).

@@ -90,6 +90,16 @@ pub(super) fn check(
     if a.constrained && !a.transport.is_quic() {
         return fail("'constrained' is a QUIC profile: leave it out for TCP+TLS");
     }
+    if a.ack_eliciting_threshold.is_some() && !a.transport.is_quic() {
+        return fail("'ack_eliciting_threshold' is a QUIC setting: leave it out for TCP+TLS");
+    }
+    let quic = TransportOptions {
+        ack_eliciting_threshold: a.ack_eliciting_threshold,
+        ..Default::default()
+    };
+    if let Err(e) = quic.validate() {
+        return fail(&e.to_string());
+    }
     if a.history && !a.transport.is_quic() {
         return fail("'history' is a QUIC setting: leave it out for TCP+TLS");
     }
@@ -208,6 +218,7 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
         .collect::<Result<_, _>>()?;
     let opts = TransportOptions {
         mtu_discovery: a.mtu_discovery,
+        ack_eliciting_threshold: a.ack_eliciting_threshold,
         ..Default::default()
     };
     let trust = s.pki.trust();
