@@ -44,7 +44,8 @@ impl std::str::FromStr for Congestion {
 pub const HANDSHAKE_FLIGHT_BYTES: u64 = 4 * 1228;
 
 /// The ack-eliciting threshold asked of the peer when [`TransportOptions::link_kbps`] declares
-/// a slow radio and [`TransportOptions::ack_eliciting_threshold`] is not set (decision T9).
+/// the radio's rate and [`TransportOptions::ack_eliciting_threshold`] is not set: an ACK after
+/// more than 10 packets, i.e. every 11th, or the peer's max_ack_delay (decision T9).
 pub const CONSTRAINED_ACK_ELICITING_THRESHOLD: u32 = 10;
 
 /// The largest [`TransportOptions::ack_eliciting_threshold`]: beyond it the peer's ACKs would
@@ -71,8 +72,10 @@ pub struct TransportOptions {
     /// Ask the peer to acknowledge only after more than this many ack-eliciting packets (or
     /// its max_ack_delay, 25 ms by default), with the ACK frequency extension
     /// (draft-ietf-quic-ack-frequency; out-of-order packets are still acknowledged at once).
-    /// Unset: RFC 9000's every second packet, or [`CONSTRAINED_ACK_ELICITING_THRESHOLD`] when
-    /// `link_kbps` is declared (decision T9). 1 asks for RFC 9000's behaviour explicitly.
+    /// It thins the ACKs the *peer* sends: a device's setting spares its downlink, a server's
+    /// its clients' uplinks (for all its clients). Unset: RFC 9000's every second packet, or
+    /// [`CONSTRAINED_ACK_ELICITING_THRESHOLD`] when `link_kbps` is declared (decision T9).
+    /// 1 is RFC 9000's rate, with the extension off; 0 asks for an ACK of every packet.
     pub ack_eliciting_threshold: Option<u32>,
     /// Close a connection after this long without traffic, ms.
     pub idle_timeout_ms: u64,
@@ -295,11 +298,12 @@ impl TransportOptions {
     }
 
     /// The ack-eliciting threshold asked of the peer: [`Self::ack_eliciting_threshold`], or
-    /// [`CONSTRAINED_ACK_ELICITING_THRESHOLD`] on a declared slow radio; `None` leaves the
-    /// extension off.
+    /// [`CONSTRAINED_ACK_ELICITING_THRESHOLD`] when the radio's rate is declared; `None`
+    /// (also for 1, RFC 9000's own rate) leaves the extension off.
     pub fn effective_ack_eliciting_threshold(&self) -> Option<u32> {
         self.ack_eliciting_threshold
             .or(self.link_kbps.map(|_| CONSTRAINED_ACK_ELICITING_THRESHOLD))
+            .filter(|n| *n != 1)
     }
 
     /// A quinn transport config with these settings.
@@ -326,7 +330,7 @@ impl TransportOptions {
             t.initial_mtu(m).min_mtu(m.min(1200));
         }
         if let Some(n) = self.effective_ack_eliciting_threshold() {
-            // Decision T9: fewer ACK-only datagrams on a slow radio.
+            // Decision T9: fewer ACK-only datagrams on a constrained radio.
             let mut a = AckFrequencyConfig::default();
             a.ack_eliciting_threshold(n.into())
                 .reordering_threshold(1u32.into());
@@ -404,7 +408,8 @@ mod tests {
             ack_eliciting_threshold: Some(1),
             ..radio
         };
-        assert_eq!(told.effective_ack_eliciting_threshold(), Some(1));
+        assert_eq!(told.effective_ack_eliciting_threshold(), None);
+        assert!(quinn(&told).contains("ack_frequency_config: None"));
         let over = TransportOptions {
             ack_eliciting_threshold: Some(MAX_ACK_ELICITING_THRESHOLD + 1),
             ..Default::default()

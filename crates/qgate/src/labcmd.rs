@@ -192,7 +192,7 @@ pub struct EdgeAqmArgs {
 
 #[derive(Args, Debug)]
 pub struct UploadKernelArgs {
-    /// Smoke run: 2 MB, buffers 200 and 2000 KB, one repetition.
+    /// Smoke run: 4 MB, buffers 200 and 2000 KB, path 1 dying at 1 s, one repetition.
     #[arg(long)]
     quick: bool,
     #[arg(long, help = crate::dflt("Repetitions of each run", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().reps))]
@@ -752,9 +752,11 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     use qgate_lab::papers::paper001_kernel::{self as k, KernelUploadConfig};
     let mut cfg = KernelUploadConfig::default();
     if a.quick {
-        cfg.bytes = 2_000_000;
+        cfg.bytes = 4_000_000;
         cfg.buffers_kb = vec![200, 2000];
         cfg.reps = 1;
+        // A 4 MB upload takes about 2.5 s: path 1 dies mid-way.
+        cfg.fault_at_s = 1.0;
     }
     if !a.only.is_empty() {
         cfg.schemes = only(&a.only, k::SCHEMES, "scheme")?;
@@ -776,12 +778,17 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
             .map_err(|e| usage(format!("{}: {e}", out.join("results.csv").display())))?;
         let runs = k::parse_csv(&csv).map_err(usage)?;
         cfg.reps = runs.iter().map(|r| r.rep).max().unwrap_or(0);
-        let command = format!("sudo qgate lab upload-kernel --reps {}", cfg.reps);
+        let quick = if a.quick { " --quick" } else { "" };
+        let command = format!(
+            "sudo qgate lab upload-kernel{quick} --reps {}{}",
+            cfg.reps,
+            only_flag(&a.only)
+        );
         std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
         return Ok(());
     }
     qgate_linkem::preflight().map_err(|e| usage(e.to_string()))?;
-    let runs_per_rep = 2 + cfg.schemes.len() * 2 * cfg.buffers_kb.len();
+    let runs_per_rep = 2 + cfg.schemes.len() * (2 * cfg.buffers_kb.len() + 1);
     eprintln!(
         "lab upload-kernel: {} runs of a {} MB upload",
         runs_per_rep * cfg.reps as usize,

@@ -1376,8 +1376,14 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
     let home = tmp("ukernel");
     let out = home.join("uk");
     std::fs::create_dir_all(&out).unwrap();
-    let mut csv = String::from("scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us\n");
-    csv.push_str("tcp-wifi,single,4000,1,19.0,100\ntcp-cellular,single,4000,1,4.5,100\n");
+    let mut csv = String::from(
+        "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes\n",
+    );
+    csv.push_str("tcp-wifi,single,4000,1,19.0,100,0,0\ntcp-cellular,single,4000,1,4.5,100,0,0\n");
+    // Path 1 dies: 10 MB in 16 s (5 Mbit/s) over the backup, 20 s without a backup's help.
+    csv.push_str(
+        "two-ended,fault,4000,1,5.0,100,2,3000000\nconventional,fault,4000,1,4.0,100,0,0\n",
+    );
     for (scheme, sweep, values) in [
         (
             "conventional",
@@ -1389,7 +1395,8 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         ("two-ended", "send", [20.0, 20.5, 20.0, 19.0, 19.0, 19.0]),
     ] {
         for (kb, v) in [100, 200, 400, 800, 1200, 2000].iter().zip(values) {
-            csv.push_str(&format!("{scheme},{sweep},{kb},1,{v},100\n"));
+            let backup = if scheme == "two-ended" { "2,0" } else { "0,0" };
+            csv.push_str(&format!("{scheme},{sweep},{kb},1,{v},100,{backup}\n"));
         }
     }
     std::fs::write(out.join("results.csv"), csv).unwrap();
@@ -1413,4 +1420,16 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         "{summary}"
     );
     assert!(summary.contains("(sum 23.50)"), "{summary}");
+    assert!(
+        summary.contains("two-ended: 2–2 backup subflows open per run; at most 0 bytes"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("| two-ended | 16.00 ± 0.00 | 5.00 ± 0.00 | 3000000 | 1 |"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("| conventional | 20.00 ± 0.00 | 4.00 ± 0.00 | 0 | 1 |"),
+        "{summary}"
+    );
 }

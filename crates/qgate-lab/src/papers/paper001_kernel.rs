@@ -6,14 +6,14 @@
 //!
 //! Schemes: `conventional` — one MPTCP socket, the in-kernel path manager adds a subflow on
 //! path 2, the default scheduler stripes; `two-ended` — paper 001 Alg. 1/2 on MPTCP sockets:
-//! one socket per path on its dedicated subflow, chunks from both ends, each socket taking its
-//! next chunk only when less than one chunk of it is unsent (`TCP_NOTSENT_LOWAT`, qgate's
-//! rule, decision U4); no backup subflows (decision U8: this kernel's path manager made them
-//! carry data, and the sweeps exercise no failover);
-//! `two-ended-literal` — the same with plain blocking writes, as Alg. 1 is written; `tcp-wifi`, `tcp-cellular` — one plain TCP socket
-//! on one path, large buffers (the sum the schemes aim at). Buffer requirement: the smallest
-//! swept buffer whose mean goodput reaches 95 % of the scheme's at the largest (decided in
-//! EXPERIMENTS.md).
+//! one socket per path on its dedicated subflow, with a backup subflow on the other path
+//! (paper §4.1; decision U8), chunks from both ends, each socket taking its next chunk only
+//! when less than one chunk of it is unsent (`TCP_NOTSENT_LOWAT`, qgate's rule, decision U4);
+//! `two-ended-literal` — the same with plain blocking writes, as Alg. 1 is written;
+//! `tcp-wifi`, `tcp-cellular` — one plain TCP socket on one path, large buffers (the sum the
+//! schemes aim at). Buffer requirement: the smallest swept buffer whose mean goodput reaches
+//! 95 % of the scheme's at the largest (decided in EXPERIMENTS.md). A `fault` run of each
+//! scheme takes path 1 down mid-upload ([`KernelUploadConfig::fault_at_s`]), large buffers.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -25,6 +25,11 @@ use crate::stats::Summary;
 
 /// The sender and receiver (Python, kernel sockets).
 pub const TOOL: &str = include_str!("../../tools/mptcp_upload.py");
+
+/// The addresses the backup subflows leave from, one per path (path 1's first): a second
+/// address on each path's device, so that only the joins, not the sockets' own first subflows,
+/// carry the endpoint's backup flag (decision U8).
+const BACKUP_ADDRS: [&str; 2] = ["10.77.1.11", "10.77.2.11"];
 
 /// The MPTCP schemes compared over the sweeps.
 pub const SCHEMES: &[&str] = &["conventional", "two-ended", "two-ended-literal"];
@@ -44,6 +49,8 @@ pub struct KernelUploadConfig {
     pub bytes: u64,
     /// Chunk size of the two-ended scheme, bytes.
     pub chunk: u64,
+    /// When path 1 goes down in a `fault` run, seconds after the sender's command starts.
+    pub fault_at_s: f64,
 }
 
 impl Default for KernelUploadConfig {
@@ -55,6 +62,7 @@ impl Default for KernelUploadConfig {
             reps: 3,
             bytes: 10_000_000,
             chunk: 65536,
+            fault_at_s: 2.0,
         }
     }
 }
@@ -74,17 +82,44 @@ pub struct KernelUploadRun {
     pub goodput_mbps: f64,
     /// The relay's lateness p99 on path 1's data direction, µs.
     pub lateness_p99_us: u64,
+    /// Backup subflows open at the end (`ss`; 0 for schemes without them).
+    pub backup_subflows: u64,
+    /// Bytes the backup subflows sent (`ss`, at the end).
+    pub backup_bytes: u64,
 }
 
-fn mptcp_setup(scheme: &str) -> &'static str {
+/// The sender's namespace setup before the sockets connect.
+fn mptcp_setup(scheme: &str) -> String {
     match scheme {
         // One socket from path 1's address; the path manager opens a subflow on path 2.
-        "conventional" => "ip mptcp endpoint add 10.77.2.1 dev p2 subflow",
-        // Each socket keeps its dedicated subflow only (decision U8: no backup subflows).
-        _ => "true",
+        "conventional" => "ip mptcp endpoint add 10.77.2.1 dev p2 subflow".into(),
+        // Socket k leaves from 10.77.k.1 to 10.77.k.2 (neither an endpoint, so its first
+        // subflow is not a backup); the path manager joins each connection from both backup
+        // addresses, and the same-path join is refused by a rule, leaving each socket one
+        // backup subflow on the other path (decision U8). Explicit preferences: a rule added
+        // without one goes before the lowest existing, here the refusal.
+        "two-ended" | "two-ended-literal" => {
+            let mut s = String::new();
+            for (i, a) in BACKUP_ADDRS.iter().enumerate() {
+                let path = i + 1;
+                let _ = write!(
+                    s,
+                    "ip addr add {a}/32 dev p{path}; ip rule add from {a} table {} pref 20; \
+                     ip rule add from {a} to 10.77.{path}.2 prohibit pref 10; \
+                     ip mptcp endpoint add {a} subflow backup; ",
+                    100 + path
+                );
+            }
+            s + "true"
+        }
+        _ => "true".into(),
     }
 }
 
+/// What one run measured: goodput, path 1's lateness p99, the backup subflows and their bytes.
+type Measured = (f64, u64, u64, u64);
+
+#[allow(clippy::too_many_arguments)]
 fn one(
     cfg: &KernelUploadConfig,
     tool: &Path,
@@ -92,8 +127,9 @@ fn one(
     rmem_kb: u64,
     wmem_kb: u64,
     rep: u64,
+    fault: bool,
     result: &Path,
-) -> Result<(f64, u64), String> {
+) -> Result<Measured, String> {
     let sysctl = |key: &str, kb: u64| {
         let max = kb * 1000;
         format!(
@@ -110,10 +146,23 @@ fn one(
         uplink: None,
         downlink: None,
     };
+    // The receiver routes back to the backup addresses over their paths.
+    let back: String = BACKUP_ADDRS
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("ip route add {a}/32 dev p{}; ", i + 1))
+        .collect();
+    let timeline = if fault {
+        vec![format!("at {}s path 1 down", cfg.fault_at_s).parse()?]
+    } else {
+        Vec::new()
+    };
     let linkem = LinkemConfig {
         paths: vec![link("20mbit", "5ms"), link("5mbit", "60ms")],
+        timeline,
+        // `set -e`: a setup step that fails ends the run with an error, not a run without it.
         outside: Some(format!(
-            "{limits}; {}; exec python3 {} recv 5001 > /dev/null",
+            "set -e; {back}{limits}; {}; exec python3 {} recv 5001 > /dev/null",
             sysctl("tcp_rmem", rmem_kb),
             tool.display()
         )),
@@ -133,9 +182,10 @@ fn one(
         "sh".to_string(),
         "-c".into(),
         format!(
-            "{limits}; {}; {}; python3 {} send {mode} {} {} 10.77.1.2 5001 {addrs} > {}",
+            "set -e; {limits}; {}; {}; QUP_BACKUP={} python3 {} send {mode} {} {} 10.77.1.2,10.77.2.2 5001 {addrs} > {}",
             mptcp_setup(scheme),
             sysctl("tcp_wmem", wmem_kb),
+            BACKUP_ADDRS.join(","),
             tool.display(),
             cfg.bytes,
             cfg.chunk,
@@ -153,17 +203,31 @@ fn one(
         ));
     }
     let text = std::fs::read_to_string(result).map_err(|e| format!("{scheme}: {e}"))?;
-    let goodput = text
-        .split("\"goodput_mbps\": ")
-        .nth(1)
-        .and_then(|r| r.trim_end_matches(['}', '\n', ' ']).parse::<f64>().ok())
-        .ok_or_else(|| format!("{scheme}: no goodput in '{}'", text.trim()))?;
+    let field = |key: &str| {
+        text.split(&format!("\"{key}\": "))
+            .nth(1)
+            .and_then(|r| r.split([',', '}']).next())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| format!("{scheme}: no {key} in '{}'", text.trim()))
+    };
+    let goodput = field("goodput_mbps")?;
+    let subflows = field("backup_subflows")? as u64;
+    let backup = field("backup_bytes")? as u64;
+    let want = match scheme {
+        "two-ended" | "two-ended-literal" => BACKUP_ADDRS.len() as u64,
+        _ => 0,
+    };
+    if subflows != want {
+        return Err(format!(
+            "{scheme}: {subflows} backup subflows at the end, not {want} (decision U8)"
+        ));
+    }
     let late = outcome
         .reports
         .iter()
         .find(|r| r.path == 1 && r.way == Way::Uplink)
         .map_or(0, |r| r.lateness_us.value_at_quantile(0.99));
-    Ok((goodput, late))
+    Ok((goodput, late, subflows, backup))
 }
 
 /// Run every scheme over both sweeps, and the single-path references, `reps` times each;
@@ -187,6 +251,7 @@ pub fn run(
                 plan.push((s.clone(), sweep, b));
             }
         }
+        plan.push((s.clone(), "fault", cfg.large_kb));
     }
     let total = plan.len() * cfg.reps as usize;
     let mut out = Vec::new();
@@ -198,7 +263,9 @@ pub fn run(
                 _ => (cfg.large_kb, cfg.large_kb),
             };
             let _ = std::fs::remove_file(&result);
-            let (goodput, late) = one(cfg, &tool, scheme, rmem, wmem, rep, &result)?;
+            let fault = *sweep == "fault";
+            let (goodput, late, backup_subflows, backup_bytes) =
+                one(cfg, &tool, scheme, rmem, wmem, rep, fault, &result)?;
             let r = KernelUploadRun {
                 scheme: scheme.clone(),
                 sweep: sweep.to_string(),
@@ -206,6 +273,8 @@ pub fn run(
                 rep,
                 goodput_mbps: goodput,
                 lateness_p99_us: late,
+                backup_subflows,
+                backup_bytes,
             };
             out.push(r.clone());
             progress(&r, out.len(), total);
@@ -216,7 +285,13 @@ pub fn run(
 
 /// Read back what [`csv`] wrote (to re-render a summary without re-running).
 pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
-    super::parse_rows(text, 6, |f| {
+    // Files from before the backup subflows (decision U8) have six columns.
+    let fields = if text.lines().next().unwrap_or("").split(',').count() == 6 {
+        6
+    } else {
+        8
+    };
+    super::parse_rows(text, fields, |f| {
         Some(KernelUploadRun {
             scheme: f[0].into(),
             sweep: f[1].into(),
@@ -224,18 +299,29 @@ pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
             rep: f[3].parse().ok()?,
             goodput_mbps: f[4].parse().ok()?,
             lateness_p99_us: f[5].parse().ok()?,
+            backup_subflows: f.get(6).map_or(Some(0), |v| v.parse().ok())?,
+            backup_bytes: f.get(7).map_or(Some(0), |v| v.parse().ok())?,
         })
     })
 }
 
 /// results.csv: one row per run.
 pub fn csv(runs: &[KernelUploadRun]) -> String {
-    let mut s = String::from("scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us\n");
+    let mut s = String::from(
+        "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes\n",
+    );
     for r in runs {
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.3},{}",
-            r.scheme, r.sweep, r.buffer_kb, r.rep, r.goodput_mbps, r.lateness_p99_us
+            "{},{},{},{},{:.3},{},{},{}",
+            r.scheme,
+            r.sweep,
+            r.buffer_kb,
+            r.rep,
+            r.goodput_mbps,
+            r.lateness_p99_us,
+            r.backup_subflows,
+            r.backup_bytes
         );
     }
     s
@@ -277,7 +363,8 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
          to a receiver outside over kernel sockets; the swept buffer is the maximum of \
          `net.ipv4.tcp_rmem` in the receiver's namespace (receive) or `tcp_wmem` in the sender's \
          (send), autotuning on, the other side at {} KB. `two-ended` sends {} KB chunks. \
-         Goodput = file bits ÷ (connect → the receiver's end-of-file byte); mean ± std dev over \
+         Goodput = file bits ÷ (connect → the receiver's first end-of-file answer, which it \
+         sends on every connection once it holds the file); mean ± std dev over \
          n = {} repetitions (real-time runs never repeat exactly). Relay lateness p99 per run is \
          in results.csv.\n\nReproduce: `{command}`\n",
         cfg.bytes as f64 / 1e6,
@@ -300,7 +387,7 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
          whose best goodput is below conventional MPTCP's at large buffers (the tables), so a \
          requirement relative to a scheme's own large-buffer goodput flatters it; the common \
          target (80 % of the single-path sum) is the fairer comparison. qgate's own two-ended \
-         upload over QUIC reaches 95.6 % of the sum on the simulator (`results/upload`).\n"
+         upload over QUIC is measured on the simulator in `results/upload`.\n"
     );
     for (sweep, what) in [
         ("receive", "receive buffer (tcp_rmem max)"),
@@ -397,6 +484,79 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
             );
         }
         let _ = writeln!(s);
+    }
+    s.push_str(&backups_and_fault(cfg, runs));
+    s
+}
+
+/// The backup subflows' bytes over the sweeps, and the runs in which path 1 dies.
+fn backups_and_fault(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> String {
+    if !runs.iter().any(|r| r.sweep == "fault") {
+        // Results from before decision U8's backups and fault runs.
+        return String::new();
+    }
+    let mut s = String::from("## Backup subflows\n\n");
+    let _ = writeln!(
+        s,
+        "Each two-ended socket has one backup subflow on the other path (decision U8). Bytes \
+         they sent, read with `ss` when the upload ends, over every receive- and send-buffer \
+         run (the file is {} bytes):\n",
+        cfg.bytes
+    );
+    for sc in cfg.schemes.iter().filter(|s| s.starts_with("two-ended")) {
+        let swept: Vec<u64> = runs
+            .iter()
+            .filter(|r| &r.scheme == sc && (r.sweep == "receive" || r.sweep == "send"))
+            .map(|r| r.backup_bytes)
+            .collect();
+        let nonzero = swept.iter().filter(|b| **b > 0).count();
+        let open: Vec<u64> = runs
+            .iter()
+            .filter(|r| &r.scheme == sc && (r.sweep == "receive" || r.sweep == "send"))
+            .map(|r| r.backup_subflows)
+            .collect();
+        let _ = writeln!(
+            s,
+            "- {sc}: {}–{} backup subflows open per run; at most {} bytes sent in one run; {nonzero} of {} runs sent any",
+            open.iter().min().copied().unwrap_or(0),
+            open.iter().max().copied().unwrap_or(0),
+            swept.iter().max().copied().unwrap_or(0),
+            swept.len()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n## Path 1 (Wi-Fi) dies {} s after the sender starts\n\n\
+         Large buffers ({} KB both). Time = connect → the receiver's first end-of-file answer, \
+         mean ± std dev over the repetitions. conventional keeps its regular subflow on path 2; \
+         a two-ended socket whose path died continues on its backup subflow.\n",
+        cfg.fault_at_s, cfg.large_kb
+    );
+    let _ = writeln!(
+        s,
+        "| scheme | completes, s | goodput, Mbit/s | backup subflows' bytes (mean) | n |\n|---|---|---|---|---|"
+    );
+    for sc in &cfg.schemes {
+        let fault: Vec<&KernelUploadRun> = runs
+            .iter()
+            .filter(|r| &r.scheme == sc && r.sweep == "fault")
+            .collect();
+        if fault.is_empty() {
+            continue;
+        }
+        let secs = Summary::of(
+            &fault
+                .iter()
+                .map(|r| cfg.bytes as f64 * 8e-6 / r.goodput_mbps)
+                .collect::<Vec<_>>(),
+        );
+        let g = goodput(runs, sc, "fault", cfg.large_kb);
+        let backup = fault.iter().map(|r| r.backup_bytes as f64).sum::<f64>() / fault.len() as f64;
+        let _ = writeln!(
+            s,
+            "| {sc} | {:.2} ± {:.2} | {:.2} ± {:.2} | {backup:.0} | {} |",
+            secs.mean, secs.std, g.mean, g.std, secs.n
+        );
     }
     s
 }

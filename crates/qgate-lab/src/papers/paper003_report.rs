@@ -176,12 +176,14 @@ fn lossless_spread(points: &[Point], results: &[Vec<Rep>]) -> String {
         .iter()
         .zip(results)
         .filter(|(p, _)| p.testbed == Testbed::Netsim && p.channel.loss == 0.0)
+        // Only the schemes whose ACKs T9 delays (the constrained profile).
+        .filter(|(p, _)| matches!(p.transport, Transport::QuicConstrained | Transport::QuicMux))
         .map(|(p, r)| (p, summary(r, "send", |x| x.total_s)))
         .max_by(|a, b| a.1.std.total_cmp(&b.1.std));
     let draws = "Without loss, repetitions differ only in QUIC's own random draws (connection ids and a grease transport parameter, so a few bytes on the wire)";
     match widest {
         Some((p, t)) if t.std > 0.0 => format!(
-            "{draws}. Where ACKs are delayed (the constrained profile, decision T9) times differ too on slow links (not traced; presumably those bytes move a packet's arrival relative to the peer's ACK delay timer): the widest spread is {:.3} s (std dev, n = {}) for {}; elsewhere less.",
+            "{draws}. Where ACKs are delayed (the constrained profile, decision T9) times differ too on slow links (the mechanism is not traced): the widest spread is {:.3} s (std dev, n = {}) for {}; elsewhere less.",
             t.std,
             t.n,
             p.label()

@@ -1009,7 +1009,7 @@ values = [5, 50]
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))
             .unwrap_err();
         assert!(e.message.contains("'history'"), "{e}");
-        // And the ACK frequency asked of the peer, which also has a bound.
+        // So is the ACK frequency asked of the peer.
         let e = load(&amqp("ack_eliciting_threshold = 10"))
             .and_then(|l| l.variants(&Options::default()).map(|_| ()))
             .unwrap_err();

@@ -498,6 +498,10 @@ pub(crate) fn record(
     // Messages settled on a connection that failed later still made it.
     let messages: usize = outcomes.iter().map(|o| o.report.messages as usize).sum();
     let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
+    for (o, e) in outcomes.iter().filter_map(|o| Some((o, o.error.as_ref()?))) {
+        // Counted in `failed`; the reason is for whoever reads the log (`-v`).
+        tracing::info!(side, at_s = o.at, error = %e, "amqp connection failed");
+    }
     let key = |k: &str| format!("{side}_{k}");
     m.scalars.push((key("total_s"), span));
     m.scalars.push((key("messages"), messages as f64));
