@@ -942,6 +942,7 @@ async fn drive(shared: Arc<Shared>) {
         match next {
             Some(at) => {
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep_until(at) => {}
                     _ = shared.notify.notified() => {}
                 }

@@ -32,6 +32,7 @@ impl Server {
             seed: None,
             uploads: None,
             dedup_store: None,
+            inline_storage: false,
         }
     }
 }
@@ -58,6 +59,7 @@ pub struct ServerBuilder<'a> {
     seed: Option<u64>,
     uploads: Option<Uploads>,
     dedup_store: Option<DedupStore>,
+    inline_storage: bool,
 }
 
 impl<'a> ServerBuilder<'a> {
@@ -104,6 +106,13 @@ impl<'a> ServerBuilder<'a> {
         self
     }
 
+    /// Do the upload receiver's disk work on the request's task, not the blocking pool
+    /// ([`IngestService::with_inline_storage`]): for simulations in virtual time.
+    pub fn inline_storage(mut self) -> Self {
+        self.inline_storage = true;
+        self
+    }
+
     /// Remember stored request ids in this durable table too, so a copy retried after a
     /// restart is not stored twice.
     pub fn dedup_store(mut self, store: DedupStore) -> Self {
@@ -143,6 +152,9 @@ impl<'a> ServerBuilder<'a> {
         }
         if let Some(d) = self.dedup_store {
             service = service.with_dedup_store(d);
+        }
+        if self.inline_storage {
+            service = service.with_inline_storage();
         }
         let metrics = service.collector();
         let service = Arc::new(service);

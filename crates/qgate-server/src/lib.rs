@@ -135,6 +135,7 @@ pub struct IngestService {
     stats: Arc<ServerStats>,
     dedup: dedup::Dedup,
     durable: Option<DedupStore>,
+    inline_storage: bool,
 }
 
 impl IngestService {
@@ -147,6 +148,27 @@ impl IngestService {
             // Enough for every request a gateway can retry within its timeouts.
             dedup: dedup::Dedup::new(1 << 16),
             durable: None,
+            inline_storage: false,
+        }
+    }
+
+    /// Run the upload receiver's disk work on the request's own task instead of the blocking
+    /// pool. For simulations in virtual time: a pool thread finishes at no fixed point among
+    /// the events of the same instant, so runs with one seed drifted apart (decision U12).
+    pub fn with_inline_storage(mut self) -> IngestService {
+        self.inline_storage = true;
+        self
+    }
+
+    /// `f` (disk work) on the blocking pool, or on this task with inline storage.
+    async fn storage<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        if self.inline_storage {
+            Ok(f())
+        } else {
+            tokio::task::spawn_blocking(f).await
         }
     }
 
@@ -495,7 +517,7 @@ impl IngestService {
 
 impl IngestService {
     /// `POST /upload/<name>` (announce) and `PUT /upload/<name>/<chunk>` (store a chunk); the
-    /// disk work runs on the blocking pool.
+    /// disk work runs on the blocking pool (or inline, [`Self::with_inline_storage`]).
     async fn upload(
         &self,
         method: &Method,
@@ -532,7 +554,7 @@ impl IngestService {
         let stats = self.stats.clone();
         let answer = match (method, chunk) {
             (&Method::POST, None) => {
-                tokio::task::spawn_blocking(move || {
+                self.storage(move || {
                     uploads.announce(peer.ip(), &name, &info).map(|a| match a {
                         upload::Announced::Complete => Response::builder()
                             .status(StatusCode::CREATED)
@@ -561,7 +583,7 @@ impl IngestService {
                         "the chunk number must be a decimal number\n",
                     );
                 };
-                tokio::task::spawn_blocking(move || {
+                self.storage(move || {
                     let stored = uploads.put(peer.ip(), &name, &info, index, &body)?;
                     if stored != upload::Stored::Duplicate {
                         stats.upload_chunks.fetch_add(1, Ordering::Relaxed);

@@ -313,6 +313,7 @@ impl UploadBuilder {
             news: Notify::new(),
             stop: Mutex::new(None),
             confirmed: AtomicBool::new(false),
+            confirmed_at: Mutex::new(None),
             first_announce: AtomicBool::new(true),
             busy_said: AtomicBool::new(false),
             progress: self.progress.clone(),
@@ -368,8 +369,11 @@ impl UploadBuilder {
             ep.close(0u32.into(), b"done");
         }
         let p = &self.progress;
+        // To the confirmation, not to when the last lane stopped (a lane in the middle of a
+        // reconnection finishes its handshake first; U12).
+        let confirmed_at = *shared.confirmed_at.lock().expect("lock");
         Ok(Report {
-            elapsed: start.elapsed(),
+            elapsed: confirmed_at.map_or_else(|| start.elapsed(), |t| t.duration_since(start)),
             resumed_bytes: p.held_at_start(),
             lanes: (0..endpoints.len())
                 .map(|i| {
@@ -404,6 +408,8 @@ struct Shared {
     stop: Mutex<Option<UploadError>>,
     /// The server answered that the file is complete.
     confirmed: AtomicBool,
+    /// When it first did (the upload's end, whatever lanes still do before they stop).
+    confirmed_at: Mutex<Option<Instant>>,
     /// No announcement answered yet (what it reports held was there before this run).
     first_announce: AtomicBool,
     /// The server's "busy" answer was shown.
@@ -454,6 +460,15 @@ impl Shared {
             || self.planner.lock().expect("lock").is_complete()
     }
 
+    /// The server confirmed the file: the upload's end.
+    fn mark_confirmed(&self) {
+        self.confirmed.store(true, Ordering::Relaxed);
+        self.confirmed_at
+            .lock()
+            .expect("lock")
+            .get_or_insert_with(Instant::now);
+    }
+
     fn fail(&self, e: UploadError) {
         self.stop.lock().expect("lock").get_or_insert(e);
         self.news.notify_waiters();
@@ -486,7 +501,7 @@ impl Shared {
             .map_err(|_| Outcome::ConnectionLost)?;
         match r.status {
             http::StatusCode::CREATED => {
-                self.confirmed.store(true, Ordering::Relaxed);
+                self.mark_confirmed();
                 let mut p = self.planner.lock().expect("lock");
                 let mut bytes = 0;
                 for i in 0..self.info.layout.chunks() {
@@ -630,6 +645,7 @@ impl Shared {
             news.as_mut().enable();
             // A lane still connecting when the others finish the file stops at once.
             let attempt = tokio::select! {
+                biased;
                 r = self.connect(&ep, server) => r,
                 () = self.until_finished() => break,
             };
@@ -648,6 +664,7 @@ impl Shared {
                         return;
                     }
                     tokio::select! {
+                        biased;
                         _ = tokio::time::sleep(backoff) => {}
                         _ = &mut news => {}
                     }
@@ -665,6 +682,7 @@ impl Shared {
                 // description), which saves a long path a round trip (decision U3).
                 let refresh = async {
                     tokio::select! {
+                        biased;
                         r = self.announce(&h3) => {
                             if let Err(Outcome::Refused(e)) = r {
                                 self.fail(e);
@@ -680,6 +698,7 @@ impl Shared {
                 continue;
             }
             let announced = tokio::select! {
+                biased;
                 r = self.announce(&h3) => r,
                 () = self.until_finished() => break,
             };
@@ -690,6 +709,7 @@ impl Shared {
                         counters.up.store(false, Ordering::Relaxed);
                         h3.close();
                         tokio::select! {
+                            biased;
                             _ = tokio::time::sleep(backoff) => {}
                             () = self.until_finished() => break,
                         }
@@ -818,6 +838,7 @@ impl Shared {
                 Instant::now() + (h3.connection().rtt() / 4).clamp(RECHECK_MIN, RECHECK_MAX)
             });
             let next = tokio::select! {
+                biased;
                 n = flight.next() => n,
                 _ = sleep_until_opt(recheck) => continue,
                 _ = sleep_until_opt(switch_at) => {
@@ -872,7 +893,7 @@ impl Shared {
                         counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
                     }
                     if complete {
-                        self.confirmed.store(true, Ordering::Relaxed);
+                        self.mark_confirmed();
                     }
                     if self.finished() {
                         self.news.notify_waiters();

@@ -181,6 +181,8 @@ pub(super) async fn prepare(
         .identity(&s.pki.server)
         .transport(server_opts)
         .uploads(uploads)
+        // Disk work at a fixed point of virtual time, so one seed gives one result (U12).
+        .inline_storage()
         .seed(s.seed * 100 + 7)
         .start()
         .map_err(|e| e.to_string())?;
@@ -302,7 +304,11 @@ impl Prepared {
             })
         };
         let result = tokio::time::timeout_at(clock.deadline, up.run()).await;
-        let elapsed = t0.elapsed().as_secs_f64();
+        // Start → the server's confirmation (the report's), not → the last lane's stop (U12).
+        let elapsed = match &result {
+            Ok(Ok(report)) => report.elapsed.as_secs_f64(),
+            _ => t0.elapsed().as_secs_f64(),
+        };
         let _ = stop.send(());
         let (series, max_stall, lane_stalls, tail) = sampler
             .await
