@@ -585,7 +585,7 @@ impl IngestService {
                 };
                 self.storage(move || {
                     let stored = uploads.put(peer.ip(), &name, &info, index, &body)?;
-                    if stored != upload::Stored::Duplicate {
+                    if matches!(stored, upload::Stored::Written | upload::Stored::Complete) {
                         stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
                         stats
                             .upload_bytes
@@ -600,6 +600,12 @@ impl IngestService {
                         upload::Stored::Duplicate => json(
                             StatusCode::OK,
                             "{\"stored\":true,\"duplicate\":true}".into(),
+                        ),
+                        // A copy that crossed the completing chunk (U11's end game): the file
+                        // is complete, and this answer says so as well (U12).
+                        upload::Stored::AlreadyComplete => json(
+                            StatusCode::CREATED,
+                            "{\"complete\":true,\"duplicate\":true}".into(),
                         ),
                     })
                 })

@@ -129,6 +129,9 @@ pub enum Stored {
     Duplicate,
     /// It was the last one: the file is verified, durable and in place.
     Complete,
+    /// The file was already complete: answered as complete too, so the device learns it from
+    /// whichever of two copies of the last chunk it reads first (decision U12).
+    AlreadyComplete,
 }
 
 /// A chunk's state.
@@ -309,7 +312,7 @@ impl Uploads {
             )));
         }
         let Some(entry) = self.entry(client, name, info)? else {
-            return Ok(Stored::Duplicate);
+            return Ok(Stored::AlreadyComplete);
         };
         let mut e = entry.lock().expect("upload lock");
         let (_, part, _) = self.paths(name);
@@ -733,6 +736,12 @@ mod tests {
         assert_eq!(last, Some(Stored::Complete));
         assert_eq!(std::fs::read(root.join("f.bin")).unwrap(), data);
         assert!(!root.join(".f.bin.part").exists());
+        // A copy of a chunk arriving after the file completed is told so (U12).
+        assert_eq!(
+            up.put(ME, "f.bin", &inf, 0, &chunk(&data, &inf, 0))
+                .unwrap(),
+            Stored::AlreadyComplete
+        );
         assert_eq!(up.announce(ME, "f.bin", &inf).unwrap(), Announced::Complete);
         // The same name for different bytes is refused.
         let other = file(10_000, 8);
