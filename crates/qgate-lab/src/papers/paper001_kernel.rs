@@ -119,13 +119,12 @@ fn mptcp_setup(scheme: &str) -> String {
 /// What one run measured: goodput, path 1's lateness p99, the backup subflows and their bytes.
 type Measured = (f64, u64, u64, u64);
 
-#[allow(clippy::too_many_arguments)]
+/// One run of `scheme` with the receiver's and sender's buffer maxima `(rmem, wmem)`, KB.
 fn one(
     cfg: &KernelUploadConfig,
     tool: &Path,
     scheme: &str,
-    rmem_kb: u64,
-    wmem_kb: u64,
+    (rmem_kb, wmem_kb): (u64, u64),
     rep: u64,
     fault: bool,
     result: &Path,
@@ -265,7 +264,7 @@ pub fn run(
             let _ = std::fs::remove_file(&result);
             let fault = *sweep == "fault";
             let (goodput, late, backup_subflows, backup_bytes) =
-                one(cfg, &tool, scheme, rmem, wmem, rep, fault, &result)?;
+                one(cfg, &tool, scheme, (rmem, wmem), rep, fault, &result)?;
             let r = KernelUploadRun {
                 scheme: scheme.clone(),
                 sweep: sweep.to_string(),
