@@ -1425,11 +1425,11 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         "{summary}"
     );
     assert!(
-        summary.contains("| two-ended | 16.00 ± 0.00 | 5.00 ± 0.00 | 3000000 | 1 |"),
+        summary.contains("| two-ended | 16.00 ± 0.00 | 5.00 ± 0.00 | 3000000 | 1 | 1 |"),
         "{summary}"
     );
     assert!(
-        summary.contains("| conventional | 20.00 ± 0.00 | 4.00 ± 0.00 | 0 | 1 |"),
+        summary.contains("| conventional | 20.00 ± 0.00 | 4.00 ± 0.00 | 0 | 1 | 1 |"),
         "{summary}"
     );
 }

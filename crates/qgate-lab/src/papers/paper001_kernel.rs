@@ -533,7 +533,7 @@ fn backups_and_fault(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> Stri
     );
     let _ = writeln!(
         s,
-        "| scheme | completes, s | goodput, Mbit/s | backup subflows' bytes (mean) | n |\n|---|---|---|---|---|"
+        "| scheme | completes, s | goodput, Mbit/s | backup subflows' bytes (mean) | n | distinct |\n|---|---|---|---|---|---|"
     );
     for sc in &cfg.schemes {
         let fault: Vec<&KernelUploadRun> = runs
@@ -551,10 +551,18 @@ fn backups_and_fault(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> Stri
         );
         let g = goodput(runs, sc, "fault", cfg.large_kb);
         let backup = fault.iter().map(|r| r.backup_bytes as f64).sum::<f64>() / fault.len() as f64;
+        let mut times: Vec<u64> = fault.iter().map(|r| r.goodput_mbps.to_bits()).collect();
+        times.sort_unstable();
+        times.dedup();
         let _ = writeln!(
             s,
-            "| {sc} | {:.2} ± {:.2} | {:.2} ± {:.2} | {backup:.0} | {} |",
-            secs.mean, secs.std, g.mean, g.std, secs.n
+            "| {sc} | {:.2} ± {:.2} | {:.2} ± {:.2} | {backup:.0} | {} | {} |",
+            secs.mean,
+            secs.std,
+            g.mean,
+            g.std,
+            secs.n,
+            times.len()
         );
     }
     s

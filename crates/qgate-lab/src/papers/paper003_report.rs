@@ -178,14 +178,14 @@ fn lossless_spread(points: &[Point], results: &[Vec<Rep>]) -> String {
         .filter(|(p, _)| p.testbed == Testbed::Netsim && p.channel.loss == 0.0)
         // Only the schemes whose ACKs T9 delays (the constrained profile).
         .filter(|(p, _)| matches!(p.transport, Transport::QuicConstrained | Transport::QuicMux))
-        .map(|(p, r)| (p, summary(r, "send", |x| x.total_s)))
-        .max_by(|a, b| a.1.std.total_cmp(&b.1.std));
+        .map(|(p, r)| (p, r, summary(r, "send", |x| x.total_s)))
+        .max_by(|a, b| a.2.std.total_cmp(&b.2.std));
     let draws = "Without loss, repetitions differ only in QUIC's own random draws (connection ids and a grease transport parameter, so a few bytes on the wire)";
     match widest {
-        Some((p, t)) if t.std > 0.0 => format!(
-            "{draws}. Where ACKs are delayed (the constrained profile, decision T9) times differ too on slow links (the mechanism is not traced): the widest spread is {:.3} s (std dev, n = {}) for {}; elsewhere less.",
+        Some((p, r, t)) if t.std > 0.0 => format!(
+            "{draws}. Where ACKs are delayed (the constrained profile, decision T9) times differ too on slow links (the mechanism is not traced): the widest spread is {:.3} s (std dev; {}) for {}; elsewhere less.",
             t.std,
-            t.n,
+            outcomes(r, "send", |x| x.total_s),
             p.label()
         ),
         _ => format!("{draws}; their times agree exactly (std dev 0)."),
