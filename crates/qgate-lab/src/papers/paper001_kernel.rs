@@ -86,6 +86,15 @@ pub struct KernelUploadRun {
     pub backup_subflows: u64,
     /// Bytes the backup subflows sent (`ss`, at the end).
     pub backup_bytes: u64,
+    /// The most memory the kernel held for the sender's sockets (unacknowledged and unsent
+    /// data), bytes, sampled every 5 ms (0 in files from before it was measured).
+    pub sender_peak_bytes: u64,
+    /// The most bytes the sender's sockets had sent and not had acknowledged at the connection
+    /// level (`mptcp_info`, `tcp_info`), sampled every 5 ms.
+    pub sender_unacked_peak_bytes: u64,
+    /// The most memory the kernel held for the receiver's sockets and their subflows
+    /// (out-of-order and unread data), bytes, sampled every 5 ms.
+    pub receiver_peak_bytes: u64,
 }
 
 /// The sender's namespace setup before the sockets connect.
@@ -116,8 +125,16 @@ fn mptcp_setup(scheme: &str) -> String {
     }
 }
 
-/// What one run measured: goodput, path 1's lateness p99, the backup subflows and their bytes.
-type Measured = (f64, u64, u64, u64);
+/// What one run measured (the fields of [`KernelUploadRun`] of the same names).
+struct Measured {
+    goodput_mbps: f64,
+    lateness_p99_us: u64,
+    backup_subflows: u64,
+    backup_bytes: u64,
+    sender_peak_bytes: u64,
+    sender_unacked_peak_bytes: u64,
+    receiver_peak_bytes: u64,
+}
 
 /// One run of `scheme` with the receiver's and sender's buffer maxima `(rmem, wmem)`, KB.
 fn one(
@@ -226,7 +243,15 @@ fn one(
         .iter()
         .find(|r| r.path == 1 && r.way == Way::Uplink)
         .map_or(0, |r| r.lateness_us.value_at_quantile(0.99));
-    Ok((goodput, late, subflows, backup))
+    Ok(Measured {
+        goodput_mbps: goodput,
+        lateness_p99_us: late,
+        backup_subflows: subflows,
+        backup_bytes: backup,
+        sender_peak_bytes: field("sender_peak_bytes")? as u64,
+        sender_unacked_peak_bytes: field("sender_unacked_peak_bytes")? as u64,
+        receiver_peak_bytes: field("receiver_peak_bytes")? as u64,
+    })
 }
 
 /// Run every scheme over both sweeps, and the single-path references, `reps` times each;
@@ -263,17 +288,19 @@ pub fn run(
             };
             let _ = std::fs::remove_file(&result);
             let fault = *sweep == "fault";
-            let (goodput, late, backup_subflows, backup_bytes) =
-                one(cfg, &tool, scheme, (rmem, wmem), rep, fault, &result)?;
+            let m = one(cfg, &tool, scheme, (rmem, wmem), rep, fault, &result)?;
             let r = KernelUploadRun {
                 scheme: scheme.clone(),
                 sweep: sweep.to_string(),
                 buffer_kb: *kb,
                 rep,
-                goodput_mbps: goodput,
-                lateness_p99_us: late,
-                backup_subflows,
-                backup_bytes,
+                goodput_mbps: m.goodput_mbps,
+                lateness_p99_us: m.lateness_p99_us,
+                backup_subflows: m.backup_subflows,
+                backup_bytes: m.backup_bytes,
+                sender_peak_bytes: m.sender_peak_bytes,
+                sender_unacked_peak_bytes: m.sender_unacked_peak_bytes,
+                receiver_peak_bytes: m.receiver_peak_bytes,
             };
             out.push(r.clone());
             progress(&r, out.len(), total);
@@ -284,11 +311,11 @@ pub fn run(
 
 /// Read back what [`csv`] wrote (to re-render a summary without re-running).
 pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
-    // Files from before the backup subflows (decision U8) have six columns.
-    let fields = if text.lines().next().unwrap_or("").split(',').count() == 6 {
-        6
-    } else {
-        8
+    // Files from before the backup subflows (decision U8) have six columns, from before the
+    // memory peaks eight.
+    let fields = match text.lines().next().unwrap_or("").split(',').count() {
+        n @ (6 | 8 | 11) => n,
+        n => return Err(format!("results.csv: {n} columns, not 6, 8 or 11")),
     };
     super::parse_rows(text, fields, |f| {
         Some(KernelUploadRun {
@@ -300,6 +327,9 @@ pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
             lateness_p99_us: f[5].parse().ok()?,
             backup_subflows: f.get(6).map_or(Some(0), |v| v.parse().ok())?,
             backup_bytes: f.get(7).map_or(Some(0), |v| v.parse().ok())?,
+            sender_peak_bytes: f.get(8).map_or(Some(0), |v| v.parse().ok())?,
+            sender_unacked_peak_bytes: f.get(9).map_or(Some(0), |v| v.parse().ok())?,
+            receiver_peak_bytes: f.get(10).map_or(Some(0), |v| v.parse().ok())?,
         })
     })
 }
@@ -307,12 +337,13 @@ pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
 /// results.csv: one row per run.
 pub fn csv(runs: &[KernelUploadRun]) -> String {
     let mut s = String::from(
-        "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes\n",
+        "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes,\
+         sender_peak_bytes,sender_unacked_peak_bytes,receiver_peak_bytes\n",
     );
     for r in runs {
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.3},{},{},{}",
+            "{},{},{},{},{:.3},{},{},{},{},{},{}",
             r.scheme,
             r.sweep,
             r.buffer_kb,
@@ -320,7 +351,10 @@ pub fn csv(runs: &[KernelUploadRun]) -> String {
             r.goodput_mbps,
             r.lateness_p99_us,
             r.backup_subflows,
-            r.backup_bytes
+            r.backup_bytes,
+            r.sender_peak_bytes,
+            r.sender_unacked_peak_bytes,
+            r.receiver_peak_bytes
         );
     }
     s
@@ -484,7 +518,116 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
         }
         let _ = writeln!(s);
     }
+    s.push_str(&memory(cfg, runs));
     s.push_str(&backups_and_fault(cfg, runs));
+    s
+}
+
+/// The memory the kernel held for each side's sockets (issue 14 item 5), over both sweeps.
+fn memory(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> String {
+    if runs.iter().all(|r| r.receiver_peak_bytes == 0) {
+        // Results from before the memory was measured.
+        return String::new();
+    }
+    let kb = |rs: &[&KernelUploadRun], side: fn(&KernelUploadRun) -> u64| {
+        Summary::of(&rs.iter().map(|r| side(r) as f64 / 1e3).collect::<Vec<_>>())
+    };
+    let mut s = String::from("## Memory held (issue 14 item 5)\n\n");
+    let _ = writeln!(
+        s,
+        "The most memory the kernel held for each side's sockets during a run, sampled every \
+         5 ms by the tool (`SO_MEMINFO` on the application's sockets, `sock_diag` for the \
+         receiver's MPTCP subflows), KB, mean ± std dev (decision U13): on the receiver, data \
+         that arrived out of order — across subflows, or within one after a loss until the \
+         retransmission fills the gap — and data not yet read (rmem_alloc); on the sender, data \
+         written and not yet acknowledged at the connection level, unsent data included \
+         (wmem_queued). \
+         Kernel memory is charged in buffers' true size, so it exceeds the payload they carry. \
+         The third table is the sender's bytes sent and not yet acknowledged at the connection \
+         level (`mptcp_info`, `tcp_info`): the part of its memory the network and the \
+         receiver hold it to. The swept maximum bounds the side swept; the other side is at \
+         {} KB.\n",
+        cfg.large_kb
+    );
+    type Side = fn(&KernelUploadRun) -> u64;
+    let sides: [(&str, Side, &str); 3] = [
+        ("receive", |r| r.receiver_peak_bytes, "receiver's memory"),
+        ("send", |r| r.sender_peak_bytes, "sender's memory"),
+        (
+            "send",
+            |r| r.sender_unacked_peak_bytes,
+            "sender's unacknowledged bytes",
+        ),
+    ];
+    for (sweep, side, what) in sides {
+        let mut head = format!("| {sweep} buffer, KB |");
+        let mut rule = String::from("|---|");
+        for sc in &cfg.schemes {
+            let _ = write!(head, " {sc}: {what} peak, KB |");
+            rule.push_str("---|");
+        }
+        let _ = writeln!(s, "{head}\n{rule}");
+        for &b in &cfg.buffers_kb {
+            let mut row = format!("| {b} |");
+            for sc in &cfg.schemes {
+                let rs: Vec<&KernelUploadRun> = runs
+                    .iter()
+                    .filter(|r| &r.scheme == sc && r.sweep == sweep && r.buffer_kb == b)
+                    .collect();
+                let m = kb(&rs, side);
+                let _ = write!(row, " {:.0} ± {:.0} |", m.mean, m.std);
+            }
+            let _ = writeln!(s, "{row}");
+        }
+        let _ = writeln!(s);
+        if let Some(&top) = cfg.buffers_kb.iter().max() {
+            let at = |sc: &str| {
+                let rs: Vec<&KernelUploadRun> = runs
+                    .iter()
+                    .filter(|r| r.scheme == sc && r.sweep == sweep && r.buffer_kb == top)
+                    .collect();
+                kb(&rs, side)
+            };
+            let (conv, two) = (at("conventional"), at("two-ended"));
+            if conv.n > 0 && two.n > 0 && two.mean > 0.0 {
+                let _ = writeln!(
+                    s,
+                    "- {what} at {top} KB: conventional {:.0} ± {:.0} KB, two-ended {:.0} ± \
+                     {:.0} KB (n = {}): **{:.1}×**.\n",
+                    conv.mean,
+                    conv.std,
+                    two.mean,
+                    two.std,
+                    two.n,
+                    conv.mean / two.mean
+                );
+            }
+        }
+    }
+    let single: Vec<String> = ["tcp-wifi", "tcp-cellular"]
+        .iter()
+        .filter_map(|sc| {
+            let rs: Vec<&KernelUploadRun> = runs.iter().filter(|r| r.scheme == *sc).collect();
+            (!rs.is_empty()).then(|| {
+                let (rx, tx) = (
+                    kb(&rs, |r| r.receiver_peak_bytes),
+                    kb(&rs, |r| r.sender_peak_bytes),
+                );
+                format!(
+                    "{sc} receiver {:.0} ± {:.0} KB, sender {:.0} ± {:.0} KB",
+                    rx.mean, rx.std, tx.mean, tx.std
+                )
+            })
+        })
+        .collect();
+    if !single.is_empty() {
+        let _ = writeln!(
+            s,
+            "Single-path TCP at {} KB for reference: {}.\n",
+            cfg.large_kb,
+            single.join("; ")
+        );
+    }
     s
 }
 
@@ -566,4 +709,76 @@ fn backups_and_fault(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> Stri
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(scheme: &str, sweep: &str, kb: u64, rep: u64, rx: u64) -> KernelUploadRun {
+        KernelUploadRun {
+            scheme: scheme.into(),
+            sweep: sweep.into(),
+            buffer_kb: kb,
+            rep,
+            goodput_mbps: 20.0,
+            lateness_p99_us: 50,
+            backup_subflows: 2,
+            backup_bytes: 0,
+            sender_peak_bytes: 900_000 + rep,
+            sender_unacked_peak_bytes: 800_000,
+            receiver_peak_bytes: rx,
+        }
+    }
+
+    #[test]
+    fn results_round_trip_and_older_files_still_parse() {
+        let runs = vec![
+            run("conventional", "receive", 2000, 1, 1_300_000),
+            run("two-ended", "receive", 2000, 1, 240_000),
+        ];
+        let back = parse_csv(&csv(&runs)).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].receiver_peak_bytes, 1_300_000);
+        assert_eq!(back[0].sender_peak_bytes, 900_001);
+        assert_eq!(back[1].sender_unacked_peak_bytes, 800_000);
+        // A file from before the memory columns: eight columns, the peaks read as 0.
+        let old = "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes\n\
+                   two-ended,send,100,1,21.180,55,2,0\n";
+        let back = parse_csv(old).unwrap();
+        assert_eq!(back[0].backup_subflows, 2);
+        assert_eq!(back[0].receiver_peak_bytes, 0);
+        // Neither 6, 8 nor 11 columns: refused, not misread.
+        assert!(parse_csv("a,b,c,d,e,f,g\n1,2,3,4,5,6,7\n").is_err());
+        // A row shorter than its header: refused.
+        assert!(parse_csv(old.trim_end().rsplit_once(',').unwrap().0).is_err());
+    }
+
+    #[test]
+    fn the_memory_section_compares_the_receivers_at_the_largest_buffer() {
+        let cfg = KernelUploadConfig {
+            schemes: vec!["conventional".into(), "two-ended".into()],
+            buffers_kb: vec![100, 2000],
+            ..Default::default()
+        };
+        let mut runs = Vec::new();
+        for rep in 1..=2 {
+            for kb in [100, 2000] {
+                runs.push(run("conventional", "receive", kb, rep, kb * 600));
+                runs.push(run("two-ended", "receive", kb, rep, 200_000));
+            }
+        }
+        let text = memory(&cfg, &runs);
+        assert!(text.contains("## Memory held"), "{text}");
+        // 1 200 KB against 200 KB.
+        assert!(
+            text.contains("receiver's memory at 2000 KB: conventional 1200 ± 0 KB, two-ended 200 ± 0 KB (n = 2): **6.0×**"),
+            "{text}"
+        );
+        // Results from before the sampling render no such section.
+        for r in &mut runs {
+            r.receiver_peak_bytes = 0;
+        }
+        assert_eq!(memory(&cfg, &runs), "");
+    }
 }
