@@ -225,7 +225,7 @@ impl Scheduler for Single {
 /// The payload a request's packets carry, for the loss term.
 const PACKET_PAYLOAD: f64 = 1_200.0;
 
-/// Ours (decisions G13, G14): every request goes where it is expected to complete first.
+/// Ours (decisions G13, G14, G20, G22): every request goes where it is expected to complete first.
 ///
 /// For each usable path, with `r` its RTT (QUIC's latest smoothed RTT), `w` its congestion
 /// window, `b` this request's bytes, `ℓ` its packet loss rate, `D` the rate its sender drains
@@ -247,21 +247,24 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// slow is left within a few RTTs (the wait replaces the queue estimate, which it already
 /// contains, rather than multiplying it). Priority requests take the lowest `E`. Best-effort requests
 /// are placed by the exploring estimate ([`Completion::expected_exploring`], decision G20: in
-/// slow start `B` pays the window's growth, and `b` only beyond its first paced window) and pay `1 + best_effort_margin` times it on
-/// the path a priority request would take now, so they spill off it first as it loads, and
-/// priority traffic keeps the best path (paper 000's guarantee). Unmeasured paths come last;
+/// slow start `B` pays the window's growth, and `b` only beyond its first paced window); on
+/// the path a priority request would take now they pay the time beyond the round trip
+/// `1 + best_effort_margin` times ([`Completion::on_priority_path`], decision G22), so they
+/// share it while it is idle, spill off it first as it loads, and priority traffic keeps the
+/// best path (paper 000's guarantee). Unmeasured paths come last;
 /// ties go to the lower path index.
 #[derive(Debug, Clone)]
 pub struct Completion {
-    /// Extra cost of the priority class's path for best-effort requests (0.5 = 50 %).
+    /// Extra cost, for best-effort requests, of the time beyond one round trip on the priority
+    /// class's path (1.0: that time counts twice; [`Completion::on_priority_path`]).
     pub best_effort_margin: f64,
 }
 
 impl Default for Completion {
     fn default() -> Self {
-        // Decision G14: 0.15 measured against 0, 0.05, 0.3 and 0.5 in `qgate lab proxy`.
+        // Decision G22: the wait counts twice there (its own and the priority traffic's).
         Completion {
-            best_effort_margin: 0.15,
+            best_effort_margin: 1.0,
         }
     }
 }
@@ -322,6 +325,19 @@ impl Completion {
         Some((r * flights).max(r + served).max(waited) + r * retransmit)
     }
 
+    /// What a best-effort request expected to complete in `e` on `p`, the path priority
+    /// requests would take now, is charged there (decision G22): the round trip as it is, and
+    /// the time beyond it — queue, pacing, slow start, the retransmission term — `1 +
+    /// best_effort_margin` times, since a request waiting there delays the priority requests
+    /// behind it by about as much as it waits itself.
+    pub fn on_priority_path(&self, p: &PathState, e: f64) -> f64 {
+        let Some(r) = p.quic_rtt.or(p.rtt) else {
+            return e;
+        };
+        let r = r.as_secs_f64();
+        r + (e - r) * (1.0 + self.best_effort_margin)
+    }
+
     /// The path with the lowest cost among `costs`, the lower index on a tie.
     fn best(costs: impl Iterator<Item = (f64, PathId)>) -> Option<PathId> {
         costs
@@ -344,13 +360,17 @@ impl Scheduler for Completion {
         let first = Self::best(table.usable(ask.avoid).map(|p| cost(p, false)))?;
         match ask.priority {
             Priority::Priority => Some(first),
-            Priority::BestEffort => {
-                let m = 1.0 + self.best_effort_margin;
-                Self::best(table.usable(ask.avoid).map(|p| {
-                    let (e, id) = cost(p, true);
-                    (if id == first { e * m } else { e }, id)
-                }))
-            }
+            Priority::BestEffort => Self::best(table.usable(ask.avoid).map(|p| {
+                let (e, id) = cost(p, true);
+                (
+                    if id == first {
+                        self.on_priority_path(p, e)
+                    } else {
+                        e
+                    },
+                    id,
+                )
+            })),
         }
     }
 }
@@ -815,7 +835,8 @@ mod tests {
 
     /// Random tables, paths in or past slow start: a priority request takes the up path with
     /// the lowest expected completion (the lower index on a tie); a best-effort request the up
-    /// path with the lowest exploring estimate, priority's path costing (1 + margin) × its own;
+    /// path with the lowest exploring estimate, priority's path charging the time beyond its
+    /// round trip (1 + margin) times;
     /// nothing while no path is up.
     #[test]
     fn completion_places_priority_by_its_estimate_and_best_effort_by_the_exploring_one() {
@@ -849,7 +870,6 @@ mod tests {
             }
             let bytes = rng.random_range(1..100_000);
             let c = Completion::default();
-            let m = 1.0 + c.best_effort_margin;
             let at = |p: Priority| c.clone().pick(&t, &Ask::new(p, bytes, None, t0));
             let (hi, be) = (at(Priority::Priority), at(Priority::BestEffort));
             let e = |p: &PathState| Completion::expected(&t, p, bytes, t0).unwrap();
@@ -864,8 +884,16 @@ mod tests {
             assert_eq!(hi, want.map(|p| p.id), "case {case}: {rows:?}");
             assert_eq!(be.is_some(), hi.is_some(), "case {case}");
             if let (Some(h), Some(b)) = (hi, be) {
-                // Best effort: the lowest exploring estimate, priority's path costing m × its.
-                let cost = |p: &PathState| if p.id == h { m * x(p) } else { x(p) };
+                // Best effort: the lowest exploring estimate, priority's path charging the time
+                // beyond its round trip 1 + margin times.
+                let cost = |p: &PathState| {
+                    if p.id == h {
+                        let r = p.quic_rtt.unwrap().as_secs_f64();
+                        r + (1.0 + c.best_effort_margin) * (x(p) - r)
+                    } else {
+                        x(p)
+                    }
+                };
                 let pb = t.get(b).unwrap();
                 assert!(pb.up, "case {case}");
                 for p in t.paths().iter().filter(|p| p.up) {
@@ -900,12 +928,24 @@ mod tests {
         // Priority: 30 × (1 + log2(1 + 16 384 / 15 000)) = 62 ms against 40 × 1.2 = 48 ms.
         assert_eq!(completion(&t, Priority::Priority), Some(0));
         // Best effort: 30 × (1 + log2(1 + 1 384 / 15 000)) = 34 ms (nothing queued; the
-        // request exceeds its first paced window by 1 384 bytes) against 1.15 × 48 ms.
+        // request exceeds its first paced window by 1 384 bytes) against 40 + 2 × 8 = 56 ms
+        // on priority's path (decision G22).
         assert_eq!(completion(&t, Priority::BestEffort), Some(1));
         // A 60 KB request pays for the window's growth beyond its first 15 KB:
-        // 30 × (1 + log2(1 + 45 000 / 15 000)) = 90 ms against 1.15 × 40 × 1.75 = 80.5 ms.
+        // 30 × (1 + log2(1 + 45 000 / 15 000)) = 90 ms, against 40 + 2 × 30 = 100 ms on
+        // path 0 (E = 40 × 1.75 = 70 ms there).
+        let ms = |p: usize, bytes: u64| {
+            let e = Completion::expected_exploring(&t, t.get(PathId(p)).unwrap(), bytes, t0);
+            (e.unwrap() * 1e3).round()
+        };
+        assert_eq!((ms(1, 60_000), ms(0, 60_000)), (90.0, 70.0));
         let big = Ask::new(Priority::BestEffort, 60_000, None, t0);
-        assert_eq!(Completion::default().pick(&t, &big), Some(PathId(0)));
+        assert_eq!(Completion::default().pick(&t, &big), Some(PathId(1)));
+        // Without the margin path 0's 70 ms would win.
+        let plain = Completion {
+            best_effort_margin: 0.0,
+        };
+        assert_eq!(plain.clone().pick(&t, &big), Some(PathId(0)));
         // 30 KB queued there: 30 × (1 + log2(1 + (30 000 + 1 384) / 15 000)) = 79 ms: back on
         // path 0.
         t.on_request_sent(PathId(1), 30_000, t0);
