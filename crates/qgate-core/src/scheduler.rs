@@ -249,9 +249,11 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// are placed by the exploring estimate ([`Completion::expected_exploring`], decision G20: in
 /// slow start `B` pays the window's growth, and `b` only beyond its first paced window); on
 /// the path a priority request would take now they pay the time beyond the round trip
-/// `1 + best_effort_margin` times ([`Completion::on_priority_path`], decision G22), so they
-/// share it while it is idle, spill off it first as it loads, and priority traffic keeps the
-/// best path (paper 000's guarantee). Unmeasured paths come last;
+/// `1 + best_effort_margin` times ([`Completion::on_priority_path`], decision G22), so small
+/// requests share it while it is idle (a request whose own pacing there, counted twice, costs
+/// more than the next path's longer round trip goes to that path), they spill off it first as
+/// it loads, and priority traffic keeps the best path (paper 000's guarantee). Unmeasured
+/// paths come last;
 /// ties go to the lower path index.
 #[derive(Debug, Clone)]
 pub struct Completion {
@@ -649,13 +651,14 @@ mod tests {
                 Some(1),
             ),
             (
-                "idle paths: best effort too while the next is 1.15× slower",
+                "idle paths: best effort too while the next is twice as slow",
                 &[(10, w, 0.0, true), (20, w, 0.0, true)],
                 be,
                 Some(0),
             ),
             (
-                "best effort leaves priority's path for one within 1.15×",
+                // 16 KB on a 64 KB window: 10 × (1 + 2 × 0.2) = 14.1 ms against 11 × 1.2 = 13.3.
+                "best effort leaves priority's path for one 10 % slower when its pacing, counted twice, costs more",
                 &[(10, w, 0.0, true), (11, w, 0.0, true)],
                 be,
                 Some(1),
@@ -695,6 +698,26 @@ mod tests {
         for (name, rows, prio, want) in cases {
             assert_eq!(completion(&measured(rows), *prio), *want, "{name}");
         }
+        // A small best-effort request shares an idle priority path (decision G22): 2 KB costs
+        // 10 × (1 + 2 × 0.025) = 10.5 ms there against 11 × 1.025 = 11.3 ms on the next one
+        // (G14's 1.15 × 10.25 = 11.8 ms sent it there).
+        let t = measured(&[(10, w, 0.0, true), (11, w, 0.0, true)]);
+        let small = |c: Completion| {
+            let at = T0.with(|t| *t);
+            c.clone().pick(&t, &Ask::new(be, 2_000, None, at))
+        };
+        assert_eq!(small(Completion::default()), Some(PathId(0)));
+        // The rule it replaced would not have.
+        let whole = |p: &PathState| {
+            let at = T0.with(|t| *t);
+            let e = Completion::expected_exploring(&t, p, 2_000, at).unwrap();
+            if p.id == PathId(0) {
+                1.15 * e
+            } else {
+                e
+            }
+        };
+        assert!(whole(t.get(PathId(0)).unwrap()) > whole(t.get(PathId(1)).unwrap()));
         // Unmeasured paths come last.
         let t = table(&[(None, 0, true), (Some(80), 0, true)]);
         assert_eq!(completion(&t, hi), Some(1));

@@ -97,8 +97,10 @@ class Held:
         self.socks, self.recv, self.port = socks, recv, port
         self.peak = 0
         self.unacked = 0
+        self.error = None
         self.stop = threading.Event()
         self.diag = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        self.diag.settimeout(1.0)
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -145,27 +147,37 @@ class Held:
         return at(sent) - at(retrans) - at(acked)
 
     def run(self):
-        while not self.stop.wait(SAMPLE_S):
-            held = unacked = 0
-            for s in self.socks():
-                try:
-                    mem = MEMINFO.unpack(s.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, MEMINFO.size))
-                    if not self.recv:
-                        unacked += self.in_flight(s)
-                except OSError as e:
-                    if e.errno is None:
-                        raise
-                    continue
-                held += mem[0] if self.recv else mem[5]
-            if self.recv:
-                held += self.subflows_rmem()
-            self.peak = max(self.peak, held)
-            self.unacked = max(self.unacked, unacked)
+        try:
+            while not self.stop.wait(SAMPLE_S):
+                held = unacked = 0
+                for s in self.socks():
+                    try:
+                        mem = MEMINFO.unpack(
+                            s.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, MEMINFO.size)
+                        )
+                        if not self.recv:
+                            unacked += self.in_flight(s)
+                    except OSError as e:
+                        # A socket closed under the sampler (errno set) is skipped; anything
+                        # else is a failure of the measurement.
+                        if e.errno is None:
+                            raise
+                        continue
+                    held += mem[0] if self.recv else mem[5]
+                if self.recv:
+                    held += self.subflows_rmem()
+                self.peak = max(self.peak, held)
+                self.unacked = max(self.unacked, unacked)
+        except Exception as e:  # noqa: BLE001 — reported by finish(), not lost with the thread
+            self.error = e
 
     def finish(self):
+        """Stop sampling; the peak, or the error that stopped the sampler."""
         self.stop.set()
         self.thread.join()
         self.diag.close()
+        if self.error is not None:
+            raise RuntimeError(f"memory sampling failed: {self.error!r}")
         return self.peak
 
 
@@ -203,7 +215,12 @@ def recv(port):
             with lock:
                 state["got"] += n
                 if state["got"] >= size:
-                    answer = ANSWER.pack(b"!", held.finish())
+                    # b"?": the file arrived but the measurement failed; the sender fails the run.
+                    try:
+                        answer = ANSWER.pack(b"!", held.finish())
+                    except RuntimeError as e:
+                        print(e, file=sys.stderr, flush=True)
+                        answer = ANSWER.pack(b"?", 0)
                     for cc in state["conns"]:
                         try:
                             cc.sendall(answer)
@@ -263,6 +280,8 @@ def send(mode, size, chunk, peers, port, addrs):
     if mode in ("conventional", "tcp"):
         proto = IPPROTO_MPTCP if mode == "conventional" else socket.IPPROTO_TCP
         s = connect(proto, addrs[0], peer_of(0), port)
+        # A transfer that stops making progress ends the run with an error, not a hang.
+        s.settimeout(GIVE_UP_S)
         held = Held(lambda: [s], False, port)
         s.sendall(HEADER.pack(b"QUP1", size, 1, 0))
         left = size
@@ -270,8 +289,10 @@ def send(mode, size, chunk, peers, port, addrs):
             n = min(left, chunk)
             s.sendall(payload[:n])
             left -= n
-        _, receiver_peak = ANSWER.unpack(recv_exact(s, ANSWER.size))
+        mark, receiver_peak = ANSWER.unpack(recv_exact(s, ANSWER.size))
         secs = time.monotonic() - t0
+        if mark != b"!":
+            sys.exit("the receiver's memory sampling failed (its stderr says why)")
     else:
         n = (size + chunk - 1) // chunk
         idx = {"lo": 0, "hi": n - 1}
@@ -299,7 +320,9 @@ def send(mode, size, chunk, peers, port, addrs):
                     off = i * chunk
                     ln = min(chunk, size - off)
                     s.sendall(FRAME.pack(off, ln) + payload[:ln])
-                _, peak = ANSWER.unpack(recv_exact(s, ANSWER.size))
+                mark, peak = ANSWER.unpack(recv_exact(s, ANSWER.size))
+                if mark != b"!":
+                    raise OSError("the receiver's memory sampling failed (its stderr says why)")
                 ends.append((time.monotonic(), peak))
             except OSError as e:
                 errors.append(e)

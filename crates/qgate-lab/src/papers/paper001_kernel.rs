@@ -545,8 +545,9 @@ fn memory(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> String {
          Kernel memory is charged in buffers' true size, so it exceeds the payload they carry. \
          The third table is the sender's bytes sent and not yet acknowledged at the connection \
          level (`mptcp_info`, `tcp_info`): the part of its memory the network and the \
-         receiver hold it to. The swept maximum bounds the side swept; the other side is at \
-         {} KB.\n",
+         receiver hold it to. The swept maximum caps each TCP socket and subflow of the side \
+         swept; an MPTCP socket's buffer is the sum over its subflows, so it can hold more. \
+         The other side is at {} KB. Peaks of 5 ms samples are lower bounds.\n",
         cfg.large_kb
     );
     type Side = fn(&KernelUploadRun) -> u64;
