@@ -220,7 +220,7 @@ impl Conversation {
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
-        let io_err = |e: std::io::Error| ClientError::Link(format!("writing: {e}"));
+        let io_err = |e: std::io::Error| ClientError::Link(format!("writing: {}", with_causes(&e)));
         self.io.write_all(bytes).await.map_err(io_err)?;
         self.io.flush().await.map_err(io_err)
     }
@@ -264,7 +264,7 @@ impl Conversation {
                 let n = io
                     .read_buf(buf)
                     .await
-                    .map_err(|e| ClientError::Link(format!("reading: {e}")))?;
+                    .map_err(|e| ClientError::Link(format!("reading: {}", with_causes(&e))))?;
                 if n == 0 {
                     return Err(ClientError::Link("the broker closed the connection".into()));
                 }
@@ -301,6 +301,19 @@ impl Conversation {
         report.zero_rtt = self.info.zero_rtt;
         report
     }
+}
+
+/// `e` and the errors under it ("connection lost: timed out"): an I/O error from a QUIC
+/// stream names only the stream's failure, its cause says why the connection ended.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 fn body_len(msg: &AmqpMessage) -> u64 {
@@ -527,6 +540,14 @@ async fn take_one(
 mod tests {
     use super::*;
     use crate::shim::{Direction, Rewriter};
+
+    #[test]
+    fn a_stream_error_names_why_the_connection_ended() {
+        // quinn's shape: an I/O error around a read error around the connection's error.
+        let lost = quinn::ReadError::ConnectionLost(quinn::ConnectionError::TimedOut);
+        let e = std::io::Error::from(lost);
+        assert_eq!(with_causes(&e), "connection lost: timed out");
+    }
 
     #[test]
     fn the_opening_is_valid_framing_and_holds_every_step() {
