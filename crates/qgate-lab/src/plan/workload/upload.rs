@@ -10,8 +10,8 @@
 //! last chunk, decision U11), `max_stall_s` (the longest time no lane had a
 //! chunk confirmed, sampled every 10 ms), `lane<i>_max_stall_s` (the same per lane, not counting
 //! a lane that waits at the end of the file), `tail_s` (with several lanes: from the moment the
-//! first lane had its last chunk confirmed to the end, the time it sat idle while the others
-//! finished), `peak_in_flight_kb` (the most QUIC packet bytes the device's connections had
+//! first lane had its last chunk confirmed to the server's confirmation of the file, where
+//! `completion_s` ends: the time it sat idle while the others finished), `peak_in_flight_kb` (the most QUIC packet bytes the device's connections had
 //! sent and not yet seen acknowledged or lost at once, counted by their congestion
 //! controllers: what the sender held for retransmission).
 //! Series: `lane<i>_mbps`, each lane's confirmed goodput per second.
@@ -295,10 +295,9 @@ impl Prepared {
                     }
                     if ended {
                         let lanes = lane_stall.iter().map(|s| s.2).collect::<Vec<_>>();
-                        // The end's tail: from the first lane's last chunk to the end.
+                        // When the first lane had its last chunk confirmed: the tail starts.
                         let first_done = last_growth.iter().flatten().min().copied();
-                        let tail = first_done.map(|t| t.elapsed().as_secs_f64());
-                        return (series, max_stall, lanes, tail);
+                        return (series, max_stall, lanes, first_done);
                     }
                 }
             })
@@ -310,9 +309,12 @@ impl Prepared {
             _ => t0.elapsed().as_secs_f64(),
         };
         let _ = stop.send(());
-        let (series, max_stall, lane_stalls, tail) = sampler
+        let (series, max_stall, lane_stalls, first_done) = sampler
             .await
             .unwrap_or_else(|_| (vec![Vec::new(); n], 0.0, vec![0.0; n], None));
+        // The tail ends where `completion_s` does: at the server's confirmation (U12).
+        let end = t0 + Duration::from_secs_f64(elapsed);
+        let tail = first_done.map(|f| end.saturating_duration_since(f).as_secs_f64());
         let mut m = Measurements::default();
         let confirmed = matches!(result, Ok(Ok(_)));
         if let Ok(Err(e)) = &result {
