@@ -702,9 +702,9 @@ mod tests {
         // 10 × (1 + 2 × 0.025) = 10.5 ms there against 11 × 1.025 = 11.3 ms on the next one
         // (G14's 1.15 × 10.25 = 11.8 ms sent it there).
         let t = measured(&[(10, w, 0.0, true), (11, w, 0.0, true)]);
-        let small = |c: Completion| {
+        let small = |mut c: Completion| {
             let at = T0.with(|t| *t);
-            c.clone().pick(&t, &Ask::new(be, 2_000, None, at))
+            c.pick(&t, &Ask::new(be, 2_000, None, at))
         };
         assert_eq!(small(Completion::default()), Some(PathId(0)));
         // The rule it replaced would not have.
@@ -965,10 +965,10 @@ mod tests {
         let big = Ask::new(Priority::BestEffort, 60_000, None, t0);
         assert_eq!(Completion::default().pick(&t, &big), Some(PathId(1)));
         // Without the margin path 0's 70 ms would win.
-        let plain = Completion {
+        let mut plain = Completion {
             best_effort_margin: 0.0,
         };
-        assert_eq!(plain.clone().pick(&t, &big), Some(PathId(0)));
+        assert_eq!(plain.pick(&t, &big), Some(PathId(0)));
         // 30 KB queued there: 30 × (1 + log2(1 + (30 000 + 1 384) / 15 000)) = 79 ms: back on
         // path 0.
         t.on_request_sent(PathId(1), 30_000, t0);

@@ -360,14 +360,36 @@ pub fn csv(runs: &[KernelUploadRun]) -> String {
     s
 }
 
-fn goodput(runs: &[KernelUploadRun], scheme: &str, sweep: &str, kb: u64) -> Summary {
+/// Mean ± std dev of `value` over the runs of `scheme` in `sweep` at buffer `kb`.
+fn cell(
+    runs: &[KernelUploadRun],
+    scheme: &str,
+    sweep: &str,
+    kb: u64,
+    value: impl Fn(&KernelUploadRun) -> f64,
+) -> Summary {
     Summary::of(
         &runs
             .iter()
             .filter(|r| r.scheme == scheme && r.sweep == sweep && r.buffer_kb == kb)
-            .map(|r| r.goodput_mbps)
+            .map(value)
             .collect::<Vec<_>>(),
     )
+}
+
+fn goodput(runs: &[KernelUploadRun], scheme: &str, sweep: &str, kb: u64) -> Summary {
+    cell(runs, scheme, sweep, kb, |r| r.goodput_mbps)
+}
+
+/// A table's header and rule: `first`, then one column per scheme named by `column`.
+fn table_head(first: &str, schemes: &[String], column: impl Fn(&str) -> String) -> String {
+    let mut head = format!("| {first} |");
+    let mut rule = String::from("|---|");
+    for sc in schemes {
+        let _ = write!(head, " {} |", column(sc));
+        rule.push_str("---|");
+    }
+    format!("{head}\n{rule}")
 }
 
 /// The smallest swept buffer whose mean goodput reaches 95 % of the scheme's at the largest
@@ -427,13 +449,8 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
         ("send", "send buffer (tcp_wmem max)"),
     ] {
         let _ = writeln!(s, "## Goodput against the {what}\n");
-        let mut head = String::from("| buffer, KB |");
-        let mut rule = String::from("|---|");
-        for sc in &cfg.schemes {
-            let _ = write!(head, " {sc}, Mbit/s |");
-            rule.push_str("---|");
-        }
-        let _ = writeln!(s, "{head}\n{rule}");
+        let head = table_head("buffer, KB", &cfg.schemes, |sc| format!("{sc}, Mbit/s"));
+        let _ = writeln!(s, "{head}");
         for &kb in &cfg.buffers_kb {
             let mut row = format!("| {kb} |");
             for sc in &cfg.schemes {
@@ -529,9 +546,8 @@ fn memory(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> String {
         // Results from before the memory was measured.
         return String::new();
     }
-    let kb = |rs: &[&KernelUploadRun], side: fn(&KernelUploadRun) -> u64| {
-        Summary::of(&rs.iter().map(|r| side(r) as f64 / 1e3).collect::<Vec<_>>())
-    };
+    // Bytes as KB.
+    let kb = |side: fn(&KernelUploadRun) -> u64| move |r: &KernelUploadRun| side(r) as f64 / 1e3;
     let mut s = String::from("## Memory held (issue 14 item 5)\n\n");
     let _ = writeln!(
         s,
@@ -561,34 +577,21 @@ fn memory(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> String {
         ),
     ];
     for (sweep, side, what) in sides {
-        let mut head = format!("| {sweep} buffer, KB |");
-        let mut rule = String::from("|---|");
-        for sc in &cfg.schemes {
-            let _ = write!(head, " {sc}: {what} peak, KB |");
-            rule.push_str("---|");
-        }
-        let _ = writeln!(s, "{head}\n{rule}");
+        let head = table_head(&format!("{sweep} buffer, KB"), &cfg.schemes, |sc| {
+            format!("{sc}: {what} peak, KB")
+        });
+        let _ = writeln!(s, "{head}");
         for &b in &cfg.buffers_kb {
             let mut row = format!("| {b} |");
             for sc in &cfg.schemes {
-                let rs: Vec<&KernelUploadRun> = runs
-                    .iter()
-                    .filter(|r| &r.scheme == sc && r.sweep == sweep && r.buffer_kb == b)
-                    .collect();
-                let m = kb(&rs, side);
+                let m = cell(runs, sc, sweep, b, kb(side));
                 let _ = write!(row, " {:.0} ± {:.0} |", m.mean, m.std);
             }
             let _ = writeln!(s, "{row}");
         }
         let _ = writeln!(s);
         if let Some(&top) = cfg.buffers_kb.iter().max() {
-            let at = |sc: &str| {
-                let rs: Vec<&KernelUploadRun> = runs
-                    .iter()
-                    .filter(|r| r.scheme == sc && r.sweep == sweep && r.buffer_kb == top)
-                    .collect();
-                kb(&rs, side)
-            };
+            let at = |sc: &str| cell(runs, sc, sweep, top, kb(side));
             let (conv, two) = (at("conventional"), at("two-ended"));
             if conv.n > 0 && two.n > 0 && two.mean > 0.0 {
                 let _ = writeln!(
@@ -608,12 +611,9 @@ fn memory(cfg: &KernelUploadConfig, runs: &[KernelUploadRun]) -> String {
     let single: Vec<String> = ["tcp-wifi", "tcp-cellular"]
         .iter()
         .filter_map(|sc| {
-            let rs: Vec<&KernelUploadRun> = runs.iter().filter(|r| r.scheme == *sc).collect();
-            (!rs.is_empty()).then(|| {
-                let (rx, tx) = (
-                    kb(&rs, |r| r.receiver_peak_bytes),
-                    kb(&rs, |r| r.sender_peak_bytes),
-                );
+            let at = |side| cell(runs, sc, "single", cfg.large_kb, kb(side));
+            let (rx, tx) = (at(|r| r.receiver_peak_bytes), at(|r| r.sender_peak_bytes));
+            (rx.n > 0).then(|| {
                 format!(
                     "{sc} receiver {:.0} ± {:.0} KB, sender {:.0} ± {:.0} KB",
                     rx.mean, rx.std, tx.mean, tx.std

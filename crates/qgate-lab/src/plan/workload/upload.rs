@@ -11,9 +11,10 @@
 //! chunk confirmed, sampled every 10 ms), `lane<i>_max_stall_s` (the same per lane, not counting
 //! a lane that waits at the end of the file), `tail_s` (with several lanes: from the moment the
 //! first lane had its last chunk confirmed to the server's confirmation of the file, where
-//! `completion_s` ends: the time it sat idle while the others finished), `peak_in_flight_kb` (the most QUIC packet bytes the device's connections had
-//! sent and not yet seen acknowledged or lost at once, counted by their congestion
-//! controllers: what the sender held for retransmission).
+//! `completion_s` ends: the time it sat idle while the others finished), `peak_in_flight_kb`
+//! (the most QUIC packet bytes the device's connections had sent and not yet seen
+//! acknowledged or lost at once, counted by their congestion controllers: what the sender
+//! held for retransmission).
 //! Series: `lane<i>_mbps`, each lane's confirmed goodput per second.
 
 use std::net::SocketAddr;
