@@ -584,13 +584,13 @@ impl IngestService {
                     );
                 };
                 self.storage(move || {
-                    let stored = uploads.put(peer.ip(), &name, &info, index, &body)?;
-                    if matches!(stored, upload::Stored::Written | upload::Stored::Complete) {
-                        stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
-                        stats
-                            .upload_bytes
-                            .fetch_add(body.len() as u64, Ordering::Relaxed);
-                    }
+                    // Counted under the upload's lock, before the file can be answered
+                    // complete.
+                    let stored =
+                        uploads.put_counting(peer.ip(), &name, &info, index, &body, |len| {
+                            stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
+                            stats.upload_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        })?;
                     Ok(match stored {
                         upload::Stored::Complete => {
                             stats.uploads_completed.fetch_add(1, Ordering::Relaxed);

@@ -298,6 +298,21 @@ impl Uploads {
         index: usize,
         body: &[u8],
     ) -> Result<Stored, UploadFailure> {
+        self.put_counting(client, name, info, index, body, |_| {})
+    }
+
+    /// [`put`](Self::put), calling `written` with the chunk's length when it is new, under the
+    /// upload's lock: before any other chunk can complete the file, so a counter it feeds
+    /// holds every chunk of a file by the time the file is answered complete.
+    pub fn put_counting(
+        &self,
+        client: IpAddr,
+        name: &str,
+        info: &FileInfo,
+        index: usize,
+        body: &[u8],
+        written: impl FnOnce(usize),
+    ) -> Result<Stored, UploadFailure> {
         let layout = info.layout;
         let Some((offset, len)) = layout.range(index) else {
             return Err(UploadFailure::Bad(format!(
@@ -330,6 +345,7 @@ impl Uploads {
         e.file.write_all_at(body, offset).map_err(io(&part))?;
         e.chunks[index] = WRITTEN;
         e.held += 1;
+        written(body.len());
         e.unsynced += body.len() as u64;
         if e.held < e.chunks.len() {
             if e.unsynced >= SYNC_EVERY {
@@ -683,6 +699,28 @@ mod tests {
     fn chunk(data: &[u8], info: &FileInfo, i: usize) -> Vec<u8> {
         let (off, len) = info.layout.range(i).unwrap();
         data[off as usize..off as usize + len].to_vec()
+    }
+
+    #[test]
+    fn the_written_callback_counts_each_new_chunk_once_before_the_file_completes() {
+        let root = dir("counting");
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let data = file(3000, 3);
+        let inf = info(&data, 1024);
+        let mut counted = Vec::new();
+        let mut put = |i: usize| {
+            up.put_counting(ME, "c", &inf, i, &chunk(&data, &inf, i), |n| {
+                counted.push(n)
+            })
+            .unwrap()
+        };
+        assert_eq!(put(0), Stored::Written);
+        assert_eq!(put(0), Stored::Duplicate);
+        assert_eq!(put(2), Stored::Written);
+        // The completing chunk is counted too, and a copy after it is not.
+        assert_eq!(put(1), Stored::Complete);
+        assert_eq!(put(1), Stored::AlreadyComplete);
+        assert_eq!(counted, vec![1024, 952, 1024]);
     }
 
     #[tokio::test]
