@@ -20,7 +20,8 @@ use fe2o3_amqp::{Receiver, Sender, Session};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use qgate_transport::history::{client_peer_key, HistoryStore};
 use qgate_transport::{
-    client_config, connect, constrained_endpoint, endpoint, Socket, TransportOptions, TrustRoots,
+    client_config, connect, constrained_endpoint, endpoint, one_connection_endpoint, Socket,
+    TransportOptions, TrustRoots,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -62,7 +63,7 @@ pub struct Connector {
     server_name: String,
     sasl: Option<(String, String)>,
     tls: Option<Arc<rustls::ClientConfig>>,
-    quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    quic: Option<(Endpoints, quinn::ClientConfig)>,
     dial: Option<transport::Dialer>,
     opts: TransportOptions,
     zero_rtt: bool,
@@ -70,6 +71,19 @@ pub struct Connector {
     shared: Arc<tokio::sync::Mutex<Option<quinn::Connection>>>,
     /// Start new QUIC connections from this history of the broker, with this safeguard.
     history: Option<(Arc<HistoryStore>, Option<f64>)>,
+}
+
+/// Makes the endpoint one new QUIC connection leaves from
+/// ([`Connector::with_endpoint_per_connection`]).
+pub type EndpointMaker = Arc<dyn Fn() -> Result<quinn::Endpoint, String> + Send + Sync>;
+
+/// Where a connector's QUIC connections leave from.
+#[derive(Clone)]
+enum Endpoints {
+    /// One endpoint for all of them.
+    Shared(quinn::Endpoint),
+    /// A new endpoint (socket) each (decision T10).
+    PerConnection(EndpointMaker),
 }
 
 /// How a stream came up.
@@ -124,14 +138,15 @@ impl Connector {
         };
         match scheme {
             Scheme::Quic | Scheme::QuicMux => {
+                let any: SocketAddr = if addr.is_ipv4() {
+                    "0.0.0.0:0".parse().expect("addr")
+                } else {
+                    "[::]:0".parse().expect("addr")
+                };
+                let given = quic_socket.is_some();
                 let socket = match quic_socket {
                     Some(s) => s,
                     None => {
-                        let any: SocketAddr = if addr.is_ipv4() {
-                            "0.0.0.0:0".parse().expect("addr")
-                        } else {
-                            "[::]:0".parse().expect("addr")
-                        };
                         Socket::bind_udp(any).map_err(|e| ClientError::Config(e.to_string()))?
                     }
                 };
@@ -143,10 +158,16 @@ impl Connector {
                 }
                 .map_err(|e| ClientError::Config(e.to_string()))?;
                 let c = Connector::on_endpoint(ep, addr, server_name, trust, c.sasl, opts)?;
-                return Ok(if scheme == Scheme::QuicMux {
-                    c.multiplexed()
-                } else {
-                    c
+                return Ok(match scheme {
+                    Scheme::QuicMux => c.multiplexed(),
+                    // Each of its short connections from a socket of its own (T10).
+                    _ if opts.link_kbps.is_some() && !given => {
+                        c.with_endpoint_per_connection(Arc::new(move || {
+                            let s = Socket::bind_udp(any).map_err(|e| e.to_string())?;
+                            one_connection_endpoint(s, None).map_err(|e| e.to_string())
+                        }))
+                    }
+                    _ => c,
                 });
             }
             Scheme::TcpTls(v) => {
@@ -177,7 +198,7 @@ impl Connector {
             server_name: server_name.to_string(),
             sasl,
             tls: None,
-            quic: Some((ep, cfg)),
+            quic: Some((Endpoints::Shared(ep), cfg)),
             dial: None,
             opts: opts.clone(),
             zero_rtt: true,
@@ -204,12 +225,25 @@ impl Connector {
         self
     }
 
-    /// QUIC handshakes started on this connector's endpoint (None for TCP; an endpoint shared
-    /// with other connectors counts theirs too): with quic-mux, one per shared connection.
+    /// Open each new QUIC connection on an endpoint of its own, from `make` (decision T10):
+    /// with [`qgate_transport::one_connection_endpoint`], no connection IDs of its own and
+    /// none of a drained connection's packets on the next (with quic-mux: each shared
+    /// connection). A no-op for TCP.
+    pub fn with_endpoint_per_connection(mut self, make: EndpointMaker) -> Self {
+        if let Some((eps, _)) = self.quic.as_mut() {
+            *eps = Endpoints::PerConnection(make);
+        }
+        self
+    }
+
+    /// QUIC handshakes started on this connector's endpoint (None for TCP and with an
+    /// endpoint per connection; an endpoint shared with other connectors counts theirs too):
+    /// with quic-mux, one per shared connection.
     pub fn quic_handshakes(&self) -> Option<u64> {
-        self.quic
-            .as_ref()
-            .map(|(ep, _)| ep.stats().outgoing_handshakes)
+        match self.quic.as_ref() {
+            Some((Endpoints::Shared(ep), _)) => Some(ep.stats().outgoing_handshakes),
+            _ => None,
+        }
     }
 
     /// Close quic-mux's shared connection now (it also closes when the connector is
@@ -218,7 +252,7 @@ impl Connector {
     pub async fn close_shared(&self) {
         if let Some(c) = self.shared.lock().await.take() {
             c.close(0u32.into(), b"");
-            if let Some((ep, _)) = &self.quic {
+            if let Some((Endpoints::Shared(ep), _)) = &self.quic {
                 let _ = tokio::time::timeout(Duration::from_secs(1), ep.wait_idle()).await;
             }
         }
@@ -365,7 +399,17 @@ impl Connector {
 
     /// A new QUIC connection (0-RTT when a ticket is held) and a stream on it.
     async fn quic_connection(&self) -> Result<(BoxStream, StreamInfo), ClientError> {
-        let (ep, cfg) = self.quic.as_ref().expect("built for QUIC");
+        let (eps, cfg) = self.quic.as_ref().expect("built for QUIC");
+        let own;
+        let ep = match eps {
+            Endpoints::Shared(ep) => ep,
+            Endpoints::PerConnection(make) => {
+                // Dropping this handle leaves the endpoint to its connection, which keeps it
+                // until it has drained.
+                own = make().map_err(ClientError::Config)?;
+                &own
+            }
+        };
         let peer = client_peer_key(&self.server_name, self.addr);
         let cfg = match &self.history {
             Some((store, safeguard)) => store

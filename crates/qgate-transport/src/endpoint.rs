@@ -113,6 +113,11 @@ fn server_config_inner(
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     // QUIC requires max_early_data_size to be 0 or u32::MAX (RFC 9001 §4.6.1); MAX enables 0-RTT.
     tls.max_early_data_size = u32::MAX;
+    if opts.link_kbps.is_some() {
+        // Clients on a slow radio: one ticket a handshake (rustls sends 2), one for the next
+        // connection, 89 bytes fewer on the radio each time (decision T10).
+        tls.send_tls13_tickets = 1;
+    }
     if let Some(n) = tickets {
         // No pass over the store per resumption, however many slots (decision G18).
         tls.session_storage = Arc::new(crate::tickets::TicketStore::new(n));
@@ -285,12 +290,34 @@ pub fn endpoint(
 /// 1200 bytes, so a peer has no larger MTU to probe for on the device's link. (Zero-length
 /// connection IDs would save 8 bytes a packet but route by address, and then a new
 /// connection's packets reach the previous one while it drains: 10 sequential connections
-/// took 30 s instead of 0.44 s at 1 Mbit/s.)
+/// took 30 s instead of 0.44 s at 1 Mbit/s; [`one_connection_endpoint`] has them, for an
+/// endpoint that carries one connection.)
 pub fn constrained_endpoint(socket: Socket, seed: Option<u64>) -> Result<Endpoint, TransportError> {
+    on_socket(socket, constrained_config(seed), None)
+}
+
+/// A client endpoint for *one* connection of a device on a constrained link (decision T10):
+/// [`constrained_endpoint`]'s, with zero-length connection IDs of its own. With one connection
+/// on the socket its address alone routes the peer's packets, so an ID would only add 8 bytes
+/// to every packet the peer sends; and quinn issues a peer 4 spare IDs, and a 5th once the
+/// peer retires the first, in datagrams of their own. With zero-length IDs this end issues
+/// none and asks the peer for the fewest (active_connection_id_limit 2, RFC 9000 §18.2), so
+/// the peer issues one. This end cannot move to another address (RFC 9000 §9.5): use it for
+/// short connections, one socket each.
+pub fn one_connection_endpoint(
+    socket: Socket,
+    seed: Option<u64>,
+) -> Result<Endpoint, TransportError> {
+    let mut cfg = constrained_config(seed);
+    cfg.cid_generator(|| Box::new(quinn_proto::RandomConnectionIdGenerator::new(0)));
+    on_socket(socket, cfg, None)
+}
+
+fn constrained_config(seed: Option<u64>) -> EndpointConfig {
     let mut cfg = EndpointConfig::default();
     cfg.rng_seed(seed.map(seed_bytes));
     cfg.max_udp_payload_size(1200).expect("QUIC's minimum");
-    on_socket(socket, cfg, None)
+    cfg
 }
 
 fn on_socket(

@@ -459,3 +459,113 @@ async fn request_bodies_held_at_once_are_bounded_by_the_budget() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(budget.available(), budget.total(), "every byte given back");
 }
+
+/// Three one-message connections from a device, each as a constrained client dials it: from
+/// `one_connection_endpoint` (decision T10) or, for contrast, from a `constrained_endpoint`
+/// of its own. Returns per connection (0-RTT?, NEW_CONNECTION_ID frames the client sent, those
+/// the server sent, bytes the client received).
+async fn three_short_connections(one: bool) -> Vec<(bool, u64, u64, u64)> {
+    use qgate_transport::{constrained_endpoint, one_connection_endpoint};
+    let net = Network::new(7);
+    let (c, s) = (net.add_host("client"), net.add_host("server"));
+    let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
+    let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
+    net.connect_symmetric(
+        ic,
+        is,
+        LinkParams::new(1_000_000, Duration::from_millis(10)),
+    )
+    .unwrap();
+    let pki = pki();
+    let opts = TransportOptions {
+        link_kbps: Some(1000.0),
+        mtu_discovery: false,
+        ..Default::default()
+    };
+    let scfg = server_config(&pki.server, &[b"test"], &opts).unwrap();
+    let server = endpoint(
+        Socket::from(net.bind(s, sa(SERVER)).unwrap()),
+        Some(scfg),
+        Some(7),
+    )
+    .unwrap();
+    // The server echoes each uni stream's length on a uni stream of its own, then reports its
+    // connection's statistics once the client has closed it.
+    let (tx, mut stats) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let conn = match incoming.accept().unwrap().into_0rtt() {
+                    Ok((conn, _)) => conn,
+                    Err(connecting) => connecting.await.unwrap(),
+                };
+                if let Ok(mut recv) = conn.accept_uni().await {
+                    let got = recv.read_to_end(1 << 16).await.unwrap();
+                    let mut send = conn.open_uni().await.unwrap();
+                    send.write_all(&(got.len() as u32).to_be_bytes())
+                        .await
+                        .unwrap();
+                    send.finish().unwrap();
+                }
+                conn.closed().await;
+                let _ = tx.send(conn.stats().frame_tx.new_connection_id).await;
+            });
+        }
+    });
+    let client_cfg = client_config(&pki.trust(), &[b"test"], &opts).unwrap();
+    let mut out = Vec::new();
+    for k in 0..3u64 {
+        let sock = Socket::from(net.bind(c, sa("10.0.0.1:0")).unwrap());
+        let ep = if one {
+            one_connection_endpoint(sock, Some(100 + k))
+        } else {
+            constrained_endpoint(sock, Some(100 + k))
+        }
+        .unwrap();
+        let conn = connect(&ep, &client_cfg, sa(SERVER), "localhost", true)
+            .await
+            .unwrap();
+        let zero_rtt = conn.is_0rtt();
+        let conn = conn.connection().clone();
+        let mut st = conn.open_uni().await.unwrap();
+        st.write_all(&[7u8; 300]).await.unwrap();
+        st.finish().unwrap();
+        let mut back = conn.accept_uni().await.unwrap();
+        let n = back.read_to_end(16).await.unwrap();
+        assert_eq!(n, 300u32.to_be_bytes());
+        // Let the ticket and the last acknowledgements arrive before closing.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let st = conn.stats();
+        conn.close(0u32.into(), b"");
+        drop(ep);
+        let server_ids = stats.recv().await.unwrap();
+        out.push((
+            zero_rtt,
+            st.frame_tx.new_connection_id,
+            server_ids,
+            st.udp_rx.bytes,
+        ));
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_one_connection_endpoint_issues_no_connection_ids_and_still_resumes_in_0rtt() {
+    let one = three_short_connections(true).await;
+    let shared = three_short_connections(false).await;
+    // Tickets live in the client configuration, so a new socket each time still resumes; one
+    // ticket a handshake (T10) is enough for the next.
+    assert_eq!(
+        one.iter().map(|c| c.0).collect::<Vec<_>>(),
+        [false, true, true]
+    );
+    for (o, s) in one.iter().zip(&shared) {
+        // quinn issues 4 spare IDs to a peer that allows 5; ours allows 2, so the server
+        // issues 1, and the client has none to issue.
+        assert_eq!((o.1, o.2), (0, 1), "{one:?}");
+        assert!(s.1 >= 4 && s.2 >= 4, "{shared:?}");
+        // The client receives fewer bytes: no 8-byte ID in each packet, fewer ID frames.
+        assert!(o.3 + 100 < s.3, "{one:?} vs {shared:?}");
+    }
+}

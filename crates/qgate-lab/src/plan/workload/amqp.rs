@@ -28,7 +28,10 @@ use qgate_netsim::tcp::TcpHost;
 use qgate_netsim::topology::Topology;
 use qgate_netsim::{Direction, LinkId, Network, World};
 use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
-use qgate_transport::{constrained_endpoint, endpoint, server_config, Socket, TransportOptions};
+use qgate_transport::{
+    constrained_endpoint, endpoint, one_connection_endpoint, server_config, Socket,
+    TransportOptions,
+};
 use tokio::time::Instant;
 
 use super::{secs, Clock, Measurements, Setup};
@@ -272,6 +275,21 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                 .map_err(|e| e.to_string())?;
                 let mut c = Connector::on_endpoint(ep, baddr, "localhost", &trust, None, &opts)
                     .map_err(|e| e.to_string())?;
+                if a.constrained && !mux {
+                    // Each connection from a socket of its own, as TCP takes a port each (T10).
+                    let net = net.clone();
+                    let base = seed(side);
+                    let made = std::sync::atomic::AtomicU64::new(0);
+                    c = c.with_endpoint_per_connection(Arc::new(move || {
+                        let k = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                        let sock = net
+                            .bind(h, SocketAddr::new(ip, 0))
+                            .map_err(|e| e.to_string())?;
+                        let seed = base.wrapping_add(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                        one_connection_endpoint(Socket::from(sock), Some(seed))
+                            .map_err(|e| e.to_string())
+                    }));
+                }
                 if a.history {
                     // Each client its own store, as each device has (H6).
                     let store = super::virtual_history(Default::default());
