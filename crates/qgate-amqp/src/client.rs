@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -71,10 +71,11 @@ pub struct Connector {
     shared: Arc<tokio::sync::Mutex<Option<quinn::Connection>>>,
     /// Start new QUIC connections from this history of the broker, with this safeguard.
     history: Option<(Arc<HistoryStore>, Option<f64>)>,
+    /// QUIC handshakes started, shared by clones.
+    handshakes: Arc<AtomicU64>,
 }
 
-/// Makes the endpoint one new QUIC connection leaves from
-/// ([`Connector::with_endpoint_per_connection`]).
+/// Makes the endpoint one new QUIC connection leaves from ([`Connector::per_connection`]).
 pub type EndpointMaker = Arc<dyn Fn() -> Result<quinn::Endpoint, String> + Send + Sync>;
 
 /// Where a connector's QUIC connections leave from.
@@ -113,7 +114,9 @@ impl StreamInfo {
 impl Connector {
     /// A connector to `addr` (certificate checked against `server_name` and `trust`).
     /// `sasl` = Some((user, password)) uses PLAIN, None ANONYMOUS. For QUIC, `socket` is the
-    /// local socket (real UDP or simulated); 0-RTT is used when `zero_rtt` and a ticket is held.
+    /// local socket (real UDP or simulated); without one, a UDP socket is bound, or, for
+    /// per-connection QUIC on a declared radio (`opts.link_kbps`), one for each connection
+    /// (decision T10). 0-RTT is used when `zero_rtt` and a ticket is held.
     pub fn new(
         scheme: Scheme,
         addr: SocketAddr,
@@ -135,6 +138,7 @@ impl Connector {
             zero_rtt: true,
             shared: Arc::default(),
             history: None,
+            handshakes: Arc::default(),
         };
         match scheme {
             Scheme::Quic | Scheme::QuicMux => {
@@ -143,7 +147,14 @@ impl Connector {
                 } else {
                     "[::]:0".parse().expect("addr")
                 };
-                let given = quic_socket.is_some();
+                if scheme == Scheme::Quic && opts.link_kbps.is_some() && quic_socket.is_none() {
+                    // Its short connections each from a socket of their own (T10).
+                    let make: EndpointMaker = Arc::new(move || {
+                        let s = Socket::bind_udp(any).map_err(|e| e.to_string())?;
+                        one_connection_endpoint(s, None).map_err(|e| e.to_string())
+                    });
+                    return Connector::per_connection(make, addr, server_name, trust, c.sasl, opts);
+                }
                 let socket = match quic_socket {
                     Some(s) => s,
                     None => {
@@ -158,16 +169,10 @@ impl Connector {
                 }
                 .map_err(|e| ClientError::Config(e.to_string()))?;
                 let c = Connector::on_endpoint(ep, addr, server_name, trust, c.sasl, opts)?;
-                return Ok(match scheme {
-                    Scheme::QuicMux => c.multiplexed(),
-                    // Each of its short connections from a socket of its own (T10).
-                    _ if opts.link_kbps.is_some() && !given => {
-                        c.with_endpoint_per_connection(Arc::new(move || {
-                            let s = Socket::bind_udp(any).map_err(|e| e.to_string())?;
-                            one_connection_endpoint(s, None).map_err(|e| e.to_string())
-                        }))
-                    }
-                    _ => c,
+                return Ok(if scheme == Scheme::QuicMux {
+                    c.multiplexed()
+                } else {
+                    c
                 });
             }
             Scheme::TcpTls(v) => {
@@ -190,6 +195,39 @@ impl Connector {
         sasl: Option<(String, String)>,
         opts: &TransportOptions,
     ) -> Result<Connector, ClientError> {
+        Connector::quic(Endpoints::Shared(ep), addr, server_name, trust, sasl, opts)
+    }
+
+    /// A per-connection QUIC connector that opens each connection on a new endpoint from
+    /// `make` (decision T10): with [`qgate_transport::one_connection_endpoint`], no connection
+    /// IDs of its own and no drained connection's packets on the next. It cannot be
+    /// [`multiplexed`](Self::multiplexed), which needs one endpoint.
+    pub fn per_connection(
+        make: EndpointMaker,
+        addr: SocketAddr,
+        server_name: &str,
+        trust: &TrustRoots,
+        sasl: Option<(String, String)>,
+        opts: &TransportOptions,
+    ) -> Result<Connector, ClientError> {
+        Connector::quic(
+            Endpoints::PerConnection(make),
+            addr,
+            server_name,
+            trust,
+            sasl,
+            opts,
+        )
+    }
+
+    fn quic(
+        eps: Endpoints,
+        addr: SocketAddr,
+        server_name: &str,
+        trust: &TrustRoots,
+        sasl: Option<(String, String)>,
+        opts: &TransportOptions,
+    ) -> Result<Connector, ClientError> {
         let cfg = client_config(trust, &[ALPN_AMQP], opts)
             .map_err(|e| ClientError::Config(e.to_string()))?;
         Ok(Connector {
@@ -198,20 +236,21 @@ impl Connector {
             server_name: server_name.to_string(),
             sasl,
             tls: None,
-            quic: Some((Endpoints::Shared(ep), cfg)),
+            quic: Some((eps, cfg)),
             dial: None,
             opts: opts.clone(),
             zero_rtt: true,
             shared: Arc::default(),
             history: None,
+            handshakes: Arc::default(),
         })
     }
 
     /// Carry every AMQP connection as a stream of one long-lived QUIC connection (quic-mux,
-    /// decision M25); a no-op for TCP. Its idle timeout and keep-alive are the transport
-    /// options'.
+    /// decision M25); a no-op for TCP and for a [`per_connection`](Self::per_connection)
+    /// connector. Its idle timeout and keep-alive are the transport options'.
     pub fn multiplexed(mut self) -> Self {
-        if self.scheme.is_quic() {
+        if matches!(self.quic, Some((Endpoints::Shared(_), _))) {
             self.scheme = Scheme::QuicMux;
         }
         self
@@ -225,25 +264,12 @@ impl Connector {
         self
     }
 
-    /// Open each new QUIC connection on an endpoint of its own, from `make` (decision T10):
-    /// with [`qgate_transport::one_connection_endpoint`], no connection IDs of its own and
-    /// none of a drained connection's packets on the next (with quic-mux: each shared
-    /// connection). A no-op for TCP.
-    pub fn with_endpoint_per_connection(mut self, make: EndpointMaker) -> Self {
-        if let Some((eps, _)) = self.quic.as_mut() {
-            *eps = Endpoints::PerConnection(make);
-        }
-        self
-    }
-
-    /// QUIC handshakes started on this connector's endpoint (None for TCP and with an
-    /// endpoint per connection; an endpoint shared with other connectors counts theirs too):
-    /// with quic-mux, one per shared connection.
+    /// QUIC handshakes this connector and its clones have started (None for TCP): with
+    /// quic-mux, one per shared connection.
     pub fn quic_handshakes(&self) -> Option<u64> {
-        match self.quic.as_ref() {
-            Some((Endpoints::Shared(ep), _)) => Some(ep.stats().outgoing_handshakes),
-            _ => None,
-        }
+        self.quic
+            .as_ref()
+            .map(|_| self.handshakes.load(Ordering::Relaxed))
     }
 
     /// Close quic-mux's shared connection now (it also closes when the connector is
@@ -418,6 +444,7 @@ impl Connector {
             None => qgate_transport::client_config_for(cfg, &self.opts, &peer),
         }
         .map_err(|e| ClientError::Config(e.to_string()))?;
+        self.handshakes.fetch_add(1, Ordering::Relaxed);
         let c = connect(ep, &cfg, self.addr, &self.server_name, self.zero_rtt)
             .await
             .map_err(|e| TransportError::Quic {

@@ -189,6 +189,52 @@ async fn quic_mux_carries_many_amqp_connections_on_one_quic_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_on_a_declared_radio_dials_each_connection_from_a_socket_of_its_own() {
+    // Decision T10: per-connection QUIC on a declared radio leaves from a new UDP socket each
+    // time, with no connection IDs of its own, and still resumes in 0-RTT.
+    use qgate_amqp::oneshot::send_one;
+    let r = start(BrokerConfig::default()).await;
+    let opts = TransportOptions {
+        link_kbps: Some(250.0),
+        ..Default::default()
+    };
+    let c = Connector::new(
+        Scheme::Quic,
+        r.quic,
+        "localhost",
+        &r.pki.trust(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap();
+    let t = Duration::from_secs(10);
+    let mut zero_rtt = Vec::new();
+    for i in 0..3u8 {
+        let msg = client::message_with_id(
+            fe2o3_amqp::types::messaging::MessageId::String(format!("r{i}")),
+            vec![i; 50],
+        );
+        let rep = send_one(&c, "radio", &msg, false, t).await.unwrap();
+        assert_eq!(rep.messages, 1);
+        zero_rtt.push(rep.zero_rtt);
+    }
+    assert_eq!(zero_rtt, [false, true, true]);
+    assert_eq!(c.quic_handshakes(), Some(3));
+    let (io, info) = c.stream().await.unwrap();
+    let conn = info.quic.expect("a QUIC connection");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(conn.stats().frame_tx.new_connection_id, 0);
+    // The same connector without a declared radio issues the broker spare IDs.
+    let plain = r.connector(Scheme::Quic, None);
+    let (io2, info2) = plain.stream().await.unwrap();
+    let conn2 = info2.quic.expect("a QUIC connection");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(conn2.stats().frame_tx.new_connection_id > 0);
+    drop((io, io2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_beyond_the_per_address_limit_close_their_quic_connection() {
     let r = start(BrokerConfig {
         max_connections_per_address: 2,

@@ -113,11 +113,6 @@ fn server_config_inner(
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     // QUIC requires max_early_data_size to be 0 or u32::MAX (RFC 9001 §4.6.1); MAX enables 0-RTT.
     tls.max_early_data_size = u32::MAX;
-    if opts.link_kbps.is_some() {
-        // Clients on a slow radio: one ticket a handshake (rustls sends 2), one for the next
-        // connection, 89 bytes fewer on the radio each time (decision T10).
-        tls.send_tls13_tickets = 1;
-    }
     if let Some(n) = tickets {
         // No pass over the store per resumption, however many slots (decision G18).
         tls.session_storage = Arc::new(crate::tickets::TicketStore::new(n));

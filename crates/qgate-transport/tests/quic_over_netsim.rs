@@ -554,8 +554,7 @@ async fn three_short_connections(one: bool) -> Vec<(bool, u64, u64, u64)> {
 async fn a_one_connection_endpoint_issues_no_connection_ids_and_still_resumes_in_0rtt() {
     let one = three_short_connections(true).await;
     let shared = three_short_connections(false).await;
-    // Tickets live in the client configuration, so a new socket each time still resumes; one
-    // ticket a handshake (T10) is enough for the next.
+    // Tickets live in the client configuration, so a new socket each time still resumes.
     assert_eq!(
         one.iter().map(|c| c.0).collect::<Vec<_>>(),
         [false, true, true]

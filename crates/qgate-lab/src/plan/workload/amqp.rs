@@ -258,29 +258,18 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                 .map_err(|e| e.to_string())?;
             let client = move |name: &str, side: u64| {
                 let (h, ip, baddr, probe) = on(name)?;
-                let sock = net
-                    .bind(h, SocketAddr::new(ip, 0))
-                    .map_err(|e| e.to_string())?;
                 let mut opts = opts.clone();
                 if a.constrained {
                     // The device knows its radio: the rate it transmits at toward the broker.
                     opts.link_kbps = radio_kbps(&probe);
                     opts.mtu_discovery = false;
                 }
-                let ep = if a.constrained {
-                    constrained_endpoint(Socket::from(sock), Some(seed(side)))
-                } else {
-                    endpoint(Socket::from(sock), None, Some(seed(side)))
-                }
-                .map_err(|e| e.to_string())?;
-                let mut c = Connector::on_endpoint(ep, baddr, "localhost", &trust, None, &opts)
-                    .map_err(|e| e.to_string())?;
-                if a.constrained && !mux {
+                let mut c = if a.constrained && !mux {
                     // Each connection from a socket of its own, as TCP takes a port each (T10).
                     let net = net.clone();
                     let base = seed(side);
                     let made = std::sync::atomic::AtomicU64::new(0);
-                    c = c.with_endpoint_per_connection(Arc::new(move || {
+                    let make: client::EndpointMaker = Arc::new(move || {
                         let k = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                         let sock = net
                             .bind(h, SocketAddr::new(ip, 0))
@@ -288,8 +277,21 @@ pub(super) fn prepare(a: &AmqpLoad, world: &World, s: &Setup) -> Result<Prepared
                         let seed = base.wrapping_add(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
                         one_connection_endpoint(Socket::from(sock), Some(seed))
                             .map_err(|e| e.to_string())
-                    }));
+                    });
+                    Connector::per_connection(make, baddr, "localhost", &trust, None, &opts)
+                } else {
+                    let sock = net
+                        .bind(h, SocketAddr::new(ip, 0))
+                        .map_err(|e| e.to_string())?;
+                    let ep = if a.constrained {
+                        constrained_endpoint(Socket::from(sock), Some(seed(side)))
+                    } else {
+                        endpoint(Socket::from(sock), None, Some(seed(side)))
+                    }
+                    .map_err(|e| e.to_string())?;
+                    Connector::on_endpoint(ep, baddr, "localhost", &trust, None, &opts)
                 }
+                .map_err(|e| e.to_string())?;
                 if a.history {
                     // Each client its own store, as each device has (H6).
                     let store = super::virtual_history(Default::default());
