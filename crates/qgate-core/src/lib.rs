@@ -1,6 +1,7 @@
 //! Sans-IO cores of qgate: plain data structures and algorithms that take `now` as an argument
 //! and return decisions; the async shells in other crates own sockets, clocks and files.
 
+pub mod batch;
 pub mod careful_resume;
 pub mod forwarder;
 pub mod history;

@@ -23,6 +23,7 @@ use qgate_transport::{
 };
 use tokio::time::Instant;
 
+use crate::batch::{self, BatchStats, Batcher};
 use crate::paths::{Lease, PathManager};
 
 use qgate_core::protocol::{
@@ -65,6 +66,11 @@ pub struct GatewayConfig {
     /// The server's authority in forwarded URIs, and the name its certificate must carry.
     #[serde(rename = "server_name")]
     pub server_authority: String,
+    /// Ingest records of at most this many bytes, of one class, that are ready for the same
+    /// backhaul connection at once go in one request to the server's `/batch` (decision G23);
+    /// 0: one request per record, as a server from before batches needs (one that answers
+    /// `/batch` otherwise still gets every record, alone, after each refused batch).
+    pub batch_max_record: usize,
 }
 
 impl Default for GatewayConfig {
@@ -84,6 +90,7 @@ impl Default for GatewayConfig {
             attempts: 3,
             max_body: 1 << 20,
             server_authority: "localhost".into(),
+            batch_max_record: batch::DEFAULT_MAX_RECORD,
         }
     }
 }
@@ -321,10 +328,17 @@ pub struct Gateway {
     pub per_path_bytes: Vec<AtomicU64>,
     /// Each path's egress shaper, if it has one (set by the builder).
     pub(crate) shapers: Vec<Option<qgate_transport::shaped::ShapeHandle>>,
+    /// What the lanes' batchers sent (decision G23).
+    pub batch_stats: Arc<BatchStats>,
 }
 
-/// A lane's HTTP/3 client and the id of the QUIC connection it runs on.
-type CachedClient = (usize, Arc<H3Client>);
+/// A lane's HTTP/3 client, the id of the QUIC connection it runs on, and its batcher.
+struct CachedClient {
+    id: usize,
+    client: Arc<H3Client>,
+    /// Best effort's and priority's (G23: priority records never wait behind others' bytes).
+    batchers: Option<[Batcher; 2]>,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -359,6 +373,7 @@ impl Gateway {
             per_path_bytes: (0..n).map(|_| AtomicU64::new(0)).collect(),
             shapers: Vec::new(),
             stats: GatewayStats::default(),
+            batch_stats: Arc::default(),
             cfg,
             paths,
         }
@@ -518,13 +533,17 @@ impl Gateway {
     /// The H3 client on the backhaul connection of `path` with the fewest requests out (made
     /// on first use per connection), leased for one request; else the lane whose HTTP/3 setup
     /// failed, or `None` when the path has no connection.
-    async fn client(&self, path: PathId) -> Result<(Arc<H3Client>, Lease), Option<usize>> {
+    #[allow(clippy::type_complexity)]
+    async fn client(
+        &self,
+        path: PathId,
+    ) -> Result<(Arc<H3Client>, Option<[Batcher; 2]>, Lease), Option<usize>> {
         let lease = self.paths.lease(path).ok_or(None)?;
         let conn = lease.connection();
         let mut slot = self.clients[path.0][lease.lane()].lock().await;
-        if let Some((id, c)) = slot.as_ref() {
-            if *id == conn.stable_id() {
-                return Ok((c.clone(), lease));
+        if let Some(c) = slot.as_ref() {
+            if c.id == conn.stable_id() {
+                return Ok((c.client.clone(), c.batchers.clone(), lease));
             }
         }
         let c = Arc::new(
@@ -532,9 +551,23 @@ impl Gateway {
                 .await
                 .map_err(|_| Some(lease.lane()))?,
         );
-        *slot = Some((conn.stable_id(), c.clone()));
+        let batchers = (self.cfg.batch_max_record > 0).then(|| {
+            [(); 2].map(|()| {
+                Batcher::new(
+                    c.clone(),
+                    self.cfg.server_authority.clone(),
+                    self.attempt_timeout,
+                    self.batch_stats.clone(),
+                )
+            })
+        });
+        *slot = Some(CachedClient {
+            id: conn.stable_id(),
+            client: c.clone(),
+            batchers: batchers.clone(),
+        });
         drop(slot);
-        Ok((c, lease))
+        Ok((c, batchers, lease))
     }
 
     /// Count a refused request and answer it.
@@ -620,7 +653,7 @@ impl Gateway {
             over: false,
         };
         let mut resp = self
-            .carry(&mut admitted, step, req, body, conn, device)
+            .carry(&mut admitted, step, req, body, conn, device, class)
             .await;
         // The Hash ID of a session made on first use, for the device's next requests.
         if !named {
@@ -638,6 +671,7 @@ impl Gateway {
     }
 
     /// Carry out the core's steps for request `admitted` until one is final.
+    #[allow(clippy::too_many_arguments)]
     async fn carry(
         &self,
         admitted: &mut Admitted<'_>,
@@ -646,6 +680,7 @@ impl Gateway {
         body: Bytes,
         conn: ConnId,
         device: SocketAddr,
+        class: Priority,
     ) -> Response<Bytes> {
         let rid = std::mem::take(&mut admitted.rid);
         let rid = rid.as_str();
@@ -655,20 +690,33 @@ impl Gateway {
             self.cfg.server_authority,
             req.uri().path_and_query().map_or("/", |p| p.as_str())
         );
+        let batchable = req.uri().query().is_none()
+            && body.len() <= self.cfg.batch_max_record
+            && batch::Record::batchable(req.method(), req.uri().path());
         loop {
             step = match step {
                 Step::Send(a) => {
                     let path = a.path;
-                    let out = Request::builder()
-                        .method(req.method().clone())
-                        .uri(uri.as_str())
-                        .header(REQUEST_ID_HEADER, rid)
-                        // Who sent it and which path carried it, for the server's sink (S7).
-                        .header(DEVICE_HEADER, device_name.as_str())
-                        .header(PATH_HEADER, path.0)
-                        .body(())
-                        .expect("valid request");
-                    match self.attempt(a, out, &body).await {
+                    let out = || {
+                        Request::builder()
+                            .method(req.method().clone())
+                            .uri(uri.as_str())
+                            .header(REQUEST_ID_HEADER, rid)
+                            // Who sent it and which path carried it, for the server's sink (S7).
+                            .header(DEVICE_HEADER, device_name.as_str())
+                            .header(PATH_HEADER, path.0)
+                            .body(())
+                            .expect("valid request")
+                    };
+                    let record = batchable.then(|| batch::Record {
+                        priority: class == Priority::Priority,
+                        target: req.uri().path().to_string(),
+                        request_id: rid.to_string(),
+                        device: device_name.clone(),
+                        path: path.0,
+                        body: body.clone(),
+                    });
+                    match self.attempt(a, &out, record, &body).await {
                         Ok(resp) => {
                             admitted.over = true;
                             return resp;
@@ -705,7 +753,8 @@ impl Gateway {
     async fn attempt(
         &self,
         a: Attempt,
-        out: Request<()>,
+        out: &(dyn Fn() -> Request<()> + Sync),
+        record: Option<batch::Record>,
         body: &Bytes,
     ) -> Result<Response<Bytes>, Step> {
         let path = a.path;
@@ -718,7 +767,7 @@ impl Gateway {
                 // `None`: abandoned meanwhile, which this task alone does, on drop.
                 .unwrap_or(Step::Failed)
         };
-        let (client, lease) = match self.client(path).await {
+        let (client, batchers, lease) = match self.client(path).await {
             Ok(c) => c,
             // One of several connections failed (decision G21): the path stays in on the
             // others. Its last: the path is out until probing brings it back.
@@ -729,8 +778,13 @@ impl Gateway {
         };
         // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future (and
         // the per-request task) grows by it and is copied around with it.
-        let outcome =
-            Box::pin(client.request_within(out, body.clone(), 1 << 20, self.attempt_timeout)).await;
+        let outcome = match (record, batchers) {
+            (Some(r), Some(b)) => b[usize::from(r.priority)].send(r).await,
+            _ => {
+                Box::pin(client.request_within(out(), body.clone(), 1 << 20, self.attempt_timeout))
+                    .await
+            }
+        };
         match outcome {
             Ok(r) => {
                 // Every answer refreshes the path's RTT, window and loss from QUIC (§3.2), so a
@@ -760,7 +814,7 @@ impl Gateway {
                     let mut cached = self.clients[path.0][lease.lane()].lock().await;
                     if cached
                         .as_ref()
-                        .is_some_and(|(_, c)| Arc::ptr_eq(c, &client))
+                        .is_some_and(|c| Arc::ptr_eq(&c.client, &client))
                     {
                         *cached = None;
                     }
@@ -1098,6 +1152,21 @@ impl metrics::Collector for GatewayMetrics {
                 "of those, refused with 425: no device request id, or not a record",
                 &st.too_early,
             ),
+            (
+                "qgate_gateway_batches",
+                "backhaul requests that carried several records (decision G23)",
+                &gw.batch_stats.batches,
+            ),
+            (
+                "qgate_gateway_batched_records",
+                "records forwarded in those batches",
+                &gw.batch_stats.batched,
+            ),
+            (
+                "qgate_gateway_batches_refused",
+                "batches the server answered other than 200 (their records sent again alone)",
+                &gw.batch_stats.refused,
+            ),
         ] {
             metrics::counter(&mut e, name, help, r(v))?;
         }
@@ -1117,6 +1186,12 @@ impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
         match (req.method().as_str(), req.uri().path()) {
             ("POST", "/register") => self.gw.register(&req, self),
+            // The gateway's own route to the server: a device's batch would name other
+            // devices and request ids, and could take ids the gateway's records need (G23).
+            (_, qgate_core::batch::BATCH_PATH) => text(
+                StatusCode::NOT_FOUND,
+                format!("no route {} for devices\n", qgate_core::batch::BATCH_PATH),
+            ),
             _ => self.gw.forward(req, body, self, peer).await,
         }
     }

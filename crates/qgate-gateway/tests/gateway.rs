@@ -185,3 +185,76 @@ async fn adaptive_moves_priority_devices_off_a_degrading_path() {
     // Best-effort devices stay where they are while their path is up.
     assert_eq!(w.server.snapshot().ingested, 4 + 60 * 4);
 }
+
+/// Twenty devices each send three records at once; what the backhaul carried.
+async fn burst(cfg: qgate_gateway::gateway::GatewayConfig, priority: u8) -> (u64, u64, String) {
+    let w = common::world_with(20, "single", cfg, common::Far::Counting).await;
+    let mut hashes = Vec::new();
+    for d in &w.devices {
+        hashes.push(register(d, priority).await);
+    }
+    for round in 0..3 {
+        let sends = w
+            .devices
+            .iter()
+            .zip(&hashes)
+            .map(|(d, h)| send(d, h))
+            .collect::<Vec<_>>();
+        for (i, (status, path)) in futures_util::future::join_all(sends)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(
+                (status.as_u16(), path),
+                (201, Some(0)),
+                "round {round} device {i}"
+            );
+        }
+    }
+    assert_eq!(w.server.snapshot().ingested, 60);
+    let b = &w.gateway.batch_stats;
+    let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(r(&b.refused), 0);
+    (r(&b.batches), r(&b.batched), metrics(&w).await)
+}
+
+#[tokio::test(start_paused = true)]
+async fn best_effort_records_sent_at_once_share_backhaul_requests() {
+    // Decision G23: records ready for the same lane at once go in one `POST /batch`; every
+    // one is still answered and stored once.
+    let (batches, batched, m) = burst(Default::default(), 0).await;
+    assert!(
+        batches >= 1 && batched >= 2 * batches,
+        "{batches} batches of {batched}"
+    );
+    assert!(batched > 30, "{batched} of 60 records batched");
+    assert_metrics(
+        &m,
+        &[&format!("qgate_gateway_batched_records_total {batched}")],
+    );
+    // Off: one request per record.
+    let off = qgate_gateway::gateway::GatewayConfig {
+        batch_max_record: 0,
+        ..Default::default()
+    };
+    assert_eq!(burst(off, 0).await.0, 0);
+    // Priority records are batched with priority records only (a batcher per class): here
+    // every device is priority, so they batch as best effort did.
+    let (batches, batched, _) = burst(Default::default(), 1).await;
+    assert!(
+        batches >= 1 && batched > 30,
+        "{batches} batches of {batched}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_device_cannot_send_the_server_a_batch() {
+    // A batch names devices and request ids: forwarded, a device could claim ids the
+    // gateway's own records need, and they would be answered as duplicates, never stored.
+    let w = world(1, "single").await;
+    let hash = register(&w.devices[0], 0).await;
+    let (status, _) = common::send_to(&w.devices[0], &hash, "/batch").await;
+    assert_eq!(status, 404);
+    assert_eq!(w.server.snapshot().requests, 0);
+}

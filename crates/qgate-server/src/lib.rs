@@ -4,6 +4,8 @@
 //! Routes:
 //! - `POST /ingest` or `POST /ingest/<name>`: store the body; `201 Created` with
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
+//! - `POST /batch`: several records a gateway forwards at once (`qgate_core::batch`), each
+//!   stored as its own `POST /ingest/<name>` would be; `200 OK` with an answer per record.
 //! - `POST /upload/<name>`, `PUT /upload/<name>/<chunk>`: the two-ended multi-homed upload
 //!   (paper 001; [`upload`] and `qgate_core::upload`), when an upload directory is set.
 //! - `GET /health`: `ok` (503 while a queue sink's broker is unreachable).
@@ -60,6 +62,8 @@ pub struct ServerStats {
     pub upload_bytes: AtomicU64,
     /// Uploads completed (verified and durable).
     pub uploads_completed: AtomicU64,
+    /// Batches of records received (`POST /batch`; their records count in `ingested`).
+    pub batches: AtomicU64,
     /// Requests being handled now (a gauge: a graceful stop waits for it to reach 0).
     pub in_flight: AtomicU64,
 }
@@ -106,6 +110,9 @@ pub struct StatsSnapshot {
     pub upload_bytes: u64,
     /// Uploads completed (verified and durable).
     pub uploads_completed: u64,
+    /// Batches of records received (`POST /batch`; their records count in `ingested`).
+    #[serde(default)]
+    pub batches: u64,
 }
 
 impl ServerStats {
@@ -124,6 +131,7 @@ impl ServerStats {
             upload_chunks: r(&self.upload_chunks),
             upload_bytes: r(&self.upload_bytes),
             uploads_completed: r(&self.uploads_completed),
+            batches: r(&self.batches),
         }
     }
 }
@@ -277,6 +285,11 @@ impl metrics::Collector for ServerMetrics {
                 s.ingested_bytes,
             ),
             (
+                "qgate_server_batches",
+                "batches of records received from gateways (their records count in qgate_server_ingested)",
+                s.batches,
+            ),
+            (
                 "qgate_server_duplicates",
                 "retried copies of stored requests (answered, not stored again)",
                 s.duplicates,
@@ -416,6 +429,7 @@ impl Handler for IngestService {
                     self.ingest(&rec, peer).await
                 }
             },
+            (&Method::POST, qgate_core::batch::BATCH_PATH) => self.batch(&body, peer).await,
             (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body, peer).await,
             (_, "/health") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
             (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
@@ -429,6 +443,66 @@ impl Handler for IngestService {
 }
 
 impl IngestService {
+    /// `POST /batch`: a gateway's records, each stored as its own `POST /ingest/<name>` would
+    /// be (de-duplicated by its request id, the same header checks), and an answer per record,
+    /// in order (decision G23). A batch that does not parse, or names a target that is not an
+    /// ingest stream, is refused whole with `400`: nothing of it is stored.
+    async fn batch(&self, body: &[u8], peer: SocketAddr) -> Response<Bytes> {
+        use qgate_core::batch::{self, Outcome};
+        use qgate_core::protocol as wire;
+        let entries = match batch::parse_entries(body) {
+            Ok(e) => e,
+            Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        };
+        let peer_name = peer.to_string();
+        let mut records = Vec::with_capacity(entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            let Some(name) = std::str::from_utf8(e.target).ok().and_then(stream_name) else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("entry {i}: the target must be /ingest or /ingest/<name>\n"),
+                );
+            };
+            records.push(Record {
+                stream: name,
+                body: e.body,
+                request_id: e.request_id.and_then(|v| wire::parse_request_id(v).ok()),
+                device: e
+                    .device
+                    .and_then(|v| wire::parse_device(v).ok())
+                    .unwrap_or(&peer_name),
+                path: e.path.map(usize::from).filter(|p| *p < wire::MAX_PATHS),
+            });
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let answers =
+            futures_util::future::join_all(records.iter().map(|r| self.ingest(r, peer))).await;
+        let mut out = Vec::with_capacity(4 + answers.len() * 40);
+        batch::start_results(&mut out);
+        for a in &answers {
+            if a.status().is_client_error() || a.status().is_server_error() {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            let retry_after = a
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            batch::emit_result(
+                &mut out,
+                &Outcome {
+                    status: a.status().as_u16(),
+                    retry_after,
+                    body: a.body(),
+                },
+            );
+        }
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/octet-stream")
+            .body(Bytes::from(out))
+            .expect("valid response")
+    }
+
     /// Store one body, at most once per request id.
     async fn ingest(&self, rec: &Record<'_>, peer: SocketAddr) -> Response<Bytes> {
         let duplicate = |id: u64, n: usize| {

@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 pub const ALPN_H3: &[u8] = b"h3";
 
 /// An HTTP/3 failure; the message says at which step.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum H3Error {
     /// The HTTP/3 connection could not be set up or broke.
     #[error("HTTP/3 connection: {0}")]

@@ -113,6 +113,8 @@ pub struct GatewayArgs {
     request_timeout: Option<Duration>,
     #[arg(long, value_name = "BYTES", help = dflt("Largest request body, bytes", GatewayConfig::default().max_body))]
     max_body: Option<usize>,
+    #[arg(long, value_name = "BYTES", help = dflt("Ingest records up to this size, of one class, that are ready for a backhaul connection at once go to the server in one request (/batch); 0: each alone", GatewayConfig::default().batch_max_record))]
+    batch_max_record: Option<usize>,
     /// The name on the server's certificate [default: localhost].
     #[arg(long, value_name = "NAME")]
     server_name: Option<String>,
@@ -243,6 +245,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         (a.max_devices, &mut gcfg.max_devices),
         (a.max_inflight_per_device, &mut gcfg.max_inflight_per_device),
         (a.max_body, &mut gcfg.max_body),
+        (a.batch_max_record, &mut gcfg.batch_max_record),
         (
             a.max_sessions_per_connection,
             &mut gcfg.max_sessions_per_connection,

@@ -305,6 +305,11 @@ pub enum Bench {
         /// HTTP and the dashboard's reads): the admin port's cost.
         #[arg(long)]
         scrape: bool,
+        /// Also measure a second gateway that sends every record to the server alone, taking
+        /// turns with the one that batches (`[gateway] batch_max_record`, decision G23): what batching
+        /// saves, in the same run.
+        #[arg(long)]
+        unbatched: bool,
     },
     /// AMQP broker throughput on loopback, 100-byte messages: 1→1 and 10→10, pre-settled and
     /// unsettled, QUIC and TCP, plus durable (interleaved repeats, one run).
@@ -442,6 +447,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             paced_rate,
             shape,
             scrape,
+            unbatched,
         } => {
             let shape = shape
                 .map(|spec| {
@@ -472,6 +478,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 paced_rps: paced_rate,
                 shape,
                 scrape,
+                unbatched,
             };
             let r = qgate_lab::bench::gateway::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
             println!("closed loop (each device sends when its last request is answered):");
@@ -504,6 +511,25 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                  gateway minus direct): {:.0} requests/s per core of CPU",
                 1e6 / cpu.mean
             );
+            let (batches, batched) = r.batches;
+            println!(
+                "backhaul batches  {batches} carrying {batched} records ({:.1} a batch)",
+                batched as f64 / batches.max(1) as f64
+            );
+            if !r.via_gateway_unbatched.is_empty() {
+                println!(
+                    "unbatched gateway {:.0} requests/s, {:.1} µs CPU per forwarded request; \
+                     batching ÷ not {:.3} requests/s (per pair)",
+                    qgate_lab::stats::Summary::of(
+                        &r.via_gateway_unbatched
+                            .iter()
+                            .map(|l| l.rps)
+                            .collect::<Vec<_>>()
+                    ),
+                    r.unbatched_cpu_us_per_req(),
+                    r.batched_rps_ratio()
+                );
+            }
             if !r.via_gateway_shaped.is_empty() {
                 println!(
                     "shaped gateway    {:.0} requests/s, {:.1} µs CPU per forwarded request; \

@@ -43,6 +43,11 @@ pub struct GatewayBench {
     /// Through a second gateway whose paths are shaped, closed loop, per repeat (empty when
     /// not measured).
     pub via_gateway_shaped: Vec<Load>,
+    /// Through a second gateway that sends every record alone (no batches, decision G23),
+    /// closed loop, per repeat (empty when not measured).
+    pub via_gateway_unbatched: Vec<Load>,
+    /// The measured gateway's batches over the whole run, and the records they carried.
+    pub batches: (u64, u64),
 }
 
 /// What the devices send.
@@ -65,6 +70,9 @@ pub struct BenchConfig {
     pub shape: Option<qgate_link::LinkParams>,
     /// Also measure the gateway while its admin port is scraped every second.
     pub scrape: bool,
+    /// Also measure a second gateway that sends every record alone (decision G23), taking
+    /// turns with the one that batches.
+    pub unbatched: bool,
 }
 
 impl GatewayBench {
@@ -94,6 +102,23 @@ impl GatewayBench {
                 .map(|((s, g), d)| {
                     (s.cpu_us_per_req - d.cpu_us_per_req) / (g.cpu_us_per_req - d.cpu_us_per_req)
                 })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The unbatched gateway's own CPU per forwarded request, µs, per pair.
+    pub fn unbatched_cpu_us_per_req(&self) -> Summary {
+        cpu_beyond(&self.via_gateway_unbatched, &self.direct)
+    }
+
+    /// Per pair: requests/s through the gateway that batches ÷ through the one that does not.
+    pub fn batched_rps_ratio(&self) -> Summary {
+        Summary::of(
+            &self
+                .via_gateway
+                .iter()
+                .zip(&self.via_gateway_unbatched)
+                .map(|(b, u)| b.rps / u.rps.max(1e-9))
                 .collect::<Vec<_>>(),
         )
     }
@@ -235,6 +260,7 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         paced_rps,
         shape,
         scrape,
+        unbatched,
     } = cfg;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -252,13 +278,17 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             .start()
             .expect("server");
         let server_addr = server.addr();
-        let running = super::loopback_gateway(&opts, &pki, server_addr, None).await;
+        let running = super::loopback_gateway(&opts, &pki, server_addr, None, true).await;
         let (gw, gw_addr) = (running.gateway.clone(), running.addr());
         let shaped_running = match &shape {
             Some(params) => {
-                Some(super::loopback_gateway(&opts, &pki, server_addr, Some(params)).await)
+                Some(super::loopback_gateway(&opts, &pki, server_addr, Some(params), true).await)
             }
             None => None,
+        };
+        let unbatched_running = match unbatched {
+            true => Some(super::loopback_gateway(&opts, &pki, server_addr, None, false).await),
+            false => None,
         };
         let client_ep = endpoint(
             Socket::bind_udp(sa("127.0.0.1:0")).expect("bind"),
@@ -268,11 +298,15 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
         .expect("endpoint");
         let mut via = Vec::new();
         let mut via_shaped = Vec::new();
+        let mut via_unbatched = Vec::new();
         let mut direct = Vec::new();
         for i in 0..devices {
             let mut gateways = vec![(gw_addr, &mut via)];
             if let Some(r) = &shaped_running {
                 gateways.push((r.addr(), &mut via_shaped));
+            }
+            if let Some(r) = &unbatched_running {
+                gateways.push((r.addr(), &mut via_unbatched));
             }
             for (addr, list) in gateways {
                 let c = connect(&client_ep, &ccfg, addr, "localhost", false)
@@ -334,6 +368,8 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             direct_paced: Vec::new(),
             via_gateway_scraped: Vec::new(),
             via_gateway_shaped: Vec::new(),
+            via_gateway_unbatched: Vec::new(),
+            batches: (0, 0),
         };
         // The admin port with the gateway's registry; the scraper reads it as Prometheus and
         // the dashboard would, once a second: the metrics over HTTP, and the dashboard's three
@@ -389,8 +425,17 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
                 out.via_gateway_shaped
                     .push(drive(senders_to(&via_shaped), body, secs, 0.0).await);
             }
+            // Batching and not take turns going first, likewise.
+            if !via_unbatched.is_empty() && shaped_first {
+                out.via_gateway_unbatched
+                    .push(drive(senders_to(&via_unbatched), body, secs, 0.0).await);
+            }
             out.via_gateway
                 .push(drive(via_senders(), body, secs, 0.0).await);
+            if !via_unbatched.is_empty() && !shaped_first {
+                out.via_gateway_unbatched
+                    .push(drive(senders_to(&via_unbatched), body, secs, 0.0).await);
+            }
             if !via_shaped.is_empty() && !shaped_first {
                 out.via_gateway_shaped
                     .push(drive(senders_to(&via_shaped), body, secs, 0.0).await);
@@ -408,6 +453,11 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
             }
             progress(r + 1);
         }
+        let b = &gw.batch_stats;
+        out.batches = (
+            b.batches.load(std::sync::atomic::Ordering::Relaxed),
+            b.batched.load(std::sync::atomic::Ordering::Relaxed),
+        );
         out
     })
 }

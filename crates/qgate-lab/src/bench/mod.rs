@@ -13,10 +13,19 @@ pub(crate) async fn loopback_gateway(
     pki: &qgate_transport::DevPki,
     server: std::net::SocketAddr,
     shape: Option<&qgate_link::LinkParams>,
+    batch: bool,
 ) -> qgate_gateway::builder::RunningGateway {
     use qgate_transport::Socket;
     let bind = |a: &str| Socket::bind_udp(a.parse().expect("valid address")).expect("bind");
     let mut builder = qgate_gateway::gateway::Gateway::builder()
+        .with_config(qgate_gateway::gateway::GatewayConfig {
+            batch_max_record: if batch {
+                qgate_gateway::gateway::GatewayConfig::default().batch_max_record
+            } else {
+                0
+            },
+            ..Default::default()
+        })
         .with_transport(opts.clone())
         .with_identity(pki.server.clone())
         .with_server_trust(pki.trust())

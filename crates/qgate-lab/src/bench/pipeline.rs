@@ -287,7 +287,7 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
         server = server.dedup_store(d);
     }
     let server = server.start().expect("server");
-    let gateway = super::loopback_gateway(&opts, &pki, server.addr(), None).await;
+    let gateway = super::loopback_gateway(&opts, &pki, server.addr(), None, true).await;
     let devices: Vec<Arc<Device>> =
         crate::bench::gateway::idle_devices(gateway.addr(), &pki.trust(), cfg.devices)
             .await

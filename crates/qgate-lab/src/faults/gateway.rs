@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use qgate_core::batch;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_netsim::topology::{LinkChange, LinkSpec};
@@ -61,20 +62,41 @@ struct Tap {
 
 impl Handler for Tap {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
-        let stream = req.uri().path().to_string();
-        let record = std::str::from_utf8(&body)
-            .ok()
-            .and_then(|b| b.parse::<u64>().ok());
+        let number = |b: &[u8]| std::str::from_utf8(b).ok()?.parse::<u64>().ok();
+        // A gateway's batch (decision G23): each entry as the request it stands for.
+        let records: Vec<(String, Option<u64>)> = if req.uri().path() == batch::BATCH_PATH {
+            batch::parse_entries(&body)
+                .map(|es| {
+                    es.iter()
+                        .map(|e| {
+                            (
+                                String::from_utf8_lossy(e.target).into_owned(),
+                                number(e.body),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            vec![(req.uri().path().to_string(), number(&body))]
+        };
+        let batched = req.uri().path() == batch::BATCH_PATH;
         let resp = self.service.handle(req, body, peer).await;
-        let duplicate = resp.body().windows(9).any(|w| w == b"duplicate");
-        if let (StatusCode::CREATED, false, Some(n)) = (resp.status(), duplicate, record) {
-            *self
-                .stored
-                .lock()
-                .expect("tap")
-                .entry((stream, n))
-                .or_insert(0) += 1;
+        let answers: Vec<(u16, &[u8])> = if batched {
+            batch::parse_results(resp.body(), records.len())
+                .map(|rs| rs.iter().map(|r| (r.status, r.body)).collect())
+                .unwrap_or_default()
+        } else {
+            vec![(resp.status().as_u16(), &resp.body()[..])]
+        };
+        let mut stored = self.stored.lock().expect("tap");
+        for ((stream, n), (status, answer)) in records.into_iter().zip(answers) {
+            let duplicate = answer.windows(9).any(|w| w == b"duplicate");
+            if let (201, false, Some(n)) = (status, duplicate, n) {
+                *stored.entry((stream, n)).or_insert(0) += 1;
+            }
         }
+        drop(stored);
         resp
     }
 }
@@ -402,6 +424,14 @@ pub async fn run(seed: u64, quick: bool) -> Outcome {
         (
             "gateway: requests failed on every path".into(),
             load(&st.failed),
+        ),
+        (
+            "gateway: batches to the server (G23)".into(),
+            load(&gw.batch_stats.batches),
+        ),
+        (
+            "gateway: records in those batches".into(),
+            load(&gw.batch_stats.batched),
         ),
         (
             "gateway: sessions".into(),

@@ -1,0 +1,150 @@
+//! `POST /batch` (decision G23): each record is stored as its own `POST /ingest/<name>` would
+//! be and answered in order; a batch that does not parse, or names another route, stores
+//! nothing.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use qgate_core::batch::{self, Entry};
+use qgate_server::{IngestService, Sink};
+use qgate_transport::http3::Handler;
+
+fn post(path: &str, body: Vec<u8>) -> (http::Request<()>, Bytes) {
+    (
+        http::Request::post(format!("https://localhost{path}"))
+            .body(())
+            .unwrap(),
+        Bytes::from(body),
+    )
+}
+
+fn batch_of(entries: &[Entry<'_>]) -> Vec<u8> {
+    let mut b = Vec::new();
+    batch::start_entries(&mut b);
+    for e in entries {
+        batch::emit_entry(&mut b, e);
+    }
+    b
+}
+
+fn entry<'a>(target: &'a str, rid: &'a str, body: &'a [u8]) -> Entry<'a> {
+    Entry {
+        target: target.as_bytes(),
+        request_id: (!rid.is_empty()).then_some(rid.as_bytes()),
+        device: Some(b"10.9.9.9:7"),
+        path: Some(1),
+        body,
+    }
+}
+
+fn files(dir: &std::path::Path, stream: &str) -> usize {
+    std::fs::read_dir(dir.join(stream)).map_or(0, |d| d.count())
+}
+
+#[tokio::test]
+async fn a_batch_stores_each_record_once_and_answers_each_in_order() {
+    let dir = std::env::temp_dir().join(format!("qgate-batch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
+    let peer = "10.0.0.1:1".parse().unwrap();
+    let b = batch_of(&[
+        entry("/ingest/a", "gw-1", b"one"),
+        entry("/ingest/b", "gw-2", b"two!"),
+        // The same id twice in one batch: stored once, the copy answered as a duplicate.
+        entry("/ingest/a", "gw-1", b"one"),
+        entry("/ingest", "", b"no id"),
+    ]);
+    let (req, body) = post(batch::BATCH_PATH, b.clone());
+    let r = svc.handle(req, body, peer).await;
+    assert_eq!(r.status(), 200);
+    let results = batch::parse_results(r.body(), 4).unwrap();
+    assert_eq!(
+        results.iter().map(|o| o.status).collect::<Vec<_>>(),
+        [201, 201, 201, 201]
+    );
+    assert!(String::from_utf8_lossy(results[1].body).contains("\"bytes\":4"));
+    let dup = results
+        .iter()
+        .filter(|o| String::from_utf8_lossy(o.body).contains("duplicate"))
+        .count();
+    assert_eq!(dup, 1);
+    assert_eq!(
+        (files(&dir, "a"), files(&dir, "b"), files(&dir, "default")),
+        (1, 1, 1)
+    );
+    // The batch sent again (a retry on another path): every record with an id is a
+    // duplicate; the one without is stored again, as a single request without one would be.
+    let (req, body) = post(batch::BATCH_PATH, b);
+    let r = svc.handle(req, body, peer).await;
+    let results = batch::parse_results(r.body(), 4).unwrap();
+    assert!(results[..3]
+        .iter()
+        .all(|o| String::from_utf8_lossy(o.body).contains("duplicate")));
+    assert_eq!((files(&dir, "a"), files(&dir, "default")), (1, 2));
+    // A record sent alone after its batch is the same request.
+    let single = http::Request::post("https://localhost/ingest/b")
+        .header("qgate-request-id", "gw-2")
+        .body(())
+        .unwrap();
+    let r = svc.handle(single, Bytes::from_static(b"two!"), peer).await;
+    assert!(String::from_utf8_lossy(r.body()).contains("duplicate"));
+    let s = svc.stats().snapshot();
+    assert_eq!((s.batches, s.ingested), (2, 4));
+}
+
+#[tokio::test]
+async fn a_bad_batch_stores_nothing() {
+    let dir = std::env::temp_dir().join(format!("qgate-batch-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
+    let peer = "10.0.0.1:1".parse().unwrap();
+    let good = entry("/ingest/a", "gw-1", b"one");
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"not a batch".to_vec(), "not a qgate batch"),
+        // A good record, then one cut short.
+        (
+            {
+                let mut b = batch_of(&[good, good]);
+                b.truncate(b.len() - 1);
+                b
+            },
+            "truncated in entry 1",
+        ),
+        // A good record, then one for a route that is not an ingest stream.
+        (
+            batch_of(&[good, entry("/upload/x", "gw-3", b"?")]),
+            "entry 1: the target",
+        ),
+        (
+            batch_of(&[good, entry("/ingest/../etc", "gw-4", b"?")]),
+            "entry 1: the target",
+        ),
+        (
+            batch_of(&vec![entry("/ingest/a", "", b""); batch::MAX_ENTRIES + 1]),
+            "more than",
+        ),
+    ];
+    for (b, why) in cases {
+        let (req, body) = post(batch::BATCH_PATH, b);
+        let r = svc.handle(req, body, peer).await;
+        assert_eq!(r.status(), 400, "{why}");
+        assert!(
+            String::from_utf8_lossy(r.body()).contains(why),
+            "{why}: {r:?}"
+        );
+    }
+    assert_eq!(files(&dir, "a"), 0);
+    let s = svc.stats().snapshot();
+    assert_eq!((s.batches, s.ingested, s.errors), (0, 0, 5));
+    // GET is not a batch.
+    let r = svc
+        .handle(
+            http::Request::get("https://localhost/batch")
+                .body(())
+                .unwrap(),
+            Bytes::new(),
+            peer,
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+}
