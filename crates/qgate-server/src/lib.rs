@@ -370,6 +370,10 @@ fn json(status: StatusCode, body: String) -> Response<Bytes> {
         .expect("valid response")
 }
 
+/// The answer to an ingest request whose stream name [`stream_name`] refuses.
+const BAD_STREAM: &str =
+    "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n";
+
 /// `ingest` or `ingest/<name>` → the stream name (`default` for the bare path); names are
 /// limited to `[A-Za-z0-9._-]{1,64}` so they are safe as file names.
 fn stream_name(path: &str) -> Option<&str> {
@@ -401,10 +405,7 @@ impl Handler for IngestService {
                 _ => text(StatusCode::OK, "ok\n"),
             },
             (&Method::POST, p) if p.starts_with("/ingest") => match stream_name(p) {
-                None => text(
-                    StatusCode::BAD_REQUEST,
-                    "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n",
-                ),
+                None => text(StatusCode::BAD_REQUEST, BAD_STREAM),
                 Some(name) => {
                     use qgate_core::protocol as wire;
                     let h = req.headers();
@@ -430,9 +431,14 @@ impl Handler for IngestService {
                 }
             },
             (&Method::POST, qgate_core::batch::BATCH_PATH) => self.batch(&body, peer).await,
+            (_, qgate_core::batch::BATCH_PATH) => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n")
+            }
             (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body, peer).await,
             (_, "/health") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
-            (_, p) if p.starts_with("/ingest") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+            (_, p) if p.starts_with("/ingest") => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n")
+            }
             _ => text(StatusCode::NOT_FOUND, format!("no route {path}\n")),
         };
         if resp.status().is_client_error() || resp.status().is_server_error() {
@@ -444,26 +450,33 @@ impl Handler for IngestService {
 
 impl IngestService {
     /// `POST /batch`: a gateway's records, each stored as its own `POST /ingest/<name>` would
-    /// be (de-duplicated by its request id, the same header checks), and an answer per record,
-    /// in order (decision G23). A batch that does not parse, or names a target that is not an
-    /// ingest stream, is refused whole with `400`: nothing of it is stored.
+    /// be (de-duplicated by its request id, the same header checks) and answered as that
+    /// request would be, in order (decision G23): a record whose target is not an ingest stream
+    /// gets that request's `400`, and the others are stored. A batch that does not parse, or
+    /// has no entry, is refused whole with `400`: nothing of it is stored.
     async fn batch(&self, body: &[u8], peer: SocketAddr) -> Response<Bytes> {
         use qgate_core::batch::{self, Outcome};
         use qgate_core::protocol as wire;
         let entries = match batch::parse_entries(body) {
+            Ok(e) if e.is_empty() => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "a batch needs at least one entry\n",
+                )
+            }
             Ok(e) => e,
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
         };
         let peer_name = peer.to_string();
-        let mut records = Vec::with_capacity(entries.len());
-        for (i, e) in entries.iter().enumerate() {
-            let Some(name) = std::str::from_utf8(e.target).ok().and_then(stream_name) else {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    format!("entry {i}: the target must be /ingest or /ingest/<name>\n"),
-                );
-            };
-            records.push(Record {
+        let records = entries.iter().map(|e| {
+            let target = std::str::from_utf8(e.target).ok();
+            let name = target.and_then(stream_name).ok_or_else(|| {
+                match target.is_some_and(|t| t.starts_with("/ingest")) {
+                    true => BAD_STREAM,
+                    false => "a batch carries POST /ingest[/<name>] records only\n",
+                }
+            })?;
+            Ok(Record {
                 stream: name,
                 body: e.body,
                 request_id: e.request_id.and_then(|v| wire::parse_request_id(v).ok()),
@@ -472,11 +485,17 @@ impl IngestService {
                     .and_then(|v| wire::parse_device(v).ok())
                     .unwrap_or(&peer_name),
                 path: e.path.map(usize::from).filter(|p| *p < wire::MAX_PATHS),
-            });
-        }
+            })
+        });
+        let records: Vec<Result<Record<'_>, &str>> = records.collect();
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        let answers =
-            futures_util::future::join_all(records.iter().map(|r| self.ingest(r, peer))).await;
+        let answers = futures_util::future::join_all(records.iter().map(|r| async move {
+            match r {
+                Ok(r) => self.ingest(r, peer).await,
+                Err(why) => text(StatusCode::BAD_REQUEST, *why),
+            }
+        }))
+        .await;
         let mut out = Vec::with_capacity(4 + answers.len() * 40);
         batch::start_results(&mut out);
         for a in &answers {

@@ -103,8 +103,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], GET /health;
-    /// metrics and counters on --admin).
+    /// Run the HTTP/3 ingest server on a real UDP address (POST /ingest[/NAME], POST /batch
+    /// from gateways, GET /health; metrics and counters on --admin).
     Server(server::ServerArgs),
     /// Run the edge gateway: devices register for a Hash ID and send through it; it forwards
     /// over several backhaul paths (paper 000).
