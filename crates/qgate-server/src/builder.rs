@@ -10,7 +10,7 @@ use std::time::Duration;
 use qgate_transport::history::HistoryStore;
 use qgate_transport::http3::{ServeLimits, ALPN_H3};
 use qgate_transport::{
-    endpoint, server_config, Identity, Socket, TransportError, TransportOptions,
+    server_config, server_endpoint, Identity, Socket, TransportError, TransportOptions,
 };
 
 use crate::{serve, DedupStore, IngestService, PerConnection, ServerStats, Sink, Uploads};
@@ -139,7 +139,8 @@ impl<'a> ServerBuilder<'a> {
                     history: self.history,
                 })
             });
-        let endpoint = endpoint(socket, Some(cfg), self.seed)?;
+        // Its stateless-reset key from its identity, so a restart resets old connections (T11).
+        let endpoint = server_endpoint(socket, cfg, identity, self.seed)?;
         let mut service = IngestService::new(self.sink);
         let max_body = self.limits.max_body as u64;
         let uploads = self.uploads.map(|mut u| {

@@ -280,6 +280,36 @@ pub fn endpoint(
     on_socket(socket, cfg, server)
 }
 
+/// A server endpoint whose stateless-reset key is derived from `identity`'s private key
+/// (decision T11). quinn's default key is random per process, so a restarted server could not
+/// end the connections its previous run held: their peers (a gateway's backhaul, a device)
+/// kept sending into them until their idle timeout, 30 s by default. With the same identity the
+/// restarted server's resets are valid for them (RFC 9000 §10.3), and they reconnect at once.
+/// Servers that share an identity share the key, as RFC 9000 §10.3.2 asks of a cluster.
+pub fn server_endpoint(
+    socket: Socket,
+    server: ServerConfig,
+    identity: &Identity,
+    seed: Option<u64>,
+) -> Result<Endpoint, TransportError> {
+    use ring::hmac;
+    let secret = hmac::Key::new(hmac::HMAC_SHA256, identity.key.secret_der());
+    let derived = hmac::sign(&secret, b"qgate stateless reset key v1");
+    let mut cfg = EndpointConfig::new(Arc::new(hmac::Key::new(
+        hmac::HMAC_SHA256,
+        derived.as_ref(),
+    )));
+    // quinn drops a packet whose connection ID its generator did not sign before it would
+    // reset it: the restarted server must recognise its previous run's IDs too.
+    let cid_key = hmac::sign(&secret, b"qgate connection id key v1");
+    let cid_key = u64::from_le_bytes(cid_key.as_ref()[..8].try_into().expect("8 bytes"));
+    cfg.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    cfg.rng_seed(seed.map(seed_bytes));
+    on_socket(socket, cfg, Some(server))
+}
+
 /// A client endpoint for a device on a constrained link (decision T6). It asks every peer, in
 /// its max_udp_payload_size transport parameter (RFC 9000 §18.2), for no UDP payload over
 /// 1200 bytes, so a peer has no larger MTU to probe for on the device's link. (Zero-length

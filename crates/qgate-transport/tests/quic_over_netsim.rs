@@ -568,3 +568,87 @@ async fn a_one_connection_endpoint_issues_no_connection_ids_and_still_resumes_in
         assert!(o.3 + 100 < s.3, "{one:?} vs {shared:?}");
     }
 }
+
+/// A client's connection to a server that crashes (its packets lost, so it says nothing) and
+/// comes back on the same address with the same identity: how long until the client learns
+/// the connection is gone, with `server_endpoint`'s key (T11) or a random one.
+async fn after_a_crash(derived_key: bool) -> Option<Duration> {
+    use qgate_transport::server_endpoint;
+    let net = Network::new(11);
+    let (c, s) = (net.add_host("client"), net.add_host("server"));
+    let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
+    let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
+    let link = net
+        .connect_symmetric(
+            ic,
+            is,
+            LinkParams::new(100_000_000, Duration::from_millis(10)),
+        )
+        .unwrap();
+    let pki = pki();
+    let opts = TransportOptions::default();
+    let start = async |seed: u64| {
+        // A previous run's socket is freed once its endpoint's tasks have ended.
+        let sock = loop {
+            match net.bind(s, sa(SERVER)) {
+                Ok(sock) => break Socket::from(sock),
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        };
+        let scfg = server_config(&pki.server, &[b"test"], &opts).unwrap();
+        let ep = if derived_key {
+            server_endpoint(sock, scfg, &pki.server, Some(seed)).unwrap()
+        } else {
+            endpoint(sock, Some(scfg), Some(seed)).unwrap()
+        };
+        let sink = spawn_sink(ep.clone());
+        (ep, sink)
+    };
+    let (first, mut sink) = start(1).await;
+    let client = endpoint(
+        Socket::from(net.bind(c, sa("10.0.0.1:0")).unwrap()),
+        None,
+        Some(2),
+    )
+    .unwrap();
+    let cfg = client_config(&pki.trust(), &[b"test"], &opts).unwrap();
+    let conn = connect(&client, &cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap()
+        .connection()
+        .clone();
+    let mut st = conn.open_uni().await.unwrap();
+    st.write_all(b"before").await.unwrap();
+    st.finish().unwrap();
+    assert_eq!(sink.recv().await.unwrap().0, 6);
+    // The crash: the server's last words are lost, and its socket is freed.
+    net.update_both(link, |l| l.up = false).unwrap();
+    first.close(0u32.into(), b"");
+    first.wait_idle().await;
+    drop((first, sink));
+    net.update_both(link, |l| l.up = true).unwrap();
+    let (_second, _sink) = start(3).await;
+    // The client sends on its old connection; the new server does not know it.
+    let t0 = Instant::now();
+    if let Ok(mut st) = conn.open_uni().await {
+        let _ = st.write_all(&[1u8; 100]).await;
+        let _ = st.finish();
+    }
+    let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+    closed.ok().map(|e| {
+        assert!(matches!(e, quinn::ConnectionError::Reset), "{e:?}");
+        t0.elapsed()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_server_resets_its_previous_runs_connections() {
+    // Decision T11: with the key derived from the identity, the new run's stateless reset is
+    // valid and the client learns within a round trip or so; with a random key it would wait
+    // for its idle timeout (30 s by default).
+    let derived = after_a_crash(true)
+        .await
+        .expect("reset by the restarted server");
+    assert!(derived < Duration::from_millis(500), "{derived:?}");
+    assert_eq!(after_a_crash(false).await, None);
+}

@@ -13,7 +13,7 @@ use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::client::{self, Connector, RecvSpec, Report, SendSpec};
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
 use qgate_transport::{
-    endpoint, server_config_with_client_auth, DevPki, Identity, Socket, TrustRoots,
+    server_config_with_client_auth, server_endpoint, DevPki, Identity, Socket, TrustRoots,
 };
 use serde::Deserialize;
 
@@ -236,9 +236,11 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
             let scfg =
                 server_config_with_client_auth(&identity, &[ALPN_AMQP], &opts, client_ca.as_ref())
                     .map_err(usage)?;
-            let ep = endpoint(
+            // Its stateless-reset key from its identity, so a restart resets old connections (T11).
+            let ep = server_endpoint(
                 Socket::bind_udp(addr).map_err(usage)?,
-                Some(scfg.clone()),
+                scfg.clone(),
+                &identity,
                 None,
             )?;
             builder = builder.quic_with(ep, scfg, opts);

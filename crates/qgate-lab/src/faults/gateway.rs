@@ -30,7 +30,7 @@ use qgate_netsim::{HostId, LinkId, LossModel, Network, World};
 use qgate_server::{IngestService, ServerStats, Sink};
 use qgate_transport::http3::{H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
-    client_config, connect, endpoint, DevPki, Identity, Socket, TransportOptions,
+    client_config, connect, endpoint, server_endpoint, DevPki, Identity, Socket, TransportOptions,
 };
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -124,7 +124,9 @@ async fn start_server(
         }
     };
     let cfg = qgate_transport::server_config(identity, &[ALPN_H3], opts).expect("server config");
-    let endpoint = endpoint(Socket::from(socket), Some(cfg), Some(seed)).expect("endpoint");
+    // As `qgate server` makes it: a restart resets the previous run's connections (T11).
+    let endpoint =
+        server_endpoint(Socket::from(socket), cfg, identity, Some(seed)).expect("endpoint");
     let service = Arc::new(IngestService::new(Sink::count_only()));
     let stats: Arc<ServerStats> = service.stats();
     let tap = Arc::new(Tap {
