@@ -8,10 +8,10 @@
 //! comes, lets the tasks that are ready run (as the AMQP shim does, decision M31: no timer, so
 //! nothing waits for a batch to fill), takes whatever they queued meanwhile, and sends the lot
 //! as one `POST /batch` (`qgate_core::batch`), or a record alone as the request it was. The
-//! exchange runs in a task of its own, so the next batch is gathered while this one is out. An
-//! answer other than `200` (a server that does not know batches, a budget spent) sends each
-//! record again on its own; a failed exchange fails every record in it, and the forwarding core
-//! retries each as before.
+//! exchange runs in a task of its own, so the next batch is gathered while this one is out. A
+//! `404` or `405` (a server that does not know batches) sends each record again on its own; any
+//! other answer but `200` (a busy server's `503` with its Retry-After) is each record's; a failed
+//! exchange fails every record in it, and the forwarding core retries each as before.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -222,12 +222,26 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
                 }
             }
         }
-        Ok(a) => {
+        // A server that does not know batches: each record as the request it was.
+        Ok(a)
+            if matches!(
+                a.status,
+                StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+            ) =>
+        {
             lane.stats.refused.fetch_add(1, Relaxed);
             tracing::debug!(status = %a.status, records = batch.len(), "batch refused; sending its records alone");
             for p in batch {
                 let lane = lane.clone();
                 tokio::spawn(async move { alone(&lane, p).await });
+            }
+        }
+        // Anything else (a server that is busy, a bad batch) is each record's answer, with its
+        // Retry-After: sending them all again at once would pile onto a busy server.
+        Ok(a) => {
+            lane.stats.refused.fetch_add(1, Relaxed);
+            for p in batch {
+                let _ = p.reply.send(Ok(a.clone()));
             }
         }
         Err(e) => {

@@ -1164,7 +1164,7 @@ impl metrics::Collector for GatewayMetrics {
             ),
             (
                 "qgate_gateway_batches_refused",
-                "batches the server answered other than 200 (their records sent again alone)",
+                "batches the server answered other than 200 (404 or 405: their records sent again alone; else the answer is each record's)",
                 &gw.batch_stats.refused,
             ),
         ] {

@@ -285,7 +285,7 @@ pub fn endpoint(
 /// end the connections its previous run held: their peers (a gateway's backhaul, a device)
 /// kept sending into them until their idle timeout, 30 s by default. With the same identity the
 /// restarted server's resets are valid for them (RFC 9000 §10.3), and they reconnect at once.
-/// Servers that share an identity share the key, as RFC 9000 §10.3.2 asks of a cluster.
+/// The keys depend on the bound address too, so only a restart on the same address shares them.
 pub fn server_endpoint(
     socket: Socket,
     server: ServerConfig,
@@ -293,15 +293,24 @@ pub fn server_endpoint(
     seed: Option<u64>,
 ) -> Result<Endpoint, TransportError> {
     use ring::hmac;
+    // The address is in both labels: endpoints that share an identity on other addresses (a
+    // server and a broker on the dev PKI) must not accept each other's connection IDs, or one
+    // would hand out valid resets for the other's connections (RFC 9000 §21.11).
+    let at = match &socket {
+        Socket::Udp(s) => s.local_addr().map(|a| a.to_string()),
+        Socket::Abstract(s) => s.local_addr().map(|a| a.to_string()),
+    }
+    .unwrap_or_default();
+    let label = |what: &str| format!("qgate {what} key v1 {at}");
     let secret = hmac::Key::new(hmac::HMAC_SHA256, identity.key.secret_der());
-    let derived = hmac::sign(&secret, b"qgate stateless reset key v1");
+    let derived = hmac::sign(&secret, label("stateless reset").as_bytes());
     let mut cfg = EndpointConfig::new(Arc::new(hmac::Key::new(
         hmac::HMAC_SHA256,
         derived.as_ref(),
     )));
     // quinn drops a packet whose connection ID its generator did not sign before it would
     // reset it: the restarted server must recognise its previous run's IDs too.
-    let cid_key = hmac::sign(&secret, b"qgate connection id key v1");
+    let cid_key = hmac::sign(&secret, label("connection id").as_bytes());
     let cid_key = u64::from_le_bytes(cid_key.as_ref()[..8].try_into().expect("8 bytes"));
     cfg.cid_generator(move || {
         Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
