@@ -371,6 +371,31 @@ fn json(status: StatusCode, body: String) -> Response<Bytes> {
 }
 
 /// The answer to an ingest request whose stream name [`stream_name`] refuses.
+/// A record's forwarding headers (request id, device, path), checked. A value present but
+/// malformed is the sender's error, answered `400`: a request id ignored instead would store the
+/// record without its de-duplication, and a retried copy twice (decision S7).
+fn forwarded<'a>(
+    request_id: Option<&'a [u8]>,
+    device: Option<&'a [u8]>,
+    path: Option<Result<usize, String>>,
+    peer: &'a str,
+) -> Result<(Option<&'a str>, &'a str, Option<usize>), String> {
+    use qgate_core::protocol as wire;
+    let line = |e: wire::ProtocolError| format!("{e}\n");
+    let request_id = request_id
+        .map(wire::parse_request_id)
+        .transpose()
+        .map_err(line)?;
+    let device = match device {
+        Some(d) => wire::parse_device(d).map_err(line)?,
+        None => peer,
+    };
+    let path = path
+        .transpose()
+        .map_err(|e| format!("{}\n", e.trim_end()))?;
+    Ok((request_id, device, path))
+}
+
 const BAD_STREAM: &str =
     "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n";
 
@@ -409,25 +434,27 @@ impl Handler for IngestService {
                 Some(name) => {
                     use qgate_core::protocol as wire;
                     let h = req.headers();
-                    let rid = h
-                        .get(wire::REQUEST_ID_HEADER)
-                        .and_then(|v| wire::parse_request_id(v.as_bytes()).ok());
                     let peer_name = peer.to_string();
-                    let device = h
-                        .get(wire::DEVICE_HEADER)
-                        .and_then(|v| wire::parse_device(v.as_bytes()).ok())
-                        .unwrap_or(&peer_name);
-                    let path = h
-                        .get(wire::PATH_HEADER)
-                        .and_then(|v| wire::parse_path(v.as_bytes()).ok());
-                    let rec = Record {
-                        stream: name,
-                        body: &body,
-                        request_id: rid,
-                        device,
-                        path,
-                    };
-                    self.ingest(&rec, peer).await
+                    let header = |n: &str| h.get(n).map(|v| v.as_bytes());
+                    match forwarded(
+                        header(wire::REQUEST_ID_HEADER),
+                        header(wire::DEVICE_HEADER),
+                        header(wire::PATH_HEADER)
+                            .map(|v| wire::parse_path(v).map_err(|e| e.to_string())),
+                        &peer_name,
+                    ) {
+                        Ok((request_id, device, path)) => {
+                            let rec = Record {
+                                stream: name,
+                                body: &body,
+                                request_id,
+                                device,
+                                path,
+                            };
+                            self.ingest(&rec, peer).await
+                        }
+                        Err(why) => text(StatusCode::BAD_REQUEST, why),
+                    }
                 }
             },
             (&Method::POST, qgate_core::batch::BATCH_PATH) => self.batch(&body, peer).await,
@@ -472,27 +499,29 @@ impl IngestService {
             let target = std::str::from_utf8(e.target).ok();
             let name = target.and_then(stream_name).ok_or_else(|| {
                 match target.is_some_and(|t| t.starts_with("/ingest")) {
-                    true => BAD_STREAM,
-                    false => "a batch carries POST /ingest[/<name>] records only\n",
+                    true => BAD_STREAM.to_string(),
+                    false => "a batch carries POST /ingest[/<name>] records only\n".to_string(),
                 }
             })?;
+            let path = e.path.map(usize::from).map(|p| match p < wire::MAX_PATHS {
+                true => Ok(p),
+                false => Err(wire::ProtocolError::Path.to_string()),
+            });
+            let (request_id, device, path) = forwarded(e.request_id, e.device, path, &peer_name)?;
             Ok(Record {
                 stream: name,
                 body: e.body,
-                request_id: e.request_id.and_then(|v| wire::parse_request_id(v).ok()),
-                device: e
-                    .device
-                    .and_then(|v| wire::parse_device(v).ok())
-                    .unwrap_or(&peer_name),
-                path: e.path.map(usize::from).filter(|p| *p < wire::MAX_PATHS),
+                request_id,
+                device,
+                path,
             })
         });
-        let records: Vec<Result<Record<'_>, &str>> = records.collect();
+        let records: Vec<Result<Record<'_>, String>> = records.collect();
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let answers = futures_util::future::join_all(records.iter().map(|r| async move {
             match r {
                 Ok(r) => self.ingest(r, peer).await,
-                Err(why) => text(StatusCode::BAD_REQUEST, *why),
+                Err(why) => text(StatusCode::BAD_REQUEST, why.clone()),
             }
         }))
         .await;
@@ -534,48 +563,45 @@ impl IngestService {
         // Keyed by stream and id: the same id on another stream is another request.
         let key = rec.request_id.map(|r| format!("{}/{r}", rec.stream));
         let rid = key.as_deref();
+        let mut claim = None;
         if let Some(rid) = rid {
-            loop {
+            let c = loop {
                 match self.dedup.admit(rid) {
-                    dedup::Admission::Store => break,
+                    dedup::Admission::Store(c) => break c,
                     dedup::Admission::Duplicate(id, n) => return duplicate(id, n),
-                    dedup::Admission::Wait(w) => {
-                        let notified = w.notified();
-                        // Re-check: the first copy may have finished before we listened.
-                        if let dedup::Admission::Wait(_) = self.dedup.admit(rid) {
-                            notified.await;
-                        }
-                    }
+                    dedup::Admission::Wait(w) => self.dedup.wait(rid, w).await,
                 }
-            }
+            };
             // Stored before a restart: the durable table remembers it.
             if let Some(d) = &self.durable {
                 match d.lookup(rid) {
                     Ok(Some((id, n))) => {
-                        self.dedup.finish(rid, Some((id, n)));
+                        c.finish(Some((id, n)));
                         return duplicate(id, n);
                     }
                     Ok(None) => {}
                     Err(e) => {
-                        self.dedup.finish(rid, None);
+                        c.finish(None);
                         tracing::error!(error = %e, "de-duplication lookup failed");
                         return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));
                     }
                 }
             }
+            claim = Some(c);
         }
         let len = rec.body.len();
         let result = self.sink.store(rec).await;
+        // Settled before the durable record's await: a task cancelled there must not forget an
+        // id whose body is stored (a cancelled store forgets it, so a retry is not stuck).
+        if let Some(c) = claim {
+            c.finish(result.as_ref().ok().map(|id| (*id, len)));
+        }
         if let (Some(rid), Ok(id), Some(d)) = (rid, &result, &self.durable) {
             // The body is stored either way; a failed record only weakens de-duplication
             // across a restart, so the request is still acknowledged.
             if let Err(e) = d.record(rid, *id, len).await {
                 tracing::error!(error = %e, "could not record a request id");
             }
-        }
-        if let Some(rid) = rid {
-            self.dedup
-                .finish(rid, result.as_ref().ok().map(|id| (*id, len)));
         }
         match result {
             Ok(id) => {

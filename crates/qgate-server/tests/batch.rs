@@ -174,3 +174,61 @@ async fn a_record_for_another_route_is_refused_alone() {
     let s = svc.stats().snapshot();
     assert_eq!((s.batches, s.ingested, s.errors), (1, 2, 3));
 }
+
+#[tokio::test]
+async fn a_malformed_request_id_device_or_path_is_refused_not_ignored() {
+    // Ignored, a bad request id stored the record without de-duplication: a retried copy was
+    // stored twice. Now the record gets a 400 naming the header, alone or in a batch.
+    let dir = std::env::temp_dir().join(format!("qgate-batch-hdr-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
+    let peer = "10.0.0.1:1".parse().unwrap();
+    let long = "r".repeat(65);
+    let single = |name: &str, value: &[u8]| {
+        http::Request::post("https://localhost/ingest/a")
+            .header(name, http::HeaderValue::from_bytes(value).unwrap())
+            .body(())
+            .unwrap()
+    };
+    for (name, value, says) in [
+        ("qgate-request-id", long.as_bytes(), "qgate-request-id"),
+        (
+            "qgate-request-id",
+            b"has space".as_slice(),
+            "qgate-request-id",
+        ),
+        ("qgate-device", b"\xff\xfe".as_slice(), "qgate-device"),
+        ("qgate-path", b"4096".as_slice(), "qgate-path"),
+        ("qgate-path", b"one".as_slice(), "qgate-path"),
+    ] {
+        let r = svc
+            .handle(single(name, value), Bytes::from_static(b"x"), peer)
+            .await;
+        assert_eq!(r.status(), 400, "{name}: {value:?}");
+        assert!(String::from_utf8_lossy(r.body()).contains(says), "{name}");
+    }
+    assert_eq!(files(&dir, "a"), 0);
+    let mut bad_path = entry("/ingest/a", "gw-3", b"?");
+    bad_path.path = Some(1024);
+    let mut bad_device = entry("/ingest/a", "gw-4", b"?");
+    bad_device.device = Some(b"two words");
+    let b = batch_of(&[
+        entry("/ingest/a", "gw-1", b"one"),
+        entry("/ingest/a", &long, b"?"),
+        bad_path,
+        bad_device,
+        entry("/ingest/a", "gw-5", b"five"),
+    ]);
+    let (req, body) = post(batch::BATCH_PATH, b);
+    let r = svc.handle(req, body, peer).await;
+    assert_eq!(r.status(), 200);
+    let results = batch::parse_results(r.body(), 5).unwrap();
+    assert_eq!(
+        results.iter().map(|o| o.status).collect::<Vec<_>>(),
+        [201, 400, 400, 400, 201]
+    );
+    assert!(String::from_utf8_lossy(results[1].body).contains("qgate-request-id"));
+    assert!(String::from_utf8_lossy(results[2].body).contains("qgate-path"));
+    assert!(String::from_utf8_lossy(results[3].body).contains("qgate-device"));
+    assert_eq!(files(&dir, "a"), 2);
+}

@@ -739,7 +739,9 @@ fn device_through_gateway_to_server_as_processes() {
     assert!(paths.starts_with("id  up    rtt_ms"), "{paths}");
     assert_eq!(paths.lines().count(), 3, "{paths}");
     assert!(paths.lines().skip(1).all(|l| l.contains("true")), "{paths}");
-    assert!(ctl(&["--json", "stats"]).contains("\"forwarded\": 20"));
+    let stats = ctl(&["--json", "stats"]);
+    assert!(stats.contains("\"forwarded\": 20"), "{stats}");
+    assert!(stats.contains("\"batches_refused\": 0"), "{stats}");
     assert!(ctl(&["scheduler"]).contains("\"name\": \"round-robin\""));
     assert!(ctl(&["scheduler", "single"]).contains("\"before\": \"round-robin\""));
     assert!(ctl(&["scheduler"]).contains("\"name\": \"single\""));

@@ -127,7 +127,18 @@ impl Api for GatewayApi {
                     let before = gw.set_scheduler(name).map_err(ApiError::bad_request)?;
                     Ok(json!({ "name": name, "before": before }))
                 }
-                (&Method::GET, ["stats"]) => Ok(json!(gw.stats.snapshot())),
+                (&Method::GET, ["stats"]) => {
+                    // The counters `/metrics` has, batches (decision G23) included.
+                    let mut stats = json!(gw.stats.snapshot());
+                    let b = &gw.batch_stats;
+                    let n = |c: &std::sync::atomic::AtomicU64| {
+                        c.load(std::sync::atomic::Ordering::Relaxed)
+                    };
+                    stats["batches"] = json!(n(&b.batches));
+                    stats["batched_records"] = json!(n(&b.batched));
+                    stats["batches_refused"] = json!(n(&b.refused));
+                    Ok(stats)
+                }
                 (&Method::GET, ["delay"]) => {
                     let class = |h: &qgate_gateway::gateway::DelayHistogram| json!({ "count": h.count(), "sum_s": h.sum_s() });
                     Ok(json!({
