@@ -190,13 +190,18 @@ impl H3Client {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut send = self.send.clone();
         tokio::pin!(cancel);
+        // Biased, here and below: the request's own progress before the cancel, so a request
+        // whose answer is in is never reported cancelled, and simulated runs repeat exactly
+        // (an unbiased select! draws its order from tokio's unseeded generator; decision U12).
         let mut stream = tokio::select! {
+            biased;
             s = tokio::time::timeout_at(deadline, send.send_request(req)) => s
                 .map_err(|_| H3Error::TimedOut(timeout))?
                 .map_err(stream_err)?,
             () = &mut cancel => return Err(H3Error::Cancelled),
         };
         let outcome = tokio::select! {
+            biased;
             r = tokio::time::timeout_at(deadline, exchange(&mut stream, body, max_response)) => {
                 match r {
                     Ok(r) => return r,

@@ -497,9 +497,11 @@ impl Prepared {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 tick.tick().await;
                 loop {
+                    // The end before a tick due at the same instant (decision U12).
                     let ended = tokio::select! {
-                        _ = tick.tick() => false,
+                        biased;
                         _ = &mut stopped => true,
+                        _ = tick.tick() => false,
                     };
                     let t = clock.t();
                     for (i, s) in series.iter_mut().enumerate() {

@@ -239,7 +239,9 @@ impl Prepared {
                 let until = tokio::time::sleep_until(clock.deadline);
                 tokio::pin!(until);
                 loop {
+                    // Data before the deadline due at the same instant (decision U12).
                     tokio::select! {
+                        biased;
                         c = recv.read_chunk(1 << 20, false) => match c {
                             Ok(Some(chunk)) => got += chunk.bytes.len() as u64,
                             _ => break,

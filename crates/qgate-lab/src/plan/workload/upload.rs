@@ -263,9 +263,11 @@ impl Prepared {
                 let mut last_growth = vec![None::<Instant>; n];
                 let mut ticks = 0u64;
                 loop {
+                    // The end before a tick due at the same instant (decision U12).
                     let ended = tokio::select! {
-                        _ = tick.tick() => false,
+                        biased;
                         _ = &mut stopped => true,
+                        _ = tick.tick() => false,
                     };
                     ticks += 1;
                     let now_total = progress.bytes();
