@@ -1154,13 +1154,16 @@ impl Broker {
                 }
                 None => {
                     tokio::select! {
-                        _ = &mut arrived => {}
+                        // Outcomes first, then the link's end, then news (decision U12: no
+                        // unseeded draw among branches ready at once).
+                        biased;
                         Some((seq, outcome)) = inflight.next(), if !inflight.is_empty() => {
                             if !self.settle(&q, id, seq, outcome).await {
                                 break 'link;
                             }
                         }
                         _ = s.on_detach() => break 'link,
+                        _ = &mut arrived => {}
                     }
                 }
             }

@@ -821,6 +821,9 @@ where
                 .min_by_key(|(t, _)| *t);
                 let at = due.map_or(start + Duration::from_secs(365 * 86_400), |(t, _)| t);
                 tokio::select! {
+                    // In this order: the operator, the peer's bytes, the broker's grant, then
+                    // a deadline (bytes that arrive at the idle deadline keep the connection).
+                    biased;
                     _ = watch.forced() => {
                         tracing::info!("closing connection: closed by the operator");
                         break Some(if rw.in_amqp() {
@@ -856,6 +859,7 @@ where
                     }
                 };
                 tokio::select! {
+                    biased;
                     r = ours_wr.write_all(&out) => if r.is_err() { break None },
                     _ = gone => break None,
                     // The broker may not read for a while (a producer held by back-pressure):

@@ -172,7 +172,9 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
     let mut unsynced: Option<tokio::time::Instant> = None;
     loop {
         let first = tokio::select! {
-            op = rx.recv() => op,
+            // The due sync before more operations: under a steady stream of them it would
+            // otherwise wait for a quiet moment (and an unbiased select! draws unseeded).
+            biased;
             _ = tokio::time::sleep_until(unsynced.map_or_else(tokio::time::Instant::now, |t| t + DURABLE_EVERY)), if unsynced.is_some() => {
                 let d = db.clone();
                 let r = tokio::task::spawn_blocking(move || commit(&d, &[], true)).await;
@@ -183,6 +185,7 @@ async fn writer(db: Arc<Database>, mut rx: mpsc::Receiver<Op>) {
                 unsynced = None;
                 continue;
             }
+            op = rx.recv() => op,
         };
         let Some(first) = first else {
             if unsynced.is_some() {

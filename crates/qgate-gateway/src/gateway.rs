@@ -399,14 +399,16 @@ impl Gateway {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let conn = tokio::select! {
-                c = endpoint.accept() => match c {
-                    Some(c) => c,
-                    None => return,
-                },
+                // The sweep first: a flood of connections must not starve session expiry.
+                biased;
                 _ = ticker.tick() => {
                     self.expire_sessions();
                     continue;
                 }
+                c = endpoint.accept() => match c {
+                    Some(c) => c,
+                    None => return,
+                },
             };
             let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
             let handler = Arc::new(DeviceConnection {

@@ -383,6 +383,7 @@ async fn drive(
             Some(t) => {
                 let at = Instant::from_std(t);
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep_until(at.max(now + Duration::from_millis(1))) => {}
                     _ = shared.wake.notified() => {}
                 }

@@ -264,6 +264,7 @@ async fn drive(sh: Arc<Shared>, carrier: Arc<SimSocket>) {
         let sleep =
             delay.map(|d| tokio::time::sleep(std::time::Duration::from_micros(d.total_micros())));
         tokio::select! {
+            biased;
             r = carrier.recv_from() => sh.lock().nic.rx.push_back(r.data),
             _ = kicked => {}
             _ = async { match sleep { Some(s) => s.await, None => std::future::pending().await } } => {}

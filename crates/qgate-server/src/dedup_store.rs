@@ -244,12 +244,15 @@ async fn writer(
     let mut unsynced: Option<tokio::time::Instant> = None;
     loop {
         let first = tokio::select! {
-            op = rx.recv() => op,
+            // The due sync before more records: under a steady stream of them it would
+            // otherwise wait for a quiet moment (and an unbiased select! draws unseeded).
+            biased;
             _ = tokio::time::sleep_until(unsynced.map_or_else(tokio::time::Instant::now, |t| t + DURABLE_EVERY)), if unsynced.is_some() => {
                 durable(&db).await;
                 unsynced = None;
                 continue;
             }
+            op = rx.recv() => op,
         };
         let Some(first) = first else {
             if unsynced.is_some() {

@@ -193,6 +193,7 @@ async fn drain(inner: Arc<dyn AsyncUdpSocket>, handle: ShapeHandle, notify: Arc<
         match next {
             Some(at) => {
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep_until(Instant::from_std(at)) => {}
                     _ = notify.notified() => {}
                 }

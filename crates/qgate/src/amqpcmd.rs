@@ -615,6 +615,7 @@ pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
             }
         };
         tokio::select! {
+            biased;
             o = run => o.map_err(anyhow::Error::from),
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         }

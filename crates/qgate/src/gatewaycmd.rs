@@ -540,6 +540,7 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
                 start
             };
             let done = tokio::select! {
+                biased;
                 d = futures_util::StreamExt::next(&mut pending), if !pending.is_empty() => d,
                 _ = tokio::time::sleep_until(due), if more && a.rate > 0.0 && pending.len() < inflight => None,
             };

@@ -48,6 +48,7 @@ pub(crate) fn stop_requested() -> impl std::future::Future<Output = ()> {
         #[cfg(not(unix))]
         let term = std::future::pending::<()>();
         tokio::select! {
+            biased;
             r = int => {
                 if let Err(e) = r {
                     eprintln!("qgate: cannot watch for Ctrl-C ({e})");

@@ -181,6 +181,7 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
             })
         };
         let result = tokio::select! {
+            biased;
             r = up.run() => r,
             _ = tokio::signal::ctrl_c() => {
                 pb.finish_and_clear();
