@@ -820,9 +820,19 @@ where
                 .flatten()
                 .min_by_key(|(t, _)| *t);
                 let at = due.map_or(start + Duration::from_secs(365 * 86_400), |(t, _)| t);
+                // A deadline other than idleness goes before the peer's bytes: a peer that keeps
+                // its socket full must not hold a handshake, a held frame or a close open (M16).
+                let urgent = due.is_some_and(|(_, w)| w != Deadline::Idle);
+                let expired = || {
+                    let what = due.map_or(Deadline::Idle, |(_, w)| w);
+                    watch.timed_out(what);
+                    tracing::info!(deadline = ?what, "closing connection: deadline passed");
+                    deadline_fail(what, &rw, &cfg)
+                };
                 tokio::select! {
-                    // In this order: the operator, the peer's bytes, the broker's grant, then
-                    // a deadline (bytes that arrive at the idle deadline keep the connection).
+                    // In this order: the operator, a deadline that bytes do not lift, the peer's
+                    // bytes, the broker's grant, then the idle deadline (bytes that arrive as it
+                    // passes keep the connection).
                     biased;
                     _ = watch.forced() => {
                         tracing::info!("closing connection: closed by the operator");
@@ -832,17 +842,13 @@ where
                             Fail::Header
                         });
                     }
+                    _ = tokio::time::sleep_until(at), if urgent => break expired(),
                     r = peer_rd.read_buf(&mut input), if !eof => match r {
                         Ok(0) | Err(_) => eof = true,
                         Ok(_) => last_read = Instant::now(),
                     },
                     _ = shared.granted.notified() => {}
-                    _ = tokio::time::sleep_until(at), if due.is_some() => {
-                        let what = due.map_or(Deadline::Idle, |(_, w)| w);
-                        watch.timed_out(what);
-                        tracing::info!(deadline = ?what, "closing connection: deadline passed");
-                        break deadline_fail(what, &rw, &cfg);
-                    }
+                    _ = tokio::time::sleep_until(at), if due.is_some() && !urgent => break expired(),
                 }
                 if eof && rw.held.is_empty() && input.is_empty() {
                     break None;

@@ -105,6 +105,42 @@ async fn a_transfer_on_a_channel_without_a_session_frees_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_stops_sending_empty_frames_meets_the_handshake_deadline() {
+    // Empty frames (AMQP 1.0 §2.3.2: 8 bytes, a heartbeat) are valid before open and lift only
+    // the idle deadline. A peer that keeps the socket full of them must still be closed when
+    // the handshake deadline passes: with the peer's bytes read first, it never was.
+    let r = start(short(BrokerConfig::default())).await;
+    let o = opening(None);
+    let cut = o.len() - frame(0, &wire::open("hostile", 65_536), &[]).len();
+    let t = TcpStream::connect(r.tcp).await.unwrap();
+    let (mut rd, mut wr) = t.into_split();
+    wr.write_all(&o[..cut]).await.unwrap();
+    let empties = [0u8, 0, 0, 8, 2, 0, 0, 0].repeat(8_192);
+    let flood = tokio::spawn(async move {
+        let until = tokio::time::Instant::now() + Duration::from_secs(6);
+        while tokio::time::Instant::now() < until {
+            if wr.write_all(&empties).await.is_err() {
+                return true;
+            }
+        }
+        false
+    });
+    // The broker's header, then EOF once the deadline closes the connection.
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(4), rd.read_to_end(&mut got)).await;
+    assert!(
+        closed.is_ok(),
+        "still open 4 s into a 1 s handshake deadline"
+    );
+    assert!(
+        held(&r.broker, 0, Duration::from_secs(1)).await,
+        "{} connections still held",
+        r.broker.connections_open()
+    );
+    assert!(flood.await.unwrap(), "the flood's writes kept succeeding");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_peers_are_closed_by_the_handshake_deadline() {
     // Issue #18 item 8: peers that send nothing, only the SASL header, or stop before open,
     // on plain TCP and on TLS (whose handshake counts too).

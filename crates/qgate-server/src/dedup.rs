@@ -26,7 +26,9 @@ pub(crate) enum Admission<'a> {
 
 /// The right to store the first copy of a request id. Dropped unfinished (its request's task
 /// cancelled, or panicking in a sink), it forgets the id and wakes the copies waiting, so one of
-/// them stores it: without this a retry of that id would wait for ever (decision S6).
+/// them stores it: without this a retry of that id would wait for ever (decision S6). If the
+/// sink had already stored the body (a blocking-pool write outlives its dropped await, a queue
+/// may have taken the message), that copy is stored twice: at least once, never lost.
 pub(crate) struct Claim<'a> {
     dedup: &'a Dedup,
     rid: Option<String>,

@@ -370,7 +370,6 @@ fn json(status: StatusCode, body: String) -> Response<Bytes> {
         .expect("valid response")
 }
 
-/// The answer to an ingest request whose stream name [`stream_name`] refuses.
 /// A record's forwarding headers (request id, device, path), checked. A value present but
 /// malformed is the sender's error, answered `400`: a request id ignored instead would store the
 /// record without its de-duplication, and a retried copy twice (decision S7).
@@ -396,6 +395,7 @@ fn forwarded<'a>(
     Ok((request_id, device, path))
 }
 
+/// The answer to an ingest request whose stream name [`stream_name`] refuses.
 const BAD_STREAM: &str =
     "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n";
 

@@ -62,6 +62,9 @@ pub(crate) fn stop_requested() -> impl std::future::Future<Output = ()> {
 /// Exit status when a request got a non-success HTTP status.
 pub const EXIT_HTTP_STATUS: u8 = 3;
 
+/// The heading of the options every subcommand takes, listed after its own.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "qgate",
@@ -74,29 +77,30 @@ pub const EXIT_HTTP_STATUS: u8 = 3;
 )]
 struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = GLOBAL)]
     verbose: u8,
     /// TOML configuration file (tables [server], [client], [transport], [demo], [history],
     /// [gateway], [broker], [linkem]; e.g. docs/examples/gateway.toml); flags override it.
-    #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE")]
+    #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE", help_heading = GLOBAL)]
     config: Option<PathBuf>,
     /// Log lines as text or JSON (one object per line).
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "QGATE_LOG_FORMAT",
         value_enum,
         default_value = "text"
     )]
     log_format: LogFormat,
     /// Worker threads for the command's async runtime [default: one per core]
-    #[arg(long, global = true, env = "QGATE_THREADS", value_name = "N",
+    #[arg(long, global = true, help_heading = GLOBAL, env = "QGATE_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
     /// Write one qlog file per QUIC connection of the server, gateway, broker and clients into
     /// DIR, for qvis [default: $QLOGDIR, else [transport] qlog_dir]. Set SSLKEYLOGFILE=FILE to
     /// also log TLS secrets for Wireshark.
-    #[arg(long, global = true, value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "DIR")]
     qlog_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,

@@ -56,10 +56,17 @@ fn help_everywhere() {
     ] {
         let o = qgate(&home).args(&args).output().unwrap();
         assert!(o.status.success(), "{args:?}");
-        assert!(
-            String::from_utf8_lossy(&o.stdout).contains("Usage"),
-            "{args:?}"
-        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("Usage"), "{args:?}");
+        // A subcommand's own options come first, the global ones under their own heading.
+        if args.len() > 1 {
+            let at = |s: &str| out.find(s).unwrap_or_else(|| panic!("{args:?}: no {s}"));
+            assert!(at("Options:") < at("Global options:"), "{args:?}");
+            assert!(at("Global options:") < at("--verbose"), "{args:?}");
+            assert!(out[..at("Global options:")]
+                .lines()
+                .all(|l| !l.contains("--config")));
+        }
     }
 }
 
