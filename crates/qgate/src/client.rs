@@ -160,10 +160,14 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
                 eprintln!("{k}: {}", v.to_str().unwrap_or("<binary>"));
             }
         }
-        std::io::stdout()
-            .write_all(&resp.body)
-            .context("writing the response")?;
-        std::io::stdout().flush().ok();
+        let mut out = std::io::stdout();
+        out.write_all(&resp.body).context("writing the response")?;
+        // On a terminal the shell's prompt starts on a line of its own; piped, the body is
+        // written as it came.
+        if std::io::IsTerminal::is_terminal(&out) && !resp.body.ends_with(b"\n") {
+            out.write_all(b"\n").context("writing the response")?;
+        }
+        out.flush().ok();
         ep.wait_idle().await;
         if !resp.status.is_success() {
             return Err(Failure {
