@@ -434,6 +434,9 @@ where
     H: Handler,
 {
     let (req, mut stream) = resolver.resolve_request().await.map_err(stream_err)?;
+    // The access log (`-vv`): taken only when it is written, so a quiet server copies nothing.
+    let logged = tracing::enabled!(tracing::Level::DEBUG)
+        .then(|| (req.method().clone(), req.uri().path().to_string()));
     // The body's share of the server's budget, held until the request is answered.
     let mut held = None;
     let read = read_body_within(
@@ -471,6 +474,10 @@ where
         }
         Err(e) => return Err(e),
     };
+    if let Some((method, path)) = logged {
+        let (status, bytes) = (resp.status().as_u16(), resp.body().len());
+        tracing::debug!(%peer, %method, path, status, bytes, "request");
+    }
     let (parts, body) = resp.into_parts();
     stream
         .send_response(Response::from_parts(parts, ()))
