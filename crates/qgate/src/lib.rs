@@ -245,7 +245,14 @@ pub fn config_path() -> Option<PathBuf> {
 
 /// Run the command line; the process's exit status.
 pub fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // Given on this command line, not inherited from QGATE_CONFIG.
+    let config_flag =
+        matches.value_source("config") == Some(clap::parser::ValueSource::CommandLine);
     init_logging(cli.verbose, cli.log_format);
     if let Some(p) = &cli.config {
         let _ = CONFIG_PATH.set(p.clone());
@@ -298,7 +305,16 @@ pub fn run() -> ExitCode {
         Command::Post(a) => client::post(a, &config),
         Command::Demo(a) => lab::demo(a, &config),
         Command::Bench(b) => lab::bench(b.which),
-        Command::Lab(l) => labcmd::run(l.which),
+        Command::Lab(l) => {
+            if let Some(p) = cli.config.as_ref().filter(|_| config_flag) {
+                // A plan file is a lab's configuration; saying so beats ignoring it silently.
+                eprintln!(
+                    "qgate: note: qgate lab takes its settings from plan files (change a key with --set KEY=VALUE); {} is not read",
+                    p.display()
+                );
+            }
+            labcmd::run(l.which)
+        }
         Command::History(h) => history::run(h, &config),
         Command::Broker(a) => amqpcmd::broker(a, &config),
         Command::Send(a) => amqpcmd::send(a, &config),

@@ -1442,3 +1442,33 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         "{summary}"
     );
 }
+
+#[test]
+fn a_config_file_given_to_a_lab_is_said_to_be_unread() {
+    // A plan file is a lab's configuration; -c used to be validated and then ignored quietly.
+    let home = tmp("labcfg");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let plan = root.join("lab/plans/paper001-upload.toml");
+    let cfg = root.join("docs/examples/gateway.toml");
+    let check = [
+        "lab".to_string(),
+        "run".into(),
+        "--check".into(),
+        plan.display().to_string(),
+    ];
+    let o = qgate(&home)
+        .args(&check)
+        .args(["-c".to_string(), cfg.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is not read"), "{}", stderr(&o));
+    // Inherited from the environment it is a default for every command, not a mistake here.
+    let o = qgate(&home)
+        .env("QGATE_CONFIG", &cfg)
+        .args(&check)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("is not read"), "{}", stderr(&o));
+}
