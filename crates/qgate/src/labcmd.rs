@@ -83,6 +83,10 @@ pub struct RunArgs {
     /// Also write samples.csv: every request's or download's value (large for big plans).
     #[arg(long)]
     samples: bool,
+    /// Run every run twice and fail if any metric differs between the two: whether the plan's
+    /// numbers depend on its seeds alone (twice the time; the results written are the first's).
+    #[arg(long)]
+    repeat_check: bool,
 }
 
 #[derive(Args, Debug)]
@@ -389,7 +393,30 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    run_plan(&loaded, &opts, a.jobs, a.out, a.samples, |_| String::new())
+    if !a.repeat_check {
+        return run_plan(&loaded, &opts, a.jobs, a.out, a.samples, |_| String::new());
+    }
+    let eff = loaded.overridden(&opts).map_err(usage)?;
+    let out = out_dir(&eff, a.out)?;
+    let ran = execute(&loaded, &opts, a.jobs)?;
+    let again = execute(&loaded, &opts, a.jobs)?;
+    write_results(&eff, &opts, &ran, out, a.samples, "")?;
+    let diffs = qgate_lab::plan::run::differences(&ran.records, &again.records);
+    if diffs.is_empty() {
+        eprintln!(
+            "repeat check: each of the {} runs gave the same numbers twice",
+            ran.records.len()
+        );
+        return Ok(());
+    }
+    const SHOWN: usize = 10;
+    Err(Failure::from(anyhow::anyhow!(
+        "not repeatable: {} of {} runs differ on a second run with the same seed (the results written are the first run's):\n  {}{}",
+        diffs.len(),
+        ran.records.len(),
+        diffs[..diffs.len().min(SHOWN)].join("\n  "),
+        if diffs.len() > SHOWN { "\n  …" } else { "" }
+    )))
 }
 
 /// A plan's runs and what they measured.

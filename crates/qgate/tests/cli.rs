@@ -1472,3 +1472,28 @@ fn a_config_file_given_to_a_lab_is_said_to_be_unread() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stderr(&o).contains("is not read"), "{}", stderr(&o));
 }
+
+#[test]
+fn lab_run_repeat_check_runs_each_run_twice() {
+    let home = tmp("repeat");
+    let plan = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/plans/paper003-single.toml");
+    let out = home.join("out");
+    let o = run(
+        &home,
+        &[
+            "lab",
+            "run",
+            &plan.display().to_string(),
+            "--quick",
+            "--repeat-check",
+            "--out",
+            &out.display().to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("gave the same numbers twice"), "{err}");
+    // Eight runs of four variants: each progress line twice.
+    assert_eq!(err.matches("tcp-tls12 seed 1").count(), 2, "{err}");
+    assert!(out.join("results.csv").exists());
+}

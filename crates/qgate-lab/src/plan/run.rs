@@ -233,9 +233,67 @@ pub fn run_all(
     .collect()
 }
 
+/// Where two executions of the same variants disagree: one line per run whose scalars differ
+/// (bit for bit; NaN equals NaN), naming the run and its first differing metric. A plan whose
+/// runs depend only on their seed gives none (`qgate lab run --repeat-check`).
+pub fn differences(first: &[Record], second: &[Record]) -> Vec<String> {
+    let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    let mut out = Vec::new();
+    for (a, b) in first.iter().zip(second) {
+        let name = |r: &Record| {
+            let at = r
+                .point
+                .as_ref()
+                .map_or(String::new(), |p| format!(" at {} = {}", p.sweep, p.x));
+            format!("{}{at} seed {}", r.scheme, r.seed)
+        };
+        let keys = a.scalars.keys().chain(b.scalars.keys());
+        let first_diff = keys
+            .filter(|k| match (a.scalars.get(*k), b.scalars.get(*k)) {
+                (Some(x), Some(y)) => !same(*x, *y),
+                _ => true,
+            })
+            .min();
+        if let Some(k) = first_diff {
+            let show = |r: &Record| r.scalars.get(k).map_or("absent".into(), |v| v.to_string());
+            out.push(format!("{}: {k} {} then {}", name(a), show(a), show(b)));
+        }
+    }
+    if first.len() != second.len() {
+        out.push(format!("{} runs then {}", first.len(), second.len()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn differences_name_the_run_and_its_first_differing_metric() {
+        let rec = |seed: u64, vals: &[(&str, f64)]| Record {
+            scheme: "s".into(),
+            point: None,
+            seed,
+            scalars: vals.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Default::default()
+        };
+        let a = vec![
+            rec(1, &[("x", 1.0), ("y", f64::NAN)]),
+            rec(2, &[("x", 1.0), ("y", 2.0)]),
+        ];
+        assert!(differences(&a, &a.clone()).is_empty(), "NaN equals NaN");
+        let b = vec![
+            rec(1, &[("x", 1.0), ("y", f64::NAN)]),
+            rec(2, &[("x", 1.0), ("y", 2.000_000_000_000_001)]),
+        ];
+        assert_eq!(
+            differences(&a, &b),
+            ["s seed 2: y 2 then 2.000000000000001"]
+        );
+        let c = vec![rec(1, &[("x", 1.0)])];
+        assert_eq!(differences(&a[..1], &c), ["s seed 1: y NaN then absent"]);
+    }
 
     #[test]
     fn aggregates_split_by_phase() {
