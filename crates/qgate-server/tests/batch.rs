@@ -37,16 +37,21 @@ fn entry<'a>(target: &'a str, rid: &'a str, body: &'a [u8]) -> Entry<'a> {
     }
 }
 
+/// A fresh directory-sink service under a temporary `name`, and the peer its requests come from.
+fn service(name: &str) -> (std::path::PathBuf, Arc<IngestService>, std::net::SocketAddr) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
+    (dir, svc, "10.0.0.1:1".parse().unwrap())
+}
+
 fn files(dir: &std::path::Path, stream: &str) -> usize {
     std::fs::read_dir(dir.join(stream)).map_or(0, |d| d.count())
 }
 
 #[tokio::test]
 async fn a_batch_stores_each_record_once_and_answers_each_in_order() {
-    let dir = std::env::temp_dir().join(format!("qgate-batch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
-    let peer = "10.0.0.1:1".parse().unwrap();
+    let (dir, svc, peer) = service("qgate-batch");
     let b = batch_of(&[
         entry("/ingest/a", "gw-1", b"one"),
         entry("/ingest/b", "gw-2", b"two!"),
@@ -94,10 +99,7 @@ async fn a_batch_stores_each_record_once_and_answers_each_in_order() {
 
 #[tokio::test]
 async fn a_bad_batch_stores_nothing() {
-    let dir = std::env::temp_dir().join(format!("qgate-batch-bad-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
-    let peer = "10.0.0.1:1".parse().unwrap();
+    let (dir, svc, peer) = service("qgate-batch-bad");
     let good = entry("/ingest/a", "gw-1", b"one");
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"not a batch".to_vec(), "not a qgate batch"),
@@ -145,10 +147,7 @@ async fn a_bad_batch_stores_nothing() {
 async fn a_record_for_another_route_is_refused_alone() {
     // One device's bad stream name must not cost the others in its batch (found by a hostile
     // try: refused whole, every batch with such a record went again record by record).
-    let dir = std::env::temp_dir().join(format!("qgate-batch-one-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
-    let peer = "10.0.0.1:1".parse().unwrap();
+    let (dir, svc, peer) = service("qgate-batch-one");
     let b = batch_of(&[
         entry("/ingest/a", "gw-1", b"one"),
         entry("/ingest/bad!name", "gw-2", b"?"),
@@ -179,10 +178,7 @@ async fn a_record_for_another_route_is_refused_alone() {
 async fn a_malformed_request_id_device_or_path_is_refused_not_ignored() {
     // Ignored, a bad request id stored the record without de-duplication: a retried copy was
     // stored twice. Now the record gets a 400 naming the header, alone or in a batch.
-    let dir = std::env::temp_dir().join(format!("qgate-batch-hdr-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
-    let peer = "10.0.0.1:1".parse().unwrap();
+    let (dir, svc, peer) = service("qgate-batch-hdr");
     let long = "r".repeat(65);
     let single = |name: &str, value: &[u8]| {
         http::Request::post("https://localhost/ingest/a")

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use qgate_netsim::{Direction, LinkId, LinkParams, LossModel, Network};
+use qgate_netsim::{Direction, HostId, LinkId, LinkParams, LossModel, Network};
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
@@ -32,12 +32,18 @@ fn pki() -> DevPki {
     DevPki::generate(&[]).unwrap()
 }
 
-fn setup(params: LinkParams, alpn: &[&[u8]], seed: u64) -> Setup {
+/// A client host (10.0.0.1) and a server host (10.0.0.2) joined by one link.
+fn two_hosts(params: LinkParams, seed: u64) -> (Network, HostId, HostId, LinkId) {
     let net = Network::new(seed);
     let (c, s) = (net.add_host("client"), net.add_host("server"));
     let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
     let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
     let link = net.connect_symmetric(ic, is, params).unwrap();
+    (net, c, s, link)
+}
+
+fn setup(params: LinkParams, alpn: &[&[u8]], seed: u64) -> Setup {
+    let (net, c, s, link) = two_hosts(params, seed);
     let pki = pki();
     let opts = TransportOptions::default();
     let scfg = server_config(&pki.server, alpn, &opts).unwrap();
@@ -466,16 +472,7 @@ async fn request_bodies_held_at_once_are_bounded_by_the_budget() {
 /// the server sent, bytes the client received).
 async fn three_short_connections(one: bool) -> Vec<(bool, u64, u64, u64)> {
     use qgate_transport::{constrained_endpoint, one_connection_endpoint};
-    let net = Network::new(7);
-    let (c, s) = (net.add_host("client"), net.add_host("server"));
-    let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
-    let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
-    net.connect_symmetric(
-        ic,
-        is,
-        LinkParams::new(1_000_000, Duration::from_millis(10)),
-    )
-    .unwrap();
+    let (net, c, s, _) = two_hosts(LinkParams::new(1_000_000, Duration::from_millis(10)), 7);
     let pki = pki();
     let opts = TransportOptions {
         link_kbps: Some(1000.0),
@@ -574,17 +571,7 @@ async fn a_one_connection_endpoint_issues_no_connection_ids_and_still_resumes_in
 /// the connection is gone, with `server_endpoint`'s key (T11) or a random one.
 async fn after_a_crash(derived_key: bool) -> Option<Duration> {
     use qgate_transport::server_endpoint;
-    let net = Network::new(11);
-    let (c, s) = (net.add_host("client"), net.add_host("server"));
-    let ic = net.add_interface(c, "10.0.0.1".parse().unwrap()).unwrap();
-    let is = net.add_interface(s, "10.0.0.2".parse().unwrap()).unwrap();
-    let link = net
-        .connect_symmetric(
-            ic,
-            is,
-            LinkParams::new(100_000_000, Duration::from_millis(10)),
-        )
-        .unwrap();
+    let (net, c, s, link) = two_hosts(LinkParams::new(100_000_000, Duration::from_millis(10)), 11);
     let pki = pki();
     let opts = TransportOptions::default();
     let start = async |seed: u64| {

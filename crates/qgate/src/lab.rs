@@ -501,7 +501,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             if scrape {
                 println!(
                     "scraped each 1 s  {:.0} requests/s; ratio to unscraped {:.3} (per repeat; goal ≥ 0.98)",
-                    qgate_lab::stats::Summary::of(&r.via_gateway_scraped.iter().map(|l| l.rps).collect::<Vec<_>>()),
+                    qgate_lab::bench::gateway::rps(&r.via_gateway_scraped),
                     r.scraped_ratio()
                 );
             }
@@ -520,12 +520,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 println!(
                     "unbatched gateway {:.0} requests/s, {:.1} µs CPU per forwarded request; \
                      batching ÷ not {:.3} requests/s (per pair)",
-                    qgate_lab::stats::Summary::of(
-                        &r.via_gateway_unbatched
-                            .iter()
-                            .map(|l| l.rps)
-                            .collect::<Vec<_>>()
-                    ),
+                    qgate_lab::bench::gateway::rps(&r.via_gateway_unbatched),
                     r.unbatched_cpu_us_per_req(),
                     r.batched_rps_ratio()
                 );
@@ -534,12 +529,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 println!(
                     "shaped gateway    {:.0} requests/s, {:.1} µs CPU per forwarded request; \
                      ratio to unshaped {:.3} (per pair; goal ≤ 1.05)",
-                    qgate_lab::stats::Summary::of(
-                        &r.via_gateway_shaped
-                            .iter()
-                            .map(|l| l.rps)
-                            .collect::<Vec<_>>()
-                    ),
+                    qgate_lab::bench::gateway::rps(&r.via_gateway_shaped),
                     r.shaped_cpu_us_per_req(),
                     r.shaped_cpu_ratio()
                 );

@@ -78,14 +78,7 @@ pub struct BenchConfig {
 impl GatewayBench {
     /// Per repeat: requests/s while scraped ÷ requests/s not scraped (closed loop).
     pub fn scraped_ratio(&self) -> Summary {
-        Summary::of(
-            &self
-                .via_gateway_scraped
-                .iter()
-                .zip(&self.via_gateway)
-                .map(|(s, g)| s.rps / g.rps.max(1e-9))
-                .collect::<Vec<_>>(),
-        )
+        rps_ratio(&self.via_gateway_scraped, &self.via_gateway)
     }
 
     /// Per pair: the shaped gateway's own CPU per forwarded request ÷ the unshaped one's (each
@@ -113,14 +106,7 @@ impl GatewayBench {
 
     /// Per pair: requests/s through the gateway that batches ÷ through the one that does not.
     pub fn batched_rps_ratio(&self) -> Summary {
-        Summary::of(
-            &self
-                .via_gateway
-                .iter()
-                .zip(&self.via_gateway_unbatched)
-                .map(|(b, u)| b.rps / u.rps.max(1e-9))
-                .collect::<Vec<_>>(),
-        )
+        rps_ratio(&self.via_gateway, &self.via_gateway_unbatched)
     }
 
     /// The shaped gateway's own CPU per forwarded request, µs, per pair.
@@ -130,11 +116,11 @@ impl GatewayBench {
 
     /// Requests/s through the gateway (mean ± std).
     pub fn gateway_rps(&self) -> Summary {
-        Summary::of(&self.via_gateway.iter().map(|l| l.rps).collect::<Vec<_>>())
+        rps(&self.via_gateway)
     }
     /// Requests/s direct.
     pub fn direct_rps(&self) -> Summary {
-        Summary::of(&self.direct.iter().map(|l| l.rps).collect::<Vec<_>>())
+        rps(&self.direct)
     }
     /// The gateway's own CPU time per forwarded request, µs: the process's CPU per request
     /// through the gateway minus per request direct (devices and server do the same work in
@@ -150,6 +136,21 @@ impl GatewayBench {
     pub fn added_p50_paced_ms(&self) -> Summary {
         added(&self.via_gateway_paced, &self.direct_paced)
     }
+}
+
+/// Requests/s of each load (mean ± std).
+pub fn rps(loads: &[Load]) -> Summary {
+    Summary::of(&loads.iter().map(|l| l.rps).collect::<Vec<_>>())
+}
+
+/// Requests/s of `a` ÷ requests/s of `b`, per pair.
+fn rps_ratio(a: &[Load], b: &[Load]) -> Summary {
+    Summary::of(
+        &a.iter()
+            .zip(b)
+            .map(|(x, y)| x.rps / y.rps.max(1e-9))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// CPU per request through a gateway minus direct, µs, per pair.
