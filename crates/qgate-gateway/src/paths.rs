@@ -78,13 +78,15 @@ struct Shared {
 }
 
 /// A path's counters over all its connections, and what each lane's connection had counted at
-/// the last sample (its id, sent, lost, congestion events).
+/// the last sample (the connection, sent, lost, congestion events). The connection is held,
+/// not its stable id alone: an id is an address, and a replacement allocated where a freed
+/// connection was would take its id and be read as the same connection (its counters lost).
 #[derive(Default)]
 struct Totals {
     sent: u64,
     lost: u64,
     events: u64,
-    seen: Vec<Option<(usize, u64, u64, u64)>>,
+    seen: Vec<Option<(quinn::Connection, u64, u64, u64)>>,
 }
 
 impl Shared {
@@ -114,16 +116,20 @@ impl Shared {
         let mut sum: Option<ConnectionSample> = None;
         for (i, c) in &conns {
             let s = connection_sample(c);
-            let id = c.stable_id();
-            let (sent, lost, events) = match t.seen[*i] {
-                Some((seen, a, b, e)) if seen == id => (
-                    s.sent_packets.saturating_sub(a),
-                    s.lost_packets.saturating_sub(b),
-                    s.congestion_events.saturating_sub(e),
+            let (sent, lost, events) = match &t.seen[*i] {
+                Some((seen, a, b, e)) if seen.stable_id() == c.stable_id() => (
+                    s.sent_packets.saturating_sub(*a),
+                    s.lost_packets.saturating_sub(*b),
+                    s.congestion_events.saturating_sub(*e),
                 ),
                 _ => (s.sent_packets, s.lost_packets, s.congestion_events),
             };
-            t.seen[*i] = Some((id, s.sent_packets, s.lost_packets, s.congestion_events));
+            t.seen[*i] = Some((
+                c.clone(),
+                s.sent_packets,
+                s.lost_packets,
+                s.congestion_events,
+            ));
             t.sent += sent;
             t.lost += lost;
             t.events += events;

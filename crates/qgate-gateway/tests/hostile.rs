@@ -180,7 +180,8 @@ async fn a_timed_out_request_cancels_only_its_stream() {
         send(&w.devices[1], &b).await,
         (http::StatusCode::CREATED, Some(0))
     );
-    let conn0 = w.gateway.paths().connection(PathId(0)).unwrap().stable_id();
+    // Held, not only its id: an id is an address a successor could be allocated at.
+    let conn0 = w.gateway.paths().connection(PathId(0)).unwrap();
     // Device 0's request hangs at the server on every path; device 1 keeps sending on path 0.
     let d0 = w.devices[0].clone();
     let stuck = tokio::spawn(async move { send_to(&d0, &a, "/ingest/slow").await.0 });
@@ -198,7 +199,7 @@ async fn a_timed_out_request_cancels_only_its_stream() {
     assert_eq!(st.failed.load(Ordering::Relaxed), 1);
     assert_eq!(
         w.gateway.paths().connection(PathId(0)).unwrap().stable_id(),
-        conn0,
+        conn0.stable_id(),
         "path 0's backhaul connection stayed up"
     );
     assert!(w.gateway.paths().table().get(PathId(0)).unwrap().up);

@@ -297,7 +297,10 @@ async fn a_path_with_several_connections_spreads_requests_and_outlives_one_of_th
     // brings the third back.
     let lost = pm.lease(p).unwrap();
     let (lost_lane, lost_id) = (lost.lane(), lost.connection().stable_id());
-    lost.connection().close(0u32.into(), b"test");
+    // A stable id is the connection's address: holding the lost one keeps a new connection
+    // from being allocated where it was and taking its id (CI saw that once).
+    let lost_conn = lost.connection().clone();
+    lost_conn.close(0u32.into(), b"test");
     drop(lost);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pm.live_connections(p), 2);
@@ -318,6 +321,8 @@ async fn a_path_with_several_connections_spreads_requests_and_outlives_one_of_th
         !ids.contains(&lost_id),
         "a new connection in the lost one's lane"
     );
+    assert!(pm.live(p).all(|c| c.close_reason().is_none()));
+    drop(lost_conn);
     // A new connection's packets add to the path's counters, and the lost one's stay in
     // them: they never go back.
     let after = pm.sample(p).unwrap();
