@@ -510,7 +510,17 @@ async fn a_slow_consumer_back_pressures_the_producer_and_memory_stays_bounded() 
         let c = c.clone();
         tokio::spawn(async move { client::send(&c, &spec, bodies(1000, 9)).await })
     };
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Wait (not a fixed sleep: a loaded machine connects late) for the high-water mark, then
+    // watch it hold with the producer still held back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while r.broker.queue_stats()[0].depth < 50 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!producer.is_finished(), "the producer is held back");
     let depth = r.broker.queue_stats()[0].depth;
     assert!(

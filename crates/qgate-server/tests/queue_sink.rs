@@ -135,7 +135,8 @@ fn post(
 /// What the consumer saw: message-id → (body, application properties).
 type Seen = HashMap<String, (Vec<u8>, HashMap<String, SimpleValue>)>;
 
-/// Take every message waiting on `queue` (until 500 ms pass without one).
+/// Take every message waiting on `queue` (until 2 s pass without one: the broker runs on its
+/// own one-worker runtime, which a loaded machine can stall for a while).
 async fn drain(c: &Connector, queue: &str) -> Seen {
     let (mut client, _) = c.open().await.unwrap();
     let mut rx = client
@@ -144,7 +145,7 @@ async fn drain(c: &Connector, queue: &str) -> Seen {
         .unwrap();
     let mut seen = Seen::new();
     while let Ok(Ok(d)) =
-        tokio::time::timeout(Duration::from_millis(500), rx.recv::<Body<Value>>()).await
+        tokio::time::timeout(Duration::from_secs(2), rx.recv::<Body<Value>>()).await
     {
         let id = match d
             .message()

@@ -213,7 +213,8 @@ async fn a_server_crash_mid_upload_loses_nothing_the_client_keeps_sending() {
     let root = dir("crash");
     let first = start(&pki, &root);
     let addr = first.addr();
-    let file = data(8_000_000, 6);
+    // Twice the server's sync interval: the crash comes long before the file is whole.
+    let file = data(16_000_000, 6);
     let up = Upload::builder()
         .lane(lane("127.0.0.1", addr))
         .lane(lane("127.0.0.2", addr))
@@ -230,9 +231,23 @@ async fn a_server_crash_mid_upload_loses_nothing_the_client_keeps_sending() {
     first.task.abort();
     first.endpoint.close(0u32.into(), b"crash");
     drop(first);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The old socket is freed once its closing connections are gone (3 PTOs), which a loaded
+    // machine can stretch past any fixed sleep: bind as soon as the address is free.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let socket = loop {
+        match Socket::bind_udp(addr) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{addr} still bound: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
     let second = Server::builder()
-        .socket(Socket::bind_udp(addr).unwrap())
+        .socket(socket)
         .identity(&pki.server)
         .uploads(Uploads::new(&root, UploadLimits::default()).unwrap())
         .start()

@@ -294,15 +294,7 @@ fn send_and_recv_round_trip_as_processes() {
         "temperature=21.5\nhumidity=40\n"
     );
     let o = qgate(&home)
-        .args([
-            "recv",
-            &quic,
-            "greetings",
-            "--count",
-            "60",
-            "--idle",
-            "300ms",
-        ])
+        .args(["recv", &quic, "greetings", "--count", "60", "--idle", "2s"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -432,7 +424,9 @@ fn send_says_what_was_accepted_when_the_broker_dies() {
         .and_then(|t| t.split(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count in: {err}"));
-    assert!(sent >= 100, "{err}");
+    // About 300 at 200/s; a loaded machine may have started the sender late, and any count
+    // is right as long as it is the broker's.
+    assert!(sent > 0, "{err}");
     assert!(
         err.contains(&format!("the broker had accepted {sent} messages")),
         "{err}"

@@ -714,7 +714,24 @@ fn device_through_gateway_to_server_as_processes() {
         .next()
         .unwrap()
         .to_string();
-    std::thread::sleep(std::time::Duration::from_millis(500)); // paths connect
+    // The gateway says it listens before its backhaul connections exist; a path still
+    // connecting when the device starts would take no request. Wait until both are measured
+    // (a path is presumed up before its first probe).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let o = run(&home, &["ctl", "--admin", &gadmin, "--json", "paths"]);
+        let paths = String::from_utf8_lossy(&o.stdout).into_owned();
+        if paths.matches("\"up\": true").count() == 2
+            && paths.matches("\"rtt_ms\": null").count() == 0
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "paths never up: {paths}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let o = run(
         &home,
         &[

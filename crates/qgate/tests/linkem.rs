@@ -98,24 +98,24 @@ fn our_namespaces_left() -> Vec<String> {
 fn a_25ms_each_way_link_gives_a_50ms_round_trip() {
     needs_root!();
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // The Python probes' own wake-ups add about a millisecond on this VM (up to 1 ms seen):
-    // the same probes over a zero-delay link measure that, and the link must add 50 ± 1 ms.
-    let median_rtt = |link: &str| {
+    // Judged by each series' fastest probe, as the multi-path test is: the link's delay is a
+    // floor no probe may beat, and the Python probes' wake-ups on a busy VM only add to it
+    // (medians of two runs seconds apart differed by 51.01 and 51.3-53 ms on fresh-clone CI).
+    let fastest_rtt = |link: &str| {
         let o = linkem(
             &["--link", link, "--outside", "python3 traffic.py echo 7000"],
             "python3 traffic.py ping $QGATE_LINKEM_PEER 7000 100 20",
         );
         assert!(o.status.success());
         assert_eq!(field(&o, "received"), 100.0);
-        field(&o, "median_ms")
+        field(&o, "min_ms")
     };
-    let base = median_rtt("rate=100mbit");
-    let with = median_rtt("rate=100mbit,delay=25ms");
-    let added = with - base;
+    let base = fastest_rtt("rate=100mbit");
+    let with = fastest_rtt("rate=100mbit,delay=25ms");
     assert!(base < 5.0, "the probes alone take {base} ms");
     assert!(
-        (added - 50.0).abs() <= 1.0,
-        "the link added {added} ms (median {with} ms, {base} ms without delay)"
+        with >= 50.0 - 0.05 && with < 50.0 + base + 2.0,
+        "fastest round trip {with} ms over the 25 ms link, {base} ms without delay"
     );
 }
 
