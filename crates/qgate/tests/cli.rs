@@ -259,8 +259,8 @@ fn start_server_with(
     args: &[&std::ffi::OsStr],
     envs: &[(&str, &Path)],
 ) -> (Server, String) {
-    let mut child = qgate(home)
-        .envs(envs.iter().copied())
+    let mut cmd = qgate(home);
+    cmd.envs(envs.iter().copied())
         .args([
             "server",
             "--listen",
@@ -268,7 +268,15 @@ fn start_server_with(
             "--admin",
             "127.0.0.1:0",
         ])
-        .args(args)
+        .args(args);
+    let (server, port, _) = spawn_daemon(cmd);
+    (server, port)
+}
+
+/// Spawn a daemon that first prints "… on udp/127.0.0.1:PORT …, admin http://ADDR/ …" (as
+/// `qgate server` and `qgate gateway` do); killed when dropped. It, its port and that line.
+fn spawn_daemon(mut cmd: Command) -> (Server, String, String) {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -277,7 +285,6 @@ fn start_server_with(
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    // "qgate server listening on udp/127.0.0.1:PORT (HTTP/3), admin http://ADDR/ (no token)"
     let admin = line
         .split("admin http://")
         .nth(1)
@@ -292,7 +299,7 @@ fn start_server_with(
         .next()
         .unwrap()
         .to_string();
-    (Server(child, admin), port)
+    (Server(child, admin), port, line)
 }
 
 /// The files Wireshark and qvis read: a qlog per connection on both ends, and both ends' TLS
@@ -674,46 +681,25 @@ fn lab_history_quick_writes_every_result_file() {
 fn device_through_gateway_to_server_as_processes() {
     let home = tmp("gateway");
     let (server, sport) = start_server(&home, &[]);
-    let mut child = qgate(&home)
-        .args([
-            "gateway",
-            "--admin",
-            "127.0.0.1:0",
-            "--listen",
-            "127.0.0.1:0",
-            "--server",
-            &format!("127.0.0.1:{sport}"),
-            "--path",
-            "127.0.0.2:0",
-            "--path",
-            "127.0.0.3:0",
-            "--scheduler",
-            "round-robin",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let gadmin = line
-        .split("admin http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no admin address in {line}"))
-        .to_string();
-    let _gateway = Server(child, gadmin.clone());
+    let mut cmd = qgate(&home);
+    cmd.args([
+        "gateway",
+        "--admin",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.1:0",
+        "--server",
+        &format!("127.0.0.1:{sport}"),
+        "--path",
+        "127.0.0.2:0",
+        "--path",
+        "127.0.0.3:0",
+        "--scheduler",
+        "round-robin",
+    ]);
+    let (gateway, gport, line) = spawn_daemon(cmd);
+    let gadmin = gateway.1.clone();
     assert!(line.contains("2 paths, scheduler round-robin"), "{line}");
-    let gport = line
-        .split(':')
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_string();
     // The gateway says it listens before its backhaul connections exist; a path still
     // connecting when the device starts would take no request. Wait until both are measured
     // (a path is presumed up before its first probe).
