@@ -177,6 +177,12 @@ pub fn valid_name(name: &str) -> bool {
 impl Uploads {
     /// Uploads stored under `root` (created if missing).
     pub fn new(root: &Path, limits: UploadLimits) -> Result<Uploads, UploadFailure> {
+        if root.exists() && !root.is_dir() {
+            return Err(io(root)(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                "it exists and is not a directory",
+            )));
+        }
         std::fs::create_dir_all(root).map_err(io(root))?;
         Ok(Uploads {
             root: root.to_path_buf(),
@@ -387,14 +393,14 @@ impl Uploads {
                 return if same {
                     Ok(None)
                 } else {
-                    Err(different(name, &g.info, info))
+                    Err(different(name, &g.info, info, true))
                 };
             }
             if g.info != *info {
                 let same =
                     g.info.sha256 == info.sha256 && g.info.layout.size() == info.layout.size();
                 if !(same && g.held == 0) {
-                    return Err(different(name, &g.info, info));
+                    return Err(different(name, &g.info, info, false));
                 }
                 // The same file in other chunks, nothing of it written yet (its chunks may
                 // have been too large for this server): start over in the new size.
@@ -429,7 +435,7 @@ impl Uploads {
             }
             if stored.info != *info {
                 if !(same_file && (stored.held.count() == 0 || !part.exists())) {
-                    return Err(different(name, &stored.info, info));
+                    return Err(different(name, &stored.info, info, stored.complete));
                 }
                 // Nothing of it held: the new chunk size replaces the old.
                 let _ = std::fs::remove_file(&state);
@@ -580,19 +586,45 @@ impl Uploads {
     }
 }
 
-fn different(name: &str, stored: &FileInfo, announced: &FileInfo) -> UploadFailure {
-    if stored.sha256 == announced.sha256 && stored.layout.size() == announced.layout.size() {
+/// A refusal of `announced` where `stored` (complete or not) holds the name: what differs,
+/// and how to get past it.
+fn different(name: &str, stored: &FileInfo, announced: &FileInfo, complete: bool) -> UploadFailure {
+    if !complete
+        && stored.sha256 == announced.sha256
+        && stored.layout.size() == announced.layout.size()
+    {
         return UploadFailure::Conflict(format!(
             "upload '{name}' of this file is in progress in chunks of {} bytes: resume it with that chunk size",
             stored.layout.chunk_size()
         ));
     }
+    let how = if stored.layout.size() == announced.layout.size() {
+        format!(
+            "the same size, SHA-256 {} there, {} here",
+            &hex(&stored.sha256)[..16],
+            &hex(&announced.sha256)[..16]
+        )
+    } else {
+        format!(
+            "{} bytes there, {} here",
+            stored.layout.size(),
+            announced.layout.size()
+        )
+    };
+    let (what, files) = if complete {
+        (
+            "is stored complete with other content",
+            format!("{name} and .{name}.state"),
+        )
+    } else {
+        (
+            "is in progress for a different file",
+            format!(".{name}.state and .{name}.part"),
+        )
+    };
     UploadFailure::Conflict(format!(
-        "upload '{name}' is a different file ({} bytes, this one {}): upload under another \
-         name, or have the server's operator remove .{name}.state and .{name}.part from its \
-         upload directory",
-        stored.layout.size(),
-        announced.layout.size(),
+        "upload '{name}' {what} ({how}): upload under another name, or have the server's \
+         operator remove {files} from its upload directory"
     ))
 }
 
@@ -812,9 +844,16 @@ mod tests {
         }
         // Another file under the same name.
         let e = up
-            .announce(ME, "a", &info(&file(5000, 2), 1024))
+            .announce(ME, "a", &info(&file(6000, 2), 1024))
             .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        let why = e.to_string();
+        assert!(
+            why.contains("in progress for a different file")
+                && why.contains("5000 bytes there, 6000 here")
+                && why.contains(".a.state and .a.part"),
+            "{why}"
+        );
         let e = up.announce(ME, "a", &info(&data, 2048)).unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
         // Too big, too many chunks, too many at once.

@@ -638,7 +638,9 @@ impl Shared {
         };
         let counters = self.progress.lane(i);
         let mut backoff = Duration::from_millis(250);
-        let mut first = true;
+        // Since when this lane has failed to reach the server, said once as it starts (a
+        // server gone mid-upload is retried without end, so the user must hear of it).
+        let mut down_since: Option<Instant> = None;
         while !self.finished() {
             let news = self.news.notified();
             tokio::pin!(news);
@@ -652,10 +654,10 @@ impl Shared {
             let h3 = match attempt {
                 Ok(h3) => h3,
                 Err(e) => {
-                    if first {
-                        tracing::warn!(lane = i + 1, error = %e, "cannot reach the server");
+                    if down_since.is_none() {
+                        tracing::warn!(lane = i + 1, error = %e, "cannot reach the server; retrying");
+                        down_since = Some(Instant::now());
                     }
-                    first = false;
                     counters.connect_failures.fetch_add(1, Ordering::Relaxed);
                     self.planner.lock().expect("lock").fail(i).expect("lane");
                     self.news.notify_waiters();
@@ -672,7 +674,11 @@ impl Shared {
                     continue;
                 }
             };
-            first = false;
+            if let Some(t) = down_since.take() {
+                if counters.connects.load(Ordering::Relaxed) > 0 {
+                    tracing::warn!(lane = i + 1, after = ?t.elapsed(), "reached the server again");
+                }
+            }
             counters.connects.fetch_add(1, Ordering::Relaxed);
             counters.up.store(true, Ordering::Relaxed);
             self.planner.lock().expect("lock").restore(i).expect("lane");

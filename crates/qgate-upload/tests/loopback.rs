@@ -183,7 +183,12 @@ async fn the_server_refuses_a_different_file_under_the_same_name() {
     match run(&b).await {
         Err(UploadError::Refused { status, message }) => {
             assert_eq!(status, http::StatusCode::CONFLICT);
-            assert!(message.contains("different file"), "{message}");
+            // Same size, other bytes: the message says which (not two equal sizes).
+            assert!(
+                message.contains("stored complete with other content")
+                    && message.contains("the same size, SHA-256"),
+                "{message}"
+            );
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

@@ -102,7 +102,7 @@ pub struct BrokerArgs {
     no_auto_create: bool,
     #[arg(long, help = dflt("Most messages per auto-created queue", BrokerConfig::default().max_messages))]
     max_messages: Option<usize>,
-    #[arg(long, value_name = "BYTES", help = dflt("Most bytes per auto-created queue", BrokerConfig::default().max_bytes))]
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = dflt("Most bytes per auto-created queue", BrokerConfig::default().max_bytes))]
     max_bytes: Option<usize>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
         "Protocol header, SASL and open must be done within this (TLS included); a frame held for credit, and the wait for a peer's close, are bounded by it too",
@@ -520,8 +520,8 @@ pub struct SendArgs {
     /// Messages to send (ignored with --stdin).
     #[arg(long, default_value_t = 1000)]
     count: u64,
-    /// Body bytes per message.
-    #[arg(long, default_value_t = 100)]
+    /// Body bytes per message (e.g. 100, 4KiB).
+    #[arg(long, default_value_t = 100, value_parser = crate::parse_size)]
     size: usize,
     /// Messages per second [default: as fast as credit allows].
     #[arg(long)]
@@ -603,7 +603,7 @@ pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
         Box::new((0..a.count).map(move |_| vec![b'x'; size]))
     };
     // The report fills as outcomes arrive, so whatever ends the run — success, a failure, a
-    // dead broker, Ctrl-C — the accepted count is printed (M20).
+    // dead broker, Ctrl-C or SIGTERM — the accepted count is printed (M20).
     let mut r = Report::default();
     let started = tokio::time::Instant::now();
     let outcome = rt.block_on(async {
@@ -614,10 +614,11 @@ pub fn send(a: SendArgs, cfg: &Config) -> Result<(), Failure> {
                 client::send_into(&connector, &spec, bodies, &mut r).await
             }
         };
+        let stop = crate::stop_requested();
         tokio::select! {
             biased;
             o = run => o.map_err(anyhow::Error::from),
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            () = stop => Err(anyhow::anyhow!("interrupted")),
         }
     });
     if r.total.is_zero() {

@@ -27,7 +27,7 @@ pub struct ClientArgs {
         "Give up if the server has not answered the handshake within this time",
         qgate_core::units::format_duration(DEFAULT_CONNECT_TIMEOUT)))]
     connect_timeout: Option<Duration>,
-    #[arg(long, value_name = "BYTES", help = crate::dflt(
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = crate::dflt(
         "Largest response body accepted, bytes", qgate_transport::http3::DEFAULT_MAX_BODY))]
     max_response: Option<usize>,
     /// Print the status line and headers to standard error.

@@ -111,9 +111,9 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           help = dflt("Per-attempt timeout of a forwarded request", secs(GatewayConfig::default().request_timeout)))]
     request_timeout: Option<Duration>,
-    #[arg(long, value_name = "BYTES", help = dflt("Largest request body, bytes", GatewayConfig::default().max_body))]
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = dflt("Largest request body, bytes", GatewayConfig::default().max_body))]
     max_body: Option<usize>,
-    #[arg(long, value_name = "BYTES", help = dflt("Ingest records up to this size, of one class, that are ready for a backhaul connection at once go to the server in one request (/batch); 0: each alone", GatewayConfig::default().batch_max_record))]
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = dflt("Ingest records up to this size, of one class, that are ready for a backhaul connection at once go to the server in one request (/batch); 0: each alone", GatewayConfig::default().batch_max_record))]
     batch_max_record: Option<usize>,
     /// The name on the server's certificate [default: localhost].
     #[arg(long, value_name = "NAME")]
@@ -122,8 +122,8 @@ pub struct GatewayArgs {
     /// [default: ewma; off to disable].
     #[arg(long, value_enum, value_name = "MODE")]
     history: Option<crate::config::HistoryMode>,
-    /// The history database [default: $QGATE_HOME/gateway-history.redb].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help = format!(
+        "The history database [default: $QGATE_HOME/{}]", crate::history::GATEWAY_STORE))]
     history_store: Option<PathBuf>,
 }
 
@@ -223,7 +223,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         a.history,
         a.history_store.clone(),
         cfg,
-        "gateway-history.redb",
+        crate::history::GATEWAY_STORE,
     )
     .map(|(store, safeguard)| qgate_gateway::paths::BackhaulHistory { store, safeguard });
     let scheduler_flag = a.scheduler.is_some();
@@ -351,8 +351,8 @@ pub struct DeviceArgs {
     /// Records to send.
     #[arg(long, default_value_t = 10)]
     count: usize,
-    /// Bytes per record.
-    #[arg(long, default_value_t = 50)]
+    /// Bytes per record (e.g. 50, 1KiB).
+    #[arg(long, default_value_t = 50, value_parser = crate::parse_size)]
     size: usize,
     /// Records per second (0 = as fast as answers come back).
     #[arg(long, default_value_t = 0.0)]
@@ -382,8 +382,8 @@ pub struct DeviceArgs {
     /// [default: ewma; off to disable].
     #[arg(long, value_enum, value_name = "MODE")]
     history: Option<crate::config::HistoryMode>,
-    /// The history database [default: $QGATE_HOME/device-history.redb].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help = format!(
+        "The history database [default: $QGATE_HOME/{}]", crate::history::DEVICE_STORE))]
     history_store: Option<PathBuf>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = crate::dflt(
         "Keep sending a record the gateway could not pass on (503 or 502: the server's queue or every backhaul path down; waiting as Retry-After says) for this long before giving up",
@@ -435,7 +435,7 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         a.history,
         a.history_store.clone(),
         cfg,
-        "device-history.redb",
+        crate::history::DEVICE_STORE,
     );
     let transport = cfg.transport.clone();
     crate::runtime().block_on(async move {

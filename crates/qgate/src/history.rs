@@ -10,9 +10,16 @@ use qgate_transport::history::{system_clock, HistoryStore, DEFAULT_SAFEGUARD_FAC
 use crate::config::{Config, HistoryMode, HistorySection};
 use crate::{usage, Failure};
 
-/// The default store file: `$QGATE_HOME/history.redb` (beside the dev PKI).
+/// The store of `qgate get`, `post` and `server`, under `$QGATE_HOME` (beside the dev PKI).
+pub const STORE: &str = "history.redb";
+/// The gateway's backhaul store, under `$QGATE_HOME` (decision H6).
+pub const GATEWAY_STORE: &str = "gateway-history.redb";
+/// `qgate device`'s store, under `$QGATE_HOME` (decision H6).
+pub const DEVICE_STORE: &str = "device-history.redb";
+
+/// The default store file: `$QGATE_HOME/history.redb`.
 pub fn default_store() -> PathBuf {
-    crate::home_file("history.redb")
+    crate::home_file(STORE)
 }
 
 /// The history settings from the config file.
@@ -99,8 +106,9 @@ pub fn open_default_on(
 
 #[derive(Args, Debug)]
 pub struct HistoryArgs {
-    /// The store file [default: $QGATE_HOME/history.redb].
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE", global = true, help = format!(
+        "The store file [default: $QGATE_HOME/{STORE}, the store of get, post and server; the \
+         gateway keeps its own in {GATEWAY_STORE} and qgate device in {DEVICE_STORE}, beside it]"))]
     store: Option<PathBuf>,
     #[command(subcommand)]
     which: HistoryCmd,

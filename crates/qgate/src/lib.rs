@@ -212,6 +212,13 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 }
 
 /// `help` followed by the default, read from where the default lives (one source of truth).
+/// A byte count on the command line, with or without a unit (`4096`, `64KiB`, `1MB`), as
+/// every size flag takes it.
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let n = qgate_core::units::parse_bytes(s)?;
+    usize::try_from(n).map_err(|_| format!("size '{s}' is too large"))
+}
+
 pub(crate) fn dflt(help: &str, default: impl std::fmt::Display) -> String {
     format!("{help} [default: {default}]")
 }

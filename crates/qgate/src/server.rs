@@ -77,10 +77,10 @@ pub struct ServerArgs {
         "Delete an unfinished upload nobody wrote to for DAYS days (checked at start and hourly); 0 keeps them",
         expire_days(UploadLimits::default().expire_after)))]
     upload_expire_days: Option<u32>,
-    #[arg(long, value_name = "BYTES", help = crate::dflt(
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = crate::dflt(
         "Largest request body in bytes; larger ones get 413", ServeLimits::default().max_body))]
     max_body: Option<usize>,
-    #[arg(long, value_name = "BYTES", help = crate::dflt(
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = crate::dflt(
         "Request-body bytes held at once over all connections; past it a request gets 503 and Retry-After",
         DEFAULT_MAX_BUFFERED))]
     max_buffered: Option<usize>,

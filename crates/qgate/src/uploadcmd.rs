@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use qgate_core::units::{format_duration, parse_bytes};
 use qgate_core::upload::{FileInfo, Layout, DEFAULT_CHUNK};
 use qgate_transport::Socket;
-use qgate_upload::{sha256, Lane, Upload, UploadError, DEFAULT_REQUEST_TIMEOUT};
+use qgate_upload::{sha256, Lane, Upload, UploadError, CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 
 use crate::config::{parse_duration, Config};
 use crate::{usage, Failure, EXIT_HTTP_STATUS};
@@ -36,7 +36,9 @@ pub struct UploadArgs {
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = crate::dflt(
-        "Give a chunk (or a handshake) up and retry it after this long",
+        &format!("Give a chunk up and retry it after this long; a handshake after this or {}, \
+                  whichever is shorter (a server never reached fails the upload; one lost \
+                  mid-upload is retried until it is back)", format_duration(CONNECT_TIMEOUT)),
         format_duration(DEFAULT_REQUEST_TIMEOUT)))]
     timeout: Option<Duration>,
     /// No progress bar.
@@ -180,10 +182,12 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
                 }
             })
         };
+        // Ctrl-C or SIGTERM: either way the user hears how to resume.
+        let stop = crate::stop_requested();
         let result = tokio::select! {
             biased;
             r = up.run() => r,
-            _ = tokio::signal::ctrl_c() => {
+            () = stop => {
                 pb.finish_and_clear();
                 return Err(Failure {
                     status: 130,

@@ -36,7 +36,17 @@ pub fn parse(url: &str) -> Result<Target, String> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let port = uri.port_u16().unwrap_or(443);
+    // `http` reads a port it cannot parse as none, which would quietly mean 443.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    if authority.contains('@') {
+        return Err(bad("user info (user@) is not supported"));
+    }
+    let port = match authority.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+        Some((_, p)) => p
+            .parse::<u16>()
+            .map_err(|_| bad(&format!("port '{p}' is not a number from 1 to 65535")))?,
+        None => 443,
+    };
     if port == 0 {
         return Err(bad("port 0 is not a valid destination"));
     }
@@ -82,6 +92,18 @@ mod tests {
         assert!(parse("https://exa mple/")
             .unwrap_err()
             .starts_with("invalid URL"));
+        for (url, port) in [
+            ("https://127.0.0.1:99999/", "99999"),
+            ("https://h:65536", "65536"),
+            ("https://h:4433x/", "4433x"),
+            ("https://[::1]:99999/", "99999"),
+            ("https://h:/", ""),
+        ] {
+            let e = parse(url).unwrap_err();
+            assert!(e.contains(&format!("port '{port}' is not a number")), "{e}");
+        }
+        assert_eq!(parse("https://[::1]:4433/").unwrap().port, 4433);
+        assert!(parse("https://user@h/").unwrap_err().contains("user info"));
         assert!(parse("not a url")
             .unwrap_err()
             .starts_with("invalid URL 'not a url'"));
