@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod careful_resume;
 pub mod forwarder;
+pub mod frame_guard;
 pub mod history;
 pub mod loggate;
 pub mod metrics;

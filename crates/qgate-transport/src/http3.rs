@@ -1,5 +1,6 @@
 //! HTTP/3 client and server helpers on h3 + h3-quinn, with bounded bodies.
 
+use crate::frame_guard::{Guarded, MAX_HELD_FRAME};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -123,7 +124,7 @@ impl From<h3::error::StreamError> for H3Error {
 
 /// An HTTP/3 client on one QUIC connection. Requests may be issued concurrently (`&self`).
 pub struct H3Client {
-    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    send: h3::client::SendRequest<Guarded<h3_quinn::OpenStreams>, Bytes>,
     conn: quinn::Connection,
     driver: tokio::task::JoinHandle<()>,
 }
@@ -132,9 +133,11 @@ impl H3Client {
     /// Start HTTP/3 on an established (or 0-RTT) QUIC connection.
     pub async fn new(conn: quinn::Connection) -> Result<H3Client, H3Error> {
         // No GREASE (decision T8): aioquic never sees a body end after a trailing reserved frame.
+        // The server's frames are watched as a client's are (decision T12).
         let (mut driver, send) = h3::client::builder()
             .send_grease(false)
-            .build(h3_quinn::Connection::new(conn.clone()))
+            .max_field_section_size(MAX_HELD_FRAME)
+            .build(Guarded::new(h3_quinn::Connection::new(conn.clone())))
             .await
             .map_err(|e| H3Error::Connection(e.to_string()))?;
         let driver = tokio::spawn(async move {
@@ -372,9 +375,9 @@ pub async fn serve_quic<C, H>(
 ) -> Result<(), H3Error>
 where
     C: h3::quic::Connection<Bytes> + Send + 'static,
-    C::BidiStream: Send + 'static,
+    C::BidiStream: h3::quic::RecvStream<Buf = Bytes> + Send + 'static,
     C::SendStream: Send + 'static,
-    C::RecvStream: Send + 'static,
+    C::RecvStream: h3::quic::RecvStream<Buf = Bytes> + Send + 'static,
     C::OpenStreams: Send + 'static,
     H: Handler,
 {
@@ -382,10 +385,16 @@ where
     // keeps it out of this future, which stays alive (one per idle device) for the connection's
     // whole life (measured: 8.1 → ~2.6 KB per connection task).
     // No GREASE (decision T8): aioquic never sees a body end after a trailing reserved frame.
-    let mut h3c: h3::server::Connection<C, Bytes> =
-        Box::pin(h3::server::builder().send_grease(false).build(quic))
-            .await
-            .map_err(|e| H3Error::Connection(e.to_string()))?;
+    // Every stream watched: a frame h3 would hold whole is refused when announced too long
+    // (decision T12).
+    let mut h3c: h3::server::Connection<Guarded<C>, Bytes> = Box::pin(
+        h3::server::builder()
+            .send_grease(false)
+            .max_field_section_size(MAX_HELD_FRAME)
+            .build(Guarded::new(quic)),
+    )
+    .await
+    .map_err(|e| H3Error::Connection(e.to_string()))?;
     loop {
         // Polled here rather than through `accept()`, whose future (~850 bytes, sized by the
         // GOAWAY it sends at the end) would sit in every idle connection's task (decision G7).

@@ -4,6 +4,7 @@
 
 mod endpoint;
 mod flight;
+pub mod frame_guard;
 pub mod history;
 pub mod http3;
 pub mod loss_switch;

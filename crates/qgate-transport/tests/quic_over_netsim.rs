@@ -404,6 +404,78 @@ impl Handler for Slow {
 
 /// Many large bodies at once cannot take more memory than the server's budget: past it a
 /// request gets 503 with Retry-After, and the budget is whole again once they are answered.
+/// Decision T12: a frame h3 would hold whole (HEADERS, an unknown type), announced longer than
+/// the limit, is refused from its header: a request stream is stopped with
+/// H3_EXCESSIVE_LOAD before the peer has sent more than its first flight, and the same on the
+/// control stream closes the connection. Without the guard the server read on (and held) all
+/// of it. Honest requests are served meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
+    let s = setup(
+        LinkParams::new(1_000_000_000, Duration::from_millis(1)),
+        &[ALPN_H3],
+        12,
+    );
+    spawn_h3(
+        s.server.clone(),
+        ServeLimits {
+            max_body: 10_000,
+            ..Default::default()
+        },
+    );
+    let raw = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap()
+        .connection()
+        .clone();
+    // HEADERS (type 0x01) announcing 2^29 bytes, then filler.
+    let (mut send, _recv) = raw.open_bi().await.unwrap();
+    send.write_all(&[0x01, 0x80 | 0x20, 0, 0, 0]).await.unwrap();
+    let filler = vec![0u8; 64 * 1024];
+    let mut sent = 0usize;
+    let stopped = loop {
+        match send.write_all(&filler).await {
+            Ok(()) => sent += filler.len(),
+            Err(e) => break e,
+        }
+        assert!(sent < 8 << 20, "{sent} bytes of the frame were taken");
+    };
+    assert_eq!(
+        stopped,
+        quinn::WriteError::Stopped(0x107u32.into()),
+        "after {sent} bytes"
+    );
+    // The connection lives on, and another connection's requests are answered.
+    h3_exchange(&s.client, &s.client_cfg, sa(SERVER)).await;
+    assert!(raw.close_reason().is_none());
+    // The control stream (type 0x00): an empty SETTINGS, then a reserved frame type announcing
+    // 2^29 bytes. A critical stream cannot be stopped alone: the connection is closed
+    // (H3_CLOSED_CRITICAL_STREAM) before more than a few flights were taken.
+    let mut control = raw.open_uni().await.unwrap();
+    control.write_all(&[0x00, 0x04, 0x00]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    control
+        .write_all(&[0x21, 0x80 | 0x20, 0, 0, 0])
+        .await
+        .unwrap();
+    let mut sent = 0usize;
+    let refused = loop {
+        match control.write_all(&filler).await {
+            Ok(()) => sent += filler.len(),
+            Err(e) => break e,
+        }
+        assert!(sent < 8 << 20, "{sent} bytes of the frame were taken");
+    };
+    assert!(
+        matches!(
+            &refused,
+            quinn::WriteError::ConnectionLost(quinn::ConnectionError::ApplicationClosed(c))
+                if c.error_code == 0x104u32.into()
+        ),
+        "{refused:?} after {sent} bytes"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn request_bodies_held_at_once_are_bounded_by_the_budget() {
     let s = setup(
