@@ -11,9 +11,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use qgate_core::metrics::{self, Collector, Registry};
+use qgate_core::quota::Quota;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::api::{Api, Call, Route};
 use crate::auth::Token;
@@ -23,6 +23,9 @@ use crate::auth::Token;
 pub struct AdminLimits {
     /// Connections served at once; more are closed on accept (and counted).
     pub max_connections: usize,
+    /// Of those, from one client (an address, or an IPv6 /64): the slots are taken before any
+    /// token is checked, so one unauthenticated peer must not hold them all (decision S10).
+    pub max_connections_per_client: usize,
     /// A request's headers must arrive within this.
     pub header_timeout: Duration,
     /// A request, body and answer included, must be done within this.
@@ -39,6 +42,7 @@ impl Default for AdminLimits {
     fn default() -> Self {
         AdminLimits {
             max_connections: 64,
+            max_connections_per_client: 8,
             header_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             connection_lifetime: Duration::from_secs(60),
@@ -176,9 +180,12 @@ struct Shared {
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
+    let slots = Quota::new(
+        shared.limits.max_connections,
+        shared.limits.max_connections_per_client,
+    );
     loop {
-        let (tcp, _peer) = match listener.accept().await {
+        let (tcp, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 // Out of descriptors, say: wait instead of spinning.
@@ -187,7 +194,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let Ok(slot) = slots.take(peer.ip()) else {
             shared.refused.inc();
             continue;
         };

@@ -241,6 +241,37 @@ async fn read_some(s: &mut TcpStream) -> String {
     String::from_utf8_lossy(&got).into_owned()
 }
 
+/// The slots are taken before any token is checked, so one client (an address, or an IPv6
+/// /64) holds at most its share of them: the operator from another address still gets in
+/// (decision S10).
+#[tokio::test]
+async fn one_client_cannot_take_every_slot() {
+    let limits = AdminLimits {
+        max_connections: 8,
+        max_connections_per_client: 2,
+        ..Default::default()
+    };
+    let (a, _c) = start(None, limits).await;
+    let from = |ip: &str| {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        s.connect(a.addr())
+    };
+    let _held = [
+        from("127.0.0.2").await.unwrap(),
+        from("127.0.0.2").await.unwrap(),
+    ];
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut third = from("127.0.0.2").await.unwrap();
+    assert_eq!(read_some(&mut third).await, "", "closed without an answer");
+    assert_eq!(a.refused(), 1);
+    let (status, _) = client(&a, None)
+        .request(Method::GET, "/metrics", None)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
 /// Slow or silent peers lose their connection at a deadline; the slots they held come back,
 /// and a flood of idle connections leaves room for the operator once they are cut.
 #[tokio::test]

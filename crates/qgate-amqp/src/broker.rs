@@ -313,6 +313,8 @@ struct Inner {
 struct Tenancy {
     inner: Arc<Inner>,
     addr: Option<IpAddr>,
+    /// The client its address counts for: the address, or its IPv6 /64 (decision S10).
+    client: Option<IpAddr>,
     id: u64,
     since: Instant,
     kind: &'static str,
@@ -352,7 +354,7 @@ impl Drop for Tenancy {
             .counters
             .connections_open
             .fetch_sub(1, Ordering::Relaxed);
-        if let Some(a) = self.addr {
+        if let Some(a) = self.client {
             let mut m = self
                 .inner
                 .per_address
@@ -657,11 +659,13 @@ impl Broker {
     }
 
     /// Take a place for a connection from `addr` (None: unknown, e.g. a simulated stream);
-    /// None when that address holds `max_connections_per_address` already (counted, M16).
+    /// None when that client (address, or IPv6 /64: S10) holds `max_connections_per_address`
+    /// already (counted, M16).
     fn tenancy(&self, addr: Option<IpAddr>, kind: &'static str) -> Option<Arc<Tenancy>> {
         let c = &self.inner.counters;
         c.connections_total.fetch_add(1, Ordering::Relaxed);
-        if let Some(a) = addr {
+        let client = addr.map(qgate_core::quota::client_key);
+        if let Some(a) = client {
             let mut m = self
                 .inner
                 .per_address
@@ -681,6 +685,7 @@ impl Broker {
         let t = Arc::new(Tenancy {
             inner: self.inner.clone(),
             addr,
+            client,
             id,
             since: Instant::now(),
             kind,

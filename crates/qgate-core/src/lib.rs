@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod path;
 pub mod probe;
 pub mod protocol;
+pub mod quota;
 pub mod scheduler;
 pub mod session;
 pub mod units;

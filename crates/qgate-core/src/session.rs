@@ -23,6 +23,7 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 use crate::path::PathId;
+use crate::quota::client_key;
 use crate::scheduler::Priority;
 
 /// A device's Hash ID: 128 unguessable bits, written as 32 lowercase hex digits.
@@ -75,7 +76,7 @@ pub enum SessionError {
     #[error("this connection already holds its maximum of {0} registrations")]
     ConnectionLimit(usize),
     /// The source address already holds its maximum of sessions.
-    #[error("this address already holds its maximum of {0} registrations")]
+    #[error("this address (or its IPv6 /64) already holds its maximum of {0} registrations")]
     AddressLimit(usize),
     /// The session has its maximum of requests in flight.
     #[error("too many requests in flight for this device (at most {0})")]
@@ -98,7 +99,7 @@ pub struct SessionLimits {
     pub max_devices: usize,
     /// Most sessions registered by one connection.
     pub per_connection: usize,
-    /// Most sessions registered from one source IP address.
+    /// Most sessions registered from one client: a source IPv4 address, or IPv6 /64 (S10).
     pub per_address: usize,
     /// Most requests in flight per session.
     pub max_inflight: usize,
@@ -213,7 +214,13 @@ impl SessionTable {
         if self.per_conn.get(&conn).copied().unwrap_or(0) >= l.per_connection {
             return Err(SessionError::ConnectionLimit(l.per_connection));
         }
-        if self.per_ip.get(&device.ip()).copied().unwrap_or(0) >= l.per_address {
+        if self
+            .per_ip
+            .get(&client_key(device.ip()))
+            .copied()
+            .unwrap_or(0)
+            >= l.per_address
+        {
             return Err(SessionError::AddressLimit(l.per_address));
         }
         let hash = loop {
@@ -225,7 +232,7 @@ impl SessionTable {
             }
         };
         count_up(&mut self.per_conn, conn);
-        count_up(&mut self.per_ip, device.ip());
+        count_up(&mut self.per_ip, client_key(device.ip()));
         self.by_hash.insert(
             hash,
             Session {
@@ -287,7 +294,7 @@ impl SessionTable {
     fn take(&mut self, hash: &HashId) -> Option<Session> {
         let s = self.by_hash.remove(hash)?;
         count_down(&mut self.per_conn, s.conn);
-        count_down(&mut self.per_ip, s.device.ip());
+        count_down(&mut self.per_ip, client_key(s.device.ip()));
         Some(s)
     }
 
@@ -642,7 +649,7 @@ mod tests {
                     prop_assert!(s.inflight <= l.max_inflight);
                     prop_assert_eq!(s.inflight, open.iter().filter(|h| **h == s.hash).count());
                     *per_conn.entry(s.conn).or_default() += 1;
-                    *per_ip.entry(s.device.ip()).or_default() += 1;
+                    *per_ip.entry(client_key(s.device.ip())).or_default() += 1;
                 }
                 prop_assert!(per_conn.values().all(|n| *n <= l.per_connection));
                 prop_assert!(per_ip.values().all(|n| *n <= l.per_address));

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use qgate_core::quota::Quota;
 use qgate_transport::history::HistoryStore;
 use qgate_transport::http3::{ServeLimits, ALPN_H3};
 use qgate_transport::{
@@ -33,9 +34,17 @@ impl Server {
             uploads: None,
             dedup_store: None,
             inline_storage: false,
+            connections: (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_CLIENT),
         }
     }
 }
+
+/// QUIC connections a server holds at once, handshakes included (decision S10): as many as a
+/// gateway holds devices by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// QUIC connections one client (an IPv4 address, or an IPv6 /64) may hold at once (S10): a
+/// gateway needs a few per backhaul path (at most 16 per path, G21).
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 256;
 
 /// What [`ServerBuilder::start`] can fail on.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +69,7 @@ pub struct ServerBuilder<'a> {
     uploads: Option<Uploads>,
     dedup_store: Option<DedupStore>,
     inline_storage: bool,
+    connections: (usize, usize),
 }
 
 impl<'a> ServerBuilder<'a> {
@@ -126,6 +136,13 @@ impl<'a> ServerBuilder<'a> {
         self
     }
 
+    /// At most `total` QUIC connections at once, `per_client` of them from one client (an IPv4
+    /// address or an IPv6 /64); more are refused before their handshake (decision S10).
+    pub fn connection_limits(mut self, total: usize, per_client: usize) -> Self {
+        self.connections = (total, per_client);
+        self
+    }
+
     /// Bind the endpoint and spawn the accept loop. Needs a tokio runtime.
     pub fn start(self) -> Result<RunningServer, BuildError> {
         let socket = self.socket.ok_or(BuildError::Missing("a socket"))?;
@@ -165,6 +182,7 @@ impl<'a> ServerBuilder<'a> {
             service,
             self.limits,
             per_connection,
+            Quota::new(self.connections.0, self.connections.1),
         ));
         Ok(RunningServer {
             endpoint,

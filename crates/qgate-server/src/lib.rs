@@ -28,9 +28,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use qgate_core::metrics;
+use qgate_core::quota::Quota;
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
-pub use builder::{BuildError, RunningServer, Server, ServerBuilder};
+pub use builder::{
+    BuildError, RunningServer, Server, ServerBuilder, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+};
 pub use dedup_store::{DedupStore, DedupStoreError};
 pub use probe::answer_probes;
 pub use queue_sink::{QueueSink, QueueSinkConfig, QueueSinkStats, Upstream};
@@ -42,6 +46,8 @@ pub use upload::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 pub struct ServerStats {
     /// QUIC connections accepted.
     pub connections: AtomicU64,
+    /// QUIC connections refused: every place taken, or the client's share (S10).
+    pub connections_refused: AtomicU64,
     /// Ingest requests stored.
     pub ingested: AtomicU64,
     /// Ingest bytes stored.
@@ -90,6 +96,9 @@ impl Drop for InFlight<'_> {
 pub struct StatsSnapshot {
     /// QUIC connections accepted.
     pub connections: u64,
+    /// QUIC connections refused: every place taken, or the client's share (S10).
+    #[serde(default)]
+    pub connections_refused: u64,
     /// Ingest requests stored.
     pub ingested: u64,
     /// Ingest bytes stored.
@@ -121,6 +130,7 @@ impl ServerStats {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             connections: r(&self.connections),
+            connections_refused: r(&self.connections_refused),
             ingested: r(&self.ingested),
             ingested_bytes: r(&self.ingested_bytes),
             errors: r(&self.errors),
@@ -268,6 +278,11 @@ impl metrics::Collector for ServerMetrics {
                 "qgate_server_connections",
                 "QUIC connections accepted",
                 s.connections,
+            ),
+            (
+                "qgate_server_connections_refused",
+                "QUIC connections refused: the server's limit, or the client's (address, or IPv6 /64) share",
+                s.connections_refused,
             ),
             (
                 "qgate_server_requests",
@@ -807,9 +822,10 @@ pub async fn serve(
     service: Arc<IngestService>,
     limits: ServeLimits,
     per_connection: Option<Arc<PerConnection>>,
+    places: Quota,
 ) {
     let stats = service.stats();
-    serve_with(endpoint, service, stats, limits, per_connection).await
+    serve_with(endpoint, service, stats, limits, per_connection, places).await
 }
 
 /// [`serve`] with any HTTP/3 handler in front of (or instead of) the ingest service, counting
@@ -820,13 +836,26 @@ pub async fn serve_with<H: Handler>(
     stats: Arc<ServerStats>,
     limits: ServeLimits,
     per_connection: Option<Arc<PerConnection>>,
+    places: Quota,
 ) {
     while let Some(incoming) = endpoint.accept().await {
+        let peer = incoming.remote_address();
+        // A place for the whole connection, handshake included, or a refusal before any
+        // state is made (decision S10).
+        let place = match places.take(peer.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, %why, "connection refused");
+                incoming.refuse();
+                continue;
+            }
+        };
         let (service, limits) = (service.clone(), limits.clone());
         let stats = stats.clone();
         let per_connection = per_connection.clone();
         tokio::spawn(async move {
-            let peer = incoming.remote_address();
+            let _place = place;
             let connecting = match &per_connection {
                 Some(p) => p.accept(incoming),
                 None => incoming.accept(),

@@ -149,7 +149,7 @@ struct Entry {
     /// Verified and in place (the entry is about to leave the map).
     complete: bool,
     used: Instant,
-    /// The address of the client that started it (for the per-client limit).
+    /// The client that started it (for the per-client limit): its address, or IPv6 /64.
     client: IpAddr,
 }
 
@@ -375,6 +375,8 @@ impl Uploads {
         name: &str,
         info: &FileInfo,
     ) -> Result<Option<Arc<Mutex<Entry>>>, UploadFailure> {
+        // One client is an IPv4 address or an IPv6 /64 (decision S10).
+        let client = qgate_core::quota::client_key(client);
         if !valid_name(name) {
             return Err(UploadFailure::Bad(
                 "upload names are 1-128 characters of A-Z a-z 0-9 . _ - and do not start with '.'"
@@ -479,8 +481,8 @@ impl Uploads {
         if mine >= self.limits.max_active_per_client {
             self.evict_idle(&mut active, Some(client)).map_err(|_| {
                 UploadFailure::Busy(format!(
-                    "{client} has {mine} uploads in progress, the most one address may have; \
-                     finish one or try again later"
+                    "{client} has {mine} uploads in progress, the most one client (address, or \
+                     IPv6 /64) may have; finish one or try again later"
                 ))
             })?;
         } else if active.len() >= self.limits.max_active {
@@ -974,9 +976,16 @@ mod tests {
         let e = up.announce(ME, "c", &inf).unwrap_err();
         assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert!(
-            e.to_string().contains("the most one address may have"),
+            e.to_string()
+                .contains("the most one client (address, or IPv6 /64) may have"),
             "{e}"
         );
+        // The addresses of one IPv6 /64 are one client (S10): a host holds them all.
+        let v6 = |a: &str| a.parse::<IpAddr>().unwrap();
+        up.announce(v6("2001:db8::1"), "e", &inf).unwrap();
+        up.announce(v6("2001:db8::ffff:2"), "f", &inf).unwrap();
+        let e = up.announce(v6("2001:db8::3"), "g", &inf).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE, "{e}");
         // Another address is not held back, and the first keeps its two.
         up.announce(other, "d", &inf).unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;

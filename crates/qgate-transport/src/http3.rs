@@ -292,6 +292,11 @@ pub const BODY_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 /// time over a slow radio belong in the chunked upload (paper 001).
 pub const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// A request stream whose headers are not complete this long after it opened is dropped: a
+/// stream that sends a byte and stalls must not hold its state for as long as the connection
+/// lives (headers are a few hundred bytes, under a second at 8 kbit/s).
+pub const HEADERS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a request body waits for room in the budget before its request gets 503.
 const BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -442,7 +447,10 @@ where
     C: h3::quic::Connection<Bytes>,
     H: Handler,
 {
-    let (req, mut stream) = resolver.resolve_request().await.map_err(stream_err)?;
+    let (req, mut stream) = tokio::time::timeout(HEADERS_DEADLINE, resolver.resolve_request())
+        .await
+        .map_err(|_| H3Error::TimedOut(HEADERS_DEADLINE))?
+        .map_err(stream_err)?;
     // The access log (`-vv`): taken only when it is written, so a quiet server copies nothing.
     let logged = tracing::enabled!(tracing::Level::DEBUG)
         .then(|| (req.method().clone(), req.uri().path().to_string()));

@@ -99,6 +99,10 @@ pub struct ServerConfig {
     pub max_body: Option<usize>,
     /// Request-body bytes held at once over all connections.
     pub max_buffered: Option<usize>,
+    /// QUIC connections held at once.
+    pub max_connections: Option<usize>,
+    /// QUIC connections one client (IPv4 address, or IPv6 /64) may hold at once.
+    pub max_connections_per_client: Option<usize>,
     /// Directory receiving `qgate upload` files; none = uploads off.
     pub uploads: Option<PathBuf>,
     /// Largest file an upload may announce, bytes.

@@ -84,6 +84,14 @@ pub struct ServerArgs {
         "Request-body bytes held at once over all connections; past it a request gets 503 and Retry-After",
         DEFAULT_MAX_BUFFERED))]
     max_buffered: Option<usize>,
+    #[arg(long, value_name = "N", help = crate::dflt(
+        "QUIC connections held at once, handshakes included; more are refused",
+        qgate_server::DEFAULT_MAX_CONNECTIONS))]
+    max_connections: Option<usize>,
+    #[arg(long, value_name = "N", help = crate::dflt(
+        "QUIC connections one client (an IPv4 address, or an IPv6 /64) may hold at once",
+        qgate_server::DEFAULT_MAX_CONNECTIONS_PER_CLIENT))]
+    max_connections_per_client: Option<usize>,
     /// Congestion controller: cubic, new-reno, bbr or auto (CUBIC until random loss dominates, then BBR) [default: cubic].
     #[arg(long, value_name = "NAME")]
     congestion: Option<Congestion>,
@@ -174,6 +182,19 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             limits.buffered.total()
         )));
     }
+    let max_connections = a
+        .max_connections
+        .or(c.max_connections)
+        .unwrap_or(qgate_server::DEFAULT_MAX_CONNECTIONS);
+    let per_client = a
+        .max_connections_per_client
+        .or(c.max_connections_per_client)
+        .unwrap_or(qgate_server::DEFAULT_MAX_CONNECTIONS_PER_CLIENT);
+    if max_connections == 0 || per_client == 0 {
+        return Err(usage(
+            "--max-connections and --max-connections-per-client must be at least 1",
+        ));
+    }
     let uploads = match a.uploads.or(c.uploads.clone()) {
         Some(dir) => {
             let limits = UploadLimits {
@@ -254,7 +275,8 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             .identity(&identity)
             .transport(transport)
             .sink(sink)
-            .limits(limits);
+            .limits(limits)
+            .connection_limits(max_connections, per_client);
         if let Some((store, safeguard)) = history {
             builder = builder.history(store, safeguard);
         }

@@ -139,6 +139,10 @@ async fn start_server(
         stats,
         ServeLimits::default(),
         None,
+        qgate_core::quota::Quota::new(
+            qgate_server::DEFAULT_MAX_CONNECTIONS,
+            qgate_server::DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        ),
     ));
     ServerRun { endpoint, task }
 }
