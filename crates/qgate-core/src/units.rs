@@ -143,9 +143,37 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// A byte count as [`parse_bytes`] reads it back: whole bytes, or binary units with one
+/// decimal where that is exact enough to say (`512B`, `64KiB`, `1.5GiB`).
+pub fn format_bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in UNITS {
+        if b >= size {
+            let v = b as f64 / size as f64;
+            return if b.is_multiple_of(size) {
+                format!("{}{unit}", b / size)
+            } else {
+                format!("{v:.1}{unit}")
+            };
+        }
+    }
+    format!("{b}B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_are_written_back() {
+        assert_eq!(format_bytes(512), "512B");
+        assert_eq!(format_bytes(64 << 10), "64KiB");
+        assert_eq!(format_bytes(3 << 29), "1.5GiB");
+        assert_eq!(format_bytes(1 << 30), "1GiB");
+        for b in [0, 512, 64 << 10, 1 << 30, 5 << 20] {
+            assert_eq!(parse_bytes(&format_bytes(b)), Ok(b));
+        }
+    }
 
     #[test]
     fn byte_counts() {

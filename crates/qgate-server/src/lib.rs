@@ -18,6 +18,7 @@ mod dedup;
 mod dedup_store;
 mod probe;
 mod queue_sink;
+pub mod room;
 mod sink;
 pub mod upload;
 
@@ -637,9 +638,15 @@ impl IngestService {
                     SinkError::Unavailable(_) | SinkError::TooLarge(_) => {
                         tracing::debug!(%peer, error = %e, "the queue did not take a body")
                     }
+                    SinkError::Full(_) => {
+                        tracing::debug!(%peer, error = %e, "a body refused for the disk's room")
+                    }
                 }
                 let mut r = text(e.status(), format!("{e}\n"));
-                if e.status() == StatusCode::SERVICE_UNAVAILABLE {
+                if matches!(
+                    e.status(),
+                    StatusCode::SERVICE_UNAVAILABLE | StatusCode::INSUFFICIENT_STORAGE
+                ) {
                     r.headers_mut()
                         .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
                 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::queue_sink::QueueSink;
+use crate::room::Room;
 
 /// Storing a body failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,9 @@ pub enum SinkError {
     /// The queue refused the message for good (answered 500).
     #[error("{0}")]
     Refused(String),
+    /// The disk is nearly full (answered 507): nothing was stored (decision S11).
+    #[error("{0}")]
+    Full(String),
 }
 
 impl SinkError {
@@ -35,6 +39,7 @@ impl SinkError {
             SinkError::Io { .. } | SinkError::Refused(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
             SinkError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
             SinkError::TooLarge(_) => http::StatusCode::PAYLOAD_TOO_LARGE,
+            SinkError::Full(_) => http::StatusCode::INSUFFICIENT_STORAGE,
         }
     }
 }
@@ -69,6 +74,8 @@ pub enum Sink {
         root: PathBuf,
         /// Next id (continues after the largest id already on disk).
         next: AtomicU64,
+        /// The room its filesystem keeps free (S11).
+        room: Room,
     },
     /// A message on an AMQP 1.0 queue, accepted by the broker before the request is
     /// acknowledged.
@@ -90,8 +97,16 @@ impl Sink {
         }
     }
 
-    /// A sink storing under `root` (created if missing). Ids continue after those on disk.
+    /// A sink storing under `root` (created if missing), keeping
+    /// [`DEFAULT_KEEP_FREE`](crate::room::DEFAULT_KEEP_FREE) free on its filesystem. Ids continue
+    /// after those on disk.
     pub fn directory(root: &Path) -> Result<Sink, SinkError> {
+        Sink::directory_keeping(root, crate::room::DEFAULT_KEEP_FREE)
+    }
+
+    /// [`Sink::directory`] keeping `keep_free` bytes free: a body that would leave less is
+    /// refused (507), not stored.
+    pub fn directory_keeping(root: &Path, keep_free: u64) -> Result<Sink, SinkError> {
         std::fs::create_dir_all(root).map_err(err(root))?;
         let mut max = 0u64;
         for stream in std::fs::read_dir(root).map_err(err(root))? {
@@ -111,6 +126,7 @@ impl Sink {
         Ok(Sink::Dir {
             root: root.to_path_buf(),
             next: AtomicU64::new(max + 1),
+            room: Room::new(root, keep_free),
         })
     }
 
@@ -119,16 +135,20 @@ impl Sink {
         match self {
             Sink::Count { next } => Ok(next.fetch_add(1, Ordering::Relaxed)),
             Sink::Queue(q) => q.deliver(rec).await,
-            Sink::Dir { root, next } => {
+            Sink::Dir { root, next, room } => {
                 let id = next.fetch_add(1, Ordering::Relaxed);
                 let dir = root.join(rec.stream);
                 let body = rec.body.to_vec();
-                tokio::task::spawn_blocking(move || write_durably(&dir, id, &body))
-                    .await
-                    .map_err(|e| SinkError::Io {
-                        path: root.clone(),
-                        source: std::io::Error::other(e),
-                    })??;
+                let room = room.clone();
+                tokio::task::spawn_blocking(move || {
+                    room.check(body.len() as u64).map_err(SinkError::Full)?;
+                    write_durably(&dir, id, &body)
+                })
+                .await
+                .map_err(|e| SinkError::Io {
+                    path: root.clone(),
+                    source: std::io::Error::other(e),
+                })??;
                 Ok(id)
             }
         }
@@ -165,6 +185,22 @@ mod tests {
             device: "test",
             path: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_would_leave_too_little_disk_is_refused_and_not_stored() {
+        let root = std::env::temp_dir().join(format!("qgate-sink-full-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        // More kept free than any disk here has: every body is refused.
+        let sink = Sink::directory_keeping(&root, 1 << 60).unwrap();
+        let e = sink.store(&rec("a", b"one")).await.unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::INSUFFICIENT_STORAGE);
+        assert!(e.to_string().contains("nearly full"), "{e}");
+        assert!(!root.join("a").exists(), "nothing stored");
+        // With room, the same body is stored.
+        let sink = Sink::directory_keeping(&root, 0).unwrap();
+        assert!(sink.store(&rec("a", b"one")).await.is_ok());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@
 //! reports as held survive a crash; the last chunk's `201` comes only after the whole file was
 //! read back, matched its SHA-256, was fsynced and renamed into place.
 
+use crate::room::Room;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -42,6 +43,9 @@ pub struct UploadLimits {
     /// [`Uploads::expire`] (`qgate server` runs it at start and every
     /// [`EXPIRE_CHECK_EVERY`]); `None` keeps them until an operator removes them.
     pub expire_after: Option<Duration>,
+    /// Bytes kept free on the upload directory's filesystem: a new upload or a chunk that
+    /// would leave less is refused with 507 (decision S11).
+    pub keep_free: u64,
 }
 
 /// How often `qgate server` deletes expired unfinished uploads.
@@ -57,6 +61,7 @@ impl Default for UploadLimits {
             max_active_per_client: 8,
             idle: Duration::from_secs(60),
             expire_after: Some(Duration::from_secs(7 * 86_400)),
+            keep_free: crate::room::DEFAULT_KEEP_FREE,
         }
     }
 }
@@ -79,6 +84,9 @@ pub enum UploadFailure {
     /// The finished file does not match its announced checksum (422); it was discarded.
     #[error("{0}")]
     Checksum(String),
+    /// The disk is nearly full (507): nothing of it was stored (S11).
+    #[error("{0}")]
+    Full(String),
     /// The disk failed (500).
     #[error("upload storage {path}: {source}")]
     Io {
@@ -99,6 +107,7 @@ impl UploadFailure {
             UploadFailure::TooLarge(_) => S::PAYLOAD_TOO_LARGE,
             UploadFailure::Busy(_) => S::SERVICE_UNAVAILABLE,
             UploadFailure::Checksum(_) => S::UNPROCESSABLE_ENTITY,
+            UploadFailure::Full(_) => S::INSUFFICIENT_STORAGE,
             UploadFailure::Io { .. } => S::INTERNAL_SERVER_ERROR,
         }
     }
@@ -161,6 +170,7 @@ pub const SYNC_EVERY: u64 = 8 << 20;
 pub struct Uploads {
     root: PathBuf,
     limits: UploadLimits,
+    room: Room,
     active: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
 }
 
@@ -186,6 +196,7 @@ impl Uploads {
         std::fs::create_dir_all(root).map_err(io(root))?;
         Ok(Uploads {
             root: root.to_path_buf(),
+            room: Room::new(root, limits.keep_free),
             limits,
             active: Mutex::new(HashMap::new()),
         })
@@ -348,6 +359,9 @@ impl Uploads {
                 )))
             };
         }
+        self.room
+            .check(body.len() as u64)
+            .map_err(UploadFailure::Full)?;
         e.file.write_all_at(body, offset).map_err(io(&part))?;
         e.chunks[index] = WRITTEN;
         e.held += 1;
@@ -496,6 +510,12 @@ impl Uploads {
                 chunks[i] = DURABLE;
                 held += 1;
             }
+        }
+        if !part.exists() {
+            // A new upload must fit whole (its part file is sparse until written).
+            self.room
+                .check(layout.size())
+                .map_err(UploadFailure::Full)?;
         }
         let file = OpenOptions::new()
             .read(true)
@@ -955,6 +975,38 @@ mod tests {
         let up = Uploads::new(&root, UploadLimits::default()).unwrap();
         let e = up.announce(ME, "f", &small).unwrap_err();
         assert_eq!(e.status(), http::StatusCode::CONFLICT);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn uploads_that_would_leave_too_little_disk_are_refused_and_keep_what_they_hold() {
+        let root = dir("full");
+        let data = file(4096, 3);
+        let inf = info(&data, 1024);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        up.put(ME, "held", &inf, 0, &chunk(&data, &inf, 0)).unwrap();
+        up.flush().unwrap();
+        drop(up);
+        // The disk fills (as far as the server is told): a new upload makes no file, a chunk
+        // of one in progress is not written, and what it held stays held.
+        let full = UploadLimits {
+            keep_free: 1 << 60,
+            ..Default::default()
+        };
+        let up = Uploads::new(&root, full).unwrap();
+        let e = up.announce(ME, "new", &inf).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::INSUFFICIENT_STORAGE, "{e}");
+        assert!(!root.join(".new.part").exists() && !root.join(".new.state").exists());
+        let e = up
+            .put(ME, "held", &inf, 1, &chunk(&data, &inf, 1))
+            .unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::INSUFFICIENT_STORAGE, "{e}");
+        drop(up);
+        let up = Uploads::new(&root, UploadLimits::default()).unwrap();
+        let Announced::InProgress(h) = up.announce(ME, "held", &inf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(h.to_string(), "0");
         let _ = std::fs::remove_dir_all(&root);
     }
 

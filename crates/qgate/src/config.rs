@@ -99,6 +99,8 @@ pub struct ServerConfig {
     pub max_body: Option<usize>,
     /// Request-body bytes held at once over all connections.
     pub max_buffered: Option<usize>,
+    /// Disk bytes kept free where bodies and uploads are stored.
+    pub keep_free: Option<u64>,
     /// QUIC connections held at once.
     pub max_connections: Option<usize>,
     /// QUIC connections one client (IPv4 address, or IPv6 /64) may hold at once.

@@ -92,6 +92,10 @@ pub struct ServerArgs {
         "QUIC connections one client (an IPv4 address, or an IPv6 /64) may hold at once",
         qgate_server::DEFAULT_MAX_CONNECTIONS_PER_CLIENT))]
     max_connections_per_client: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = qgate_core::units::parse_bytes, help = crate::dflt(
+        "Disk space kept free where bodies and uploads are stored: a body or upload that would leave less gets 507, nothing of it stored (also 1% of inodes)",
+        qgate_core::units::format_bytes(qgate_server::room::DEFAULT_KEEP_FREE)))]
+    keep_free: Option<u64>,
     /// Congestion controller: cubic, new-reno, bbr or auto (CUBIC until random loss dominates, then BBR) [default: cubic].
     #[arg(long, value_name = "NAME")]
     congestion: Option<Congestion>,
@@ -195,6 +199,10 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             "--max-connections and --max-connections-per-client must be at least 1",
         ));
     }
+    let keep_free = a
+        .keep_free
+        .or(c.keep_free)
+        .unwrap_or(qgate_server::room::DEFAULT_KEEP_FREE);
     let uploads = match a.uploads.or(c.uploads.clone()) {
         Some(dir) => {
             let limits = UploadLimits {
@@ -207,6 +215,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
                     Some(0) => None,
                     Some(d) => Some(Duration::from_secs(u64::from(d) * 86_400)),
                 },
+                keep_free,
                 ..Default::default()
             };
             Some(Uploads::new(&dir, limits).map_err(usage)?)
@@ -233,7 +242,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         };
         let sink = match sink_spec {
             None => Sink::count_only(),
-            Some(SinkSpec::Dir(dir)) => Sink::directory(&dir).map_err(usage)?,
+            Some(SinkSpec::Dir(dir)) => Sink::directory_keeping(&dir, keep_free).map_err(usage)?,
             Some(SinkSpec::Queue(url)) => {
                 let trust = match &sink_ca {
                     Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
