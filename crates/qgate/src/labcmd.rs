@@ -461,7 +461,8 @@ fn execute(
     })
 }
 
-/// Where a plan's results go (default `results/<plan name>`), checked before anything runs.
+/// Where a plan's results go (default `results/<plan name>`), made and tried before anything
+/// runs: a long run must not end in an error writing its results.
 fn out_dir(loaded: &qgate_lab::plan::Loaded, out: Option<PathBuf>) -> Result<PathBuf, Failure> {
     let out = out.unwrap_or_else(|| PathBuf::from("results").join(&loaded.plan.plan.name));
     if out.exists() && !out.is_dir() {
@@ -470,6 +471,11 @@ fn out_dir(loaded: &qgate_lab::plan::Loaded, out: Option<PathBuf>) -> Result<Pat
             out.display()
         )));
     }
+    let probe = out.join(".qgate-write-test");
+    std::fs::create_dir_all(&out)
+        .and_then(|()| std::fs::write(&probe, b""))
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| usage(format!("--out {}: cannot write there: {e}", out.display())))?;
     Ok(out)
 }
 

@@ -950,6 +950,22 @@ fn lab_run_plan_is_deterministic_and_its_errors_name_the_line() {
     );
     assert!(summary.contains("| dl.from_history | ewma |"), "{summary}");
     assert!(a.join("bars-dl-latency_s_mean.svg").exists());
+    // A rerun into the same directory replaces the previous run's files, leaving no stale ones
+    // (a figure of another name here), and other files alone.
+    std::fs::write(a.join("bars-old-metric.svg"), "<svg/>").unwrap();
+    std::fs::write(a.join("notes.txt"), "mine").unwrap();
+    run_to("a");
+    assert!(!a.join("bars-old-metric.svg").exists());
+    assert!(a.join("bars-dl-latency_s_mean.svg").exists() && a.join("notes.txt").exists());
+    // An --out that cannot be written is refused before anything runs.
+    std::fs::write(home.join("afile"), "").unwrap();
+    let o = qgate(&home)
+        .args(["lab", "run", "--out"])
+        .arg(home.join("afile/sub"))
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "cannot write there");
 
     std::fs::write(&plan, TINY_PLAN.replace("delay_ms = 10", "dealy_ms = 10")).unwrap();
     let o = run(&home, &["lab", "run", plan.to_str().unwrap()]);

@@ -661,6 +661,41 @@ impl Loaded {
             .into_iter()
             .filter(|(name, _)| opts.schemes.is_empty() || opts.schemes.contains(name))
             .collect();
+        // A scheme's `set` is applied last and wins: a key every scheme sets cannot be varied
+        // by a sweep or --set, which would silently change nothing.
+        let overridden_by_all = |key: &str| {
+            !eff.plan.schemes.is_empty()
+                && schemes.iter().all(|(_, set)| {
+                    set.keys().any(|k| {
+                        key == k
+                            || key
+                                .strip_prefix(k.as_str())
+                                .is_some_and(|r| r.starts_with('.'))
+                    })
+                })
+        };
+        for sw in &eff.plan.sweep {
+            let keys = sw
+                .key
+                .iter()
+                .chain(sw.set.keys())
+                .chain(sw.points.iter().flat_map(|p| p.set.keys()));
+            for k in keys {
+                if overridden_by_all(k) {
+                    return Err(err(format!(
+                        "sweep '{}' sets '{k}', which every scheme sets too, and a scheme's value wins: the sweep would change nothing (vary it in the schemes, or drop it from them)",
+                        sw.name
+                    )));
+                }
+            }
+        }
+        for (k, _) in &opts.set {
+            if overridden_by_all(k) {
+                return Err(err(format!(
+                    "--set {k}: every scheme sets '{k}' itself, and a scheme's value wins: the override would change nothing"
+                )));
+            }
+        }
         let runs = points.len() as u64 * schemes.len() as u64 * seeds;
         if runs > MAX_RUNS {
             return Err(err(format!(
@@ -747,6 +782,64 @@ values = [5, 50]
 
     fn load(text: &str) -> Result<Loaded, PlanError> {
         Loaded::parse(text, Path::new("p.toml"))
+    }
+
+    #[test]
+    fn a_sweep_or_set_of_a_key_every_scheme_sets_is_refused() {
+        // Both schemes set the history: a sweep over it would change nothing.
+        let plan = PLAN
+            .replace(
+                "name = \"off\"\n",
+                "name = \"off\"\nset = { \"workloads.dl.history\" = \"off\" }\n",
+            )
+            .replace(
+                "key = \"topology.links.l.delay_ms\"\nvalues = [5, 50]",
+                "key = \"workloads.dl.history\"\nvalues = [\"off\", \"ewma\"]",
+            );
+        let e = load(&plan)
+            .unwrap()
+            .variants(&Options::default())
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sweep 'sweep' sets 'workloads.dl.history', which every scheme sets too"),
+            "{e}"
+        );
+        // A scheme setting a whole table covers the keys under it.
+        let plan = PLAN.replace(
+            "name = \"off\"\n",
+            "name = \"off\"\nset = { \"topology.links.l\" = { name = \"l\", a = \"c\", b = \"s\", rate_mbps = 10 } }\n",
+        ).replace("set = { \"workloads.dl.history\" = \"ewma\" }", "set = { \"workloads.dl.history\" = \"ewma\", \"topology.links.l.delay_ms\" = 5 }");
+        let e = load(&plan)
+            .unwrap()
+            .variants(&Options::default())
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("sets 'topology.links.l.delay_ms'"),
+            "{e}"
+        );
+        // --set of a key only one scheme sets is fine; of one both set, refused.
+        let l = load(PLAN).unwrap();
+        let set = |k: &str, v: toml::Value| Options {
+            set: vec![(k.into(), v)],
+            ..Default::default()
+        };
+        assert!(l
+            .variants(&set("workloads.dl.history", "mean".into()))
+            .is_ok());
+        let plan = PLAN.replace(
+            "name = \"off\"\n",
+            "name = \"off\"\nset = { \"workloads.dl.history\" = \"off\" }\n",
+        );
+        let e = load(&plan)
+            .unwrap()
+            .variants(&set("workloads.dl.history", "mean".into()))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--set workloads.dl.history: every scheme sets"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -195,6 +195,7 @@ pub fn write(
     extra: &str,
 ) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
+    remove_previous(dir)?;
     let mut files = Vec::new();
     let mut put = |name: &str, text: String| -> std::io::Result<()> {
         let p = dir.join(name);
@@ -262,6 +263,28 @@ pub fn write(
         }
     }
     Ok(files)
+}
+
+/// A directory a previous run wrote (it holds that run's provenance.toml) has that run's
+/// tables, summary and figures removed first, so a run's files are never mixed with another's
+/// (a full run's samples.csv beside a quick run's results.csv). Files of other names and
+/// subdirectories (other plans' results) are left alone.
+fn remove_previous(dir: &Path) -> std::io::Result<()> {
+    if !dir.join("provenance.toml").is_file() {
+        return Ok(());
+    }
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ours = matches!(
+            name,
+            "results.csv" | "samples.csv" | "series.csv" | "summary.md" | "provenance.toml"
+        ) || name.ends_with(".svg");
+        if ours && p.is_file() {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    Ok(())
 }
 
 /// Figures and summary metrics that name nothing any run measured (a misspelt metric, or a
