@@ -171,6 +171,17 @@ fn find_line(text: &str, message: &str, from: usize) -> Option<usize> {
             return Some(l);
         }
     }
+    // A bare value the message quotes (`30.5`), as a key's value.
+    for q in &quoted {
+        let bare = format!("= {q}");
+        if let Some(l) = search(&|l: &str| {
+            !l.starts_with('#')
+                && l.split_once(&bare)
+                    .is_some_and(|(_, r)| r.is_empty() || r.starts_with([' ', ',', '}']))
+        }) {
+            return Some(l);
+        }
+    }
     for q in &quoted {
         let leaf = q.rsplit('.').next().unwrap_or(q);
         let set = |l: &str| {
@@ -199,6 +210,59 @@ impl Variant {
     }
 }
 
+/// A deserialisation message in words a plan's author reads: Rust's type names become kinds
+/// of value (`expected usize` → `expected a whole number`, `struct LinkSpec` → `a table`).
+fn plain(message: &str) -> String {
+    let mut m = message.to_string();
+    for (rust, words) in [
+        ("usize", "a whole number"),
+        ("u64", "a whole number"),
+        ("u32", "a whole number"),
+        ("u16", "a whole number"),
+        ("u8", "a whole number"),
+        ("i64", "an integer"),
+        ("i32", "an integer"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ] {
+        m = m.replace(&format!("expected {rust}"), &format!("expected {words}"));
+    }
+    while let Some(i) = m.find("expected struct ") {
+        let name = i + "expected struct ".len();
+        let end = m[name..]
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .map_or(m.len(), |j| name + j);
+        m.replace_range(i..end, "expected a table");
+    }
+    m
+}
+
+/// [`plain`], led by the key toml says the error is at (it does when the document it read was
+/// built, not parsed: the plan with its overrides), when that says more than a top-level table
+/// (toml's path stops at an array such as `workloads`).
+fn described(e: &toml::de::Error) -> String {
+    let m = plain(e.message());
+    let shown = e.to_string();
+    match shown
+        .lines()
+        .find_map(|l| l.strip_prefix("in `").and_then(|k| k.strip_suffix('`')))
+    {
+        Some(keys) if keys.contains('.') => format!("'{keys}': {m}"),
+        _ => m,
+    }
+}
+
+/// The key a `key = value` line sets, if line `line` (1-based) is one.
+fn key_on_line(text: &str, line: usize) -> Option<&str> {
+    let l = text.lines().nth(line.checked_sub(1)?)?.trim_start();
+    if l.starts_with('[') || l.starts_with('#') {
+        return None;
+    }
+    let (k, _) = l.split_once('=')?;
+    let k = k.trim().trim_matches('"');
+    (!k.is_empty() && !k.contains(' ')).then_some(k)
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
@@ -222,10 +286,17 @@ impl Loaded {
             // Errors inside a table are reported at the table; point at the key or value the
             // message names, from there on.
             let line = at.map(|from| find_line(text, e.message(), from).unwrap_or(from));
+            // Name the key the value is at, unless the message does already.
+            let mut message = plain(e.message());
+            if let Some(k) = line.and_then(|l| key_on_line(text, l)) {
+                if !message.contains(&format!("`{k}`")) && !message.contains(&format!("'{k}'")) {
+                    message = format!("'{k}': {message}");
+                }
+            }
             PlanError {
                 file: file.clone(),
                 line,
-                message: e.message().to_string(),
+                message,
             }
         };
         let doc: toml::Table = toml::from_str(text).map_err(fail)?;
@@ -575,12 +646,22 @@ impl Loaded {
             overrides::apply_table(&mut doc, &q.set)
                 .map_err(|m| err(format!("plan.quick.set: {m}")))?;
         }
+        // Each --set is tried as it is applied: an error is the command line's, not a line of
+        // the file's.
+        let cli = |m: String| PlanError {
+            file: self.file.display().to_string(),
+            line: None,
+            message: m,
+        };
         for (k, v) in &opts.set {
-            overrides::apply(&mut doc, k, v.clone()).map_err(|m| err(format!("--set: {m}")))?;
+            overrides::apply(&mut doc, k, v.clone()).map_err(|m| cli(format!("--set {k}: {m}")))?;
+            if let Err(e) = toml::Value::Table(doc.clone()).try_into::<Plan>() {
+                return Err(cli(format!("--set {k}: {}", plain(e.message()))));
+            }
         }
         let plan: Plan = toml::Value::Table(doc.clone())
             .try_into()
-            .map_err(|e: toml::de::Error| err(format!("with the overrides: {}", e.message())))?;
+            .map_err(|e: toml::de::Error| err(format!("with the overrides: {}", described(&e))))?;
         self.check(&plan, "with the overrides: ").map_err(err)?;
         Ok(Loaded {
             file: self.file.clone(),
@@ -725,7 +806,7 @@ impl Loaded {
                     .map_err(|m| err(format!("{at}{m}")))?;
                 let plan: Plan = toml::Value::Table(doc)
                     .try_into()
-                    .map_err(|e: toml::de::Error| err(format!("{at}{}", e.message())))?;
+                    .map_err(|e: toml::de::Error| err(format!("{at}{}", described(&e))))?;
                 self.check(&plan, &at).map_err(err)?;
                 for seed in 1..=seeds {
                     out.push(Variant {
@@ -782,6 +863,39 @@ values = [5, 50]
 
     fn load(text: &str) -> Result<Loaded, PlanError> {
         Loaded::parse(text, Path::new("p.toml"))
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_line_in_plain_words() {
+        let e = load(&PLAN.replace("runs = 3", "runs = \"three\"")).unwrap_err();
+        assert_eq!(e.line, Some(22), "{e}");
+        assert!(
+            e.message
+                .starts_with("'runs': invalid type: string \"three\", expected a whole number"),
+            "{e}"
+        );
+        // A float where a whole number goes: toml points at the table; the value's line is found.
+        let e = load(&PLAN.replace("bytes = 100000", "bytes = 1.5")).unwrap_err();
+        assert_eq!(e.line, Some(21), "{e}");
+        assert!(
+            e.message.starts_with(
+                "'bytes': invalid type: floating point `1.5`, expected a whole number"
+            ),
+            "{e}"
+        );
+        // --set: the command line's error, no line of the file.
+        let o = Options {
+            set: vec![("workloads.dl.runs".into(), toml::Value::Integer(-1))],
+            ..Default::default()
+        };
+        let e = load(PLAN).unwrap().variants(&o).unwrap_err();
+        assert_eq!(e.line, None);
+        assert!(
+            e.message.starts_with(
+                "--set workloads.dl.runs: invalid value: integer `-1`, expected a whole number"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
