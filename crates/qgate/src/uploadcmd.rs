@@ -213,17 +213,20 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
                         String::new()
                     }
                 );
+                let n = |n: u64, one: &str, many: &str| {
+                    format!("{n} {}", if n == 1 { one } else { many })
+                };
                 for (i, l) in r.lanes.iter().enumerate() {
                     println!(
-                        "  interface {} ({}): {} chunks, {} bytes, {:.2} Mbit/s, {} failed requests, {} connections, {} moves to the backup",
+                        "  interface {} ({}): {}, {}, {:.2} Mbit/s, {}, {}, {}",
                         i + 1,
                         locals[i],
-                        l.chunks,
-                        l.bytes,
+                        n(l.chunks, "chunk", "chunks"),
+                        n(l.bytes, "byte", "bytes"),
                         l.bytes as f64 * 8e-6 / secs.max(1e-9),
-                        l.failed,
-                        l.connects,
-                        l.migrations
+                        n(l.failed, "failed request", "failed requests"),
+                        n(l.connects, "connection", "connections"),
+                        n(l.migrations, "move to the backup", "moves to the backup"),
                     );
                 }
                 Ok(())
