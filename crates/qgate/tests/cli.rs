@@ -739,6 +739,11 @@ fn device_through_gateway_to_server_as_processes() {
     );
     let o = run(&home, &["ctl", "--admin", &server.1, "--json", "stats"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"ingested\": 20"));
+    let o = run(&home, &["ctl", "--admin", &server.1, "sink"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A gateway's command sent to the server: the error says what to ask instead.
+    let o = run(&home, &["ctl", "--admin", &server.1, "paths"]);
+    assert_fails(o, 3, "`qgate ctl routes` lists what this daemon answers");
     // The gateway's admin port: paths, counters, the scheduler switched live.
     let ctl = |args: &[&str]| {
         let o = run(&home, &[&["ctl", "--admin", &gadmin], args].concat());

@@ -71,6 +71,8 @@ enum Ctl {
     Bridges,
     /// Server or gateway: counters.
     Stats,
+    /// Server: where ingested bodies go (and the queue sink's state).
+    Sink,
     /// Read the daemon's config file again; says what changed live and what needs a restart.
     Reload,
     /// GET any API path (e.g. `paths`, `/metrics`).
@@ -186,6 +188,7 @@ pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
         }
         Ctl::Bridges => (Method::GET, api("bridges"), None),
         Ctl::Stats => (Method::GET, api("stats"), None),
+        Ctl::Sink => (Method::GET, api("sink"), None),
         Ctl::Reload => (Method::POST, api("reload"), None),
         Ctl::Get { path } => (Method::GET, api(path), None),
         Ctl::Post { path, body } => {
@@ -215,9 +218,16 @@ pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
                 || String::from_utf8_lossy(&bytes).trim().to_string(),
                 str::to_string,
             );
+        // A command for another kind of daemon: say what this one answers.
+        let hint = if status == http::StatusCode::NOT_FOUND && why.starts_with("no route") {
+            "; `qgate ctl routes` lists what this daemon answers (paths, sessions and scheduler \
+             are a gateway's, queues and bridges a broker's, sink a server's)"
+        } else {
+            ""
+        };
         return Err(Failure {
             status: EXIT_HTTP_STATUS,
-            error: anyhow::anyhow!("{status}: {why}"),
+            error: anyhow::anyhow!("{status}: {why}{hint}"),
         });
     }
     match json {
