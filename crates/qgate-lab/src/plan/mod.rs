@@ -523,8 +523,13 @@ impl Loaded {
                 _ => false,
             };
             if !usable {
+                let why = match (&s.key, s.points.is_empty()) {
+                    (Some(_), true) => "its 'values' list is empty",
+                    (Some(_), false) => "it has both 'key' and 'points': give one",
+                    _ => "it has neither",
+                };
                 return fail(format!(
-                    "sweep '{}' needs either 'key' and 'values', or 'points'",
+                    "sweep '{}' needs either 'key' and 'values', or 'points': {why}",
                     s.name
                 ));
             }
