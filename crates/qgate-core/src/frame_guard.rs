@@ -83,8 +83,11 @@ enum State {
         frame_type: u64,
         length: Varint,
     },
-    /// Inside a frame's payload: this many bytes left.
-    Payload(u64),
+    /// Inside a frame's payload: this many bytes left; whether the frame is DATA.
+    Payload {
+        left: u64,
+        data: bool,
+    },
     /// A stream that carries no frames, or one already refused: nothing more to check.
     Unframed,
 }
@@ -94,6 +97,7 @@ enum State {
 pub struct FrameGuard {
     state: State,
     limit: u64,
+    stream_type: Option<u64>,
 }
 
 impl FrameGuard {
@@ -103,7 +107,49 @@ impl FrameGuard {
             StreamKind::Request => State::FrameType(Varint::default()),
             StreamKind::Unidirectional => State::StreamType(Varint::default()),
         };
-        FrameGuard { state, limit }
+        FrameGuard {
+            state,
+            limit,
+            stream_type: None,
+        }
+    }
+
+    /// A unidirectional stream's type, once read.
+    pub fn stream_type(&self) -> Option<u64> {
+        self.stream_type
+    }
+
+    /// Read a unidirectional stream's type from the start of `bytes`: how many of them it
+    /// took if it is complete now (0 if it was before: the rest is to be
+    /// [`scan`](Self::scan)ned), `None` if all of them were part of it and more is to come.
+    pub fn take_stream_type(&mut self, bytes: &[u8]) -> Option<usize> {
+        for (i, &b) in bytes.iter().enumerate() {
+            let State::StreamType(v) = &mut self.state else {
+                return Some(i);
+            };
+            if let Some(t) = v.push(b) {
+                self.stream_type = Some(t);
+                self.state = if t == CONTROL {
+                    State::FrameType(Varint::default())
+                } else {
+                    State::Unframed
+                };
+                return Some(i + 1);
+            }
+        }
+        match self.state {
+            State::StreamType(_) => None,
+            _ => Some(0),
+        }
+    }
+
+    /// How many of the next bytes are a DATA frame's payload (handed on to the application,
+    /// not held by h3).
+    pub fn data_ahead(&self) -> u64 {
+        match self.state {
+            State::Payload { left, data: true } => left,
+            _ => 0,
+        }
     }
 
     /// The next bytes of the stream, in order. An error is final: the stream must be stopped
@@ -112,7 +158,7 @@ impl FrameGuard {
         while let Some((&b, rest)) = bytes.split_first() {
             match &mut self.state {
                 State::Unframed => return Ok(()),
-                State::Payload(left) => {
+                State::Payload { left, .. } => {
                     // Skip as much of the payload as this chunk holds, at once.
                     let n = (*left).min(bytes.len() as u64);
                     *left -= n;
@@ -124,6 +170,7 @@ impl FrameGuard {
                 }
                 State::StreamType(v) => {
                     if let Some(t) = v.push(b) {
+                        self.stream_type = Some(t);
                         self.state = if t == CONTROL {
                             State::FrameType(Varint::default())
                         } else {
@@ -153,7 +200,10 @@ impl FrameGuard {
                         self.state = if len == 0 {
                             State::FrameType(Varint::default())
                         } else {
-                            State::Payload(len)
+                            State::Payload {
+                                left: len,
+                                data: frame_type == DATA,
+                            }
                         };
                     }
                 }
@@ -277,6 +327,33 @@ mod tests {
             s.extend([0xff; 64]);
             assert_eq!(verdict(StreamKind::Unidirectional, 10, &s), Ok(()));
         }
+    }
+
+    #[test]
+    fn the_stream_type_is_taken_first_and_data_ahead_is_known() {
+        // A control stream: type 0x00 in one byte, then SETTINGS and a DATA frame (not allowed
+        // there, but the guard only measures).
+        let mut g = FrameGuard::new(StreamKind::Unidirectional, 100);
+        let mut s = varint(CONTROL);
+        s.extend(frame(0x04, 2));
+        assert_eq!(g.take_stream_type(&s), Some(1));
+        assert_eq!(g.stream_type(), Some(CONTROL));
+        assert_eq!(g.take_stream_type(&s[1..]), Some(0), "already read");
+        g.scan(&s[1..]).unwrap();
+        g.scan(&[0x00, 0x05]).unwrap();
+        assert_eq!(g.data_ahead(), 5);
+        g.scan(&[1, 2]).unwrap();
+        assert_eq!(g.data_ahead(), 3);
+        // A type of several bytes, cut: None until it is whole.
+        let mut g = FrameGuard::new(StreamKind::Unidirectional, 100);
+        let t = varint(0x1002);
+        assert_eq!(g.take_stream_type(&t[..1]), None);
+        assert_eq!(g.take_stream_type(&[t[1], 9, 9]), Some(1));
+        assert_eq!(g.stream_type(), Some(0x1002));
+        // HEADERS payload is not DATA ahead.
+        let mut g = FrameGuard::new(StreamKind::Request, 100);
+        g.scan(&[0x01, 10]).unwrap();
+        assert_eq!(g.data_ahead(), 0);
     }
 
     #[test]

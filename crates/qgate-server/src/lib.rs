@@ -49,6 +49,8 @@ pub struct ServerStats {
     pub connections: AtomicU64,
     /// QUIC connections refused: every place taken, or the client's share (S10).
     pub connections_refused: AtomicU64,
+    /// Retry packets sent: a client asked to prove its address while places are scarce (S10).
+    pub retries: AtomicU64,
     /// Ingest requests stored.
     pub ingested: AtomicU64,
     /// Ingest bytes stored.
@@ -100,6 +102,9 @@ pub struct StatsSnapshot {
     /// QUIC connections refused: every place taken, or the client's share (S10).
     #[serde(default)]
     pub connections_refused: u64,
+    /// Retry packets sent (S10).
+    #[serde(default)]
+    pub retries: u64,
     /// Ingest requests stored.
     pub ingested: u64,
     /// Ingest bytes stored.
@@ -132,6 +137,7 @@ impl ServerStats {
         StatsSnapshot {
             connections: r(&self.connections),
             connections_refused: r(&self.connections_refused),
+            retries: r(&self.retries),
             ingested: r(&self.ingested),
             ingested_bytes: r(&self.ingested_bytes),
             errors: r(&self.errors),
@@ -284,6 +290,11 @@ impl metrics::Collector for ServerMetrics {
                 "qgate_server_connections_refused",
                 "QUIC connections refused: the server's limit, or the client's (address, or IPv6 /64) share",
                 s.connections_refused,
+            ),
+            (
+                "qgate_server_retries",
+                "QUIC Retry packets sent: a client asked to prove its address while half the connection places or more are held",
+                s.retries,
             ),
             (
                 "qgate_server_requests",
@@ -847,6 +858,13 @@ pub async fn serve_with<H: Handler>(
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let peer = incoming.remote_address();
+        // Once half the places are held, a client must first prove its address with a Retry
+        // (stateless): Initials from spoofed addresses cannot hold places (decision S10).
+        if places.held() >= places.max_total() / 2 && incoming.may_retry() {
+            stats.retries.fetch_add(1, Ordering::Relaxed);
+            let _ = incoming.retry();
+            continue;
+        }
         // A place for the whole connection, handshake included, or a refusal before any
         // state is made (decision S10).
         let place = match places.take(peer.ip()) {

@@ -81,6 +81,13 @@ async fn connections_are_limited_per_client_and_in_all_and_a_closed_one_frees_it
     let _b = dial(&net, hosts[1], &pki).await.unwrap();
     assert!(dial(&net, hosts[2], &pki).await.is_err());
     assert_eq!(server.stats.snapshot().connections_refused, 2);
+    // Once half the places were held, each new client first proved its address with a Retry
+    // (spoofed Initials cannot hold places); honest ones got through all the same.
+    assert!(
+        server.stats.snapshot().retries >= 2,
+        "{:?}",
+        server.stats.snapshot()
+    );
     // A closed connection gives its place back.
     a1.close(0u32.into(), b"bye");
     tokio::time::sleep(Duration::from_secs(1)).await;

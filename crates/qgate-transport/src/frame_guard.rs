@@ -1,24 +1,59 @@
 //! Every stream a peer sends HTTP/3 on, watched by [`qgate_core::frame_guard`]: a frame other
 //! than DATA announced longer than the limit stops the stream before h3 buffers it (decision
 //! T12). The shell wraps any QUIC connection h3 runs on (quinn's, the shared driver's) and
-//! hands h3 the same streams, each chunk checked on its way through.
+//! hands h3 the same streams, each chunk checked on its way through. Two more things h3 would
+//! otherwise hold for the connection's life: bytes it buffers are copied out of the datagram
+//! they arrived in (one byte per padded datagram pinned ~1 KB each), and the peer's QPACK
+//! streams, which h3 never reads after their type, are read here and dropped.
 
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
-use qgate_core::frame_guard::{FrameGuard, StreamKind};
+use qgate_core::frame_guard::{FrameGuard, StreamKind, TooLong};
 
 /// The longest frame other than DATA a peer may send us (HEADERS, SETTINGS, a reserved type),
 /// and the header block we decode: h3 holds such a frame whole (decision T12). Far above any
 /// request or response qgate exchanges (a few hundred bytes of headers).
 pub const MAX_HELD_FRAME: u64 = 16 * 1024;
 
+/// QPACK encoder and decoder stream types (RFC 9204 §4.2): h3 keeps them and never reads.
+const QPACK_STREAMS: [u64; 2] = [0x02, 0x03];
+/// HTTP/3 control stream type.
+const CONTROL: u64 = 0x00;
+/// Chunks a drained stream is read per turn before others get theirs.
+const DRAIN_TURN: usize = 64;
+
 /// A QUIC connection whose incoming streams are watched.
 #[derive(Clone)]
 pub struct Guarded<C> {
     inner: C,
     limit: u64,
+    /// The peer's QPACK streams, read and dropped whenever h3 looks for new streams.
+    drains: Drains,
+}
+
+type Drains = Arc<Mutex<Vec<Box<dyn Drain>>>>;
+
+/// A stream whose bytes nobody wants, read until it ends.
+trait Drain: Send {
+    /// Ready once the stream has ended.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+impl<S: quic::RecvStream + Send> Drain for S {
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        for _ in 0..DRAIN_TURN {
+            match ready!(self.poll_data(cx)) {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return Poll::Ready(()),
+            }
+        }
+        // A peer that never stops sending: the next turn comes at once, after the others.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
 }
 
 impl<C> Guarded<C> {
@@ -27,21 +62,32 @@ impl<C> Guarded<C> {
         Guarded {
             inner,
             limit: MAX_HELD_FRAME,
+            drains: Arc::default(),
         }
     }
 }
 
 /// A stream (or a bidirectional stream's receiving half) under watch.
 pub struct Watched<S> {
-    inner: S,
+    /// `None` once a QPACK stream has gone to be drained (h3 keeps this husk).
+    inner: Option<S>,
+    id: StreamId,
     guard: FrameGuard,
+    /// A refusal found in the chunk that also completed the control stream's type: that type
+    /// goes to h3 first, so it knows the stream it loses is critical.
+    refused: Option<TooLong>,
+    /// Where a unidirectional stream goes if it turns out to be a QPACK stream.
+    drains: Option<Drains>,
 }
 
-impl<S> Watched<S> {
-    fn new(inner: S, kind: StreamKind, limit: u64) -> Watched<S> {
+impl<S: quic::RecvStream> Watched<S> {
+    fn new(inner: S, kind: StreamKind, limit: u64, drains: Option<Drains>) -> Watched<S> {
         Watched {
-            inner,
+            id: inner.recv_id(),
+            inner: Some(inner),
             guard: FrameGuard::new(kind, limit),
+            refused: None,
+            drains,
         }
     }
 }
@@ -50,8 +96,8 @@ impl<B, C> quic::Connection<B> for Guarded<C>
 where
     B: Buf,
     C: quic::Connection<B>,
-    C::RecvStream: quic::RecvStream<Buf = Bytes>,
-    C::BidiStream: quic::RecvStream<Buf = Bytes>,
+    C::RecvStream: quic::RecvStream<Buf = Bytes> + Send + 'static,
+    C::BidiStream: quic::RecvStream<Buf = Bytes> + Send + 'static,
 {
     type RecvStream = Watched<C::RecvStream>;
     type OpenStreams = Guarded<C::OpenStreams>;
@@ -60,8 +106,18 @@ where
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::RecvStream, ConnectionErrorIncoming>> {
+        // Here h3 looks for new streams every time it wakes: the drained ones get their turn.
+        self.drains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain_mut(|d| d.poll_drain(cx).is_pending());
         let s = ready!(self.inner.poll_accept_recv(cx))?;
-        Poll::Ready(Ok(Watched::new(s, StreamKind::Unidirectional, self.limit)))
+        Poll::Ready(Ok(Watched::new(
+            s,
+            StreamKind::Unidirectional,
+            self.limit,
+            Some(self.drains.clone()),
+        )))
     }
 
     fn poll_accept_bidi(
@@ -69,13 +125,14 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, ConnectionErrorIncoming>> {
         let s = ready!(self.inner.poll_accept_bidi(cx))?;
-        Poll::Ready(Ok(Watched::new(s, StreamKind::Request, self.limit)))
+        Poll::Ready(Ok(Watched::new(s, StreamKind::Request, self.limit, None)))
     }
 
     fn opener(&self) -> Self::OpenStreams {
         Guarded {
             inner: self.inner.opener(),
             limit: self.limit,
+            drains: self.drains.clone(),
         }
     }
 }
@@ -84,7 +141,7 @@ impl<B, C> quic::OpenStreams<B> for Guarded<C>
 where
     B: Buf,
     C: quic::OpenStreams<B>,
-    C::BidiStream: quic::RecvStream<Buf = Bytes>,
+    C::BidiStream: quic::RecvStream<Buf = Bytes> + Send + 'static,
 {
     type BidiStream = Watched<C::BidiStream>;
     type SendStream = C::SendStream;
@@ -95,7 +152,7 @@ where
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
         // A response comes back on the request's stream: the same frames, the same watch.
         let s = ready!(self.inner.poll_open_bidi(cx))?;
-        Poll::Ready(Ok(Watched::new(s, StreamKind::Request, self.limit)))
+        Poll::Ready(Ok(Watched::new(s, StreamKind::Request, self.limit, None)))
     }
 
     fn poll_open_send(
@@ -110,73 +167,150 @@ where
     }
 }
 
-impl<S: quic::RecvStream<Buf = Bytes>> quic::RecvStream for Watched<S> {
+impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> Watched<S> {
+    /// Stop the stream for `e` and say so to h3.
+    fn refuse(&mut self, e: TooLong) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        tracing::debug!(stream = ?self.id, error = %e, "stream stopped");
+        if let Some(s) = self.inner.as_mut() {
+            s.stop_sending(h3::error::Code::H3_EXCESSIVE_LOAD.value());
+        }
+        Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(e))))
+    }
+
+    /// The stream's first chunk(s) while its type is read: the type goes to h3; the rest is
+    /// scanned (the control stream), drained (QPACK streams) or dropped (other types, which
+    /// h3 stops).
+    fn typed(
+        &mut self,
+        b: Bytes,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let Some(n) = self.guard.take_stream_type(&b) else {
+            return Poll::Ready(Ok(Some(Bytes::copy_from_slice(&b))));
+        };
+        let t = self.guard.stream_type().expect("read");
+        let head = Bytes::copy_from_slice(&b[..n]);
+        if QPACK_STREAMS.contains(&t) {
+            if let (Some(mut s), Some(d)) = (self.inner.take(), &self.drains) {
+                // Polled once here, so its next bytes wake this (the connection's) task.
+                if s.poll_drain(cx).is_pending() {
+                    d.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Box::new(s));
+                }
+            }
+            return Poll::Ready(Ok(Some(head)));
+        }
+        if t != CONTROL {
+            return Poll::Ready(Ok(Some(head)));
+        }
+        match self.guard.scan(&b[n..]) {
+            Ok(()) => Poll::Ready(Ok(Some(Bytes::copy_from_slice(&b)))),
+            Err(e) => {
+                self.refused = Some(e);
+                Poll::Ready(Ok(Some(head)))
+            }
+        }
+    }
+}
+
+impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> quic::RecvStream for Watched<S> {
     type Buf = Bytes;
 
     fn poll_data(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        let chunk = ready!(self.inner.poll_data(cx))?;
-        if let Some(b) = &chunk {
-            if let Err(e) = self.guard.scan(b) {
-                tracing::debug!(stream = ?self.inner.recv_id(), error = %e, "stream stopped");
-                self.inner
-                    .stop_sending(h3::error::Code::H3_EXCESSIVE_LOAD.value());
-                return Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(e))));
-            }
+        if let Some(e) = self.refused.take() {
+            return self.refuse(e);
         }
-        Poll::Ready(Ok(chunk))
+        // A QPACK stream's husk: its bytes are drained elsewhere, and h3 wants none.
+        let Some(s) = self.inner.as_mut() else {
+            return Poll::Pending;
+        };
+        let Some(b) = ready!(s.poll_data(cx))? else {
+            return Poll::Ready(Ok(None));
+        };
+        if self.guard.stream_type().is_none() && self.drains.is_some() {
+            return self.typed(b, cx);
+        }
+        // DATA's payload goes on to the application as it is; anything h3 holds is copied out
+        // of the datagram it came in.
+        let passed_on = self.guard.data_ahead() >= b.len() as u64;
+        if let Err(e) = self.guard.scan(&b) {
+            return self.refuse(e);
+        }
+        Poll::Ready(Ok(Some(if passed_on {
+            b
+        } else {
+            Bytes::copy_from_slice(&b)
+        })))
     }
 
     fn stop_sending(&mut self, error_code: u64) {
-        self.inner.stop_sending(error_code)
+        if let Some(s) = self.inner.as_mut() {
+            s.stop_sending(error_code)
+        }
     }
 
     fn recv_id(&self) -> StreamId {
-        self.inner.recv_id()
+        self.id
     }
 }
 
+/// A bidirectional stream's sending side: never drained, so always there.
 impl<B: Buf, S: quic::SendStream<B>> quic::SendStream<B> for Watched<S> {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.inner.poll_ready(cx)
+        self.sending().poll_ready(cx)
     }
 
     fn send_data<T: Into<WriteBuf<B>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        self.inner.send_data(data)
+        self.sending().send_data(data)
     }
 
     fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.inner.poll_finish(cx)
+        self.sending().poll_finish(cx)
     }
 
     fn reset(&mut self, reset_code: u64) {
-        self.inner.reset(reset_code)
+        self.sending().reset(reset_code)
     }
 
     fn send_id(&self) -> StreamId {
-        self.inner.send_id()
+        self.id
+    }
+}
+
+impl<S> Watched<S> {
+    fn sending(&mut self) -> &mut S {
+        self.inner
+            .as_mut()
+            .expect("only unidirectional streams are drained")
     }
 }
 
 impl<B, S> quic::BidiStream<B> for Watched<S>
 where
     B: Buf,
-    S: quic::BidiStream<B>,
-    S::RecvStream: quic::RecvStream<Buf = Bytes>,
-    S: quic::RecvStream<Buf = Bytes>,
+    S: quic::BidiStream<B> + quic::RecvStream<Buf = Bytes> + Send + 'static,
+    S::RecvStream: quic::RecvStream<Buf = Bytes> + Send + 'static,
 {
     type SendStream = S::SendStream;
     type RecvStream = Watched<S::RecvStream>;
 
     fn split(self) -> (Self::SendStream, Self::RecvStream) {
-        let (send, recv) = self.inner.split();
+        let (send, recv) = self
+            .inner
+            .expect("only unidirectional streams are drained")
+            .split();
         (
             send,
             Watched {
-                inner: recv,
+                inner: Some(recv),
+                id: self.id,
                 guard: self.guard,
+                refused: self.refused,
+                drains: None,
             },
         )
     }
