@@ -50,6 +50,20 @@ impl std::fmt::Display for TooLong {
 
 impl std::error::Error for TooLong {}
 
+/// What a run of a stream's bytes is ([`FrameGuard::segment`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    /// This many bytes of a DATA frame's payload.
+    Data(usize),
+    /// This many bytes h3 holds; `complete` once they end a frame (or a DATA frame's header);
+    /// `empty_data` when what they completed is a DATA frame with nothing in it.
+    Held {
+        len: usize,
+        complete: bool,
+        empty_data: bool,
+    },
+}
+
 /// A QUIC variable-length integer read a byte at a time (RFC 9000 §16).
 #[derive(Debug, Clone, Copy, Default)]
 struct Varint {
@@ -150,6 +164,76 @@ impl FrameGuard {
             State::Payload { left, data: true } => left,
             _ => 0,
         }
+    }
+
+    /// What the next bytes of a framed stream are, as far as they are one kind: a DATA frame's
+    /// payload (handed to the application), or bytes h3 holds (frame headers, other frames'
+    /// payloads), up to where a frame or a DATA frame's header is complete. The shell hands
+    /// h3 each held run whole, so h3 holds one chunk per frame however the peer cut them.
+    pub fn segment(&mut self, bytes: &[u8]) -> Result<Segment, TooLong> {
+        if let State::Payload { left, data: true } = &mut self.state {
+            let n = (*left).min(bytes.len() as u64);
+            *left -= n;
+            if *left == 0 {
+                self.state = State::FrameType(Varint::default());
+            }
+            return Ok(Segment::Data(n as usize));
+        }
+        if matches!(self.state, State::Unframed) {
+            return Ok(Segment::Held {
+                len: bytes.len(),
+                complete: true,
+                empty_data: false,
+            });
+        }
+        let mut taken = 0;
+        while taken < bytes.len() {
+            let before = matches!(
+                self.state,
+                State::FrameLength {
+                    frame_type: DATA,
+                    ..
+                }
+            );
+            let n = match self.state {
+                // A non-DATA payload: as much as there is, at once.
+                State::Payload { left, data: false } => (left as usize).min(bytes.len() - taken),
+                _ => 1,
+            };
+            self.scan(&bytes[taken..taken + n])?;
+            taken += n;
+            match self.state {
+                State::FrameType(Varint { read: 0, .. }) => {
+                    // A frame is complete; an empty DATA frame (it ends a body in h3) is
+                    // reported so that the shell drops it.
+                    return Ok(Segment::Held {
+                        len: taken,
+                        complete: true,
+                        empty_data: before,
+                    });
+                }
+                State::Payload { data: true, .. } => {
+                    return Ok(Segment::Held {
+                        len: taken,
+                        complete: true,
+                        empty_data: false,
+                    })
+                }
+                State::Unframed => {
+                    return Ok(Segment::Held {
+                        len: bytes.len(),
+                        complete: true,
+                        empty_data: false,
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(Segment::Held {
+            len: taken,
+            complete: false,
+            empty_data: false,
+        })
     }
 
     /// The next bytes of the stream, in order. An error is final: the stream must be stopped
@@ -354,6 +438,93 @@ mod tests {
         let mut g = FrameGuard::new(StreamKind::Request, 100);
         g.scan(&[0x01, 10]).unwrap();
         assert_eq!(g.data_ahead(), 0);
+    }
+
+    /// The shell's use of [`FrameGuard::segment`]: DATA payload passed on, held bytes gathered
+    /// until complete, empty DATA frames dropped. What h3 gets, chunk by chunk.
+    fn handed(g: &mut FrameGuard, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+        let (mut out, mut held) = (Vec::new(), Vec::new());
+        for c in chunks {
+            let mut rest = *c;
+            while !rest.is_empty() {
+                match g.segment(rest).unwrap() {
+                    Segment::Data(n) => {
+                        out.push(rest[..n].to_vec());
+                        rest = &rest[n..];
+                    }
+                    Segment::Held {
+                        len,
+                        complete,
+                        empty_data,
+                    } => {
+                        held.extend_from_slice(&rest[..len]);
+                        rest = &rest[len..];
+                        if complete {
+                            let h = std::mem::take(&mut held);
+                            if !empty_data {
+                                out.push(h);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(held.is_empty(), "a frame left incomplete");
+        out
+    }
+
+    #[test]
+    fn held_bytes_reach_h3_one_frame_at_a_time_however_they_were_cut() {
+        // HEADERS (30), DATA (10), an empty DATA, an unknown frame (5), DATA (3).
+        let mut s = frame(0x01, 30);
+        let data1 = frame(DATA, 10);
+        s.extend(&data1);
+        s.extend(frame(DATA, 0));
+        s.extend(frame(0x21, 5));
+        s.extend(frame(DATA, 3));
+        let whole = handed(&mut FrameGuard::new(StreamKind::Request, 100), &[&s]);
+        // Byte by byte: the same frames, HEADERS whole in one chunk, not 32.
+        let bytes: Vec<&[u8]> = s.chunks(1).collect();
+        let cut = handed(&mut FrameGuard::new(StreamKind::Request, 100), &bytes);
+        let joined = |v: &[Vec<u8>]| v.concat();
+        assert_eq!(joined(&whole), joined(&cut));
+        assert_eq!(cut[0], frame(0x01, 30), "HEADERS in one chunk");
+        assert_eq!(cut.iter().filter(|c| c.len() > 1).count(), 4, "{cut:?}");
+        // The empty DATA frame is gone, nothing else.
+        let mut want = frame(0x01, 30);
+        want.extend(&data1);
+        want.extend(frame(0x21, 5));
+        want.extend(frame(DATA, 3));
+        assert_eq!(joined(&cut), want);
+        // Random cuts of random streams: always the input without its empty DATA frames.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..300 {
+            let (mut s, mut want) = (Vec::new(), Vec::new());
+            for _ in 0..(next() % 6) {
+                let ty = [DATA, DATA, 0x01, 0x21][(next() % 4) as usize];
+                let len = next() % 40;
+                let f = frame(ty, len);
+                if !(ty == DATA && len == 0) {
+                    want.extend(&f);
+                }
+                s.extend(f);
+            }
+            let mut chunks = Vec::new();
+            let mut rest = &s[..];
+            while !rest.is_empty() {
+                let n = ((next() % 7) as usize + 1).min(rest.len());
+                chunks.push(&rest[..n]);
+                rest = &rest[n..];
+            }
+            let got = handed(&mut FrameGuard::new(StreamKind::Request, 64), &chunks);
+            assert_eq!(got.concat(), want);
+        }
     }
 
     #[test]

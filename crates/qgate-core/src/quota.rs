@@ -102,6 +102,12 @@ impl Quota {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).total
     }
 
+    /// Places the client at `addr` (its address, or IPv6 /64) holds now.
+    pub fn held_by(&self, addr: IpAddr) -> usize {
+        let h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.per_client.get(&client_key(addr)).copied().unwrap_or(0)
+    }
+
     /// Clients holding a place now (each has an entry while it does).
     pub fn clients(&self) -> usize {
         self.held
@@ -178,6 +184,7 @@ mod tests {
             Refused::Full { limit: 5 }
         );
         assert_eq!((q.held(), q.clients()), (5, 3));
+        assert_eq!(q.held_by(ip("2001:db8::7")), 2);
         drop(a);
         assert_eq!((q.held(), q.clients()), (3, 2));
         let _d = q.take(ip("10.0.0.1")).unwrap();

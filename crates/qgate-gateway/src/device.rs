@@ -41,7 +41,7 @@ pub enum DeviceError {
 
 impl DeviceError {
     /// Worth sending the same record again later: the server's queue or every backhaul path was
-    /// unavailable (503, 502), or the exchange itself failed. Returns how long to wait first.
+    /// unavailable (503, 502), its disk had no room (507), or the exchange itself failed. Returns how long to wait first.
     pub fn retry_in(&self) -> Option<Duration> {
         match self {
             DeviceError::Refused {
@@ -49,7 +49,9 @@ impl DeviceError {
                 retry_after,
                 ..
             } if *status == http::StatusCode::SERVICE_UNAVAILABLE
-                || *status == http::StatusCode::BAD_GATEWAY =>
+                || *status == http::StatusCode::BAD_GATEWAY
+                // The server's disk room (S11): it frees as the disk is cleared.
+                || *status == http::StatusCode::INSUFFICIENT_STORAGE =>
             {
                 // Never sooner than 100 ms: `Retry-After: 0` must not make a busy loop.
                 Some(

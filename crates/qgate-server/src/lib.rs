@@ -858,9 +858,12 @@ pub async fn serve_with<H: Handler>(
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let peer = incoming.remote_address();
-        // Once half the places are held, a client must first prove its address with a Retry
-        // (stateless): Initials from spoofed addresses cannot hold places (decision S10).
-        if places.held() >= places.max_total() / 2 && incoming.may_retry() {
+        // A client that holds a place already, or any client once half the places are held,
+        // first proves its address with a (stateless) Retry: Initials sent from a victim's
+        // address, never completed, cannot take its share or everyone's (decision S10).
+        if incoming.may_retry()
+            && (places.held_by(peer.ip()) > 0 || places.held() >= places.max_total() / 2)
+        {
             stats.retries.fetch_add(1, Ordering::Relaxed);
             let _ = incoming.retry();
             continue;

@@ -1,17 +1,20 @@
 //! Every stream a peer sends HTTP/3 on, watched by [`qgate_core::frame_guard`]: a frame other
 //! than DATA announced longer than the limit stops the stream before h3 buffers it (decision
 //! T12). The shell wraps any QUIC connection h3 runs on (quinn's, the shared driver's) and
-//! hands h3 the same streams, each chunk checked on its way through. Two more things h3 would
-//! otherwise hold for the connection's life: bytes it buffers are copied out of the datagram
-//! they arrived in (one byte per padded datagram pinned ~1 KB each), and the peer's QPACK
-//! streams, which h3 never reads after their type, are read here and dropped.
+//! hands h3 the same streams, each chunk checked on its way through. More that h3 would
+//! otherwise hold: bytes it buffers reach it gathered into whole frames, copied out of the
+//! datagrams they came in (one byte per padded datagram pinned ~1 KB each, and h3 keeps and
+//! sums every chunk it is given); the peer's QPACK streams, which h3 never reads after their
+//! type, are read here and dropped (up to [`MAX_DRAINED`]); an empty DATA frame, which h3
+//! takes for the end of a body, is dropped.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
-use qgate_core::frame_guard::{FrameGuard, StreamKind, TooLong};
+use qgate_core::frame_guard::{FrameGuard, Segment, StreamKind, TooLong};
 
 /// The longest frame other than DATA a peer may send us (HEADERS, SETTINGS, a reserved type),
 /// and the header block we decode: h3 holds such a frame whole (decision T12). Far above any
@@ -42,11 +45,35 @@ trait Drain: Send {
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()>;
 }
 
-impl<S: quic::RecvStream + Send> Drain for S {
+/// Most bytes read from a peer's QPACK stream: with no dynamic table, its encoder stream
+/// carries next to nothing and its decoder stream a few bytes per cancelled request. Past
+/// this the stream is stopped (the peer is not speaking QPACK as we set it up).
+const MAX_DRAINED: u64 = 4 << 20;
+
+/// A QPACK stream drained up to [`MAX_DRAINED`].
+struct Capped<S> {
+    stream: S,
+    read: u64,
+}
+
+impl<S> Capped<S> {
+    fn new(stream: S) -> Capped<S> {
+        Capped { stream, read: 0 }
+    }
+}
+
+impl<S: quic::RecvStream + Send> Drain for Capped<S> {
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         for _ in 0..DRAIN_TURN {
-            match ready!(self.poll_data(cx)) {
-                Ok(Some(_)) => {}
+            match ready!(self.stream.poll_data(cx)) {
+                Ok(Some(b)) => {
+                    self.read += b.remaining() as u64;
+                    if self.read > MAX_DRAINED {
+                        self.stream
+                            .stop_sending(h3::error::Code::H3_EXCESSIVE_LOAD.value());
+                        return Poll::Ready(());
+                    }
+                }
                 Ok(None) | Err(_) => return Poll::Ready(()),
             }
         }
@@ -73,11 +100,19 @@ pub struct Watched<S> {
     inner: Option<S>,
     id: StreamId,
     guard: FrameGuard,
-    /// A refusal found in the chunk that also completed the control stream's type: that type
-    /// goes to h3 first, so it knows the stream it loses is critical.
+    /// A refusal, reported once the chunks before it are handed on (so that the control
+    /// stream's type reaches h3 first, and it knows the stream it loses is critical).
     refused: Option<TooLong>,
     /// Where a unidirectional stream goes if it turns out to be a QPACK stream.
     drains: Option<Drains>,
+    /// Bytes h3 will hold, gathered until they end a frame: h3 keeps each chunk it is given
+    /// as one allocation and sums them all on every arrival, so a frame cut into one-byte
+    /// pieces would cost far more than its length.
+    held: BytesMut,
+    /// Chunks ready for h3, in order.
+    ready: VecDeque<Bytes>,
+    /// The peer finished the stream.
+    ended: bool,
 }
 
 impl<S: quic::RecvStream> Watched<S> {
@@ -88,6 +123,9 @@ impl<S: quic::RecvStream> Watched<S> {
             guard: FrameGuard::new(kind, limit),
             refused: None,
             drains,
+            held: BytesMut::new(),
+            ready: VecDeque::new(),
+            ended: false,
         }
     }
 }
@@ -177,38 +215,56 @@ impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> Watched<S> {
         Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(e))))
     }
 
-    /// The stream's first chunk(s) while its type is read: the type goes to h3; the rest is
-    /// scanned (the control stream), drained (QPACK streams) or dropped (other types, which
-    /// h3 stops).
-    fn typed(
-        &mut self,
-        b: Bytes,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        let Some(n) = self.guard.take_stream_type(&b) else {
-            return Poll::Ready(Ok(Some(Bytes::copy_from_slice(&b))));
-        };
-        let t = self.guard.stream_type().expect("read");
-        let head = Bytes::copy_from_slice(&b[..n]);
-        if QPACK_STREAMS.contains(&t) {
-            if let (Some(mut s), Some(d)) = (self.inner.take(), &self.drains) {
-                // Polled once here, so its next bytes wake this (the connection's) task.
-                if s.poll_drain(cx).is_pending() {
-                    d.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(Box::new(s));
+    /// Sort a chunk from the peer into what h3 gets: a unidirectional stream's type first
+    /// (then the control stream's frames; a QPACK stream is drained, other types' bytes
+    /// dropped, as h3 stops them), DATA payload as it came, everything else gathered into
+    /// whole frames; an empty DATA frame is dropped (h3 would take it for the body's end).
+    fn take(&mut self, mut b: Bytes, cx: &mut Context<'_>) {
+        if self.drains.is_some() && self.guard.stream_type().is_none() {
+            let Some(n) = self.guard.take_stream_type(&b) else {
+                self.held.extend_from_slice(&b);
+                return;
+            };
+            self.held.extend_from_slice(&b.split_to(n));
+            self.ready.push_back(self.held.split().freeze());
+            let t = self.guard.stream_type().expect("read");
+            if QPACK_STREAMS.contains(&t) {
+                if let (Some(s), Some(d)) = (self.inner.take(), &self.drains) {
+                    // Polled once here, so its next bytes wake this (the connection's) task.
+                    let mut s = Capped::new(s);
+                    if s.poll_drain(cx).is_pending() {
+                        d.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(Box::new(s));
+                    }
                 }
+                return;
             }
-            return Poll::Ready(Ok(Some(head)));
+            if t != CONTROL {
+                return;
+            }
         }
-        if t != CONTROL {
-            return Poll::Ready(Ok(Some(head)));
-        }
-        match self.guard.scan(&b[n..]) {
-            Ok(()) => Poll::Ready(Ok(Some(Bytes::copy_from_slice(&b)))),
-            Err(e) => {
-                self.refused = Some(e);
-                Poll::Ready(Ok(Some(head)))
+        while !b.is_empty() {
+            match self.guard.segment(&b) {
+                Err(e) => {
+                    self.held.clear();
+                    self.refused = Some(e);
+                    return;
+                }
+                Ok(Segment::Data(n)) => self.ready.push_back(b.split_to(n)),
+                Ok(Segment::Held {
+                    len,
+                    complete,
+                    empty_data,
+                }) => {
+                    self.held.extend_from_slice(&b.split_to(len));
+                    if complete {
+                        let frame = self.held.split().freeze();
+                        if !empty_data {
+                            self.ready.push_back(frame);
+                        }
+                    }
+                }
             }
         }
     }
@@ -221,30 +277,31 @@ impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> quic::RecvStream for Wat
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        if let Some(e) = self.refused.take() {
-            return self.refuse(e);
+        loop {
+            if let Some(b) = self.ready.pop_front() {
+                return Poll::Ready(Ok(Some(b)));
+            }
+            if let Some(e) = self.refused.take() {
+                return self.refuse(e);
+            }
+            if self.ended {
+                return Poll::Ready(Ok(None));
+            }
+            // A QPACK stream's husk: its bytes are drained elsewhere, and h3 wants none.
+            let Some(s) = self.inner.as_mut() else {
+                return Poll::Pending;
+            };
+            match ready!(s.poll_data(cx))? {
+                Some(b) => self.take(b, cx),
+                None => {
+                    // What is gathered is an incomplete frame: h3 says so.
+                    self.ended = true;
+                    if !self.held.is_empty() {
+                        self.ready.push_back(self.held.split().freeze());
+                    }
+                }
+            }
         }
-        // A QPACK stream's husk: its bytes are drained elsewhere, and h3 wants none.
-        let Some(s) = self.inner.as_mut() else {
-            return Poll::Pending;
-        };
-        let Some(b) = ready!(s.poll_data(cx))? else {
-            return Poll::Ready(Ok(None));
-        };
-        if self.guard.stream_type().is_none() && self.drains.is_some() {
-            return self.typed(b, cx);
-        }
-        // DATA's payload goes on to the application as it is; anything h3 holds is copied out
-        // of the datagram it came in.
-        let passed_on = self.guard.data_ahead() >= b.len() as u64;
-        if let Err(e) = self.guard.scan(&b) {
-            return self.refuse(e);
-        }
-        Poll::Ready(Ok(Some(if passed_on {
-            b
-        } else {
-            Bytes::copy_from_slice(&b)
-        })))
     }
 
     fn stop_sending(&mut self, error_code: u64) {
@@ -311,6 +368,9 @@ where
                 guard: self.guard,
                 refused: self.refused,
                 drains: None,
+                held: self.held,
+                ready: self.ready,
+                ended: self.ended,
             },
         )
     }

@@ -292,6 +292,22 @@ pub const BODY_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 /// time over a slow radio belong in the chunked upload (paper 001).
 pub const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// One connection's requests, by whether their headers came (see [`serve_quic`]).
+#[derive(Default)]
+struct HeadersSeen {
+    failed: std::sync::atomic::AtomicU64,
+    resolved: std::sync::atomic::AtomicU64,
+}
+
+impl HeadersSeen {
+    /// More failed than an honest client's cancellations explain: 256, plus a quarter of the
+    /// requests that got through.
+    fn too_many_failed(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.failed.load(Relaxed) > 256 + self.resolved.load(Relaxed) / 4
+    }
+}
+
 /// A request stream whose headers are not complete this long after it opened is dropped: a
 /// stream that sends a byte and stalls must not hold its state for as long as the connection
 /// lives (headers are a few hundred bytes, under a second at 8 kbit/s).
@@ -400,10 +416,21 @@ where
     )
     .await
     .map_err(|e| H3Error::Connection(e.to_string()))?;
+    // Requests that failed before their headers, and those that got past them: h3 keeps a
+    // record of each failed one for the connection's life (and waits on it at a graceful
+    // close), so a peer failing streams on purpose is cut off (decision T12).
+    let headers = Arc::new(HeadersSeen::default());
     loop {
         // Polled here rather than through `accept()`, whose future (~850 bytes, sized by the
         // GOAWAY it sends at the end) would sit in every idle connection's task (decision G7).
         match std::future::poll_fn(|cx| h3c.poll_accept_request_stream(cx)).await {
+            Ok(Some(_)) if headers.too_many_failed() => {
+                tracing::debug!(%peer, "closed: too many requests failed before their headers");
+                // Dropping h3's connection closes it.
+                return Err(H3Error::Connection(
+                    "too many requests failed before their headers".into(),
+                ));
+            }
             Ok(Some(stream)) => {
                 // As `accept()` builds it; `accept()` also clears h3's grease flag after the
                 // first request, which `send_grease(false)` above leaves clear from the start.
@@ -411,10 +438,11 @@ where
                     h3::stream::BufRecvStream::new(stream),
                 ));
                 let (handler, limits) = (handler.clone(), limits.clone());
+                let headers = headers.clone();
                 // Boxed: a handler's future is several KB, and a task's future is copied into
                 // its cell and again over it when it ends; a box makes both copies a pointer.
                 tokio::spawn(Box::pin(async move {
-                    if let Err(e) = serve_request(resolver, handler, limits, peer).await {
+                    if let Err(e) = serve_request(resolver, handler, limits, peer, &headers).await {
                         tracing::debug!(%peer, error = %e, "request failed");
                     }
                 }));
@@ -442,15 +470,23 @@ async fn serve_request<C, H>(
     handler: Arc<H>,
     limits: ServeLimits,
     peer: SocketAddr,
+    headers: &HeadersSeen,
 ) -> Result<(), H3Error>
 where
     C: h3::quic::Connection<Bytes>,
     H: Handler,
 {
-    let (req, mut stream) = tokio::time::timeout(HEADERS_DEADLINE, resolver.resolve_request())
+    let resolved = tokio::time::timeout(HEADERS_DEADLINE, resolver.resolve_request())
         .await
-        .map_err(|_| H3Error::TimedOut(HEADERS_DEADLINE))?
-        .map_err(stream_err)?;
+        .map_err(|_| H3Error::TimedOut(HEADERS_DEADLINE))
+        .and_then(|r| r.map_err(stream_err));
+    let counter = if resolved.is_ok() {
+        &headers.resolved
+    } else {
+        &headers.failed
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (req, mut stream) = resolved?;
     // The access log (`-vv`): taken only when it is written, so a quiet server copies nothing.
     let logged = tracing::enabled!(tracing::Level::DEBUG)
         .then(|| (req.method().clone(), req.uri().path().to_string()));

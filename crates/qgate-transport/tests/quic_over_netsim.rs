@@ -452,16 +452,27 @@ async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
     // 2^29 bytes. A critical stream cannot be stopped alone: the connection is closed
     // (H3_CLOSED_CRITICAL_STREAM) before more than a few flights were taken.
     // First the peer's QPACK encoder stream (type 0x02), which h3 never reads after its type:
-    // 4 MiB on it are taken and dropped (without the drain, the stream's window stops it).
+    // 3 MiB on it are taken and dropped (without the drain, the stream's window stops it);
+    // past 4 MiB, which no QPACK without a dynamic table comes near, it is stopped.
     let mut encoder = raw.open_uni().await.unwrap();
     encoder.write_all(&[0x02]).await.unwrap();
     tokio::time::timeout(
         Duration::from_secs(10),
-        encoder.write_all(&vec![0u8; 4 << 20]),
+        encoder.write_all(&vec![0u8; 3 << 20]),
     )
     .await
     .expect("the encoder stream is read")
     .unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Err(e) = encoder.write_all(&filler).await {
+                break e;
+            }
+        }
+    })
+    .await
+    .expect("stopped past its cap");
+    assert_eq!(e, quinn::WriteError::Stopped(0x107u32.into()));
     // The type, the SETTINGS and the frame's header in one write: the connection still learns
     // that it lost its control stream.
     let mut control = raw.open_uni().await.unwrap();
@@ -485,6 +496,84 @@ async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
         ),
         "{refused:?} after {sent} bytes"
     );
+}
+
+/// An empty DATA frame in the middle of a body (allowed, RFC 9114 §7.2.1) is no end of it:
+/// h3 0.0.8 reads it as one, so the server stored the first part and answered for the whole
+/// (an acknowledged body lost). The guard drops such frames (decision T12).
+#[tokio::test(start_paused = true)]
+async fn an_empty_data_frame_does_not_end_a_body() {
+    let s = setup(
+        LinkParams::new(1_000_000_000, Duration::from_millis(1)),
+        &[ALPN_H3],
+        13,
+    );
+    spawn_h3(s.server.clone(), ServeLimits::default());
+    let raw = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap()
+        .connection()
+        .clone();
+    // POST https://localhost/ as QPACK static-table references and one literal.
+    let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
+    block.extend_from_slice(b"localhost");
+    let mut req = vec![0x01, block.len() as u8];
+    req.extend(block);
+    for part in [&b"abc"[..], b"", b"def"] {
+        req.extend([0x00, part.len() as u8]);
+        req.extend_from_slice(part);
+    }
+    let (mut send, mut recv) = raw.open_bi().await.unwrap();
+    send.write_all(&req).await.unwrap();
+    send.finish().unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 16))
+        .await
+        .unwrap()
+        .unwrap();
+    // The answer's DATA frame carries Echo's "METHOD PATH LENGTH".
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("POST / 6"), "{text:?}");
+}
+
+/// Each request stream that ends before its headers stays recorded in h3 for the
+/// connection's life: a peer ending hundreds of them on purpose is cut off (decision T12),
+/// while an honest connection's requests go on.
+#[tokio::test(start_paused = true)]
+async fn a_peer_ending_streams_before_their_headers_is_cut_off() {
+    let s = setup(
+        LinkParams::new(1_000_000_000, Duration::from_millis(1)),
+        &[ALPN_H3],
+        14,
+    );
+    spawn_h3(
+        s.server.clone(),
+        ServeLimits {
+            max_body: 10_000,
+            ..Default::default()
+        },
+    );
+    let raw = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap()
+        .connection()
+        .clone();
+    let mut ended = 0;
+    let closed = loop {
+        if let Some(why) = raw.close_reason() {
+            break why;
+        }
+        assert!(ended < 2_000, "still open after {ended} empty streams");
+        match raw.open_bi().await {
+            Ok((mut send, _recv)) => {
+                let _ = send.finish();
+                ended += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!((257..400).contains(&ended), "{ended} streams: {closed}");
+    h3_exchange(&s.client, &s.client_cfg, sa(SERVER)).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -556,11 +556,11 @@ impl Shared {
                 self.news.notify_waiters();
                 Ok(())
             }
-            // Busy: say why once, try again later.
-            http::StatusCode::SERVICE_UNAVAILABLE => {
+            // Busy, or no disk room (S11): say why once, try again later.
+            http::StatusCode::SERVICE_UNAVAILABLE | http::StatusCode::INSUFFICIENT_STORAGE => {
                 if !self.busy_said.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
-                        "the server is busy ({}); trying again",
+                        "the server cannot take it now ({}); trying again",
                         String::from_utf8_lossy(&r.body).trim()
                     );
                 }
@@ -612,7 +612,12 @@ impl Shared {
             Err(H3Error::Cancelled) => Outcome::TakenAway,
             Ok(r) if r.status == http::StatusCode::OK => Outcome::Stored { complete: false },
             Ok(r) if r.status == http::StatusCode::CREATED => Outcome::Stored { complete: true },
-            Ok(r) if r.status == http::StatusCode::SERVICE_UNAVAILABLE => Outcome::GiveBack,
+            Ok(r)
+                if r.status == http::StatusCode::SERVICE_UNAVAILABLE
+                    || r.status == http::StatusCode::INSUFFICIENT_STORAGE =>
+            {
+                Outcome::GiveBack
+            }
             Ok(r) => Outcome::Refused(refused(r.status, &r.body)),
             Err(_) if h3.is_closed() => Outcome::ConnectionLost,
             // No answer for the whole timeout: treat the connection as dead, so other lanes
