@@ -8,7 +8,6 @@
 //! type, are read here and dropped (up to [`MAX_DRAINED`]); an empty DATA frame, which h3
 //! takes for the end of a body, is dropped.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
@@ -100,17 +99,14 @@ pub struct Watched<S> {
     inner: Option<S>,
     id: StreamId,
     guard: FrameGuard,
-    /// A refusal, reported once the chunks before it are handed on (so that the control
-    /// stream's type reaches h3 first, and it knows the stream it loses is critical).
-    refused: Option<TooLong>,
     /// Where a unidirectional stream goes if it turns out to be a QPACK stream.
     drains: Option<Drains>,
     /// Bytes h3 will hold, gathered until they end a frame: h3 keeps each chunk it is given
     /// as one allocation and sums them all on every arrival, so a frame cut into one-byte
-    /// pieces would cost far more than its length.
+    /// pieces would cost far more than its length. A frame whole in one chunk goes as it is.
     held: BytesMut,
-    /// Chunks ready for h3, in order.
-    ready: VecDeque<Bytes>,
+    /// The rest of the peer's last chunk, not yet sorted.
+    rest: Bytes,
     /// The peer finished the stream.
     ended: bool,
 }
@@ -121,10 +117,9 @@ impl<S: quic::RecvStream> Watched<S> {
             id: inner.recv_id(),
             inner: Some(inner),
             guard: FrameGuard::new(kind, limit),
-            refused: None,
             drains,
             held: BytesMut::new(),
-            ready: VecDeque::new(),
+            rest: Bytes::new(),
             ended: false,
         }
     }
@@ -215,89 +210,96 @@ impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> Watched<S> {
         Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(e))))
     }
 
-    /// Sort a chunk from the peer into what h3 gets: a unidirectional stream's type first
-    /// (then the control stream's frames; a QPACK stream is drained, other types' bytes
-    /// dropped, as h3 stops them), DATA payload as it came, everything else gathered into
-    /// whole frames; an empty DATA frame is dropped (h3 would take it for the body's end).
-    fn take(&mut self, mut b: Bytes, cx: &mut Context<'_>) {
-        if self.drains.is_some() && self.guard.stream_type().is_none() {
-            let Some(n) = self.guard.take_stream_type(&b) else {
-                self.held.extend_from_slice(&b);
-                return;
-            };
-            self.held.extend_from_slice(&b.split_to(n));
-            self.ready.push_back(self.held.split().freeze());
-            let t = self.guard.stream_type().expect("read");
-            if QPACK_STREAMS.contains(&t) {
-                if let (Some(s), Some(d)) = (self.inner.take(), &self.drains) {
-                    // Polled once here, so its next bytes wake this (the connection's) task.
-                    let mut s = Capped::new(s);
-                    if s.poll_drain(cx).is_pending() {
-                        d.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(Box::new(s));
-                    }
+    /// A unidirectional stream's first bytes: its type goes to h3 (then the control stream's
+    /// frames are sorted as a request stream's; a QPACK stream is drained; other types' bytes
+    /// are dropped, as h3 stops those streams). `None` while the type is incomplete.
+    fn typed(&mut self, mut b: Bytes, cx: &mut Context<'_>) -> Option<Bytes> {
+        let Some(n) = self.guard.take_stream_type(&b) else {
+            self.held.extend_from_slice(&b);
+            return None;
+        };
+        self.held.extend_from_slice(&b.split_to(n));
+        let head = self.held.split().freeze();
+        let t = self.guard.stream_type().expect("read");
+        if QPACK_STREAMS.contains(&t) {
+            if let (Some(s), Some(d)) = (self.inner.take(), &self.drains) {
+                // Polled once here, so its next bytes wake this (the connection's) task.
+                let mut s = Capped::new(s);
+                if s.poll_drain(cx).is_pending() {
+                    d.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Box::new(s));
                 }
-                return;
             }
-            if t != CONTROL {
-                return;
-            }
+        } else if t == CONTROL {
+            self.rest = b;
         }
-        while !b.is_empty() {
-            match self.guard.segment(&b) {
-                Err(e) => {
-                    self.held.clear();
-                    self.refused = Some(e);
-                    return;
-                }
-                Ok(Segment::Data(n)) => self.ready.push_back(b.split_to(n)),
-                Ok(Segment::Held {
-                    len,
-                    complete,
-                    empty_data,
-                }) => {
-                    self.held.extend_from_slice(&b.split_to(len));
-                    if complete {
-                        let frame = self.held.split().freeze();
-                        if !empty_data {
-                            self.ready.push_back(frame);
-                        }
-                    }
-                }
-            }
-        }
+        Some(head)
     }
 }
 
 impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> quic::RecvStream for Watched<S> {
     type Buf = Bytes;
 
+    /// The peer's bytes as h3 gets them: DATA's payload as it came; everything else whole
+    /// frames, copied out of the datagrams they came in when gathered from several; an empty
+    /// DATA frame dropped (h3 would take it for the body's end); a frame announced too long
+    /// refused once what came before it is handed on.
     fn poll_data(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
         loop {
-            if let Some(b) = self.ready.pop_front() {
-                return Poll::Ready(Ok(Some(b)));
+            if self.rest.is_empty() {
+                if self.ended {
+                    return Poll::Ready(Ok(None));
+                }
+                // A QPACK stream's husk: its bytes are drained elsewhere, and h3 wants none.
+                let Some(s) = self.inner.as_mut() else {
+                    return Poll::Pending;
+                };
+                match ready!(s.poll_data(cx))? {
+                    Some(b) if self.drains.is_some() && self.guard.stream_type().is_none() => {
+                        if let Some(head) = self.typed(b, cx) {
+                            return Poll::Ready(Ok(Some(head)));
+                        }
+                        continue;
+                    }
+                    Some(b) => self.rest = b,
+                    None => {
+                        // What is gathered is an incomplete frame: h3 says so.
+                        self.ended = true;
+                        if !self.held.is_empty() {
+                            return Poll::Ready(Ok(Some(self.held.split().freeze())));
+                        }
+                        continue;
+                    }
+                }
             }
-            if let Some(e) = self.refused.take() {
-                return self.refuse(e);
-            }
-            if self.ended {
-                return Poll::Ready(Ok(None));
-            }
-            // A QPACK stream's husk: its bytes are drained elsewhere, and h3 wants none.
-            let Some(s) = self.inner.as_mut() else {
-                return Poll::Pending;
-            };
-            match ready!(s.poll_data(cx))? {
-                Some(b) => self.take(b, cx),
-                None => {
-                    // What is gathered is an incomplete frame: h3 says so.
-                    self.ended = true;
-                    if !self.held.is_empty() {
-                        self.ready.push_back(self.held.split().freeze());
+            match self.guard.segment(&self.rest) {
+                Err(e) => {
+                    self.held.clear();
+                    self.rest.clear();
+                    return self.refuse(e);
+                }
+                Ok(Segment::Data(n)) => return Poll::Ready(Ok(Some(self.rest.split_to(n)))),
+                Ok(Segment::Held {
+                    len,
+                    complete,
+                    empty_data,
+                }) => {
+                    let frame = if complete && self.held.is_empty() {
+                        // Whole in this chunk: h3 decodes it at once, so no copy.
+                        self.rest.split_to(len)
+                    } else {
+                        self.held.extend_from_slice(&self.rest.split_to(len));
+                        if !complete {
+                            continue;
+                        }
+                        self.held.split().freeze()
+                    };
+                    if !empty_data {
+                        return Poll::Ready(Ok(Some(frame)));
                     }
                 }
             }
@@ -366,10 +368,9 @@ where
                 inner: Some(recv),
                 id: self.id,
                 guard: self.guard,
-                refused: self.refused,
                 drains: None,
                 held: self.held,
-                ready: self.ready,
+                rest: self.rest,
                 ended: self.ended,
             },
         )
