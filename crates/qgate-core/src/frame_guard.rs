@@ -440,6 +440,16 @@ mod tests {
         assert_eq!(g.data_ahead(), 0);
     }
 
+    /// A seeded xorshift64 sequence for the randomized cases.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     /// The shell's use of [`FrameGuard::segment`]: DATA payload passed on, held bytes gathered
     /// until complete, empty DATA frames dropped. What h3 gets, chunk by chunk.
     fn handed(g: &mut FrameGuard, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
@@ -497,13 +507,7 @@ mod tests {
         want.extend(frame(DATA, 3));
         assert_eq!(joined(&cut), want);
         // Random cuts of random streams: always the input without its empty DATA frames.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
         for _ in 0..300 {
             let (mut s, mut want) = (Vec::new(), Vec::new());
             for _ in 0..(next() % 6) {
@@ -530,13 +534,7 @@ mod tests {
     #[test]
     fn random_streams_agree_however_they_are_cut() {
         // A seeded mix of frames, some over the limit: the verdict names the first of those.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for _ in 0..300 {
             let mut s = Vec::new();
             let mut first_bad = None;

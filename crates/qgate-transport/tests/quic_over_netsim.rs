@@ -404,17 +404,13 @@ impl Handler for Slow {
 
 /// Many large bodies at once cannot take more memory than the server's budget: past it a
 /// request gets 503 with Retry-After, and the budget is whole again once they are answered.
-/// Decision T12: a frame h3 would hold whole (HEADERS, an unknown type), announced longer than
-/// the limit, is refused from its header: a request stream is stopped with
-/// H3_EXCESSIVE_LOAD before the peer has sent more than its first flight, and the same on the
-/// control stream closes the connection. Without the guard the server read on (and held) all
-/// of it. The peer's QPACK streams are read and dropped. Honest requests are served meanwhile.
-#[tokio::test(start_paused = true)]
-async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
+/// An HTTP/3 server (Echo, 10 000-byte bodies) on a fast link, and a bare QUIC connection to
+/// it for a hostile client to write frames on by hand.
+async fn h3_server_and_raw_client(seed: u64) -> (Setup, quinn::Connection) {
     let s = setup(
         LinkParams::new(1_000_000_000, Duration::from_millis(1)),
         &[ALPN_H3],
-        12,
+        seed,
     );
     spawn_h3(
         s.server.clone(),
@@ -428,6 +424,17 @@ async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
         .unwrap()
         .connection()
         .clone();
+    (s, raw)
+}
+
+/// Decision T12: a frame h3 would hold whole (HEADERS, an unknown type), announced longer than
+/// the limit, is refused from its header: a request stream is stopped with
+/// H3_EXCESSIVE_LOAD before the peer has sent more than its first flight, and the same on the
+/// control stream closes the connection. Without the guard the server read on (and held) all
+/// of it. The peer's QPACK streams are read and dropped. Honest requests are served meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
+    let (s, raw) = h3_server_and_raw_client(12).await;
     // HEADERS (type 0x01) announcing 2^29 bytes, then filler.
     let (mut send, _recv) = raw.open_bi().await.unwrap();
     send.write_all(&[0x01, 0x80 | 0x20, 0, 0, 0]).await.unwrap();
@@ -503,17 +510,7 @@ async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
 /// (an acknowledged body lost). The guard drops such frames (decision T12).
 #[tokio::test(start_paused = true)]
 async fn an_empty_data_frame_does_not_end_a_body() {
-    let s = setup(
-        LinkParams::new(1_000_000_000, Duration::from_millis(1)),
-        &[ALPN_H3],
-        13,
-    );
-    spawn_h3(s.server.clone(), ServeLimits::default());
-    let raw = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
-        .await
-        .unwrap()
-        .connection()
-        .clone();
+    let (_net, raw) = h3_server_and_raw_client(13).await;
     // POST https://localhost/ as QPACK static-table references and one literal.
     let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
     block.extend_from_slice(b"localhost");
@@ -540,23 +537,7 @@ async fn an_empty_data_frame_does_not_end_a_body() {
 /// while an honest connection's requests go on.
 #[tokio::test(start_paused = true)]
 async fn a_peer_ending_streams_before_their_headers_is_cut_off() {
-    let s = setup(
-        LinkParams::new(1_000_000_000, Duration::from_millis(1)),
-        &[ALPN_H3],
-        14,
-    );
-    spawn_h3(
-        s.server.clone(),
-        ServeLimits {
-            max_body: 10_000,
-            ..Default::default()
-        },
-    );
-    let raw = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
-        .await
-        .unwrap()
-        .connection()
-        .clone();
+    let (s, raw) = h3_server_and_raw_client(14).await;
     let mut ended = 0;
     let closed = loop {
         if let Some(why) = raw.close_reason() {

@@ -238,13 +238,13 @@ async fn a_server_crash_mid_upload_loses_nothing_the_client_keeps_sending() {
     drop(first);
     // The old socket is freed once its closing connections are gone (3 PTOs), which a loaded
     // machine can stretch past any fixed sleep: bind as soon as the address is free.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let socket = loop {
         match Socket::bind_udp(addr) {
             Ok(s) => break s,
             Err(e) => {
                 assert!(
-                    std::time::Instant::now() < deadline,
+                    tokio::time::Instant::now() < deadline,
                     "{addr} still bound: {e}"
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;
