@@ -274,8 +274,9 @@ impl Forwarder {
             deadline: now + budget,
             current: None,
         };
+        let class = s.priority;
         let pick = assign(&mut *self.scheduler, &mut self.paths, s, &r, now);
-        let step = attempt(&mut self.paths, id, &mut r, pick, now);
+        let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
         self.requests.insert(id, r);
         Ok((id, priority, step))
     }
@@ -358,8 +359,9 @@ impl Forwarder {
                 return Step::Refused(e);
             }
         };
+        let class = s.priority;
         let pick = assign(&mut *self.scheduler, &mut self.paths, s, &r, now);
-        let step = attempt(&mut self.paths, id, &mut r, pick, now);
+        let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
         self.requests.insert(id, r);
         step
     }
@@ -489,6 +491,7 @@ fn attempt(
     id: RequestId,
     r: &mut InFlight,
     pick: Option<PathId>,
+    class: Priority,
     now: Instant,
 ) -> Step {
     match pick {
@@ -498,7 +501,7 @@ fn attempt(
         }),
         Some(path) => {
             r.attempts += 1;
-            let ticket = paths.on_request_sent(path, r.bytes, now);
+            let ticket = paths.on_request_sent(path, class, r.bytes, now);
             r.current = Some(ticket);
             Step::Send(Attempt {
                 request: id,

@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::scheduler::Priority;
+
 /// A backhaul path, by its index in the gateway's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PathId(pub usize);
@@ -83,9 +85,6 @@ const LOSS_WINDOW_PACKETS: f64 = 256.0;
 /// window for a 1200-byte MTU: 10 packets, at least 14 720 bytes).
 pub const ASSUMED_WINDOW: f64 = 14_720.0;
 
-/// quinn's pacer sends 1.25 windows per smoothed RTT.
-pub const PACING_GAIN: f64 = 1.25;
-
 /// How much each earlier sample of a path's answer rate still counts when a new one arrives (about the last ten answers).
 const SERVED_DECAY: f64 = 0.9;
 
@@ -107,6 +106,8 @@ struct Pending {
     /// Whether it fitted in the window with the bytes unsent before it: its answer then times
     /// the path, not the window's growth.
     in_window: bool,
+    /// Whether it is best effort: its bytes wait behind every priority byte (decision G24).
+    best_effort: bool,
 }
 
 /// One row of Table 1, and what the per-request scheduler needs beyond it.
@@ -137,6 +138,8 @@ pub struct PathState {
     pub min_rtt: Option<Duration>,
     /// When the path last answered a request.
     last_answer: Option<Instant>,
+    /// When the path last answered a best-effort request.
+    last_best_effort_answer: Option<Instant>,
     /// When the answer rate last had a sample.
     served_at: Option<Instant>,
     /// Decayed sums over answers: (bytes answered, seconds the path spent on them), and how
@@ -166,9 +169,25 @@ impl PathState {
     /// send times `t` (the unrolled Lindley recursion), stopping once `rate × (now − t)`
     /// exceeds every pending byte: only recent requests are visited.
     pub fn backlog(&self, rate: f64, now: Instant) -> f64 {
-        let total = self.queued_bytes as f64;
+        self.backlog_ahead_of(Priority::BestEffort, rate, now)
+    }
+
+    /// [`backlog`](Self::backlog) as a request of `class` finds it: a priority request's bytes
+    /// go before best effort's (decision G24), so only priority bytes are ahead of it; every
+    /// byte is ahead of a best-effort request.
+    pub fn backlog_ahead_of(&self, class: Priority, rate: f64, now: Instant) -> f64 {
+        let counts = |q: &&Pending| class == Priority::BestEffort || !q.best_effort;
+        let total: f64 = match class {
+            Priority::BestEffort => self.queued_bytes as f64,
+            Priority::Priority => self
+                .pending
+                .values()
+                .filter(counts)
+                .map(|q| q.bytes as f64)
+                .sum(),
+        };
         let (mut since, mut backlog) = (0.0f64, 0.0f64);
-        for q in self.pending.values().rev() {
+        for q in self.pending.values().rev().filter(counts) {
             let drained = rate * now.saturating_duration_since(q.sent).as_secs_f64();
             if drained >= total {
                 break;
@@ -189,15 +208,19 @@ impl PathState {
         (fresh && n >= SERVED_MIN_SAMPLES && secs > 0.0 && bytes > 0.0).then(|| bytes / secs)
     }
 
-    /// The rate, bytes/s, at which the path's sender drains its queue: quinn's pacing rate
-    /// ([`PACING_GAIN`] windows per RTT), bounded by the answer rate once measured (a window
-    /// grown past the bottleneck's capacity paces faster than the path delivers). `None` while
-    /// the path has no RTT.
+    /// The rate, bytes/s, at which the path's sender drains its queue: a window per RTT (a
+    /// sender with a queue is window-limited; quinn paces 1.25 windows per RTT, but a window's
+    /// bytes in flight wait for their acknowledgements before the next window: decision G24),
+    /// bounded by the answer rate once measured (a window grown past the bottleneck's capacity
+    /// sends faster than the path delivers). `None` while the path has no RTT.
     pub fn drain_rate(&self, now: Instant) -> Option<f64> {
         let r = self.quic_rtt.or(self.rtt)?.as_secs_f64().max(1e-6);
         let w = self.cwnd.map_or(ASSUMED_WINDOW, |c| c as f64).max(1_200.0);
-        let pace = PACING_GAIN * w / r;
-        Some(self.served_rate(now).map_or(pace, |c| pace.min(c)))
+        let window_rate = w / r;
+        Some(
+            self.served_rate(now)
+                .map_or(window_rate, |c| window_rate.min(c)),
+        )
     }
 
     /// Requests sent on the path and not yet answered.
@@ -245,6 +268,7 @@ impl PathTable {
                 pending: BTreeMap::new(),
                 min_rtt: None,
                 last_answer: None,
+                last_best_effort_answer: None,
                 served_at: None,
                 served: (0.0, 0.0, 0),
                 counters: None,
@@ -277,11 +301,25 @@ impl PathTable {
         self.paths.iter().filter(|p| p.up)
     }
 
-    /// How long `p`'s oldest unanswered request has waited, if longer than the path's probe
-    /// timeout (`max(3 × srtt, min_probe_timeout)`): past it, the path is slower than its RTT
-    /// says, or silent.
+    /// How long `p` has had a request unanswered without answering any, if longer than its
+    /// probe timeout (`max(3 × srtt, min_probe_timeout)`): the time since its last answer or
+    /// since its oldest unanswered request was sent, whichever is later. Past it, the path is
+    /// slower than its RTT says, or silent; a path that keeps answering is not silent, however
+    /// long its queue (a burst waiting for the window to grow is progress; decision G24).
+    /// Priority requests judge a path by it: their bytes go first, so answers mean theirs move.
+    pub fn silent(&self, p: &PathState, now: Instant) -> Option<Duration> {
+        let waited = unanswered(p.oldest_pending(), p.last_answer, now)?;
+        (waited > p.timeout(&self.cfg)).then_some(waited)
+    }
+
+    /// [`silent`](Self::silent) as best-effort requests see it: the longer of that and the time
+    /// best-effort requests there have gone unanswered (since the oldest was sent or one was
+    /// last answered). Their bytes wait behind every priority byte (decision G24), so a path
+    /// busy answering priority requests can be stalled for them.
     pub fn stalled(&self, p: &PathState, now: Instant) -> Option<Duration> {
-        let waited = now.saturating_duration_since(p.oldest_pending()?);
+        let oldest = p.pending.values().find(|q| q.best_effort).map(|q| q.sent);
+        let own = unanswered(oldest, p.last_best_effort_answer, now);
+        let waited = own.max(unanswered(p.oldest_pending(), p.last_answer, now))?;
         (waited > p.timeout(&self.cfg)).then_some(waited)
     }
 
@@ -417,9 +455,15 @@ impl PathTable {
         p.counters = Some((s.sent_packets, s.lost_packets));
     }
 
-    /// A request of `bytes` went out on `id` and expects an answer; hand the ticket back with
-    /// [`on_request_done`](Self::on_request_done) however it ends.
-    pub fn on_request_sent(&mut self, id: PathId, bytes: u64, now: Instant) -> Ticket {
+    /// A request of `bytes` and class `class` went out on `id` and expects an answer; hand the
+    /// ticket back with [`on_request_done`](Self::on_request_done) however it ends.
+    pub fn on_request_sent(
+        &mut self,
+        id: PathId,
+        class: Priority,
+        bytes: u64,
+        now: Instant,
+    ) -> Ticket {
         let seq = self.next_ticket;
         self.next_ticket += 1;
         if let Some(p) = self.paths.get_mut(id.0) {
@@ -432,6 +476,7 @@ impl PathTable {
                     sent: now,
                     bytes,
                     in_window,
+                    best_effort: class == Priority::BestEffort,
                 },
             );
             p.queued_bytes += bytes;
@@ -460,6 +505,7 @@ impl PathTable {
             sent,
             bytes,
             in_window,
+            best_effort,
         }) = p.pending.remove(&ticket.seq)
         else {
             return;
@@ -491,6 +537,9 @@ impl PathTable {
             }
         }
         p.last_answer = Some(p.last_answer.map_or(now, |prev| prev.max(now)));
+        if best_effort {
+            p.last_best_effort_answer = Some(now.max(p.last_best_effort_answer.unwrap_or(now)));
+        }
     }
 
     /// The path's QUIC connection closed or timed out: the path is down now; probing continues
@@ -508,6 +557,7 @@ impl PathTable {
             p.served = (0.0, 0.0, 0);
             p.served_at = None;
             p.last_answer = None;
+            p.last_best_effort_answer = None;
             p.min_rtt = None;
             p.next_probe = p.next_probe.min(now + p.timeout(&cfg));
         }
@@ -519,6 +569,14 @@ impl PathTable {
             p.awaiting_since = None;
         }
     }
+}
+
+/// How long since a request sent at `oldest` (still unanswered) or the last answer, whichever
+/// is later; `None` with nothing unanswered.
+fn unanswered(oldest: Option<Instant>, last: Option<Instant>, now: Instant) -> Option<Duration> {
+    let oldest = oldest?;
+    let since = last.map_or(oldest, |a| a.max(oldest));
+    Some(now.saturating_duration_since(since))
 }
 
 #[cfg(test)]
@@ -571,8 +629,8 @@ mod tests {
                 min_rtt: ms(10),
             },
         );
-        let a = t.on_request_sent(id, 10_000, t0);
-        let b = t.on_request_sent(id, 10_000, t0 + ms(1));
+        let a = t.on_request_sent(id, Priority::Priority, 10_000, t0);
+        let b = t.on_request_sent(id, Priority::Priority, 10_000, t0 + ms(1));
         let p = t.get(id).unwrap();
         let near = |x: f64, want: f64| (x - want).abs() < 1e-3;
         // 5 MB/s drains 5 kB per ms.
@@ -586,7 +644,7 @@ mod tests {
         t.on_request_answered(a, t0 + ms(12));
         t.on_request_answered(b, t0 + ms(14));
         let later: Vec<_> = (0..2)
-            .map(|_| t.on_request_sent(id, 10_000, t0 + ms(20)))
+            .map(|_| t.on_request_sent(id, Priority::Priority, 10_000, t0 + ms(20)))
             .collect();
         assert_eq!(
             t.get(id).unwrap().served_rate(t0 + ms(20)),
@@ -604,24 +662,24 @@ mod tests {
         assert!(near(rate(&t, t0 + ms(34)).unwrap(), 5e6), "4 samples");
         assert_eq!(t.get(id).unwrap().queued_bytes, 0);
         // A request bigger than the window waits for it: no sample.
-        let big = t.on_request_sent(id, 200_000, t0 + ms(40));
+        let big = t.on_request_sent(id, Priority::Priority, 200_000, t0 + ms(40));
         t.on_request_answered(big, t0 + ms(400));
         assert!(near(rate(&t, t0 + ms(400)).unwrap(), 5e6));
-        // The drain rate is the pacing rate (1.25 windows per RTT: 12.5 MB/s) bounded by it.
+        // The drain rate is a window per RTT (10 MB/s) bounded by it.
         let p = t.get(id).unwrap();
         assert!(near(p.drain_rate(t0 + ms(400)).unwrap(), 5e6));
-        // Forgotten 2 s after the last sample: the path is paced again.
+        // Forgotten 2 s after the last sample: a window per RTT again.
         let quiet = t0 + ms(34) + SERVED_TTL + ms(1);
         assert_eq!(p.served_rate(quiet), None);
-        assert!(near(p.drain_rate(quiet).unwrap(), 12.5e6));
+        assert!(near(p.drain_rate(quiet).unwrap(), 10e6));
         // The next sample starts afresh (one sample: not yet a rate)...
-        let k = t.on_request_sent(id, 10_000, quiet);
+        let k = t.on_request_sent(id, Priority::Priority, 10_000, quiet);
         t.on_request_answered(k, quiet + ms(14));
         assert_eq!(t.get(id).unwrap().served.2, 1);
         assert_eq!(rate(&t, quiet + ms(14)), None);
         // ...and an answer at the same instant as a sample adds its bytes to that sample's gap.
         let two: Vec<_> = (0..2)
-            .map(|_| t.on_request_sent(id, 10_000, quiet + ms(20)))
+            .map(|_| t.on_request_sent(id, Priority::Priority, 10_000, quiet + ms(20)))
             .collect();
         t.on_request_answered(two[0], quiet + ms(32));
         t.on_request_answered(two[1], quiet + ms(32));
@@ -630,7 +688,7 @@ mod tests {
         assert!(near(bytes, 10_000.0 * SERVED_DECAY + 20_000.0), "{bytes}");
         assert!(near(secs, 0.004 * SERVED_DECAY + 0.002), "{secs}");
         // A small request's answer times the server, not the path: no sample.
-        let small = t.on_request_sent(id, 100, quiet + ms(40));
+        let small = t.on_request_sent(id, Priority::Priority, 100, quiet + ms(40));
         t.on_request_answered(small, quiet + ms(60));
         assert_eq!(t.get(id).unwrap().served.2, 2);
         t.on_connection_lost(id, t0 + ms(500));
@@ -645,7 +703,7 @@ mod tests {
         t.on_probe_ack(PathId(0), p[0].seq, t0 + ms(50));
         // The path dies at 1 s; traffic is sent and gets no answer.
         let dead = t0 + Duration::from_secs(1);
-        t.on_request_sent(PathId(0), 1000, dead);
+        t.on_request_sent(PathId(0), Priority::Priority, 1000, dead);
         let mut now = dead;
         let step = ms(10);
         while t.get(PathId(0)).unwrap().up {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::path::{PathId, PathState, PathTable, ASSUMED_WINDOW, PACING_GAIN};
+use crate::path::{PathId, PathState, PathTable, ASSUMED_WINDOW};
 
 /// A device's class (paper 000 Fig. 2 step 4: 0 non-priority, 1 priority).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -225,51 +225,50 @@ impl Scheduler for Single {
 /// The payload a request's packets carry, for the loss term.
 const PACKET_PAYLOAD: f64 = 1_200.0;
 
-/// Ours (decisions G13, G14, G20, G22): every request goes where it is expected to complete first.
+/// Ours (decisions G13, G14, G20, G24): every request goes where it costs least, its own
+/// expected completion time plus the delay it adds to the requests behind it.
 ///
 /// For each usable path, with `r` its RTT (QUIC's latest smoothed RTT), `w` its congestion
 /// window, `b` this request's bytes, `ℓ` its packet loss rate, `D` the rate its sender drains
-/// requests at (quinn's pacing rate `1.25 · w / r`, bounded by `C`, the rate the path answered
-/// requests, once measured and fresh: `PathTable::on_request_answered`) and `B` the request bytes still unsent on it (a fluid
-/// queue of the pending requests drained at `D`):
+/// requests at (a window per RTT, bounded by `C`, the rate the path answered requests, once
+/// measured and fresh: `PathTable::on_request_answered`), `B` the request bytes still unsent
+/// on it (a fluid queue of the pending requests drained at `D`) and `Bc` those of them ahead
+/// of this request in the sender's queue (a priority request's bytes go before best effort's:
+/// only priority bytes are ahead of it; all of `B` is ahead of a best-effort request), the
+/// expected completion is
 ///
-/// `E = max(r · (1 + F((B + b) / (1.25 · w))), r + (B + b) / C) + r · (1 − (1 − ℓ)^(⌈b / 1200⌉ + 1))`
+/// `E = max(r · (1 + F((Bc + b) / w)), r + (B + b) / C) + r · (1 − (1 − ℓ)^(⌈b / 1200⌉ + 1))`
 ///
-/// — a round trip, plus the time the sender needs to send what is ahead and this request:
-/// quinn paces 1.25 windows per round trip, so `x` of those take `F(x) = x` round trips once the
-/// connection has had a congestion event, and `F(x) = log2(1 + x)` before, in slow start, where
-/// the window doubles every round trip it is filled; at least the time the path's bottleneck
-/// needs for those bytes at the rate it was seen to serve, while `C` is known (a window grown
-/// past the capacity paces faster than the path delivers); plus a round trip for a retransmission weighted by the
-/// chance that one of the request's packets (or its answer) is lost. Once the
-/// oldest request unanswered on the path has waited longer than the path table's timeout
-/// (`max(3 × srtt, 100 ms)`), the first term is at least that wait: a path that went silent or
-/// slow is left within a few RTTs (the wait replaces the queue estimate, which it already
-/// contains, rather than multiplying it). Priority requests take the lowest `E`. Best-effort requests
-/// are placed by the exploring estimate ([`Completion::expected_exploring`], decision G20: in
-/// slow start `B` pays the window's growth, and `b` only beyond its first paced window); on
-/// the path a priority request would take now they pay the time beyond the round trip
-/// `1 + best_effort_margin` times ([`Completion::on_priority_path`], decision G22), so small
-/// requests share it while it is idle (a request whose own pacing there, counted twice, costs
-/// more than the next path's longer round trip goes to that path), they spill off it first as
-/// it loads, and priority traffic keeps the best path (paper 000's guarantee). Unmeasured
-/// paths come last;
-/// ties go to the lower path index.
-#[derive(Debug, Clone)]
-pub struct Completion {
-    /// Extra cost, for best-effort requests, of the time beyond one round trip on the priority
-    /// class's path (1.0: that time counts twice; [`Completion::on_priority_path`]).
-    pub best_effort_margin: f64,
-}
-
-impl Default for Completion {
-    fn default() -> Self {
-        // Decision G22: the wait counts twice there (its own and the priority traffic's).
-        Completion {
-            best_effort_margin: 1.0,
-        }
-    }
-}
+/// — a round trip, plus the time the sender needs to send what is ahead and this request: a
+/// sender with a queue sends a window per round trip (not quinn's pacing rate of 1.25 windows:
+/// a window's bytes wait for their acknowledgements), so `x` windows take `F(x) = x` round
+/// trips once the connection has had a congestion event, and `F(x) = log2(1 + x)` before, in
+/// slow start, where the window doubles every round trip it is filled; at least the time the
+/// path's bottleneck needs for every byte released before this request and its own, at the
+/// rate it was seen to serve, while `C` is known (a window grown past the capacity sends faster
+/// than the path delivers, and the bottleneck serves in turn whatever it was sent); plus a round trip
+/// for a retransmission weighted by the chance that one of the request's packets (or its
+/// answer) is lost. Once the path has kept a request waiting past the path table's timeout
+/// (`max(3 × srtt, 100 ms)`), the first term is at least that wait (it replaces the queue
+/// estimate, which it already contains): for a priority request the time since the path last
+/// answered ([`PathTable::silent`]), since priority bytes go first and a path that answers is
+/// serving them; for a best-effort request the longer of that and the time best-effort requests
+/// there have gone unanswered ([`PathTable::stalled`]), since its bytes wait behind every
+/// priority byte.
+///
+/// The request goes where `r + 2 · (E − r)` is lowest ([`Completion::marginal`]): the time
+/// beyond the round trip counts twice, once for this request and once for the requests that
+/// will queue behind it there, which is what adding it to the path's queue costs the gateway's
+/// requests in all (the derivative of a queue's total delay; the round trip delays no one).
+/// Placing each request by its own `E` alone loads the best path until it is no better than
+/// the others, and every request there then waits (decision G24). Priority requests are placed
+/// by `E`; best-effort ones by the exploring estimate ([`Completion::expected_exploring`],
+/// decision G20: in slow start `B` pays the window's growth, and `b` only beyond its first
+/// window). Priority's bytes go before best effort's on a shared connection (stream urgency,
+/// decision G24), which keeps paper 000's guarantee where both classes share a path.
+/// Unmeasured paths come last; ties go to the lower path index.
+#[derive(Debug, Clone, Default)]
+pub struct Completion;
 
 impl Completion {
     /// Expected completion time of `bytes` on `p` (a path of `table`) at `now`, seconds;
@@ -279,12 +278,12 @@ impl Completion {
     }
 
     /// [`expected`](Self::expected) for a best-effort request: in slow start the queue ahead
-    /// pays the window's growth, and the request only for what exceeds its first paced window
-    /// (decision G20). A window that
-    /// light use kept small grows with the first requests a path carries and keeps its size
-    /// (quinn does not shrink an idle window), so charging every request the slow start only
-    /// the first ones pay would keep a lightly used path unused; best-effort traffic pays for
-    /// that exploration, priority traffic never does.
+    /// pays the window's growth, and the request only for what exceeds its first window
+    /// (decision G20); a path that has kept its oldest request waiting past its timeout is at
+    /// least that slow. A window that light use kept small grows with the first requests a
+    /// path carries and keeps its size (quinn does not shrink an idle window), so charging
+    /// every request the slow start only the first ones pay would keep a lightly used path
+    /// unused; best-effort traffic pays for that exploration, priority traffic never does.
     pub fn expected_exploring(
         table: &PathTable,
         p: &PathState,
@@ -302,42 +301,59 @@ impl Completion {
         exploring: bool,
     ) -> Option<f64> {
         let r = p.quic_rtt.or(p.rtt)?.as_secs_f64();
-        let waited = table.stalled(p, now).map_or(0.0, |d| d.as_secs_f64());
+        let waited = if exploring {
+            table.stalled(p, now)
+        } else {
+            table.silent(p, now)
+        };
+        let waited = waited.map_or(0.0, |d| d.as_secs_f64());
         let w = p
             .cwnd
             .map_or(ASSUMED_WINDOW, |c| c as f64)
             .max(PACKET_PAYLOAD);
-        let backlog = p.drain_rate(now).map_or(0.0, |d| p.backlog(d, now));
+        // The sender's queue is in urgency order: a priority request's window is taken only
+        // by priority bytes ahead of it; the bottleneck serves every byte released to it in
+        // turn, whatever its class (decision G24).
+        let (backlog, all) = match p.drain_rate(now) {
+            Some(d) if !exploring => (
+                p.backlog_ahead_of(Priority::Priority, d, now),
+                p.backlog(d, now),
+            ),
+            Some(d) => {
+                let b = p.backlog(d, now);
+                (b, b)
+            }
+            None => (0.0, 0.0),
+        };
         let ahead = backlog + bytes as f64;
         let flights = 1.0
             + if p.slow_start {
-                // Exploring, the request pays only for what exceeds its first paced window.
+                // Exploring, the request pays only for what exceeds its first window.
                 let grows = if exploring {
-                    backlog + (bytes as f64 - PACING_GAIN * w).max(0.0)
+                    backlog + (bytes as f64 - w).max(0.0)
                 } else {
                     ahead
                 };
-                (grows / (PACING_GAIN * w)).ln_1p() / std::f64::consts::LN_2
+                (grows / w).ln_1p() / std::f64::consts::LN_2
             } else {
-                ahead / (PACING_GAIN * w)
+                ahead / w
             };
-        let served = p.served_rate(now).map_or(0.0, |c| ahead / c);
+        let served = p.served_rate(now).map_or(0.0, |c| (all + bytes as f64) / c);
         let packets = (bytes as f64 / PACKET_PAYLOAD).ceil() + 1.0;
         let retransmit = 1.0 - (1.0 - p.loss.clamp(0.0, 1.0)).powf(packets);
         Some((r * flights).max(r + served).max(waited) + r * retransmit)
     }
 
-    /// What a best-effort request expected to complete in `e` on `p`, the path priority
-    /// requests would take now, is charged there (decision G22): the round trip as it is, and
-    /// the time beyond it — queue, pacing, slow start, the retransmission term — `1 +
-    /// best_effort_margin` times, since a request waiting there delays the priority requests
-    /// behind it by about as much as it waits itself.
-    pub fn on_priority_path(&self, p: &PathState, e: f64) -> f64 {
-        let Some(r) = p.quic_rtt.or(p.rtt) else {
-            return e;
-        };
-        let r = r.as_secs_f64();
-        r + (e - r) * (1.0 + self.best_effort_margin)
+    /// What placing a request expected to complete in `e` on `p` costs: the round trip once,
+    /// the time beyond it twice (its own wait and the wait it adds behind it; decision G24).
+    pub fn marginal(p: &PathState, e: f64) -> f64 {
+        match p.quic_rtt.or(p.rtt) {
+            Some(r) => {
+                let r = r.as_secs_f64();
+                r + 2.0 * (e - r)
+            }
+            None => e,
+        }
     }
 
     /// The path with the lowest cost among `costs`, the lower index on a tie.
@@ -354,26 +370,13 @@ impl Scheduler for Completion {
     }
 
     fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
-        // Each usable path's expected completion (unmeasured paths last).
-        let cost = |p: &PathState, exploring: bool| {
-            let e = Self::estimate(table, p, ask.bytes, ask.now, exploring);
-            (e.unwrap_or(f64::INFINITY), p.id)
-        };
-        let first = Self::best(table.usable(ask.avoid).map(|p| cost(p, false)))?;
-        match ask.priority {
-            Priority::Priority => Some(first),
-            Priority::BestEffort => Self::best(table.usable(ask.avoid).map(|p| {
-                let (e, id) = cost(p, true);
-                (
-                    if id == first {
-                        self.on_priority_path(p, e)
-                    } else {
-                        e
-                    },
-                    id,
-                )
-            })),
-        }
+        let exploring = ask.priority == Priority::BestEffort;
+        // Each usable path's marginal cost (unmeasured paths last).
+        Self::best(table.usable(ask.avoid).map(|p| {
+            let cost = Self::estimate(table, p, ask.bytes, ask.now, exploring)
+                .map_or(f64::INFINITY, |e| Self::marginal(p, e));
+            (cost, p.id)
+        }))
     }
 }
 
@@ -392,7 +395,7 @@ pub const SCHEDULERS: [&str; 5] = [
 /// A scheduler by name: one of [`SCHEDULERS`].
 pub fn by_name(name: &str) -> Result<Box<dyn Scheduler>, String> {
     match name {
-        "completion" => Ok(Box::new(Completion::default())),
+        "completion" => Ok(Box::new(Completion)),
         "adaptive" => Ok(Box::new(Adaptive::default())),
         "adaptive-packets" => Ok(Box::new(Adaptive::packets())),
         "round-robin" | "roundrobin" | "rr" => Ok(Box::new(RoundRobin::default())),
@@ -633,9 +636,7 @@ mod tests {
     }
 
     fn completion(t: &PathTable, priority: Priority) -> Option<usize> {
-        Completion::default()
-            .pick(t, &ask(priority, None))
-            .map(|p| p.0)
+        Completion.pick(t, &ask(priority, None)).map(|p| p.0)
     }
 
     #[test]
@@ -657,10 +658,11 @@ mod tests {
                 Some(0),
             ),
             (
-                // 16 KB on a 64 KB window: 10 × (1 + 2 × 0.2) = 14.1 ms against 11 × 1.2 = 13.3.
-                "best effort leaves priority's path for one 10 % slower when its pacing, counted twice, costs more",
-                &[(10, w, 0.0, true), (11, w, 0.0, true)],
-                be,
+                // 16 KB on an 8 KB window: E = 10 × (1 + 2.05) = 30.5 ms, costing 10 + 2 × 20.5
+                // = 51 ms, against E = 25 × 1.26 = 31.4 ms costing 25 + 2 × 6.4 = 37.8 ms.
+                "a request that would wait costs its wait twice: the idle path a little slower",
+                &[(10, 8_000, 0.0, true), (25, w, 0.0, true)],
+                hi,
                 Some(1),
             ),
             (
@@ -698,26 +700,15 @@ mod tests {
         for (name, rows, prio, want) in cases {
             assert_eq!(completion(&measured(rows), *prio), *want, "{name}");
         }
-        // A small best-effort request shares an idle priority path (decision G22): 2 KB costs
-        // 10 × (1 + 2 × 0.025) = 10.5 ms there against 11 × 1.025 = 11.3 ms on the next one
-        // (G14's 1.15 × 10.25 = 11.8 ms sent it there).
+        // By its own expected completion alone, that request would have queued on path 0.
+        let t = measured(&[(10, 8_000, 0.0, true), (25, w, 0.0, true)]);
+        let at = T0.with(|t| *t);
+        let e = |p: usize| Completion::expected(&t, t.get(PathId(p)).unwrap(), 16_384, at);
+        assert!(e(0).unwrap() < e(1).unwrap());
+        // Both classes share an idle best path (stream urgency keeps priority first, G24).
         let t = measured(&[(10, w, 0.0, true), (11, w, 0.0, true)]);
-        let small = |mut c: Completion| {
-            let at = T0.with(|t| *t);
-            c.pick(&t, &Ask::new(be, 2_000, None, at))
-        };
-        assert_eq!(small(Completion::default()), Some(PathId(0)));
-        // The rule it replaced would not have.
-        let whole = |p: &PathState| {
-            let at = T0.with(|t| *t);
-            let e = Completion::expected_exploring(&t, p, 2_000, at).unwrap();
-            if p.id == PathId(0) {
-                1.15 * e
-            } else {
-                e
-            }
-        };
-        assert!(whole(t.get(PathId(0)).unwrap()) > whole(t.get(PathId(1)).unwrap()));
+        assert_eq!(completion(&t, be), Some(0));
+        assert_eq!(completion(&t, hi), Some(0));
         // Unmeasured paths come last.
         let t = table(&[(None, 0, true), (Some(80), 0, true)]);
         assert_eq!(completion(&t, hi), Some(1));
@@ -730,15 +721,20 @@ mod tests {
         let t0 = T0.with(|t| *t);
         let mut t = measured(&[(10, 32_000, 0.0, true), (20, 32_000, 0.0, true)]);
         assert_eq!(completion(&t, Priority::Priority), Some(0));
-        // 45 KB unsent on path 0: 1 + (45 + 16.4) / (1.25 × 32) = 2.5 round trips of 10 ms
-        // against 20 × 1.4 = 28 ms on path 1; with 60 KB, 2.9: moved.
+        // 30 KB unsent on path 0: 1 + (30 + 16.4) / 32 = 2.45 round trips of 10 ms, costing
+        // 10 + 2 × 14.5 = 39 ms, against 20 × 1.51 = 30.2 ms on path 1, costing 20 + 2 × 10.2
+        // = 40.5 ms; with 45 KB unsent, 48.4 ms: moved.
         let mut tickets = Vec::new();
-        for _ in 0..3 {
-            tickets.push(t.on_request_sent(PathId(0), 15_000, t0));
+        for _ in 0..2 {
+            tickets.push(t.on_request_sent(PathId(0), Priority::Priority, 15_000, t0));
         }
-        assert_eq!(completion(&t, Priority::Priority), Some(0), "25 ms < 28 ms");
-        tickets.push(t.on_request_sent(PathId(0), 15_000, t0));
-        assert_eq!(completion(&t, Priority::Priority), Some(1), "29 ms > 28 ms");
+        assert_eq!(completion(&t, Priority::Priority), Some(0), "39 < 40.5 ms");
+        tickets.push(t.on_request_sent(PathId(0), Priority::Priority, 15_000, t0));
+        assert_eq!(
+            completion(&t, Priority::Priority),
+            Some(1),
+            "48.4 > 40.5 ms"
+        );
         for k in tickets.drain(..) {
             t.on_request_done(k);
         }
@@ -746,7 +742,7 @@ mod tests {
         assert_eq!(completion(&t, Priority::Priority), Some(0));
         // One small request unanswered past the path's timeout (max(3 × 10 ms, 100 ms)): the
         // path is at least that slow now.
-        let k = t.on_request_sent(PathId(0), 100, t0);
+        let k = t.on_request_sent(PathId(0), Priority::Priority, 100, t0);
         let later = |ms| {
             Ask::new(
                 Priority::Priority,
@@ -755,7 +751,7 @@ mod tests {
                 t0 + Duration::from_millis(ms),
             )
         };
-        let mut c = Completion::default();
+        let mut c = Completion;
         assert_eq!(c.pick(&t, &later(99)), Some(PathId(0)));
         assert_eq!(c.pick(&t, &later(101)), Some(PathId(1)));
         t.on_request_done(k);
@@ -764,7 +760,37 @@ mod tests {
         assert_eq!(t.get(PathId(0)).unwrap().pending_requests(), 0);
     }
 
-    /// Bytes already sent (drained at the pacing rate) do not hold a new request back; unsent
+    /// A path that keeps answering priority requests while a best-effort one waits (a burst
+    /// waiting for the window to grow, or best effort waiting behind priority's bytes) is not
+    /// silent: priority stays on it; best effort, whose requests are the ones that wait,
+    /// leaves, unless its own requests there are answered too (decision G24).
+    #[test]
+    fn priority_judges_a_path_by_its_answers_and_best_effort_by_its_own() {
+        let t0 = T0.with(|t| *t);
+        let ms = Duration::from_millis;
+        let (hi, be) = (Priority::Priority, Priority::BestEffort);
+        let mut t = measured(&[(10, 32_000, 0.0, true), (20, 32_000, 0.0, true)]);
+        let at = |p, x| Ask::new(p, 16_384, None, t0 + ms(x));
+        let waiting = t.on_request_sent(PathId(0), be, 100, t0);
+        let answered = t.on_request_sent(PathId(0), hi, 100, t0 + ms(50));
+        t.on_request_answered(answered, t0 + ms(90));
+        let mut c = Completion;
+        // 120 ms after the best-effort request was sent, 30 ms after the last answer (the
+        // path's timeout is 100 ms).
+        assert_eq!(c.pick(&t, &at(hi, 120)), Some(PathId(0)));
+        assert_eq!(c.pick(&t, &at(be, 120)), Some(PathId(1)));
+        // A best-effort answer at 100 ms: best effort stays too.
+        let other = t.on_request_sent(PathId(0), be, 100, t0 + ms(60));
+        t.on_request_answered(other, t0 + ms(100));
+        assert_eq!(c.pick(&t, &at(be, 120)), Some(PathId(0)));
+        // 110 ms without any answer: silent for both.
+        assert_eq!(c.pick(&t, &at(hi, 210)), Some(PathId(1)));
+        assert_eq!(c.pick(&t, &at(be, 210)), Some(PathId(1)));
+        t.on_request_done(waiting);
+        assert_eq!(c.pick(&t, &at(be, 210)), Some(PathId(0)));
+    }
+
+    /// Bytes already sent (drained at a window per RTT) do not hold a new request back; unsent
     /// ones do; and a path whose answers came slowly is charged for its
     /// backlog at that rate, however large its window (decision G14).
     #[test]
@@ -774,26 +800,26 @@ mod tests {
         let mut t = measured(&[(10, 64_000, 0.0, true), (10, 64_000, 0.0, true)]);
         // Four requests sent 50 ms ago: at 8 MB/s they left long since.
         for _ in 0..4 {
-            t.on_request_sent(PathId(0), 16_384, t0 - ms(50));
+            t.on_request_sent(PathId(0), Priority::Priority, 16_384, t0 - ms(50));
         }
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(0),
             "equal: the lower index"
         );
-        t.on_request_sent(PathId(0), 16_384, t0);
+        t.on_request_sent(PathId(0), Priority::Priority, 16_384, t0);
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(1),
             "16 KB unsent on path 0"
         );
 
-        // Path 0 has a window of 10 MB (paced at 1.25 GB/s) but answered 16 KB every 16 ms
+        // Path 0 has a window of 10 MB (1 GB/s at a window per RTT) but answered 16 KB every 16 ms
         // (from one min RTT after they were sent): 1 MB/s.
         let rows = [(10, 10_000_000, 0.0, true), (24, 64_000, 0.0, true)];
         let mut t = measured(&rows);
         let sent: Vec<_> = (0..6)
-            .map(|_| t.on_request_sent(PathId(0), 16_384, t0 - ms(200)))
+            .map(|_| t.on_request_sent(PathId(0), Priority::Priority, 16_384, t0 - ms(200)))
             .collect();
         for (k, ticket) in sent.into_iter().enumerate() {
             t.on_request_answered(ticket, t0 - ms(190) + ms(16 * (k as u64 + 1)));
@@ -801,12 +827,12 @@ mod tests {
         let served = t.get(PathId(0)).unwrap().served_rate(t0).unwrap();
         assert!((served - 1_024_000.0).abs() < 1.0, "{served}");
         // 48 KB sent 40 ms ago: 8 KB still unsent at 1 MB/s, so a 16 KB request takes
-        // 10 + 24 = 34 ms on path 0 against 24 × 1.2 = 29 ms on path 1 (drained at the pacing
-        // rate it would be 10 + 16 = 26 ms; with nothing measured, 10 ms).
+        // 10 + 24 = 34 ms on path 0, costing 10 + 2 × 24 = 58 ms, against 24 × 1.26 = 30 ms
+        // on path 1, costing 36 ms (with nothing measured, 10 ms on path 0).
         let mut u = measured(&rows);
         for table in [&mut t, &mut u] {
             for _ in 0..3 {
-                table.on_request_sent(PathId(0), 16_384, t0 - ms(40));
+                table.on_request_sent(PathId(0), Priority::Priority, 16_384, t0 - ms(40));
             }
         }
         let p0 = t.get(PathId(0)).unwrap();
@@ -815,13 +841,47 @@ mod tests {
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(1),
-            "34 ms on path 0 > 29 ms on path 1"
+            "58 ms on path 0 > 36 ms on path 1"
         );
         assert_eq!(
             completion(&u, Priority::Priority),
             Some(0),
-            "paced, not measured"
+            "a window per RTT, not measured"
         );
+        // Had those bytes been best effort, a priority request would still find them at the
+        // bottleneck, which serves whatever was released to it in turn (decision G24): 58 ms
+        // on path 0 against 30 × 1.26 = 38 ms costing 45 ms on a 30 ms path 1 (counting its
+        // own bytes alone at the bottleneck, path 0 would cost 10 + 2 × 16 = 42 ms).
+        let mut v = measured(&[rows[0], (30, 64_000, 0.0, true)]);
+        let sent: Vec<_> = (0..6)
+            .map(|_| v.on_request_sent(PathId(0), Priority::BestEffort, 16_384, t0 - ms(200)))
+            .collect();
+        for (k, ticket) in sent.into_iter().enumerate() {
+            v.on_request_answered(ticket, t0 - ms(190) + ms(16 * (k as u64 + 1)));
+        }
+        for _ in 0..3 {
+            v.on_request_sent(PathId(0), Priority::BestEffort, 16_384, t0 - ms(40));
+        }
+        assert_eq!(completion(&v, Priority::Priority), Some(1));
+    }
+
+    /// Best-effort bytes waiting in the sender's queue do not hold a priority request back:
+    /// its bytes go first (stream urgency, decision G24). They hold best effort back.
+    #[test]
+    fn priority_overtakes_best_effort_bytes_the_sender_still_holds() {
+        let t0 = T0.with(|t| *t);
+        let mut t = measured(&[(10, 32_000, 0.0, true), (20, 32_000, 0.0, true)]);
+        for _ in 0..3 {
+            t.on_request_sent(PathId(0), Priority::BestEffort, 15_000, t0);
+        }
+        // Priority: 10 × (1 + 16.4 / 32) = 15 ms, costing 20 ms, against 30 ms costing 40 ms.
+        assert_eq!(completion(&t, Priority::Priority), Some(0));
+        // Best effort: 10 × (1 + 61.4 / 32) = 29 ms, costing 48 ms.
+        assert_eq!(completion(&t, Priority::BestEffort), Some(1));
+        let p0 = t.get(PathId(0)).unwrap();
+        let d = p0.drain_rate(t0).unwrap();
+        assert_eq!(p0.backlog_ahead_of(Priority::Priority, d, t0), 0.0);
+        assert_eq!(p0.backlog(d, t0), 45_000.0);
     }
 
     #[test]
@@ -856,10 +916,9 @@ mod tests {
         }
     }
 
-    /// Random tables, paths in or past slow start: a priority request takes the up path with
-    /// the lowest expected completion (the lower index on a tie); a best-effort request the up
-    /// path with the lowest exploring estimate, priority's path charging the time beyond its
-    /// round trip (1 + margin) times;
+    /// Random tables, paths in or past slow start: a priority request takes the up path whose
+    /// expected completion costs least (the time beyond the round trip counted twice; the
+    /// lower index on a tie); a best-effort request the same by the exploring estimate;
     /// nothing while no path is up.
     #[test]
     fn completion_places_priority_by_its_estimate_and_best_effort_by_the_exploring_one() {
@@ -888,48 +947,36 @@ mod tests {
                 ago.sort_unstable_by(|a, b| b.cmp(a));
                 for a in ago {
                     let at = t0 - Duration::from_millis(a);
-                    t.on_request_sent(PathId(i), rng.random_range(100..40_000), at);
+                    t.on_request_sent(
+                        PathId(i),
+                        Priority::Priority,
+                        rng.random_range(100..40_000),
+                        at,
+                    );
                 }
             }
             let bytes = rng.random_range(1..100_000);
-            let c = Completion::default();
-            let at = |p: Priority| c.clone().pick(&t, &Ask::new(p, bytes, None, t0));
+            let at = |p: Priority| Completion.pick(&t, &Ask::new(p, bytes, None, t0));
             let (hi, be) = (at(Priority::Priority), at(Priority::BestEffort));
             let e = |p: &PathState| Completion::expected(&t, p, bytes, t0).unwrap();
             let x = |p: &PathState| Completion::expected_exploring(&t, p, bytes, t0).unwrap();
-            // Brute force: the up path with the lowest E, the first of equals.
-            let mut want: Option<&PathState> = None;
-            for p in t.paths().iter().filter(|p| p.up) {
-                if want.is_none_or(|w| e(p) < e(w)) {
-                    want = Some(p);
-                }
-            }
-            assert_eq!(hi, want.map(|p| p.id), "case {case}: {rows:?}");
-            assert_eq!(be.is_some(), hi.is_some(), "case {case}");
-            if let (Some(h), Some(b)) = (hi, be) {
-                // Best effort: the lowest exploring estimate, priority's path charging the time
-                // beyond its round trip 1 + margin times.
-                let cost = |p: &PathState| {
-                    if p.id == h {
-                        let r = p.quic_rtt.unwrap().as_secs_f64();
-                        r + (1.0 + c.best_effort_margin) * (x(p) - r)
-                    } else {
-                        x(p)
-                    }
-                };
-                let pb = t.get(b).unwrap();
-                assert!(pb.up, "case {case}");
+            let cost = |p: &PathState, v: f64| {
+                let r = p.quic_rtt.unwrap().as_secs_f64();
+                r + 2.0 * (v - r)
+            };
+            // Brute force: the up path with the lowest cost, the first of equals.
+            for (got, f) in [(hi, &e as &dyn Fn(&PathState) -> f64), (be, &x)] {
+                let mut want: Option<&PathState> = None;
                 for p in t.paths().iter().filter(|p| p.up) {
-                    assert!(
-                        cost(pb) < cost(p) || (cost(pb) == cost(p) && pb.id <= p.id),
-                        "case {case}: best effort on {b:?} ({}) vs {:?} ({})",
-                        cost(pb),
-                        p.id,
-                        cost(p)
-                    );
+                    if want.is_none_or(|w| cost(p, f(p)) < cost(w, f(w))) {
+                        want = Some(p);
+                    }
                 }
+                assert_eq!(got, want.map(|p| p.id), "case {case}: {rows:?}");
+            }
+            if hi.is_some() {
                 // Exploring never costs more than the honest estimate, and past slow start
-                // they agree.
+                // they agree (no path here has answered, so both classes see the same wait).
                 for p in t.paths().iter().filter(|p| p.up) {
                     assert!(x(p) <= e(p), "case {case}");
                     if !p.slow_start {
@@ -948,30 +995,25 @@ mod tests {
         let t0 = T0.with(|t| *t);
         let rows = [(40, 64_000, 0.0, true), (30, 12_000, 0.0, true)];
         let mut t = measured_in(&rows, &[false, true]);
-        // Priority: 30 × (1 + log2(1 + 16 384 / 15 000)) = 62 ms against 40 × 1.2 = 48 ms.
+        // Priority: 30 × (1 + log2(1 + 16 384 / 12 000)) = 67 ms, costing 104 ms, against
+        // 40 × 1.26 = 50 ms costing 60 ms.
         assert_eq!(completion(&t, Priority::Priority), Some(0));
-        // Best effort: 30 × (1 + log2(1 + 1 384 / 15 000)) = 34 ms (nothing queued; the
-        // request exceeds its first paced window by 1 384 bytes) against 40 + 2 × 8 = 56 ms
-        // on priority's path (decision G22).
+        // Best effort: 30 × (1 + log2(1 + 4 384 / 12 000)) = 43 ms (nothing queued; the
+        // request exceeds its first window by 4 384 bytes), costing 57 ms.
         assert_eq!(completion(&t, Priority::BestEffort), Some(1));
-        // A 60 KB request pays for the window's growth beyond its first 15 KB:
-        // 30 × (1 + log2(1 + 45 000 / 15 000)) = 90 ms, against 40 + 2 × 30 = 100 ms on
-        // path 0 (E = 40 × 1.75 = 70 ms there).
+        // A 64 KB request pays for the window's growth beyond its first 12 KB:
+        // 30 × (1 + log2(1 + 52 000 / 12 000)) = 102 ms, costing 175 ms, against 80 ms
+        // costing 120 ms on path 0.
         let ms = |p: usize, bytes: u64| {
             let e = Completion::expected_exploring(&t, t.get(PathId(p)).unwrap(), bytes, t0);
             (e.unwrap() * 1e3).round()
         };
-        assert_eq!((ms(1, 60_000), ms(0, 60_000)), (90.0, 70.0));
-        let big = Ask::new(Priority::BestEffort, 60_000, None, t0);
-        assert_eq!(Completion::default().pick(&t, &big), Some(PathId(1)));
-        // Without the margin path 0's 70 ms would win.
-        let mut plain = Completion {
-            best_effort_margin: 0.0,
-        };
-        assert_eq!(plain.pick(&t, &big), Some(PathId(0)));
-        // 30 KB queued there: 30 × (1 + log2(1 + (30 000 + 1 384) / 15 000)) = 79 ms: back on
+        assert_eq!((ms(1, 64_000), ms(0, 64_000)), (102.0, 80.0));
+        let big = Ask::new(Priority::BestEffort, 64_000, None, t0);
+        assert_eq!(Completion.pick(&t, &big), Some(PathId(0)));
+        // 30 KB queued there: 30 × (1 + log2(1 + (30 000 + 4 384) / 12 000)) = 89 ms: back on
         // path 0.
-        t.on_request_sent(PathId(1), 30_000, t0);
+        t.on_request_sent(PathId(1), Priority::Priority, 30_000, t0);
         assert_eq!(completion(&t, Priority::BestEffort), Some(0));
         // Past slow start the window is what it is, for both classes.
         let t = measured(&rows);

@@ -41,8 +41,9 @@ const MAX_ANSWER: usize = 1 << 20;
 /// One record to forward, as the headers of a single request would carry it.
 #[derive(Debug, Clone)]
 pub struct Record {
-    /// Its class: each class has its own batcher on a lane, so a priority record never waits
-    /// in a batch behind best effort's bytes.
+    /// Whether it goes at priority's urgency (a priority record, or a best-effort one sent
+    /// again; decision G24): each urgency has its own batcher on a lane, so a priority record
+    /// never waits in a batch behind best effort's bytes.
     pub priority: bool,
     /// The path the device asked for (`/ingest/<name>`).
     pub target: String,
@@ -180,6 +181,8 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
             .map(|p| p.record.body.len() + p.record.target.len() + 96)
             .sum::<usize>(),
     );
+    // One class per batcher: the batch goes at its records' urgency.
+    let urgency = crate::gateway::urgency(batch[0].record.priority);
     batch::start_entries(&mut body);
     for p in &batch {
         let r = &p.record;
@@ -203,7 +206,7 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
         .expect("valid request");
     let answer = lane
         .client
-        .request_within(req, Bytes::from(body), MAX_ANSWER, lane.timeout)
+        .request_within_at(urgency, req, Bytes::from(body), MAX_ANSWER, lane.timeout)
         .await;
     match answer {
         Ok(a) if a.status == StatusCode::OK => {
@@ -255,9 +258,10 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
 /// Send one record as the request it was.
 async fn alone(lane: &Lane, p: Pending) {
     let req = p.record.request(&lane.authority);
+    let urgency = crate::gateway::urgency(p.record.priority);
     let answer = lane
         .client
-        .request_within(req, p.record.body, MAX_ANSWER, lane.timeout)
+        .request_within_at(urgency, req, p.record.body, MAX_ANSWER, lane.timeout)
         .await;
     let _ = p.reply.send(answer);
 }

@@ -695,6 +695,9 @@ impl Gateway {
         let batchable = req.uri().query().is_none()
             && body.len() <= self.cfg.batch_max_record
             && batch::Record::batchable(req.method(), req.uri().path());
+        // A best-effort request whose attempt failed goes again at priority's urgency, so
+        // priority traffic can delay it, not starve it (decision G24).
+        let mut urgent = class == Priority::Priority;
         loop {
             step = match step {
                 Step::Send(a) => {
@@ -711,19 +714,22 @@ impl Gateway {
                             .expect("valid request")
                     };
                     let record = batchable.then(|| batch::Record {
-                        priority: class == Priority::Priority,
+                        priority: urgent,
                         target: req.uri().path().to_string(),
                         request_id: rid.to_string(),
                         device: device_name.clone(),
                         path: path.0,
                         body: body.clone(),
                     });
-                    match self.attempt(a, &out, record, &body).await {
+                    match self.attempt(a, &out, record, &body, urgent).await {
                         Ok(resp) => {
                             admitted.over = true;
                             return resp;
                         }
-                        Err(next) => next,
+                        Err(next) => {
+                            urgent = true;
+                            next
+                        }
                     }
                 }
                 Step::Wait(w) => {
@@ -758,6 +764,7 @@ impl Gateway {
         out: &(dyn Fn() -> Request<()> + Sync),
         record: Option<batch::Record>,
         body: &Bytes,
+        urgent: bool,
     ) -> Result<Response<Bytes>, Step> {
         let path = a.path;
         // The outcome (with QUIC's sample of the path) and the clock are read under the core's
@@ -783,8 +790,14 @@ impl Gateway {
         let outcome = match (record, batchers) {
             (Some(r), Some(b)) => b[usize::from(r.priority)].send(r).await,
             _ => {
-                Box::pin(client.request_within(out(), body.clone(), 1 << 20, self.attempt_timeout))
-                    .await
+                Box::pin(client.request_within_at(
+                    urgency(urgent),
+                    out(),
+                    body.clone(),
+                    1 << 20,
+                    self.attempt_timeout,
+                ))
+                .await
             }
         };
         match outcome {
@@ -1201,6 +1214,12 @@ impl Handler for DeviceConnection {
 
 mod view;
 pub use view::{ConnectionView, PathView, SessionView};
+
+/// The urgency a forwarded request's backhaul stream is sent at: priority requests' bytes go
+/// before best effort's on a shared connection (decision G24).
+pub(crate) fn urgency(priority: bool) -> i32 {
+    i32::from(priority)
+}
 
 #[cfg(test)]
 mod tests {

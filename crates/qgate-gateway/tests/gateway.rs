@@ -40,7 +40,7 @@ async fn every_scheduler_answers_every_request() {
             "single" => assert_eq!(used, [50, 0, 0]),
             "round-robin" => assert!(used.iter().all(|u| *u >= 16), "{used:?}"),
             // One request at a time: nothing queued anywhere, so every request takes the
-            // lowest RTT (20 ms round trip; the next path's 40 ms is beyond best effort's 1.15×).
+            // lowest RTT (20 ms round trip; the next path's 40 ms costs more).
             "completion" => assert_eq!(used, [50, 0, 0], "{sched}"),
             _ => {
                 // Best-effort devices spread over the paths by hits (tie → lower RTT).
@@ -257,4 +257,70 @@ async fn a_device_cannot_send_the_server_a_batch() {
     let (status, _) = common::send_to(&w.devices[0], &hash, "/batch").await;
     assert_eq!(status, 404);
     assert_eq!(w.server.snapshot().requests, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_best_effort_request_starved_by_priority_goes_again_at_its_urgency() {
+    // Decision G24: priority requests' bytes go first on a backhaul connection, so a
+    // best-effort request behind a steady stream of them waits; once an attempt has timed out
+    // (500 ms here) it goes again at priority's urgency and shares the connection.
+    let w = world(3, "single").await;
+    // A short queue keeps the connection's window near the path's 2 Mbit/s: the bytes wait in
+    // the sender, where urgency orders them, not in the link's queue.
+    w.net
+        .update_both(w.backhaul[0], |l| {
+            l.rate_bps = Some(2_000_000);
+            l.queue = qgate_aqm::DisciplineSpec::Droptail {
+                packets: Some(8),
+                bytes: None,
+            };
+        })
+        .unwrap();
+    let prio = register(&w.devices[0], 1).await;
+    let best = register(&w.devices[1], 0).await;
+    // Three priority requests of 16 KiB always under way, started 100 ms apart: each takes
+    // about 200 ms at 2 Mbit/s beside the others, so the connection never runs out of
+    // priority bytes.
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    let loops: Vec<_> = (0..3u64)
+        .map(|i| {
+            let (d, hash) = (w.devices[0].clone(), prio.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100 * i)).await;
+                let mut answered = 0;
+                while tokio::time::Instant::now() < until {
+                    let r = d
+                        .request(
+                            http::Request::post("https://gw/ingest/data")
+                                .header(qgate_gateway::gateway::HASH_ID_HEADER, hash.as_str())
+                                .body(())
+                                .unwrap(),
+                            bytes::Bytes::from(vec![1u8; 16 * 1024]),
+                            4096,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status, 201);
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    let sent = tokio::time::Instant::now();
+    let (status, _) = send(&w.devices[1], &best).await;
+    assert_eq!(
+        status, 201,
+        "a best-effort request starved on every attempt"
+    );
+    // Its first attempt timed out (500 ms); the second was answered.
+    let took = sent.elapsed();
+    assert!(
+        took > Duration::from_millis(500) && took < Duration::from_millis(1_000),
+        "{took:?}"
+    );
+    for l in loops {
+        assert!(l.await.unwrap() > 5);
+    }
 }

@@ -1,6 +1,8 @@
-//! HTTP/3 client and server helpers on h3 + h3-quinn, with bounded bodies.
+//! HTTP/3 client and server helpers on h3 (clients on our `quinn_streams`, servers on
+//! h3-quinn), with bounded bodies.
 
 use crate::frame_guard::{Guarded, MAX_HELD_FRAME};
+use crate::quinn_streams;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -124,7 +126,7 @@ impl From<h3::error::StreamError> for H3Error {
 
 /// An HTTP/3 client on one QUIC connection. Requests may be issued concurrently (`&self`).
 pub struct H3Client {
-    send: h3::client::SendRequest<Guarded<h3_quinn::OpenStreams>, Bytes>,
+    send: h3::client::SendRequest<Guarded<quinn_streams::Opener>, Bytes>,
     conn: quinn::Connection,
     driver: tokio::task::JoinHandle<()>,
 }
@@ -137,7 +139,7 @@ impl H3Client {
         let (mut driver, send) = h3::client::builder()
             .send_grease(false)
             .max_field_section_size(MAX_HELD_FRAME)
-            .build(Guarded::new(h3_quinn::Connection::new(conn.clone())))
+            .build(Guarded::new(quinn_streams::Connection::new(conn.clone())))
             .await
             .map_err(|e| H3Error::Connection(e.to_string()))?;
         let driver = tokio::spawn(async move {
@@ -180,6 +182,24 @@ impl H3Client {
             .await
     }
 
+    /// [`request_within`](Self::request_within), the request's stream sent at `urgency`
+    /// before the connection's less urgent streams (quinn's stream priority: higher first;
+    /// every other stream has 0). The gateway sends priority requests this way (decision G24).
+    pub async fn request_within_at(
+        &self,
+        urgency: i32,
+        req: Request<()>,
+        body: Bytes,
+        max_response: usize,
+        timeout: std::time::Duration,
+    ) -> Result<H3Response, H3Error> {
+        quinn_streams::at_urgency(
+            urgency,
+            self.request_within(req, body, max_response, timeout),
+        )
+        .await
+    }
+
     /// [`request_within`](Self::request_within) that also gives up when `cancel` completes:
     /// the stream is reset, so whatever of the body is still unsent is dropped, not sent.
     pub async fn request_cancellable(
@@ -213,9 +233,10 @@ impl H3Client {
             }
             () = &mut cancel => H3Error::Cancelled,
         };
-        // Reset our side; the receive side is stopped when the stream drops. (h3-quinn 0.0.10
-        // panics on `stop_sending` while a read it started is pending, which is where a
-        // time-out usually finds it, so that side goes with code 0.)
+        // Both directions end with H3_REQUEST_CANCELLED. (Our client streams, `quinn_streams`,
+        // hold no read across polls, so stopping one with a read pending is safe; h3-quinn
+        // 0.0.10 panicked there, and this side used to go with code 0 when the stream dropped.)
+        stream.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
         stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
         Err(outcome)
     }

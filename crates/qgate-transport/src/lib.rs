@@ -10,6 +10,7 @@ pub mod http3;
 pub mod loss_switch;
 mod options;
 pub mod qlog;
+pub mod quinn_streams;
 pub mod shaped;
 pub mod shared_driver;
 pub mod tickets;

@@ -792,3 +792,59 @@ async fn a_restarted_server_resets_its_previous_runs_connections() {
     assert!(derived < Duration::from_millis(500), "{derived:?}");
     assert_eq!(after_a_crash(false).await, None);
 }
+
+/// When each of two requests on one connection finishes, the second sent 50 ms after the
+/// first, at the given urgencies (2 Mbit/s: each 256 KiB body takes about a second).
+async fn two_requests(first: i32, second: i32) -> (Duration, Duration) {
+    let s = setup(
+        LinkParams::new(2_000_000, Duration::from_millis(10)),
+        &[ALPN_H3],
+        11,
+    );
+    spawn_h3(
+        s.server.clone(),
+        ServeLimits {
+            max_body: 1 << 20,
+            ..Default::default()
+        },
+    );
+    let conn = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let h3 = Arc::new(H3Client::new(conn.connection().clone()).await.unwrap());
+    let t0 = Instant::now();
+    let send = |urgency: i32, delay: u64| {
+        let h3 = h3.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let r = h3
+                .request_within_at(
+                    urgency,
+                    Request::post("https://localhost/x").body(()).unwrap(),
+                    Bytes::from(vec![7u8; 256 * 1024]),
+                    1 << 20,
+                    Duration::from_secs(30),
+                )
+                .await
+                .unwrap();
+            assert_eq!(r.body, "POST /x 262144");
+            t0.elapsed()
+        })
+    };
+    let (a, b) = (send(first, 0), send(second, 50));
+    (a.await.unwrap(), b.await.unwrap())
+}
+
+/// A request sent at a higher urgency (the gateway's priority class, decision G24) has its
+/// bytes sent before those of a request already under way on the same connection; at equal
+/// urgency the two share the link and the first one sent finishes first.
+#[tokio::test(start_paused = true)]
+async fn an_urgent_request_overtakes_one_sent_before_it() {
+    let (first, second) = two_requests(0, 1).await;
+    assert!(second < first, "urgent {second:?}, the other {first:?}");
+    // Its body alone takes about 1.05 s at 2 Mbit/s: it was hardly slowed by the other.
+    assert!(second < Duration::from_millis(1_400), "{second:?}");
+    let (first, second) = two_requests(0, 0).await;
+    assert!(first < second, "first {first:?}, second {second:?}");
+    assert!(first > Duration::from_millis(1_800), "{first:?}");
+}

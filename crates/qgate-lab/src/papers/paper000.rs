@@ -195,7 +195,7 @@ fn completion(loaded: &Loaded, records: &[Record]) -> String {
     let ours = "completion";
     let others: Vec<&str> = SCHEMES.iter().copied().filter(|s| *s != ours).collect();
     let mut s = String::from(
-        "## Ours: `completion` (per request, decisions G13, G14, G20, G22)\n\n\
+        "## Ours: `completion` (per request, decisions G13, G14, G20, G24)\n\n\
          Per sweep: at how many points `completion` had the lowest mean, at how many it was lower \
          than every other scheme with p < 0.05 (Welch), and at how many another scheme was lower \
          with p < 0.05 (the open-loop runs' total transmission delay, their fixed duration, is left \
