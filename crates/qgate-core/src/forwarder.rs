@@ -67,6 +67,10 @@ pub struct Attempt {
     pub request: RequestId,
     /// The path it goes out on.
     pub path: PathId,
+    /// Whether it goes at priority's urgency: a priority request, or a best-effort one whose
+    /// earlier attempt failed, which priority traffic may then delay but not starve (decision
+    /// G24).
+    pub urgent: bool,
     ticket: Ticket,
 }
 
@@ -274,9 +278,8 @@ impl Forwarder {
             deadline: now + budget,
             current: None,
         };
-        let class = s.priority;
         let pick = assign(&mut *self.scheduler, &mut self.paths, s, &r, now);
-        let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
+        let step = attempt(&mut self.paths, id, &mut r, pick, priority, now);
         self.requests.insert(id, r);
         Ok((id, priority, step))
     }
@@ -500,12 +503,14 @@ fn attempt(
             until: (now + WAIT_FOR_PATH).min(r.deadline),
         }),
         Some(path) => {
+            let urgent = class == Priority::Priority || r.attempts > 0;
             r.attempts += 1;
-            let ticket = paths.on_request_sent(path, class, r.bytes, now);
+            let ticket = paths.on_request_sent(path, urgent, r.bytes, now);
             r.current = Some(ticket);
             Step::Send(Attempt {
                 request: id,
                 path,
+                urgent,
                 ticket,
             })
         }

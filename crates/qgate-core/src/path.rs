@@ -12,8 +12,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::scheduler::Priority;
-
 /// A backhaul path, by its index in the gateway's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PathId(pub usize);
@@ -106,8 +104,9 @@ struct Pending {
     /// Whether it fitted in the window with the bytes unsent before it: its answer then times
     /// the path, not the window's growth.
     in_window: bool,
-    /// Whether it is best effort: its bytes wait behind every priority byte (decision G24).
-    best_effort: bool,
+    /// Whether it went at priority's urgency (a priority request, or a best-effort one sent
+    /// again): a best-effort request's bytes wait behind every urgent byte (decision G24).
+    urgent: bool,
 }
 
 /// One row of Table 1, and what the per-request scheduler needs beyond it.
@@ -132,13 +131,15 @@ pub struct PathState {
     pub loss: f64,
     /// Request bytes sent on the path and not yet answered.
     pub queued_bytes: u64,
+    /// Those of them sent at priority's urgency.
+    urgent_bytes: u64,
     /// Requests sent on the path and not yet answered, by ticket.
     pending: BTreeMap<u64, Pending>,
     /// QUIC's minimum RTT of the connection, once known.
     pub min_rtt: Option<Duration>,
     /// When the path last answered a request.
     last_answer: Option<Instant>,
-    /// When the path last answered a best-effort request.
+    /// When the path last answered a best-effort request sent at urgency 0 (not sent again).
     last_best_effort_answer: Option<Instant>,
     /// When the answer rate last had a sample.
     served_at: Option<Instant>,
@@ -160,32 +161,36 @@ impl PathState {
         self.pending.first_key_value().map(|(_, q)| q.sent)
     }
 
+    /// A pending request's bytes leave the queue's counts.
+    fn dequeue(&mut self, q: &Pending) {
+        self.queued_bytes = self.queued_bytes.saturating_sub(q.bytes);
+        if q.urgent {
+            self.urgent_bytes = self.urgent_bytes.saturating_sub(q.bytes);
+        }
+    }
+
     /// Request bytes still unsent at `now` if the sender drains them at `rate` bytes/s in the
     /// order they came: a fluid queue over the pending requests. Bytes already sent and
     /// waiting for their answer take no sending capacity, so unlike `queued_bytes` this does
     /// not count them.
-    ///
-    /// Computed newest first as the largest `bytes sent since t − rate × (now − t)` over the
-    /// send times `t` (the unrolled Lindley recursion), stopping once `rate × (now − t)`
-    /// exceeds every pending byte: only recent requests are visited.
     pub fn backlog(&self, rate: f64, now: Instant) -> f64 {
-        self.backlog_ahead_of(Priority::BestEffort, rate, now)
+        self.backlog_ahead_of(false, rate, now)
     }
 
-    /// [`backlog`](Self::backlog) as a request of `class` finds it: a priority request's bytes
-    /// go before best effort's (decision G24), so only priority bytes are ahead of it; every
-    /// byte is ahead of a best-effort request.
-    pub fn backlog_ahead_of(&self, class: Priority, rate: f64, now: Instant) -> f64 {
-        let counts = |q: &&Pending| class == Priority::BestEffort || !q.best_effort;
-        let total: f64 = match class {
-            Priority::BestEffort => self.queued_bytes as f64,
-            Priority::Priority => self
-                .pending
-                .values()
-                .filter(counts)
-                .map(|q| q.bytes as f64)
-                .sum(),
-        };
+    /// [`backlog`](Self::backlog) as a request sent at priority's urgency (`urgent`) or at
+    /// best effort's finds it: urgent bytes go first (decision G24), so only urgent bytes are
+    /// ahead of an urgent request; every byte is ahead of a best-effort one.
+    ///
+    /// Computed newest first as the largest `bytes sent since t − rate × (now − t)` over the
+    /// send times `t` of the requests that count (the unrolled Lindley recursion), stopping
+    /// once `rate × (now − t)` exceeds all their bytes: only recent requests are visited.
+    pub fn backlog_ahead_of(&self, urgent: bool, rate: f64, now: Instant) -> f64 {
+        let counts = |q: &&Pending| !urgent || q.urgent;
+        let total = if urgent {
+            self.urgent_bytes
+        } else {
+            self.queued_bytes
+        } as f64;
         let (mut since, mut backlog) = (0.0f64, 0.0f64);
         for q in self.pending.values().rev().filter(counts) {
             let drained = rate * now.saturating_duration_since(q.sent).as_secs_f64();
@@ -269,6 +274,7 @@ impl PathTable {
                 min_rtt: None,
                 last_answer: None,
                 last_best_effort_answer: None,
+                urgent_bytes: 0,
                 served_at: None,
                 served: (0.0, 0.0, 0),
                 counters: None,
@@ -313,11 +319,11 @@ impl PathTable {
     }
 
     /// [`silent`](Self::silent) as best-effort requests see it: the longer of that and the time
-    /// best-effort requests there have gone unanswered (since the oldest was sent or one was
-    /// last answered). Their bytes wait behind every priority byte (decision G24), so a path
-    /// busy answering priority requests can be stalled for them.
+    /// best-effort requests there at urgency 0 have gone unanswered (since the oldest was sent
+    /// or one was last answered). Their bytes wait behind every urgent byte (decision G24), so
+    /// a path busy answering priority requests can be stalled for them.
     pub fn stalled(&self, p: &PathState, now: Instant) -> Option<Duration> {
-        let oldest = p.pending.values().find(|q| q.best_effort).map(|q| q.sent);
+        let oldest = p.pending.values().find(|q| !q.urgent).map(|q| q.sent);
         let own = unanswered(oldest, p.last_best_effort_answer, now);
         let waited = own.max(unanswered(p.oldest_pending(), p.last_answer, now))?;
         (waited > p.timeout(&self.cfg)).then_some(waited)
@@ -455,12 +461,13 @@ impl PathTable {
         p.counters = Some((s.sent_packets, s.lost_packets));
     }
 
-    /// A request of `bytes` and class `class` went out on `id` and expects an answer; hand the
-    /// ticket back with [`on_request_done`](Self::on_request_done) however it ends.
+    /// A request of `bytes` went out on `id`, at priority's urgency if `urgent` (decision G24),
+    /// and expects an answer; hand the ticket back with
+    /// [`on_request_done`](Self::on_request_done) however it ends.
     pub fn on_request_sent(
         &mut self,
         id: PathId,
-        class: Priority,
+        urgent: bool,
         bytes: u64,
         now: Instant,
     ) -> Ticket {
@@ -468,7 +475,9 @@ impl PathTable {
         self.next_ticket += 1;
         if let Some(p) = self.paths.get_mut(id.0) {
             p.awaiting_since.get_or_insert(now);
-            let unsent = p.drain_rate(now).map_or(0.0, |d| p.backlog(d, now));
+            let unsent = p
+                .drain_rate(now)
+                .map_or(0.0, |d| p.backlog_ahead_of(urgent, d, now));
             let in_window = p.cwnd.is_some_and(|w| unsent + bytes as f64 <= w as f64);
             p.pending.insert(
                 seq,
@@ -476,10 +485,13 @@ impl PathTable {
                     sent: now,
                     bytes,
                     in_window,
-                    best_effort: class == Priority::BestEffort,
+                    urgent,
                 },
             );
             p.queued_bytes += bytes;
+            if urgent {
+                p.urgent_bytes += bytes;
+            }
         }
         Ticket { path: id, seq }
     }
@@ -488,7 +500,7 @@ impl PathTable {
     pub fn on_request_done(&mut self, ticket: Ticket) {
         if let Some(p) = self.paths.get_mut(ticket.path.0) {
             if let Some(q) = p.pending.remove(&ticket.seq) {
-                p.queued_bytes = p.queued_bytes.saturating_sub(q.bytes);
+                p.dequeue(&q);
             }
         }
     }
@@ -501,16 +513,16 @@ impl PathTable {
         let Some(p) = self.paths.get_mut(ticket.path.0) else {
             return;
         };
-        let Some(Pending {
+        let Some(q) = p.pending.remove(&ticket.seq) else {
+            return;
+        };
+        p.dequeue(&q);
+        let Pending {
             sent,
             bytes,
             in_window,
-            best_effort,
-        }) = p.pending.remove(&ticket.seq)
-        else {
-            return;
-        };
-        p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
+            urgent,
+        } = q;
         // A request under a packet (an empty GET, say) times the server, not the path.
         if let Some(r0) = p.min_rtt.filter(|_| in_window && bytes >= SERVED_MIN_BYTES) {
             // The path served these bytes from when it could start on them: the previous
@@ -537,7 +549,7 @@ impl PathTable {
             }
         }
         p.last_answer = Some(p.last_answer.map_or(now, |prev| prev.max(now)));
-        if best_effort {
+        if !urgent {
             p.last_best_effort_answer = Some(now.max(p.last_best_effort_answer.unwrap_or(now)));
         }
     }
@@ -629,8 +641,8 @@ mod tests {
                 min_rtt: ms(10),
             },
         );
-        let a = t.on_request_sent(id, Priority::Priority, 10_000, t0);
-        let b = t.on_request_sent(id, Priority::Priority, 10_000, t0 + ms(1));
+        let a = t.on_request_sent(id, true, 10_000, t0);
+        let b = t.on_request_sent(id, true, 10_000, t0 + ms(1));
         let p = t.get(id).unwrap();
         let near = |x: f64, want: f64| (x - want).abs() < 1e-3;
         // 5 MB/s drains 5 kB per ms.
@@ -644,7 +656,7 @@ mod tests {
         t.on_request_answered(a, t0 + ms(12));
         t.on_request_answered(b, t0 + ms(14));
         let later: Vec<_> = (0..2)
-            .map(|_| t.on_request_sent(id, Priority::Priority, 10_000, t0 + ms(20)))
+            .map(|_| t.on_request_sent(id, true, 10_000, t0 + ms(20)))
             .collect();
         assert_eq!(
             t.get(id).unwrap().served_rate(t0 + ms(20)),
@@ -662,7 +674,7 @@ mod tests {
         assert!(near(rate(&t, t0 + ms(34)).unwrap(), 5e6), "4 samples");
         assert_eq!(t.get(id).unwrap().queued_bytes, 0);
         // A request bigger than the window waits for it: no sample.
-        let big = t.on_request_sent(id, Priority::Priority, 200_000, t0 + ms(40));
+        let big = t.on_request_sent(id, true, 200_000, t0 + ms(40));
         t.on_request_answered(big, t0 + ms(400));
         assert!(near(rate(&t, t0 + ms(400)).unwrap(), 5e6));
         // The drain rate is a window per RTT (10 MB/s) bounded by it.
@@ -673,13 +685,13 @@ mod tests {
         assert_eq!(p.served_rate(quiet), None);
         assert!(near(p.drain_rate(quiet).unwrap(), 10e6));
         // The next sample starts afresh (one sample: not yet a rate)...
-        let k = t.on_request_sent(id, Priority::Priority, 10_000, quiet);
+        let k = t.on_request_sent(id, true, 10_000, quiet);
         t.on_request_answered(k, quiet + ms(14));
         assert_eq!(t.get(id).unwrap().served.2, 1);
         assert_eq!(rate(&t, quiet + ms(14)), None);
         // ...and an answer at the same instant as a sample adds its bytes to that sample's gap.
         let two: Vec<_> = (0..2)
-            .map(|_| t.on_request_sent(id, Priority::Priority, 10_000, quiet + ms(20)))
+            .map(|_| t.on_request_sent(id, true, 10_000, quiet + ms(20)))
             .collect();
         t.on_request_answered(two[0], quiet + ms(32));
         t.on_request_answered(two[1], quiet + ms(32));
@@ -688,7 +700,7 @@ mod tests {
         assert!(near(bytes, 10_000.0 * SERVED_DECAY + 20_000.0), "{bytes}");
         assert!(near(secs, 0.004 * SERVED_DECAY + 0.002), "{secs}");
         // A small request's answer times the server, not the path: no sample.
-        let small = t.on_request_sent(id, Priority::Priority, 100, quiet + ms(40));
+        let small = t.on_request_sent(id, true, 100, quiet + ms(40));
         t.on_request_answered(small, quiet + ms(60));
         assert_eq!(t.get(id).unwrap().served.2, 2);
         t.on_connection_lost(id, t0 + ms(500));
@@ -703,7 +715,7 @@ mod tests {
         t.on_probe_ack(PathId(0), p[0].seq, t0 + ms(50));
         // The path dies at 1 s; traffic is sent and gets no answer.
         let dead = t0 + Duration::from_secs(1);
-        t.on_request_sent(PathId(0), Priority::Priority, 1000, dead);
+        t.on_request_sent(PathId(0), true, 1000, dead);
         let mut now = dead;
         let step = ms(10);
         while t.get(PathId(0)).unwrap().up {

@@ -233,8 +233,8 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// requests at (a window per RTT, bounded by `C`, the rate the path answered requests, once
 /// measured and fresh: `PathTable::on_request_answered`), `B` the request bytes still unsent
 /// on it (a fluid queue of the pending requests drained at `D`) and `Bc` those of them ahead
-/// of this request in the sender's queue (a priority request's bytes go before best effort's:
-/// only priority bytes are ahead of it; all of `B` is ahead of a best-effort request), the
+/// of this request in the sender's queue (urgent bytes go first: only those sent at priority's
+/// urgency are ahead of a priority request; all of `B` is ahead of a best-effort one), the
 /// expected completion is
 ///
 /// `E = max(r · (1 + F((Bc + b) / w)), r + (B + b) / C) + r · (1 − (1 − ℓ)^(⌈b / 1200⌉ + 1))`
@@ -261,26 +261,27 @@ const PACKET_PAYLOAD: f64 = 1_200.0;
 /// will queue behind it there, which is what adding it to the path's queue costs the gateway's
 /// requests in all (the derivative of a queue's total delay; the round trip delays no one).
 /// Placing each request by its own `E` alone loads the best path until it is no better than
-/// the others, and every request there then waits (decision G24). Priority requests are placed
-/// by `E`; best-effort ones by the exploring estimate ([`Completion::expected_exploring`],
-/// decision G20: in slow start `B` pays the window's growth, and `b` only beyond its first
-/// window). Priority's bytes go before best effort's on a shared connection (stream urgency,
-/// decision G24), which keeps paper 000's guarantee where both classes share a path.
+/// the others, and every request there then waits (decision G24). A priority request's `E` is
+/// [`Completion::expected`]; a best-effort one's the exploring estimate
+/// ([`Completion::expected_exploring`], decision G20: in slow start `B` pays the window's
+/// growth, and `b` only beyond its first window). Priority's bytes go before best effort's on a
+/// shared connection (stream urgency, decision G24), which keeps paper 000's guarantee where
+/// both classes share a path.
 /// Unmeasured paths come last; ties go to the lower path index.
 #[derive(Debug, Clone, Default)]
 pub struct Completion;
 
 impl Completion {
-    /// Expected completion time of `bytes` on `p` (a path of `table`) at `now`, seconds;
-    /// `None` if unmeasured. Priority requests are placed by it.
+    /// Expected completion time of a priority request of `bytes` on `p` (a path of `table`) at
+    /// `now`, seconds; `None` if unmeasured.
     pub fn expected(table: &PathTable, p: &PathState, bytes: u64, now: Instant) -> Option<f64> {
         Self::estimate(table, p, bytes, now, false)
     }
 
-    /// [`expected`](Self::expected) for a best-effort request: in slow start the queue ahead
-    /// pays the window's growth, and the request only for what exceeds its first window
-    /// (decision G20); a path that has kept its oldest request waiting past its timeout is at
-    /// least that slow. A window that light use kept small grows with the first requests a
+    /// [`expected`](Self::expected) for a best-effort request: every unsent byte is ahead of
+    /// it; in slow start the queue ahead pays the window's growth, and the request only for
+    /// what exceeds its first window (decision G20); a path that has left best-effort requests
+    /// unanswered past its timeout is at least that slow ([`PathTable::stalled`]). A window that light use kept small grows with the first requests a
     /// path carries and keeps its size (quinn does not shrink an idle window), so charging
     /// every request the slow start only the first ones pay would keep a lightly used path
     /// unused; best-effort traffic pays for that exploration, priority traffic never does.
@@ -298,10 +299,10 @@ impl Completion {
         p: &PathState,
         bytes: u64,
         now: Instant,
-        exploring: bool,
+        best_effort: bool,
     ) -> Option<f64> {
         let r = p.quic_rtt.or(p.rtt)?.as_secs_f64();
-        let waited = if exploring {
+        let waited = if best_effort {
             table.stalled(p, now)
         } else {
             table.silent(p, now)
@@ -315,10 +316,7 @@ impl Completion {
         // by priority bytes ahead of it; the bottleneck serves every byte released to it in
         // turn, whatever its class (decision G24).
         let (backlog, all) = match p.drain_rate(now) {
-            Some(d) if !exploring => (
-                p.backlog_ahead_of(Priority::Priority, d, now),
-                p.backlog(d, now),
-            ),
+            Some(d) if !best_effort => (p.backlog_ahead_of(true, d, now), p.backlog(d, now)),
             Some(d) => {
                 let b = p.backlog(d, now);
                 (b, b)
@@ -329,7 +327,7 @@ impl Completion {
         let flights = 1.0
             + if p.slow_start {
                 // Exploring, the request pays only for what exceeds its first window.
-                let grows = if exploring {
+                let grows = if best_effort {
                     backlog + (bytes as f64 - w).max(0.0)
                 } else {
                     ahead
@@ -344,16 +342,11 @@ impl Completion {
         Some((r * flights).max(r + served).max(waited) + r * retransmit)
     }
 
-    /// What placing a request expected to complete in `e` on `p` costs: the round trip once,
-    /// the time beyond it twice (its own wait and the wait it adds behind it; decision G24).
-    pub fn marginal(p: &PathState, e: f64) -> f64 {
-        match p.quic_rtt.or(p.rtt) {
-            Some(r) => {
-                let r = r.as_secs_f64();
-                r + 2.0 * (e - r)
-            }
-            None => e,
-        }
+    /// What placing a request expected to complete in `e` seconds on a path of RTT `r` costs:
+    /// the round trip once, the time beyond it twice (its own wait and the wait it adds behind
+    /// it; decision G24).
+    pub fn marginal(r: f64, e: f64) -> f64 {
+        r + 2.0 * (e - r)
     }
 
     /// The path with the lowest cost among `costs`, the lower index on a tie.
@@ -370,11 +363,15 @@ impl Scheduler for Completion {
     }
 
     fn pick(&mut self, table: &PathTable, ask: &Ask<'_>) -> Option<PathId> {
-        let exploring = ask.priority == Priority::BestEffort;
+        let best_effort = ask.priority == Priority::BestEffort;
         // Each usable path's marginal cost (unmeasured paths last).
         Self::best(table.usable(ask.avoid).map(|p| {
-            let cost = Self::estimate(table, p, ask.bytes, ask.now, exploring)
-                .map_or(f64::INFINITY, |e| Self::marginal(p, e));
+            let e = Self::estimate(table, p, ask.bytes, ask.now, best_effort);
+            let cost = p
+                .quic_rtt
+                .or(p.rtt)
+                .zip(e)
+                .map_or(f64::INFINITY, |(r, e)| Self::marginal(r.as_secs_f64(), e));
             (cost, p.id)
         }))
     }
@@ -726,10 +723,10 @@ mod tests {
         // = 40.5 ms; with 45 KB unsent, 48.4 ms: moved.
         let mut tickets = Vec::new();
         for _ in 0..2 {
-            tickets.push(t.on_request_sent(PathId(0), Priority::Priority, 15_000, t0));
+            tickets.push(t.on_request_sent(PathId(0), true, 15_000, t0));
         }
         assert_eq!(completion(&t, Priority::Priority), Some(0), "39 < 40.5 ms");
-        tickets.push(t.on_request_sent(PathId(0), Priority::Priority, 15_000, t0));
+        tickets.push(t.on_request_sent(PathId(0), true, 15_000, t0));
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(1),
@@ -742,7 +739,7 @@ mod tests {
         assert_eq!(completion(&t, Priority::Priority), Some(0));
         // One small request unanswered past the path's timeout (max(3 × 10 ms, 100 ms)): the
         // path is at least that slow now.
-        let k = t.on_request_sent(PathId(0), Priority::Priority, 100, t0);
+        let k = t.on_request_sent(PathId(0), true, 100, t0);
         let later = |ms| {
             Ask::new(
                 Priority::Priority,
@@ -771,8 +768,8 @@ mod tests {
         let (hi, be) = (Priority::Priority, Priority::BestEffort);
         let mut t = measured(&[(10, 32_000, 0.0, true), (20, 32_000, 0.0, true)]);
         let at = |p, x| Ask::new(p, 16_384, None, t0 + ms(x));
-        let waiting = t.on_request_sent(PathId(0), be, 100, t0);
-        let answered = t.on_request_sent(PathId(0), hi, 100, t0 + ms(50));
+        let waiting = t.on_request_sent(PathId(0), false, 100, t0);
+        let answered = t.on_request_sent(PathId(0), true, 100, t0 + ms(50));
         t.on_request_answered(answered, t0 + ms(90));
         let mut c = Completion;
         // 120 ms after the best-effort request was sent, 30 ms after the last answer (the
@@ -780,7 +777,7 @@ mod tests {
         assert_eq!(c.pick(&t, &at(hi, 120)), Some(PathId(0)));
         assert_eq!(c.pick(&t, &at(be, 120)), Some(PathId(1)));
         // A best-effort answer at 100 ms: best effort stays too.
-        let other = t.on_request_sent(PathId(0), be, 100, t0 + ms(60));
+        let other = t.on_request_sent(PathId(0), false, 100, t0 + ms(60));
         t.on_request_answered(other, t0 + ms(100));
         assert_eq!(c.pick(&t, &at(be, 120)), Some(PathId(0)));
         // 110 ms without any answer: silent for both.
@@ -800,14 +797,14 @@ mod tests {
         let mut t = measured(&[(10, 64_000, 0.0, true), (10, 64_000, 0.0, true)]);
         // Four requests sent 50 ms ago: at 8 MB/s they left long since.
         for _ in 0..4 {
-            t.on_request_sent(PathId(0), Priority::Priority, 16_384, t0 - ms(50));
+            t.on_request_sent(PathId(0), true, 16_384, t0 - ms(50));
         }
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(0),
             "equal: the lower index"
         );
-        t.on_request_sent(PathId(0), Priority::Priority, 16_384, t0);
+        t.on_request_sent(PathId(0), true, 16_384, t0);
         assert_eq!(
             completion(&t, Priority::Priority),
             Some(1),
@@ -819,7 +816,7 @@ mod tests {
         let rows = [(10, 10_000_000, 0.0, true), (24, 64_000, 0.0, true)];
         let mut t = measured(&rows);
         let sent: Vec<_> = (0..6)
-            .map(|_| t.on_request_sent(PathId(0), Priority::Priority, 16_384, t0 - ms(200)))
+            .map(|_| t.on_request_sent(PathId(0), true, 16_384, t0 - ms(200)))
             .collect();
         for (k, ticket) in sent.into_iter().enumerate() {
             t.on_request_answered(ticket, t0 - ms(190) + ms(16 * (k as u64 + 1)));
@@ -832,7 +829,7 @@ mod tests {
         let mut u = measured(&rows);
         for table in [&mut t, &mut u] {
             for _ in 0..3 {
-                table.on_request_sent(PathId(0), Priority::Priority, 16_384, t0 - ms(40));
+                table.on_request_sent(PathId(0), true, 16_384, t0 - ms(40));
             }
         }
         let p0 = t.get(PathId(0)).unwrap();
@@ -854,13 +851,13 @@ mod tests {
         // own bytes alone at the bottleneck, path 0 would cost 10 + 2 × 16 = 42 ms).
         let mut v = measured(&[rows[0], (30, 64_000, 0.0, true)]);
         let sent: Vec<_> = (0..6)
-            .map(|_| v.on_request_sent(PathId(0), Priority::BestEffort, 16_384, t0 - ms(200)))
+            .map(|_| v.on_request_sent(PathId(0), false, 16_384, t0 - ms(200)))
             .collect();
         for (k, ticket) in sent.into_iter().enumerate() {
             v.on_request_answered(ticket, t0 - ms(190) + ms(16 * (k as u64 + 1)));
         }
         for _ in 0..3 {
-            v.on_request_sent(PathId(0), Priority::BestEffort, 16_384, t0 - ms(40));
+            v.on_request_sent(PathId(0), false, 16_384, t0 - ms(40));
         }
         assert_eq!(completion(&v, Priority::Priority), Some(1));
     }
@@ -872,7 +869,7 @@ mod tests {
         let t0 = T0.with(|t| *t);
         let mut t = measured(&[(10, 32_000, 0.0, true), (20, 32_000, 0.0, true)]);
         for _ in 0..3 {
-            t.on_request_sent(PathId(0), Priority::BestEffort, 15_000, t0);
+            t.on_request_sent(PathId(0), false, 15_000, t0);
         }
         // Priority: 10 × (1 + 16.4 / 32) = 15 ms, costing 20 ms, against 30 ms costing 40 ms.
         assert_eq!(completion(&t, Priority::Priority), Some(0));
@@ -880,7 +877,7 @@ mod tests {
         assert_eq!(completion(&t, Priority::BestEffort), Some(1));
         let p0 = t.get(PathId(0)).unwrap();
         let d = p0.drain_rate(t0).unwrap();
-        assert_eq!(p0.backlog_ahead_of(Priority::Priority, d, t0), 0.0);
+        assert_eq!(p0.backlog_ahead_of(true, d, t0), 0.0);
         assert_eq!(p0.backlog(d, t0), 45_000.0);
     }
 
@@ -947,12 +944,8 @@ mod tests {
                 ago.sort_unstable_by(|a, b| b.cmp(a));
                 for a in ago {
                     let at = t0 - Duration::from_millis(a);
-                    t.on_request_sent(
-                        PathId(i),
-                        Priority::Priority,
-                        rng.random_range(100..40_000),
-                        at,
-                    );
+                    let urgent = rng.random_bool(0.5);
+                    t.on_request_sent(PathId(i), urgent, rng.random_range(100..40_000), at);
                 }
             }
             let bytes = rng.random_range(1..100_000);
@@ -975,11 +968,16 @@ mod tests {
                 assert_eq!(got, want.map(|p| p.id), "case {case}: {rows:?}");
             }
             if hi.is_some() {
-                // Exploring never costs more than the honest estimate, and past slow start
-                // they agree (no path here has answered, so both classes see the same wait).
+                // Best effort finds at least the bytes priority finds ahead of it; past slow
+                // start, where they find the same bytes, the two estimates agree (no path here
+                // has answered, so a stall is the same wait for both).
                 for p in t.paths().iter().filter(|p| p.up) {
-                    assert!(x(p) <= e(p), "case {case}");
-                    if !p.slow_start {
+                    let d = p.drain_rate(t0).unwrap();
+                    assert!(
+                        p.backlog_ahead_of(true, d, t0) <= p.backlog(d, t0),
+                        "case {case}"
+                    );
+                    if !p.slow_start && p.backlog_ahead_of(true, d, t0) == p.backlog(d, t0) {
                         assert_eq!(x(p), e(p), "case {case}");
                     }
                 }
@@ -1013,7 +1011,7 @@ mod tests {
         assert_eq!(Completion.pick(&t, &big), Some(PathId(0)));
         // 30 KB queued there: 30 × (1 + log2(1 + (30 000 + 4 384) / 12 000)) = 89 ms: back on
         // path 0.
-        t.on_request_sent(PathId(1), Priority::Priority, 30_000, t0);
+        t.on_request_sent(PathId(1), true, 30_000, t0);
         assert_eq!(completion(&t, Priority::BestEffort), Some(0));
         // Past slow start the window is what it is, for both classes.
         let t = measured(&rows);

@@ -1,11 +1,11 @@
-//! Ingest records of one class that are ready for the same backhaul connection at once go to
+//! Ingest records of one urgency that are ready for the same backhaul connection at once go to
 //! the server in one request (decision G23). A forwarded record used to cost the gateway a
 //! whole HTTP/3 exchange on the backhaul, as much CPU as the device's own exchange with it;
 //! records now share one exchange when several are waiting.
 //!
-//! Each lane has a [`Batcher`] per class (priority records never wait in a batch behind best
-//! effort's bytes), a task fed by a bounded channel: it takes the first record that
-//! comes, lets the tasks that are ready run (as the AMQP shim does, decision M31: no timer, so
+//! Each lane has a [`Batcher`] per urgency (priority records and best-effort ones sent again go
+//! at priority's, decision G24, and never wait in a batch behind best effort's bytes), a task
+//! fed by a bounded channel: it takes the first record that comes, lets the tasks that are ready run (as the AMQP shim does, decision M31: no timer, so
 //! nothing waits for a batch to fill), takes whatever they queued meanwhile, and sends the lot
 //! as one `POST /batch` (`qgate_core::batch`), or a record alone as the request it was. The
 //! exchange runs in a task of its own, so the next batch is gathered while this one is out. A
@@ -181,7 +181,7 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
             .map(|p| p.record.body.len() + p.record.target.len() + 96)
             .sum::<usize>(),
     );
-    // One class per batcher: the batch goes at its records' urgency.
+    // One urgency per batcher: the batch goes at its records'.
     let urgency = crate::gateway::urgency(batch[0].record.priority);
     batch::start_entries(&mut body);
     for p in &batch {

@@ -655,7 +655,7 @@ impl Gateway {
             over: false,
         };
         let mut resp = self
-            .carry(&mut admitted, step, req, body, conn, device, class)
+            .carry(&mut admitted, step, req, body, conn, device)
             .await;
         // The Hash ID of a session made on first use, for the device's next requests.
         if !named {
@@ -673,7 +673,6 @@ impl Gateway {
     }
 
     /// Carry out the core's steps for request `admitted` until one is final.
-    #[allow(clippy::too_many_arguments)]
     async fn carry(
         &self,
         admitted: &mut Admitted<'_>,
@@ -682,7 +681,6 @@ impl Gateway {
         body: Bytes,
         conn: ConnId,
         device: SocketAddr,
-        class: Priority,
     ) -> Response<Bytes> {
         let rid = std::mem::take(&mut admitted.rid);
         let rid = rid.as_str();
@@ -695,13 +693,10 @@ impl Gateway {
         let batchable = req.uri().query().is_none()
             && body.len() <= self.cfg.batch_max_record
             && batch::Record::batchable(req.method(), req.uri().path());
-        // A best-effort request whose attempt failed goes again at priority's urgency, so
-        // priority traffic can delay it, not starve it (decision G24).
-        let mut urgent = class == Priority::Priority;
         loop {
             step = match step {
                 Step::Send(a) => {
-                    let path = a.path;
+                    let (path, urgent) = (a.path, a.urgent);
                     let out = || {
                         Request::builder()
                             .method(req.method().clone())
@@ -721,15 +716,12 @@ impl Gateway {
                         path: path.0,
                         body: body.clone(),
                     });
-                    match self.attempt(a, &out, record, &body, urgent).await {
+                    match self.attempt(a, &out, record, &body).await {
                         Ok(resp) => {
                             admitted.over = true;
                             return resp;
                         }
-                        Err(next) => {
-                            urgent = true;
-                            next
-                        }
+                        Err(next) => next,
                     }
                 }
                 Step::Wait(w) => {
@@ -764,9 +756,8 @@ impl Gateway {
         out: &(dyn Fn() -> Request<()> + Sync),
         record: Option<batch::Record>,
         body: &Bytes,
-        urgent: bool,
     ) -> Result<Response<Bytes>, Step> {
-        let path = a.path;
+        let (path, urgent) = (a.path, a.urgent);
         // The outcome (with QUIC's sample of the path) and the clock are read under the core's
         // lock, so concurrent answers reach it in the order they were taken and time never
         // goes back for it.

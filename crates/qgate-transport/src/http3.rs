@@ -169,8 +169,8 @@ impl H3Client {
     }
 
     /// [`request`](Self::request) within `timeout`. On time-out only this request's stream is
-    /// cancelled (reset with `H3_REQUEST_CANCELLED`, RFC 9114 §4.1.1): the connection and every
-    /// other request on it carry on.
+    /// cancelled (reset and stopped with `H3_REQUEST_CANCELLED`, RFC 9114 §4.1.1): the
+    /// connection and every other request on it carry on.
     pub async fn request_within(
         &self,
         req: Request<()>,
@@ -201,7 +201,8 @@ impl H3Client {
     }
 
     /// [`request_within`](Self::request_within) that also gives up when `cancel` completes:
-    /// the stream is reset, so whatever of the body is still unsent is dropped, not sent.
+    /// the stream is reset and stopped (H3_REQUEST_CANCELLED), so whatever of the body is still
+    /// unsent is dropped, not sent, and the server stops sending its answer.
     pub async fn request_cancellable(
         &self,
         req: Request<()>,

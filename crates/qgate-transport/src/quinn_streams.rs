@@ -1,7 +1,7 @@
 //! quinn's connections and streams as h3 sees them (its `quic` traits), with one addition
 //! h3-quinn lacks: a request stream is opened at the urgency of the request that opens it
 //! (decision G24), so quinn sends a priority request's bytes before a best-effort one's on the
-//! same connection.
+//! same connection; HTTP/3's own unidirectional streams go before any request.
 //!
 //! h3 opens a request's stream inside `SendRequest::send_request`, with no say in how; the
 //! urgency reaches the opener as a task-local set around that call ([`at_urgency`]).
@@ -198,6 +198,8 @@ impl<B: Buf> quic::OpenStreams<B> for Opener {
             Box::pin(async move { c.open_uni().await })
         }))
         .map_err(stream_error)?;
+        // HTTP/3's control and QPACK streams: a few bytes that must never wait behind requests.
+        let _ = send.set_priority(i32::MAX);
         Poll::Ready(Ok(SendStream::new(send)))
     }
 
