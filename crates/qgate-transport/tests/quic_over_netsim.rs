@@ -848,3 +848,49 @@ async fn an_urgent_request_overtakes_one_sent_before_it() {
     assert!(first < second, "first {first:?}, second {second:?}");
     assert!(first > Duration::from_millis(1_800), "{first:?}");
 }
+
+/// A request that times out is cancelled in both directions with H3_REQUEST_CANCELLED (RFC 9114
+/// §4.1.1) while its answer is being awaited, and the client goes on: our client streams hold
+/// no read across polls, so stopping one with a read pending is safe (decision G24).
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_request_is_stopped_both_ways() {
+    let s = setup(
+        LinkParams::new(50_000_000, Duration::from_millis(10)),
+        &[ALPN_H3],
+        13,
+    );
+    // A bare QUIC server that reads each request and never answers it.
+    let server = s.server.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let conn = server.accept().await.unwrap().await.unwrap();
+        while let Ok((send, mut recv)) = conn.accept_bi().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = recv.read_to_end(1 << 16).await;
+                let stopped = send.stopped().await;
+                let _ = tx
+                    .send(stopped.ok().flatten().map(|c| c.into_inner()))
+                    .await;
+            });
+        }
+    });
+    let conn = connect(&s.client, &s.client_cfg, sa(SERVER), "localhost", false)
+        .await
+        .unwrap();
+    let h3 = H3Client::new(conn.connection().clone()).await.unwrap();
+    let r = h3
+        .request_within(
+            Request::post("https://localhost/x").body(()).unwrap(),
+            Bytes::from_static(b"record"),
+            1 << 16,
+            Duration::from_millis(300),
+        )
+        .await;
+    assert!(matches!(r, Err(http3::H3Error::TimedOut(_))), "{r:?}");
+    let code = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+        .await
+        .expect("the server saw the request stopped");
+    assert_eq!(code, Some(Some(0x10c)), "H3_REQUEST_CANCELLED");
+    assert!(!h3.is_closed());
+}
