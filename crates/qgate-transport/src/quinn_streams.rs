@@ -257,6 +257,24 @@ impl<B: Buf> SendStream<B> {
     }
 }
 
+/// Take `data` as a send stream's one buffer being written: h3 waits for `poll_ready` between
+/// buffers, so a second one while the first is unwritten is a bug in the stack (it would
+/// reorder bytes). Shared by every send stream we give h3.
+pub(crate) fn hold_one<B: Buf, T: Into<WriteBuf<B>>>(
+    writing: &mut Option<WriteBuf<B>>,
+    data: T,
+) -> Result<(), StreamErrorIncoming> {
+    if writing.is_some() {
+        return Err(StreamErrorIncoming::ConnectionErrorIncoming {
+            connection_error: ConnectionErrorIncoming::InternalError(
+                "send_data before the previous buffer was written".into(),
+            ),
+        });
+    }
+    *writing = Some(data.into());
+    Ok(())
+}
+
 fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
     match e {
         quinn::WriteError::Stopped(code) => StreamErrorIncoming::StreamTerminated {
@@ -281,16 +299,7 @@ impl<B: Buf> quic::SendStream<B> for SendStream<B> {
     }
 
     fn send_data<T: Into<WriteBuf<B>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        if self.writing.is_some() {
-            // h3 waits for `poll_ready` between buffers; a second one would reorder bytes.
-            return Err(StreamErrorIncoming::ConnectionErrorIncoming {
-                connection_error: ConnectionErrorIncoming::InternalError(
-                    "send_data before the previous buffer was written".into(),
-                ),
-            });
-        }
-        self.writing = Some(data.into());
-        Ok(())
+        hold_one(&mut self.writing, data)
     }
 
     fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {

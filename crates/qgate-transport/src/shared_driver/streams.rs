@@ -223,16 +223,7 @@ impl quic::SendStream<Bytes> for SendStream {
     }
 
     fn send_data<T: Into<WriteBuf<Bytes>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        if self.writing.is_some() {
-            // h3 waits for poll_ready before sending more; anything else is a bug in the stack.
-            return Err(StreamErrorIncoming::ConnectionErrorIncoming {
-                connection_error: ConnectionErrorIncoming::InternalError(
-                    "send_data before the previous write finished".into(),
-                ),
-            });
-        }
-        self.writing = Some(data.into());
-        Ok(())
+        crate::quinn_streams::hold_one(&mut self.writing, data)
     }
 
     fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
