@@ -6,6 +6,7 @@ pub mod careful_resume;
 pub mod forwarder;
 pub mod frame_guard;
 pub mod history;
+pub mod holdings;
 pub mod loggate;
 pub mod metrics;
 pub mod path;

@@ -174,7 +174,9 @@ impl<'a> ServerBuilder<'a> {
         if self.inline_storage {
             service = service.with_inline_storage();
         }
-        let metrics = service.collector();
+        let metrics = service
+            .collector()
+            .with_budget(self.limits.buffered.clone());
         let service = Arc::new(service);
         let stats = service.stats();
         let task = tokio::spawn(serve(

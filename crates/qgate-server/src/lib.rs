@@ -219,6 +219,7 @@ impl IngestService {
         ServerMetrics {
             stats: self.stats.clone(),
             queue: self.queue_sink().map(QueueSink::watch),
+            budget: None,
         }
     }
 
@@ -236,6 +237,8 @@ impl IngestService {
 pub struct ServerMetrics {
     stats: Arc<ServerStats>,
     queue: Option<(Arc<QueueSinkStats>, Arc<std::sync::atomic::AtomicBool>)>,
+    /// The request-body budget its connections share.
+    budget: Option<http3::BodyBudget>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -258,6 +261,12 @@ pub struct QueueSinkView {
 }
 
 impl ServerMetrics {
+    /// Also report on `budget`, the request-body budget the server's connections share.
+    pub fn with_budget(mut self, budget: http3::BodyBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
     /// The ingest counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         self.stats.snapshot()
@@ -349,6 +358,14 @@ impl metrics::Collector for ServerMetrics {
             ),
         ] {
             metrics::counter(&mut e, name, help, v)?;
+        }
+        if let Some(b) = &self.budget {
+            metrics::counter(
+                &mut e,
+                "qgate_server_bodies_gave_way",
+                "request bodies cut off (503) to make room for another client's, their client holding the most of the body budget (decision T13)",
+                b.gave_way(),
+            )?;
         }
         if let Some((st, up)) = &self.queue {
             let r = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -1,12 +1,12 @@
 //! The server's own limits against hostile clients, over netsim in virtual time: connections
 //! per client and in all (decision S10), a request stream that never finishes its headers
-//! (HEADERS_DEADLINE).
+//! (HEADERS_DEADLINE), a client holding the request-body budget (T13).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use qgate_netsim::{HostId, LinkParams, Network};
-use qgate_transport::http3::{H3Client, ALPN_H3, HEADERS_DEADLINE};
+use qgate_transport::http3::{BodyBudget, H3Client, ServeLimits, ALPN_H3, HEADERS_DEADLINE};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
 const SERVER: &str = "10.0.0.9:443";
@@ -15,6 +15,15 @@ const SERVER: &str = "10.0.0.9:443";
 fn world(
     clients: u8,
     limits: (usize, usize),
+) -> (Network, Vec<HostId>, DevPki, qgate_server::RunningServer) {
+    world_with(clients, limits, ServeLimits::default())
+}
+
+/// [`world`], its requests under `serve`.
+fn world_with(
+    clients: u8,
+    limits: (usize, usize),
+    serve: ServeLimits,
 ) -> (Network, Vec<HostId>, DevPki, qgate_server::RunningServer) {
     let net = Network::new(3);
     let link = || LinkParams::new(50_000_000, Duration::from_millis(5));
@@ -42,6 +51,7 @@ fn world(
         .identity(&pki.server)
         .seed(1)
         .connection_limits(limits.0, limits.1)
+        .limits(serve)
         .start()
         .unwrap();
     (net, hosts, pki, server)
@@ -129,4 +139,148 @@ async fn a_request_whose_headers_never_end_is_dropped_at_the_deadline() {
         "{took:?}: {ended:?}"
     );
     assert!(c.close_reason().is_none(), "only the stream ended");
+}
+
+/// Decision T13: a client that sends three bodies nearly whole, taking most of the server's
+/// request-body budget, and then trickles a byte every 20 s (inside the 30 s stall timeout)
+/// used to keep every other client's body out (503) for the five-minute body deadline. Now
+/// another client's body is stored at once, and one of the hog's bodies is cut off with 503.
+#[tokio::test(start_paused = true)]
+async fn a_client_holding_the_body_budget_gives_way_to_another() {
+    let (other, answers, budget, server) = hog_and_other(false).await;
+    assert!(other.is_success(), "{other}");
+    // Exactly one of the hog's requests made way, with 503; the other two still wait.
+    let mut gave_way = 0;
+    for a in answers {
+        if a.is_finished() {
+            assert_eq!(
+                a.await.unwrap(),
+                Some(http::StatusCode::SERVICE_UNAVAILABLE)
+            );
+            gave_way += 1;
+        }
+    }
+    assert_eq!(gave_way, 1);
+    assert_eq!(budget.gave_way(), 1);
+    let m = qgate_core::metrics::render(server.metrics.clone());
+    assert!(m.contains("qgate_server_bodies_gave_way_total 1"), "{m}");
+}
+
+/// A hog that grants no room for answers (a 48-byte stream window) cannot keep the bytes of a
+/// body that gave way by never taking its 503: they come back before the answer is sent (the
+/// hostile try of T13 held the budget this way for as long as its connection lived).
+#[tokio::test(start_paused = true)]
+async fn a_body_that_gave_way_gives_its_bytes_back_before_its_answer() {
+    let (other, _answers, budget, _server) = hog_and_other(true).await;
+    assert!(other.is_success(), "{other}");
+    assert_eq!(budget.gave_way(), 1);
+    // The hog holds its two other bodies' 120 000 bytes (and a trickled byte or none); the
+    // rest is free again.
+    assert!(
+        (79_990..=80_000).contains(&budget.available()),
+        "{} free",
+        budget.available()
+    );
+}
+
+/// A hog on 10.0.1.1 holding 180 000 bytes of a 200 000-byte budget in three trickled bodies,
+/// its answers read or, with `zero_window`, never read and unsendable; then another client on 10.0.1.2
+/// posts 60 000 bytes, which must be answered within 2 s. Returns that answer's status, the
+/// hog's answers (1 s later), the budget and the server.
+async fn hog_and_other(
+    zero_window: bool,
+) -> (
+    http::StatusCode,
+    Vec<tokio::task::JoinHandle<Option<http::StatusCode>>>,
+    BodyBudget,
+    qgate_server::RunningServer,
+) {
+    let budget = BodyBudget::new(200_000);
+    let (net, hosts, pki, server) = world_with(
+        2,
+        (10, 10),
+        ServeLimits {
+            max_body: 100_000,
+            buffered: budget.clone(),
+        },
+    );
+    // The hog: 60 000 of 100 000 announced bytes on each of three requests.
+    let hog = if zero_window {
+        let ep = endpoint(
+            Socket::from(net.bind(hosts[0], "0.0.0.0:0".parse().unwrap()).unwrap()),
+            None,
+            Some(7),
+        )
+        .unwrap();
+        let mut cfg =
+            client_config(&pki.trust(), &[ALPN_H3], &TransportOptions::default()).unwrap();
+        let mut t = quinn::TransportConfig::default();
+        // Room for the server's SETTINGS and an answer's HEADERS, not for the 503's text.
+        t.stream_receive_window(48u32.into());
+        cfg.transport_config(std::sync::Arc::new(t));
+        connect(&ep, &cfg, SERVER.parse().unwrap(), "localhost", false)
+            .await
+            .unwrap()
+            .connection()
+            .clone()
+    } else {
+        dial(&net, hosts[0], &pki).await.unwrap()
+    };
+    let (mut driver, mut send) =
+        h3::client::new(qgate_transport::quinn_streams::Connection::new(hog))
+            .await
+            .unwrap();
+    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    let (mut trickles, mut answers) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let req = http::Request::post("https://localhost/ingest/hog")
+            .header(http::header::CONTENT_LENGTH, "100000")
+            .body(())
+            .unwrap();
+        let mut stream = send.send_request(req).await.unwrap();
+        stream
+            .send_data(bytes::Bytes::from(vec![b'h'; 60_000]))
+            .await
+            .unwrap();
+        let (tx, mut rx) = stream.split();
+        trickles.push(tx);
+        answers.push(tokio::spawn(async move {
+            if zero_window {
+                // Never read: the window stays shut.
+                std::future::pending::<()>().await;
+            }
+            rx.recv_response().await.map(|r| r.status()).ok()
+        }));
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            for t in &mut trickles {
+                let _ = t.send_data(bytes::Bytes::from_static(b"h")).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(budget.available() <= 20_000, "{} free", budget.available());
+    let other = H3Client::new(dial(&net, hosts[1], &pki).await.unwrap())
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let r = other
+        .request(
+            http::Request::post("https://localhost/ingest/other")
+                .body(())
+                .unwrap(),
+            bytes::Bytes::from(vec![b'o'; 60_000]),
+            1 << 16,
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (r.status, answers, budget, server)
 }

@@ -93,6 +93,22 @@ impl<C> Guarded<C> {
     }
 }
 
+/// A stream that ended inside a DATA frame, this many of its bytes missing.
+#[derive(Debug)]
+struct CutShort(u64);
+
+impl std::fmt::Display for CutShort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the stream ended {} bytes into a DATA frame's payload",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for CutShort {}
+
 /// A stream (or a bidirectional stream's receiving half) under watch.
 pub struct Watched<S> {
     /// `None` once a QPACK stream has gone to be drained (h3 keeps this husk).
@@ -267,6 +283,15 @@ impl<S: quic::RecvStream<Buf = Bytes> + Send + 'static> quic::RecvStream for Wat
                     }
                     Some(b) => self.rest = b,
                     None => {
+                        // A DATA frame cut short by the stream's end is an incomplete request
+                        // (RFC 9114 §7.1), not a shorter body: h3 0.0.8 took what came for
+                        // the whole, and the server stored and acknowledged it.
+                        if self.guard.data_ahead() > 0 {
+                            self.ended = true;
+                            return Poll::Ready(Err(StreamErrorIncoming::Unknown(Box::new(
+                                CutShort(self.guard.data_ahead()),
+                            ))));
+                        }
                         // What is gathered is an incomplete frame: h3 says so.
                         self.ended = true;
                         if !self.held.is_empty() {

@@ -3,9 +3,13 @@
 
 use crate::frame_guard::{Guarded, MAX_HELD_FRAME};
 use crate::quinn_streams;
+use qgate_core::holdings::{BodyId, Holdings};
+use qgate_core::quota::client_key;
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -40,6 +44,10 @@ pub enum H3Error {
     /// The server's budget of buffered request bytes is spent.
     #[error("the server holds too many request bytes now")]
     Busy,
+    /// The server's budget is spent and this body, arriving, gave way to another client's
+    /// (decision T13).
+    #[error("the server needed this body's bytes for another client's")]
+    GaveWay,
 }
 
 fn stream_err(e: h3::error::StreamError) -> H3Error {
@@ -66,27 +74,31 @@ async fn read_body<B: Buf>(
     read_body_within(poll, limit, what, None).await
 }
 
-/// [`read_body`], taking each chunk's bytes from `budget` (kept in `held`) when one is given:
-/// `H3Error::Busy` once it is spent.
+/// [`read_body`], taking each chunk's bytes from the server's budget through `share` when one
+/// is given: `H3Error::Busy` once it is spent, or when this body must give way (T13).
 async fn read_body_within<B: Buf>(
     mut poll: impl FnMut(&mut Context<'_>) -> Poll<Result<Option<B>, h3::error::StreamError>>,
     limit: usize,
     what: &'static str,
-    mut budget: Option<(&BodyBudget, &mut Option<tokio::sync::OwnedSemaphorePermit>)>,
+    mut share: Option<&mut Share<'_>>,
 ) -> Result<Bytes, H3Error> {
     let mut body = BytesMut::new();
     let deadline = tokio::time::Instant::now() + BODY_DEADLINE;
     loop {
         let next = std::future::poll_fn(&mut poll);
-        // A server does not let a stalled or trickling body hold its budget (T7); a client
-        // waits.
-        let next = match budget {
-            Some(_) => {
-                let stall = tokio::time::Instant::now() + BODY_STALL;
-                tokio::time::timeout_at(stall.min(deadline), next)
-                    .await
-                    .map_err(|_| H3Error::TimedOut(BODY_STALL))?
-            }
+        // A server does not let a stalled or trickling body hold its budget (T7), nor one that
+        // must give way to another client (T13); a client waits.
+        let stall = tokio::time::Instant::now() + BODY_STALL;
+        let next = match share.as_deref().map(|sh| sh.told()) {
+            Some(Some(told)) => tokio::select! {
+                r = tokio::time::timeout_at(stall.min(deadline), next) => {
+                    r.map_err(|_| H3Error::TimedOut(BODY_STALL))?
+                }
+                _ = told.notified() => return Err(H3Error::GaveWay),
+            },
+            Some(None) => tokio::time::timeout_at(stall.min(deadline), next)
+                .await
+                .map_err(|_| H3Error::TimedOut(BODY_STALL))?,
             None => next.await,
         };
         let Some(mut chunk) = next.map_err(stream_err)? else {
@@ -95,18 +107,9 @@ async fn read_body_within<B: Buf>(
         if body.len() + chunk.remaining() > limit {
             return Err(H3Error::TooLarge { what, limit });
         }
-        if let Some((b, held)) = budget.as_mut() {
-            let n = u32::try_from(chunk.remaining()).unwrap_or(u32::MAX);
-            // A short wait, not none: bodies arriving together would otherwise all fail at
-            // once, each holding a part of the budget; the first to give up frees the rest.
-            let more = tokio::time::timeout(BUDGET_WAIT, b.bytes.clone().acquire_many_owned(n))
-                .await
-                .map_err(|_| H3Error::Busy)?
-                .map_err(|_| H3Error::Busy)?;
-            match held.as_mut() {
-                Some(p) => p.merge(more),
-                None => **held = Some(more),
-            }
+        if let Some(sh) = share.as_deref_mut() {
+            sh.take(u32::try_from(chunk.remaining()).unwrap_or(u32::MAX))
+                .await?;
         }
         while chunk.has_remaining() {
             let c = chunk.chunk();
@@ -335,6 +338,11 @@ impl HeadersSeen {
 /// lives (headers are a few hundred bytes, under a second at 8 kbit/s).
 pub const HEADERS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// An answer its peer has not taken this long after it was ready is dropped with its stream:
+/// a peer that grants no flow control must not keep a request's task, and what it holds,
+/// for the connection's life.
+pub const ANSWER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How long a request body waits for room in the budget before its request gets 503.
 const BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -344,11 +352,98 @@ pub const DEFAULT_MAX_BUFFERED: usize = 16 * DEFAULT_MAX_BODY;
 
 /// A budget of request-body bytes shared by every connection of one server (clones share it):
 /// a body's bytes are taken as they arrive and given back once its request is answered, so
-/// many connections each sending a large body cannot exhaust memory.
+/// many connections each sending a large body cannot exhaust memory (T7). A body that finds it
+/// spent takes room back from the client holding the most (T13).
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
     bytes: Arc<tokio::sync::Semaphore>,
     total: usize,
+    ledger: Arc<Mutex<Ledger>>,
+    gave_way: Arc<AtomicU64>,
+}
+
+/// Who holds the budget, and how to tell a body to give way.
+#[derive(Debug, Default)]
+struct Ledger {
+    holdings: Holdings<IpAddr>,
+    told: HashMap<BodyId, Arc<tokio::sync::Notify>>,
+}
+
+/// One request body's part of a [`BodyBudget`]: the bytes it took, given back (and its line in
+/// the ledger closed) when it is dropped. A body enters the ledger with its first bytes, so a
+/// request without a body costs the ledger nothing.
+struct Share<'a> {
+    budget: &'a BodyBudget,
+    peer: SocketAddr,
+    /// Its line in the ledger, and what tells it to give way to another client's body.
+    entry: Option<(BodyId, Arc<tokio::sync::Notify>)>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Share<'_> {
+    /// Take `n` more bytes. A short wait, not none, when they are not free: bodies arriving
+    /// together would otherwise all fail at once, each holding a part of the budget, and the
+    /// first to give up frees the rest; bodies of a heavier client are told to give way first.
+    async fn take(&mut self, n: u32) -> Result<(), H3Error> {
+        use tokio::sync::TryAcquireError;
+        let (id, told) = match &self.entry {
+            Some(e) => e.clone(),
+            None => self.entry.insert(self.budget.enter(self.peer)).clone(),
+        };
+        let bytes = self.budget.bytes.clone();
+        let more = match bytes.clone().try_acquire_many_owned(n) {
+            Ok(p) => p,
+            Err(TryAcquireError::Closed) => return Err(H3Error::Busy),
+            Err(TryAcquireError::NoPermits) => {
+                self.budget.make_room(id, n);
+                tokio::select! {
+                    r = tokio::time::timeout(BUDGET_WAIT, bytes.acquire_many_owned(n)) => {
+                        r.map_err(|_| H3Error::Busy)?.map_err(|_| H3Error::Busy)?
+                    }
+                    _ = told.notified() => return Err(H3Error::Busy),
+                }
+            }
+        };
+        match self.permit.as_mut() {
+            Some(p) => p.merge(more),
+            None => self.permit = Some(more),
+        }
+        lock(&self.budget.ledger)
+            .holdings
+            .took(id, u64::from(n), now());
+        Ok(())
+    }
+
+    /// What tells this body to give way, once it holds bytes.
+    fn told(&self) -> Option<&tokio::sync::Notify> {
+        self.entry.as_ref().map(|(_, t)| &**t)
+    }
+
+    /// The whole body has arrived: it no longer gives way.
+    fn arrived(&self) {
+        if let Some((id, _)) = &self.entry {
+            lock(&self.budget.ledger).holdings.arrived(*id);
+        }
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        if let Some((id, _)) = &self.entry {
+            let mut l = lock(&self.budget.ledger);
+            l.holdings.close(*id);
+            l.told.remove(id);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The ledger's clock: the runtime's, so virtual time drives it in the simulator.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 impl BodyBudget {
@@ -358,7 +453,47 @@ impl BodyBudget {
         BodyBudget {
             bytes: Arc::new(tokio::sync::Semaphore::new(total)),
             total,
+            ledger: Arc::default(),
+            gave_way: Arc::default(),
         }
+    }
+
+    /// A share for a body from `peer`, holding nothing yet.
+    fn share(&self, peer: SocketAddr) -> Share<'_> {
+        Share {
+            budget: self,
+            peer,
+            entry: None,
+            permit: None,
+        }
+    }
+
+    /// A line in the ledger for a body from `peer`.
+    fn enter(&self, peer: SocketAddr) -> (BodyId, Arc<tokio::sync::Notify>) {
+        let told = Arc::new(tokio::sync::Notify::new());
+        let mut l = lock(&self.ledger);
+        let id = l.holdings.open(client_key(peer.ip()), now());
+        l.told.insert(id, told.clone());
+        (id, told)
+    }
+
+    /// Body `id` needs `n` bytes that are not free: tell the bodies that must give way.
+    fn make_room(&self, id: BodyId, n: u32) {
+        let mut l = lock(&self.ledger);
+        let free = self.bytes.available_permits() as u64;
+        let victims = l.holdings.give_way(id, u64::from(n), free);
+        for v in &victims {
+            if let Some(t) = l.told.get(v) {
+                t.notify_one();
+            }
+        }
+        self.gave_way
+            .fetch_add(victims.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bodies told to give way to another client's so far (T13).
+    pub fn gave_way(&self) -> u64 {
+        self.gave_way.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Its size.
@@ -513,24 +648,26 @@ where
     let logged = tracing::enabled!(tracing::Level::DEBUG)
         .then(|| (req.method().clone(), req.uri().path().to_string()));
     // The body's share of the server's budget, held until the request is answered.
-    let mut held = None;
+    let mut share = limits.buffered.share(peer);
     let read = read_body_within(
         |cx| stream.poll_recv_data(cx),
         limits.max_body,
         "request",
-        Some((&limits.buffered, &mut held)),
+        Some(&mut share),
     )
     .await;
     let resp = match read {
-        // The budget is given back once the handler is done with the body, not after a peer
-        // that reads its response slowly.
         Ok(body) => {
-            let r = handler.handle(req, body, peer).await;
-            held = None;
-            r
+            share.arrived();
+            handler.handle(req, body, peer).await
         }
-        Err(H3Error::Busy) => {
-            stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+        Err(e @ (H3Error::Busy | H3Error::GaveWay)) => {
+            // A body that gave way was told while its next chunk was awaited: h3-quinn cannot
+            // stop a stream while a read is in flight (it panics), so that one stops when the
+            // request stream is dropped, after the answer.
+            if matches!(e, H3Error::Busy) {
+                stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+            }
             Response::builder()
                 .status(StatusCode::SERVICE_UNAVAILABLE)
                 .header(http::header::RETRY_AFTER, "1")
@@ -547,21 +684,33 @@ where
                 .body(Bytes::from(format!("request body exceeds {limit} bytes\n")))
                 .expect("static response")
         }
+        Err(e @ H3Error::Stream(_)) => {
+            // The body broke off (a DATA frame cut short, a reset): no answer to it but this.
+            stream.stop_stream(h3::error::Code::H3_REQUEST_INCOMPLETE);
+            return Err(e);
+        }
         Err(e) => return Err(e),
     };
+    // The budget is given back once the handler is done with the body (or the body was
+    // refused), before the answer: a peer that reads it slowly, or grants no room for it, must
+    // not keep the bytes (decision T13).
+    drop(share);
     if let Some((method, path)) = logged {
         let (status, bytes) = (resp.status().as_u16(), resp.body().len());
         tracing::debug!(%peer, %method, path, status, bytes, "request");
     }
     let (parts, body) = resp.into_parts();
-    stream
-        .send_response(Response::from_parts(parts, ()))
+    let answer = async {
+        stream
+            .send_response(Response::from_parts(parts, ()))
+            .await
+            .map_err(stream_err)?;
+        if !body.is_empty() {
+            stream.send_data(body).await.map_err(stream_err)?;
+        }
+        stream.finish().await.map_err(stream_err)
+    };
+    tokio::time::timeout(ANSWER_DEADLINE, answer)
         .await
-        .map_err(stream_err)?;
-    if !body.is_empty() {
-        stream.send_data(body).await.map_err(stream_err)?;
-    }
-    stream.finish().await.map_err(stream_err)?;
-    drop(held);
-    Ok(())
+        .map_err(|_| H3Error::TimedOut(ANSWER_DEADLINE))?
 }

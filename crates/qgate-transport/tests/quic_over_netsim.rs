@@ -532,6 +532,41 @@ async fn an_empty_data_frame_does_not_end_a_body() {
     assert!(text.contains("POST / 6"), "{text:?}");
 }
 
+/// A DATA frame the stream ends inside is an incomplete request (RFC 9114 §7.1), not a
+/// shorter body: h3 0.0.8 took the bytes that came for the whole, and the server stored and
+/// acknowledged them. The request is now reset with H3_REQUEST_INCOMPLETE, unanswered.
+#[tokio::test(start_paused = true)]
+async fn a_data_frame_cut_short_is_no_body() {
+    let (_net, raw) = h3_server_and_raw_client(15).await;
+    // POST https://localhost/ as QPACK static-table references and one literal.
+    let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
+    block.extend_from_slice(b"localhost");
+    let mut req = vec![0x01, block.len() as u8];
+    req.extend(block);
+    // DATA announcing 6 bytes; 3 come.
+    req.extend([0x00, 6]);
+    req.extend_from_slice(b"abc");
+    let (mut send, mut recv) = raw.open_bi().await.unwrap();
+    send.write_all(&req).await.unwrap();
+    send.finish().unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 16))
+        .await
+        .unwrap();
+    match answer {
+        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => {
+            assert_eq!(code.into_inner(), 0x10d, "H3_REQUEST_INCOMPLETE")
+        }
+        other => panic!(
+            "{other:?}: {:?}",
+            other
+                .as_ref()
+                .map(|a| String::from_utf8_lossy(a).to_string())
+        ),
+    }
+    // The connection goes on.
+    assert!(raw.close_reason().is_none());
+}
+
 /// Each request stream that ends before its headers stays recorded in h3 for the
 /// connection's life: a peer ending hundreds of them on purpose is cut off (decision T12),
 /// while an honest connection's requests go on.

@@ -81,7 +81,7 @@ pub struct ServerArgs {
         "Largest request body in bytes; larger ones get 413", ServeLimits::default().max_body))]
     max_body: Option<usize>,
     #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = crate::dflt(
-        "Request-body bytes held at once over all connections; past it a request gets 503 and Retry-After",
+        "Request-body bytes held at once over all connections; past it a request gets 503 and Retry-After, unless another client (address, or IPv6 /64) holds more, whose stalest body then gives way",
         DEFAULT_MAX_BUFFERED))]
     max_buffered: Option<usize>,
     #[arg(long, value_name = "N", help = crate::dflt(
