@@ -91,10 +91,12 @@ async fn read_body_within<B: Buf>(
         let stall = tokio::time::Instant::now() + BODY_STALL;
         let next = match share.as_deref().map(|sh| sh.told()) {
             Some(Some(told)) => tokio::select! {
+                // Told first: its bytes already count as on their way back.
+                biased;
+                _ = told.notified() => return Err(H3Error::GaveWay),
                 r = tokio::time::timeout_at(stall.min(deadline), next) => {
                     r.map_err(|_| H3Error::TimedOut(BODY_STALL))?
                 }
-                _ = told.notified() => return Err(H3Error::GaveWay),
             },
             Some(None) => tokio::time::timeout_at(stall.min(deadline), next)
                 .await
@@ -397,10 +399,11 @@ impl Share<'_> {
             Err(TryAcquireError::NoPermits) => {
                 self.budget.make_room(id, n);
                 tokio::select! {
+                    biased;
+                    _ = told.notified() => return Err(H3Error::Busy),
                     r = tokio::time::timeout(BUDGET_WAIT, bytes.acquire_many_owned(n)) => {
                         r.map_err(|_| H3Error::Busy)?.map_err(|_| H3Error::Busy)?
                     }
-                    _ = told.notified() => return Err(H3Error::Busy),
                 }
             }
         };
@@ -622,6 +625,14 @@ where
     }
 }
 
+/// Whether `req` declares a body of `len` bytes, or no length at all.
+fn declares(req: &Request<()>, len: usize) -> bool {
+    req.headers()
+        .get_all(http::header::CONTENT_LENGTH)
+        .iter()
+        .all(|v| v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) == Some(len as u64))
+}
+
 async fn serve_request<C, H>(
     resolver: h3::server::RequestResolver<C, Bytes>,
     handler: Arc<H>,
@@ -657,6 +668,15 @@ where
     )
     .await;
     let resp = match read {
+        // A body that is not the length its request declares is malformed (RFC 9114 §4.1.2):
+        // one cut short must not be stored as whole.
+        Ok(body) if !declares(&req, body.len()) => Response::builder()
+            .status(StatusCode::BAD_REQUEST)
+            .body(Bytes::from(format!(
+                "the request's content-length does not match its {}-byte body\n",
+                body.len()
+            )))
+            .expect("static response"),
         Ok(body) => {
             share.arrived();
             handler.handle(req, body, peer).await

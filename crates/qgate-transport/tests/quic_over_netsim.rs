@@ -567,6 +567,39 @@ async fn a_data_frame_cut_short_is_no_body() {
     assert!(raw.close_reason().is_none());
 }
 
+/// A body shorter or longer than its request's content-length is malformed (RFC 9114
+/// §4.1.2): it is answered 400, not handled (the hostile try of T13 had a 40-byte body under
+/// `content-length: 100` stored and answered 201). A matching one is served.
+#[tokio::test(start_paused = true)]
+async fn a_body_unlike_its_content_length_is_refused() {
+    let (_net, raw) = h3_server_and_raw_client(16).await;
+    for (declared, sent, served) in [("100", 40, false), ("10", 40, false), ("40", 40, true)] {
+        // POST https://localhost/ with content-length (a literal on static entry 4).
+        let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
+        block.extend_from_slice(b"localhost");
+        block.extend([0x54, declared.len() as u8]);
+        block.extend_from_slice(declared.as_bytes());
+        let mut req = vec![0x01, block.len() as u8];
+        req.extend(block);
+        req.extend([0x00, sent as u8]);
+        req.extend(std::iter::repeat_n(b'x', sent));
+        let (mut send, mut recv) = raw.open_bi().await.unwrap();
+        send.write_all(&req).await.unwrap();
+        send.finish().unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 16))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(text.contains("POST / 40"), served, "{declared}: {text:?}");
+        assert_eq!(
+            text.contains("content-length"),
+            !served,
+            "{declared}: {text:?}"
+        );
+    }
+}
+
 /// Each request stream that ends before its headers stays recorded in h3 for the
 /// connection's life: a peer ending hundreds of them on purpose is cut off (decision T12),
 /// while an honest connection's requests go on.
