@@ -9,11 +9,12 @@
 //! device's records) may still use the whole budget, and a client never evicts its own bodies.
 //! Of the heaviest client's bodies, the one that has gone longest without a byte gives way.
 //! Bytes of bodies told to give way count as free until they are back, so a burst of asks
-//! cuts no more than it needs; and each cut costs a heap pop and a set's first entry, so a
-//! client holding thousands of bodies makes finding room no dearer per body cut.
+//! cuts no more than it needs; and clients are indexed by what they hold and each client's
+//! bodies by staleness, so each cut costs a few B-tree steps however many clients and bodies
+//! there are.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
 use std::time::Instant;
 
@@ -54,6 +55,9 @@ enum State {
 pub struct Holdings<K> {
     bodies: HashMap<BodyId, Body<K>>,
     clients: HashMap<K, Holder>,
+    /// The clients with an arriving body that holds bytes, by what they hold: those that can
+    /// give way, the heaviest last.
+    givers: BTreeSet<(u64, K)>,
     /// Bytes of bodies told to give way and not yet closed: on their way back.
     leaving: u64,
     next: u64,
@@ -74,6 +78,7 @@ impl<K> Default for Holdings<K> {
         Holdings {
             bodies: HashMap::new(),
             clients: HashMap::new(),
+            givers: BTreeSet::new(),
             leaving: 0,
             next: 0,
         }
@@ -107,9 +112,11 @@ impl<K: Eq + Hash + Ord + Clone> Holdings<K> {
         let Some(b) = self.bodies.get_mut(&id) else {
             return;
         };
-        let Some(c) = self.clients.get_mut(&b.client) else {
+        let k = b.client.clone();
+        let Some(c) = self.clients.get_mut(&k) else {
             return;
         };
+        self.givers.remove(&(c.held, k.clone()));
         match b.state {
             State::Arriving => {
                 c.arriving.remove(&b.rank(id));
@@ -130,18 +137,32 @@ impl<K: Eq + Hash + Ord + Clone> Holdings<K> {
                 self.leaving += bytes;
             }
         }
+        if !c.arriving.is_empty() {
+            self.givers.insert((c.held, k));
+        }
     }
 
-    /// Body `id` has arrived whole: it no longer gives way.
-    pub fn arrived(&mut self, id: BodyId) {
+    /// Body `id` has arrived whole: it no longer gives way. False if it was told to give way
+    /// before: its bytes are on their way back, so it must not be handled.
+    pub fn arrived(&mut self, id: BodyId) -> bool {
         let Some(b) = self.bodies.get_mut(&id) else {
-            return;
+            return false;
         };
-        if b.state == State::Arriving {
-            if let Some(c) = self.clients.get_mut(&b.client) {
-                c.arriving.remove(&b.rank(id));
+        match b.state {
+            State::Arriving => {
+                b.state = State::Arrived;
+                let k = b.client.clone();
+                if let Some(c) = self.clients.get_mut(&k) {
+                    self.givers.remove(&(c.held, k.clone()));
+                    c.arriving.remove(&b.rank(id));
+                    if !c.arriving.is_empty() {
+                        self.givers.insert((c.held, k));
+                    }
+                }
+                true
             }
-            b.state = State::Arrived;
+            State::Arrived => true,
+            State::GaveWay => false,
         }
     }
 
@@ -156,6 +177,7 @@ impl<K: Eq + Hash + Ord + Clone> Holdings<K> {
         let Some(c) = self.clients.get_mut(&b.client) else {
             return;
         };
+        self.givers.remove(&(c.held, b.client.clone()));
         if b.state != State::GaveWay {
             c.held -= b.held;
         }
@@ -163,6 +185,8 @@ impl<K: Eq + Hash + Ord + Clone> Holdings<K> {
         c.bodies.remove(&id);
         if c.bodies.is_empty() {
             self.clients.remove(&b.client);
+        } else if !c.arriving.is_empty() {
+            self.givers.insert((c.held, b.client));
         }
     }
 
@@ -176,53 +200,45 @@ impl<K: Eq + Hash + Ord + Clone> Holdings<K> {
         self.leaving
     }
 
-    /// Bodies, any state.
-    pub fn len(&self) -> usize {
-        self.bodies.len()
-    }
-
-    /// No body open.
-    pub fn is_empty(&self) -> bool {
-        self.bodies.is_empty()
-    }
-
-    /// Body `id` needs `need` more bytes and the budget has `available` free: the bodies of
-    /// other clients that must give way so that it fits, counting the bytes of bodies already
-    /// told as free. Each comes from the client holding the most at that moment, while it
-    /// holds more than the asking client would with `need` more, and is its body longest
-    /// without a byte; each is taken out of its client's count at once. Empty when it fits
-    /// already, or when no other client holds more than the asking one would.
+    /// Body `id`, arriving, needs `need` more bytes and the budget has `available` free: the
+    /// bodies of other clients that must give way so that it fits, counting the bytes of
+    /// bodies already told as free. Each comes from the client holding the most at that
+    /// moment, while it holds more than the asking client would with `need` more, and is its
+    /// body longest without a byte; each is taken out of its client's count at once. Empty
+    /// when it fits already, when no other client holds more than the asking one would, or
+    /// when the asking body was itself told to give way.
     pub fn give_way(&mut self, id: BodyId, need: u64, available: u64) -> Vec<BodyId> {
-        let Some(asking) = self.bodies.get(&id).map(|b| b.client.clone()) else {
-            return Vec::new();
+        let asking = match self.bodies.get(&id) {
+            Some(b) if b.state == State::Arriving => b.client.clone(),
+            _ => return Vec::new(),
         };
         let mine = self.held_by(&asking) + need;
         let mut freed = available + self.leaving;
-        if freed >= need {
-            return Vec::new();
-        }
-        // Heavier clients with a body to give, the heaviest on top (ties: the lower key).
-        let mut heavier: BinaryHeap<(u64, Reverse<K>)> = self
-            .clients
-            .iter()
-            .filter(|(k, c)| **k != asking && c.held > mine && !c.arriving.is_empty())
-            .map(|(k, c)| (c.held, Reverse(k.clone())))
-            .collect();
         let mut out = Vec::new();
         while freed < need {
-            let Some((_, Reverse(k))) = heavier.pop() else {
+            // The heaviest other client that holds more than the asker would (ties: the
+            // higher key).
+            let Some((held, k)) = self
+                .givers
+                .iter()
+                .rev()
+                .take_while(|(h, _)| *h > mine)
+                .find(|(_, k)| *k != asking)
+                .cloned()
+            else {
                 break;
             };
-            let c = self.clients.get_mut(&k).expect("listed");
-            let (.., victim) = c.arriving.pop_first().expect("listed with one");
+            self.givers.remove(&(held, k.clone()));
+            let c = self.clients.get_mut(&k).expect("a giver is a client");
+            let (.., victim) = c.arriving.pop_first().expect("a giver has a body arriving");
             let b = self.bodies.get_mut(&victim).expect("listed");
             b.state = State::GaveWay;
             c.held -= b.held;
             self.leaving += b.held;
             freed += b.held;
             out.push(victim);
-            if c.held > mine && !c.arriving.is_empty() {
-                heavier.push((c.held, Reverse(k)));
+            if !c.arriving.is_empty() {
+                self.givers.insert((c.held, k));
             }
         }
         out
@@ -308,6 +324,32 @@ mod tests {
     }
 
     #[test]
+    fn a_body_told_after_its_last_byte_is_not_handled() {
+        let mut h = Holdings::default();
+        let a = h.open("a", at(0));
+        h.took(a, 500, at(0));
+        let b = h.open("b", at(0));
+        assert_eq!(h.give_way(b, 100, 0), vec![a]);
+        // Its read ended before it heard: its bytes are on their way back all the same.
+        assert!(!h.arrived(a));
+        assert_eq!((h.held_by(&"a"), h.leaving()), (0, 500));
+    }
+
+    #[test]
+    fn a_body_told_to_give_way_cuts_no_other() {
+        let mut h = Holdings::default();
+        let a = h.open("a", at(0));
+        h.took(a, 500, at(0));
+        let x = h.open("x", at(0));
+        assert_eq!(h.give_way(x, 400, 0), vec![a]);
+        let b = h.open("b", at(1));
+        h.took(b, 1100, at(1));
+        // a, told, still asks for 1000 more: b holds more than a would, yet keeps its body.
+        assert!(h.give_way(a, 1000, 0).is_empty());
+        assert_eq!(h.held_by(&"b"), 1100);
+    }
+
+    #[test]
     fn a_client_gives_way_only_while_it_would_still_hold_more() {
         let mut h = Holdings::default();
         let a = h.open("a", at(0));
@@ -325,14 +367,14 @@ mod tests {
         let mut h = Holdings::default();
         let a = h.open("a", at(0));
         h.took(a, 500, at(0));
-        h.arrived(a);
+        assert!(h.arrived(a));
         let b = h.open("b", at(0));
         assert!(h.give_way(b, 100, 0).is_empty());
         assert_eq!(h.held_by(&"a"), 500);
         h.close(a);
         assert_eq!(h.held_by(&"a"), 0);
         h.close(b);
-        assert!(h.is_empty());
+        assert!(h.clients.is_empty() && h.bodies.is_empty() && h.givers.is_empty());
     }
 
     #[test]
@@ -386,8 +428,9 @@ mod tests {
                     }
                     2 if !open.is_empty() => {
                         let (id, _) = open[rnd(open.len() as u64) as usize];
-                        h.arrived(id);
-                        states.get_mut(&id).unwrap().2 = false;
+                        let s = states.get_mut(&id).unwrap();
+                        assert_eq!(h.arrived(id), !s.3, "a body that gave way is not handled");
+                        s.2 = false;
                     }
                     3 if !open.is_empty() => {
                         let (id, _) = open.swap_remove(rnd(open.len() as u64) as usize);
@@ -397,23 +440,37 @@ mod tests {
                     _ if !open.is_empty() => {
                         let (id, c) = open[rnd(open.len() as u64) as usize];
                         let (need, avail) = (rnd(3000), rnd(1000));
-                        let before: HashMap<u8, u64> = (0..4).map(|k| (k, h.held_by(&k))).collect();
-                        let mine = before[&c] + need;
+                        let mut now_held: HashMap<u8, u64> =
+                            (0..4).map(|k| (k, h.held_by(&k))).collect();
+                        let mine = now_held[&c] + need;
+                        // Only an arriving body, not told to give way, may ask for room.
+                        let asker_told = states[&id].3 || !states[&id].2;
                         let victims = h.give_way(id, need, avail);
                         let mut freed =
                             avail + states.values().filter(|s| s.3).map(|s| s.1).sum::<u64>();
                         if freed >= need {
                             assert!(victims.is_empty(), "it fitted already");
                         }
+                        if asker_told {
+                            assert!(victims.is_empty(), "only an arriving body cuts others");
+                        }
                         for v in &victims {
+                            let eligible =
+                                |k: u8| states.values().any(|s| s.0 == k && s.2 && !s.3 && s.1 > 0);
+                            let heaviest = (0..4)
+                                .filter(|k| *k != c && eligible(*k))
+                                .map(|k| now_held[&k])
+                                .max();
                             let s = states.get_mut(v).unwrap();
                             assert_ne!(s.0, c, "a client's own body gave way");
                             assert!(s.2 && !s.3, "only arriving bodies give way");
-                            assert!(before[&s.0] > mine);
+                            assert_eq!(Some(now_held[&s.0]), heaviest, "the heaviest gives way");
+                            assert!(now_held[&s.0] > mine, "only while it holds more");
+                            *now_held.get_mut(&s.0).unwrap() -= s.1;
                             s.3 = true;
                             freed += s.1;
                         }
-                        if freed < need {
+                        if freed < need && !asker_told {
                             for k in (0..4).filter(|k| *k != c) {
                                 let can =
                                     states.values().any(|s| s.0 == k && s.2 && !s.3 && s.1 > 0);
@@ -425,6 +482,12 @@ mod tests {
                 }
                 let leaving: u64 = states.values().filter(|s| s.3).map(|s| s.1).sum();
                 assert_eq!(h.leaving(), leaving);
+                // The index of clients that can give way is in step with their bodies.
+                for k in 0..4u8 {
+                    let can = states.values().any(|s| s.0 == k && s.2 && !s.3 && s.1 > 0);
+                    assert_eq!(h.givers.contains(&(h.held_by(&k), k)), can, "client {k}");
+                }
+                assert!(h.givers.len() <= 4);
                 for k in 0..4u8 {
                     let sum: u64 = states
                         .values()

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use qgate_netsim::{HostId, LinkParams, Network};
-use qgate_transport::http3::{BodyBudget, H3Client, ServeLimits, ALPN_H3, HEADERS_DEADLINE};
+use qgate_transport::http3::{self, BodyBudget, H3Client, ServeLimits, ALPN_H3, HEADERS_DEADLINE};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};
 
 const SERVER: &str = "10.0.0.9:443";
@@ -147,7 +147,7 @@ async fn a_request_whose_headers_never_end_is_dropped_at_the_deadline() {
 /// another client's body is stored at once, and one of the hog's bodies is cut off with 503.
 #[tokio::test(start_paused = true)]
 async fn a_client_holding_the_body_budget_gives_way_to_another() {
-    let (other, answers, budget, server) = hog_and_other(false).await;
+    let (other, answers, budget, server, _) = hog_and_other(false).await;
     assert!(other.is_success(), "{other}");
     // Exactly one of the hog's requests made way, with 503; the other two still wait.
     let mut gave_way = 0;
@@ -168,12 +168,14 @@ async fn a_client_holding_the_body_budget_gives_way_to_another() {
 
 /// A hog that grants no room for answers (a 48-byte stream window) cannot keep the bytes of a
 /// body that gave way by never taking its 503: they come back before the answer is sent (the
-/// hostile try of T13 held the budget this way for as long as its connection lived).
+/// hostile try of T13 held the budget this way for as long as its connection lived), and the
+/// answer is reset at its deadline.
 #[tokio::test(start_paused = true)]
 async fn a_body_that_gave_way_gives_its_bytes_back_before_its_answer() {
-    let (other, _answers, budget, _server) = hog_and_other(true).await;
+    let (other, _answers, budget, _server, hog) = hog_and_other(true).await;
     assert!(other.is_success(), "{other}");
     assert_eq!(budget.gave_way(), 1);
+    assert_eq!(hog.stats().frame_rx.reset_stream, 0);
     // The hog holds its two other bodies' 120 000 bytes (and a trickled byte or none); the
     // rest is free again.
     assert!(
@@ -181,12 +183,15 @@ async fn a_body_that_gave_way_gives_its_bytes_back_before_its_answer() {
         "{} free",
         budget.available()
     );
+    // The 503 it never takes is reset at the answer deadline (its request's task ends).
+    tokio::time::sleep(http3::ANSWER_DEADLINE).await;
+    assert_eq!(hog.stats().frame_rx.reset_stream, 1);
 }
 
 /// A hog on 10.0.1.1 holding 180 000 bytes of a 200 000-byte budget in three trickled bodies,
 /// its answers read or, with `zero_window`, never read and unsendable; then another client on 10.0.1.2
 /// posts 60 000 bytes, which must be answered within 2 s. Returns that answer's status, the
-/// hog's answers (1 s later), the budget and the server.
+/// hog's answers (1 s later), the budget, the server and the hog's connection.
 async fn hog_and_other(
     zero_window: bool,
 ) -> (
@@ -194,6 +199,7 @@ async fn hog_and_other(
     Vec<tokio::task::JoinHandle<Option<http::StatusCode>>>,
     BodyBudget,
     qgate_server::RunningServer,
+    quinn::Connection,
 ) {
     let budget = BodyBudget::new(200_000);
     let (net, hosts, pki, server) = world_with(
@@ -227,7 +233,7 @@ async fn hog_and_other(
         dial(&net, hosts[0], &pki).await.unwrap()
     };
     let (mut driver, mut send) =
-        h3::client::new(qgate_transport::quinn_streams::Connection::new(hog))
+        h3::client::new(qgate_transport::quinn_streams::Connection::new(hog.clone()))
             .await
             .unwrap();
     tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
@@ -253,6 +259,8 @@ async fn hog_and_other(
         }));
     }
     tokio::spawn(async move {
+        // h3 closes a client's connection once every request sender is gone.
+        let _send = send;
         loop {
             tokio::time::sleep(Duration::from_secs(20)).await;
             for t in &mut trickles {
@@ -282,5 +290,5 @@ async fn hog_and_other(
         started.elapsed()
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    (r.status, answers, budget, server)
+    (r.status, answers, budget, server, hog)
 }

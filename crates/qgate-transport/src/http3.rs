@@ -41,11 +41,12 @@ pub enum H3Error {
         /// The limit.
         limit: usize,
     },
-    /// The server's budget of buffered request bytes is spent.
+    /// The server's budget of buffered request bytes is spent (or this body, waiting for
+    /// room, was told to give way to another client's). No read of the body is in flight.
     #[error("the server holds too many request bytes now")]
     Busy,
-    /// The server's budget is spent and this body, arriving, gave way to another client's
-    /// (decision T13).
+    /// This body was told to give way to another client's (decision T13) while its next chunk
+    /// was awaited: a read of it is in flight, so its stream cannot be stopped with h3-quinn.
     #[error("the server needed this body's bytes for another client's")]
     GaveWay,
 }
@@ -75,7 +76,8 @@ async fn read_body<B: Buf>(
 }
 
 /// [`read_body`], taking each chunk's bytes from the server's budget through `share` when one
-/// is given: `H3Error::Busy` once it is spent, or when this body must give way (T13).
+/// is given: `H3Error::Busy` when a chunk finds no room, `H3Error::GaveWay` when this body is
+/// told to give way to another client's while waiting for its next chunk (T13).
 async fn read_body_within<B: Buf>(
     mut poll: impl FnMut(&mut Context<'_>) -> Poll<Result<Option<B>, h3::error::StreamError>>,
     limit: usize,
@@ -388,16 +390,17 @@ impl Share<'_> {
     /// first to give up frees the rest; bodies of a heavier client are told to give way first.
     async fn take(&mut self, n: u32) -> Result<(), H3Error> {
         use tokio::sync::TryAcquireError;
-        let (id, told) = match &self.entry {
-            Some(e) => e.clone(),
-            None => self.entry.insert(self.budget.enter(self.peer)).clone(),
-        };
-        let bytes = self.budget.bytes.clone();
-        let more = match bytes.clone().try_acquire_many_owned(n) {
+        if self.entry.is_none() {
+            self.entry = Some(self.budget.enter(self.peer));
+        }
+        let id = self.entry.as_ref().expect("entered").0;
+        let more = match self.budget.bytes.clone().try_acquire_many_owned(n) {
             Ok(p) => p,
             Err(TryAcquireError::Closed) => return Err(H3Error::Busy),
             Err(TryAcquireError::NoPermits) => {
                 self.budget.make_room(id, n);
+                let told = self.entry.as_ref().expect("entered").1.clone();
+                let bytes = self.budget.bytes.clone();
                 tokio::select! {
                     biased;
                     _ = told.notified() => return Err(H3Error::Busy),
@@ -417,15 +420,17 @@ impl Share<'_> {
         Ok(())
     }
 
-    /// What tells this body to give way, once it holds bytes.
+    /// What tells this body to give way, once it is in the ledger (from its first bytes).
     fn told(&self) -> Option<&tokio::sync::Notify> {
         self.entry.as_ref().map(|(_, t)| &**t)
     }
 
-    /// The whole body has arrived: it no longer gives way.
-    fn arrived(&self) {
-        if let Some((id, _)) = &self.entry {
-            lock(&self.budget.ledger).holdings.arrived(*id);
+    /// The whole body has arrived: it no longer gives way. False if it was told to before it
+    /// could say so: its bytes already count as on their way back, so it must not be handled.
+    fn arrived(&self) -> bool {
+        match &self.entry {
+            Some((id, _)) => lock(&self.budget.ledger).holdings.arrived(*id),
+            None => true,
         }
     }
 }
@@ -436,6 +441,9 @@ impl Drop for Share<'_> {
             let mut l = lock(&self.budget.ledger);
             l.holdings.close(*id);
             l.told.remove(id);
+            // Given back under the ledger's lock: room is never looked for while these bytes
+            // are neither free nor counted as leaving.
+            drop(self.permit.take());
         }
     }
 }
@@ -660,13 +668,26 @@ where
         .then(|| (req.method().clone(), req.uri().path().to_string()));
     // The body's share of the server's budget, held until the request is answered.
     let mut share = limits.buffered.share(peer);
-    let read = read_body_within(
-        |cx| stream.poll_recv_data(cx),
-        limits.max_body,
-        "request",
-        Some(&mut share),
-    )
-    .await;
+    // A body declared too long is refused before any of it is read.
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    let read = match declared {
+        Some(n) if n > limits.max_body as u64 => Err(H3Error::TooLarge {
+            what: "request",
+            limit: limits.max_body,
+        }),
+        _ => {
+            read_body_within(
+                |cx| stream.poll_recv_data(cx),
+                limits.max_body,
+                "request",
+                Some(&mut share),
+            )
+            .await
+        }
+    };
     let resp = match read {
         // A body that is not the length its request declares is malformed (RFC 9114 §4.1.2):
         // one cut short must not be stored as whole.
@@ -677,10 +698,9 @@ where
                 body.len()
             )))
             .expect("static response"),
-        Ok(body) => {
-            share.arrived();
-            handler.handle(req, body, peer).await
-        }
+        Ok(body) if share.arrived() => handler.handle(req, body, peer).await,
+        // Told to give way between its last byte and its handler: refused as promised.
+        Ok(_) => busy(),
         Err(e @ (H3Error::Busy | H3Error::GaveWay)) => {
             // A body that gave way was told while its next chunk was awaited: h3-quinn cannot
             // stop a stream while a read is in flight (it panics), so that one stops when the
@@ -688,13 +708,7 @@ where
             if matches!(e, H3Error::Busy) {
                 stream.stop_sending(h3::error::Code::H3_NO_ERROR);
             }
-            Response::builder()
-                .status(StatusCode::SERVICE_UNAVAILABLE)
-                .header(http::header::RETRY_AFTER, "1")
-                .body(Bytes::from_static(
-                    b"the server holds too many request bytes now; try again later\n",
-                ))
-                .expect("static response")
+            busy()
         }
         Err(H3Error::TooLarge { limit, .. }) => {
             // Stop the peer from sending the rest (RFC 9114 §4.1.1 H3_REQUEST_REJECTED-like).
@@ -730,7 +744,24 @@ where
         }
         stream.finish().await.map_err(stream_err)
     };
-    tokio::time::timeout(ANSWER_DEADLINE, answer)
-        .await
-        .map_err(|_| H3Error::TimedOut(ANSWER_DEADLINE))?
+    match tokio::time::timeout(ANSWER_DEADLINE, answer).await {
+        Ok(sent) => sent,
+        Err(_) => {
+            // Reset, so that the peer does not take what was sent for a whole answer and quinn
+            // drops what was not.
+            stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            Err(H3Error::TimedOut(ANSWER_DEADLINE))
+        }
+    }
+}
+
+/// The answer to a body refused for want of room in the budget.
+fn busy() -> Response<Bytes> {
+    Response::builder()
+        .status(StatusCode::SERVICE_UNAVAILABLE)
+        .header(http::header::RETRY_AFTER, "1")
+        .body(Bytes::from_static(
+            b"the server holds too many request bytes now; try again later\n",
+        ))
+        .expect("static response")
 }
