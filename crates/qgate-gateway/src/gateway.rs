@@ -330,6 +330,8 @@ pub struct Gateway {
     pub(crate) shapers: Vec<Option<qgate_transport::shaped::ShapeHandle>>,
     /// What the lanes' batchers sent (decision G23).
     pub batch_stats: Arc<BatchStats>,
+    /// The request-body budget devices' connections share (T7, T13).
+    bodies: http3::BodyBudget,
 }
 
 /// A lane's HTTP/3 client, the id of the QUIC connection it runs on, and its batcher.
@@ -374,6 +376,7 @@ impl Gateway {
             shapers: Vec::new(),
             stats: GatewayStats::default(),
             batch_stats: Arc::default(),
+            bodies: http3::BodyBudget::default(),
             cfg,
             paths,
         }
@@ -390,7 +393,7 @@ impl Gateway {
         let _ = self.endpoint.set(endpoint.stats());
         let limits = ServeLimits {
             max_body: self.cfg.max_body,
-            ..Default::default()
+            buffered: self.bodies.clone(),
         };
         // Idle sessions are looked for every quarter of the idle timeout (at most every 10 s).
         let sweep = (self.cfg.session_idle_timeout / 4)
@@ -1099,6 +1102,12 @@ impl metrics::Collector for GatewayMetrics {
                 metrics::counter(&mut e, name, help, r(v))?;
             }
         }
+        metrics::counter(
+            &mut e,
+            "qgate_gateway_bodies_gave_way",
+            "device request bodies cut off (503) to make room for another address's, theirs holding the most of the body budget (decision T13)",
+            gw.bodies.gave_way(),
+        )?;
         let suppressed: u64 = lock(&gw.logs).0.iter().map(LogGate::suppressed).sum();
         metrics::counter(
             &mut e,

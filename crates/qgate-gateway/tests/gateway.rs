@@ -95,6 +95,7 @@ async fn a_forged_hash_id_is_refused() {
             "qgate_gateway_response_delay_seconds_count{class=\"best_effort\"} 1",
             "qgate_gateway_response_delay_seconds_count{class=\"priority\"} 0",
             "qgate_gateway_path_bytes_total{path=\"0\"} 1024",
+            "qgate_gateway_bodies_gave_way_total 0",
         ],
     );
     assert!(
