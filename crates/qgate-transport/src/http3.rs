@@ -46,7 +46,8 @@ pub enum H3Error {
     #[error("the server holds too many request bytes now")]
     Busy,
     /// This body was told to give way to another client's (decision T13) while its next chunk
-    /// was awaited: a read of it is in flight, so its stream cannot be stopped with h3-quinn.
+    /// was awaited: a read of it may be in flight, so its stream cannot be stopped with
+    /// h3-quinn.
     #[error("the server needed this body's bytes for another client's")]
     GaveWay,
 }
@@ -76,8 +77,9 @@ async fn read_body<B: Buf>(
 }
 
 /// [`read_body`], taking each chunk's bytes from the server's budget through `share` when one
-/// is given: `H3Error::Busy` when a chunk finds no room, `H3Error::GaveWay` when this body is
-/// told to give way to another client's while waiting for its next chunk (T13).
+/// is given: `H3Error::Busy` when a chunk finds no room (or the body is told to give way while
+/// it waits for room), `H3Error::GaveWay` when it is told to give way to another client's
+/// while waiting for its next chunk (T13).
 async fn read_body_within<B: Buf>(
     mut poll: impl FnMut(&mut Context<'_>) -> Poll<Result<Option<B>, h3::error::StreamError>>,
     limit: usize,
@@ -442,7 +444,7 @@ impl Drop for Share<'_> {
             l.holdings.close(*id);
             l.told.remove(id);
             // Given back under the ledger's lock: room is never looked for while these bytes
-            // are neither free nor counted as leaving.
+            // are neither free (or a waiter's) nor counted as leaving.
             drop(self.permit.take());
         }
     }
@@ -530,7 +532,7 @@ pub struct ServeLimits {
     /// Largest request body accepted; larger ones get 413.
     pub max_body: usize,
     /// Request-body bytes held at once over every connection; a request that would exceed it
-    /// gets 503 and its stream is stopped.
+    /// gets 503, unless bodies of a client holding more give way (T13).
     pub buffered: BodyBudget,
 }
 
@@ -638,7 +640,16 @@ fn declares(req: &Request<()>, len: usize) -> bool {
     req.headers()
         .get_all(http::header::CONTENT_LENGTH)
         .iter()
-        .all(|v| v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) == Some(len as u64))
+        .all(|v| content_length(v) == Some(len as u64))
+}
+
+/// A `content-length` value: digits only (RFC 9110 §8.6; Rust's parser would also take "+40").
+fn content_length(v: &http::HeaderValue) -> Option<u64> {
+    let v = v.to_str().ok()?.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
 }
 
 async fn serve_request<C, H>(
@@ -672,7 +683,7 @@ where
     let declared = req
         .headers()
         .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        .and_then(content_length);
     let read = match declared {
         Some(n) if n > limits.max_body as u64 => Err(H3Error::TooLarge {
             what: "request",
@@ -705,6 +716,9 @@ where
             // A body that gave way was told while its next chunk was awaited: h3-quinn cannot
             // stop a stream while a read is in flight (it panics), so that one stops when the
             // request stream is dropped, after the answer.
+            // No read is in flight after `Busy` (nor after `TooLarge` below) only because the
+            // frame guard (T12) hands h3 each DATA header alone and no more payload than is
+            // left: h3 0.0.8 would otherwise hand out buffered bytes with a read pending.
             if matches!(e, H3Error::Busy) {
                 stream.stop_sending(h3::error::Code::H3_NO_ERROR);
             }

@@ -579,6 +579,7 @@ async fn a_body_unlike_its_content_length_is_refused() {
         ("100", 40, false),
         ("10", 40, false),
         ("40", 40, true),
+        ("+40", 40, false),
         ("20000", 40, false),
     ] {
         // POST https://localhost/ with content-length (a literal on static entry 4).
