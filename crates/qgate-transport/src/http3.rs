@@ -344,9 +344,9 @@ impl HeadersSeen {
 /// lives (headers are a few hundred bytes, under a second at 8 kbit/s).
 pub const HEADERS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// An answer its peer has not taken this long after it was ready is dropped with its stream:
-/// a peer that grants no flow control must not keep a request's task, and what it holds,
-/// for the connection's life.
+/// An answer its peer has not taken this long after it was ready is reset (H3_REQUEST_CANCELLED)
+/// and its request's task ends: a peer that grants no flow control must not keep that task,
+/// and what it holds, for the connection's life.
 pub const ANSWER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a request body waits for room in the budget before its request gets 503.
