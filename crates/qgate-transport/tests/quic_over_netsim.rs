@@ -505,17 +505,24 @@ async fn a_frame_announced_too_long_is_refused_before_it_is_held() {
     );
 }
 
+/// A HEADERS frame for POST https://localhost/ (QPACK static-table references and one
+/// literal), with `fields` (encoded field lines) after them.
+fn post_headers(fields: &[u8]) -> Vec<u8> {
+    let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
+    block.extend_from_slice(b"localhost");
+    block.extend_from_slice(fields);
+    let mut frame = vec![0x01, block.len() as u8];
+    frame.extend(block);
+    frame
+}
+
 /// An empty DATA frame in the middle of a body (allowed, RFC 9114 §7.2.1) is no end of it:
 /// h3 0.0.8 reads it as one, so the server stored the first part and answered for the whole
 /// (an acknowledged body lost). The guard drops such frames (decision T12).
 #[tokio::test(start_paused = true)]
 async fn an_empty_data_frame_does_not_end_a_body() {
     let (_net, raw) = h3_server_and_raw_client(13).await;
-    // POST https://localhost/ as QPACK static-table references and one literal.
-    let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
-    block.extend_from_slice(b"localhost");
-    let mut req = vec![0x01, block.len() as u8];
-    req.extend(block);
+    let mut req = post_headers(&[]);
     for part in [&b"abc"[..], b"", b"def"] {
         req.extend([0x00, part.len() as u8]);
         req.extend_from_slice(part);
@@ -538,11 +545,7 @@ async fn an_empty_data_frame_does_not_end_a_body() {
 #[tokio::test(start_paused = true)]
 async fn a_data_frame_cut_short_is_no_body() {
     let (_net, raw) = h3_server_and_raw_client(15).await;
-    // POST https://localhost/ as QPACK static-table references and one literal.
-    let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
-    block.extend_from_slice(b"localhost");
-    let mut req = vec![0x01, block.len() as u8];
-    req.extend(block);
+    let mut req = post_headers(&[]);
     // DATA announcing 6 bytes; 3 come.
     req.extend([0x00, 6]);
     req.extend_from_slice(b"abc");
@@ -582,13 +585,10 @@ async fn a_body_unlike_its_content_length_is_refused() {
         ("+40", 40, false),
         ("20000", 40, false),
     ] {
-        // POST https://localhost/ with content-length (a literal on static entry 4).
-        let mut block = vec![0x00, 0x00, 0xc0 | 20, 0xc0 | 23, 0xc0 | 1, 0x50, 9];
-        block.extend_from_slice(b"localhost");
-        block.extend([0x54, declared.len() as u8]);
-        block.extend_from_slice(declared.as_bytes());
-        let mut req = vec![0x01, block.len() as u8];
-        req.extend(block);
+        // With content-length: a literal on static entry 4.
+        let mut field = vec![0x54, declared.len() as u8];
+        field.extend_from_slice(declared.as_bytes());
+        let mut req = post_headers(&field);
         req.extend([0x00, sent as u8]);
         req.extend(std::iter::repeat_n(b'x', sent));
         let (mut send, mut recv) = raw.open_bi().await.unwrap();
