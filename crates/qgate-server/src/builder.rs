@@ -157,7 +157,13 @@ impl<'a> ServerBuilder<'a> {
                 })
             });
         // Its stateless-reset key from its identity, so a restart resets old connections (T11).
-        let endpoint = server_endpoint(socket, cfg, identity, self.seed)?;
+        let endpoint = server_endpoint(
+            socket,
+            cfg,
+            identity,
+            self.seed,
+            self.transport.account.as_ref(),
+        )?;
         let mut service = IngestService::new(self.sink);
         let max_body = self.limits.max_body as u64;
         let uploads = self.uploads.map(|mut u| {
@@ -179,13 +185,16 @@ impl<'a> ServerBuilder<'a> {
             .with_budget(self.limits.buffered.clone());
         let service = Arc::new(service);
         let stats = service.stats();
-        let task = tokio::spawn(serve(
+        // Made under the measurement account, if any, so the server's tasks charge it (U14).
+        let charged = self.transport.account.as_ref().map(|a| a.enter());
+        let task = tokio::spawn(qgate_tally::inherit(serve(
             endpoint.clone(),
             service,
             self.limits,
             per_connection,
             Quota::new(self.connections.0, self.connections.1),
-        ));
+        )));
+        drop(charged);
         Ok(RunningServer {
             endpoint,
             stats,

@@ -267,6 +267,13 @@ impl ServerMetrics {
         self
     }
 
+    /// Request-body bytes held now: taken from the body budget and not yet given back.
+    pub fn bodies_held(&self) -> usize {
+        self.budget
+            .as_ref()
+            .map_or(0, |b| b.total().saturating_sub(b.available()))
+    }
+
     /// The ingest counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         self.stats.snapshot()
@@ -899,7 +906,8 @@ pub async fn serve_with<H: Handler>(
         let (service, limits) = (service.clone(), limits.clone());
         let stats = stats.clone();
         let per_connection = per_connection.clone();
-        tokio::spawn(async move {
+        // Charged to the server's measurement account, if it has one (decision U14).
+        tokio::spawn(qgate_tally::inherit(async move {
             let _place = place;
             let connecting = match &per_connection {
                 Some(p) => p.accept(incoming),
@@ -920,11 +928,11 @@ pub async fn serve_with<H: Handler>(
                 }
             };
             stats.connections.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(answer_probes(conn.clone(), stats));
+            tokio::spawn(qgate_tally::inherit(answer_probes(conn.clone(), stats)));
             if let Err(e) = http3::serve_connection(conn, service, limits).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-        });
+        }));
     }
 }
 

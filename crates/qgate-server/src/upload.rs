@@ -650,11 +650,12 @@ fn different(name: &str, stored: &FileInfo, announced: &FileInfo, complete: bool
     ))
 }
 
-/// SHA-256 of a file, read in 1 MiB blocks.
+/// SHA-256 of a file, read in 64 KiB blocks: what the receiver holds is measured (decision U14),
+/// and larger reads would not hash faster.
 pub fn sha256_of(path: &Path) -> Result<[u8; 32], UploadFailure> {
     let mut f = File::open(path).map_err(io(path))?;
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = f.read(&mut buf).map_err(io(path))?;
         if n == 0 {

@@ -611,11 +611,12 @@ where
                 let headers = headers.clone();
                 // Boxed: a handler's future is several KB, and a task's future is copied into
                 // its cell and again over it when it ends; a box makes both copies a pointer.
-                tokio::spawn(Box::pin(async move {
+                // Charged to the connection's measurement account, if any (decision U14).
+                tokio::spawn(qgate_tally::inherit(Box::pin(async move {
                     if let Err(e) = serve_request(resolver, handler, limits, peer, &headers).await {
                         tracing::debug!(%peer, error = %e, "request failed");
                     }
-                }));
+                })));
             }
             Ok(None) => {
                 // The peer said GOAWAY and every request is done: our last GOAWAY, as

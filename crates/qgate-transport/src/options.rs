@@ -106,6 +106,11 @@ pub struct TransportOptions {
     /// setting: a measurement hook, never read from a configuration file).
     #[serde(skip)]
     pub flight: Option<crate::FlightGauge>,
+    /// Charge what a server endpoint built with these options allocates in its own tasks (its
+    /// endpoint and connection drivers: received datagrams, stream reassembly) to this
+    /// account (a measurement hook like `flight`; decision U14).
+    #[serde(skip)]
+    pub account: Option<qgate_tally::Account>,
 }
 
 impl Default for TransportOptions {
@@ -128,6 +133,7 @@ impl Default for TransportOptions {
             max_udp_payload: None,
             qlog_dir: None,
             flight: None,
+            account: None,
         }
     }
 }

@@ -814,7 +814,7 @@ async fn after_a_crash(derived_key: bool) -> Option<Duration> {
         };
         let scfg = server_config(&pki.server, &[b"test"], &opts).unwrap();
         let ep = if derived_key {
-            server_endpoint(sock, scfg, &pki.server, Some(seed)).unwrap()
+            server_endpoint(sock, scfg, &pki.server, Some(seed), None).unwrap()
         } else {
             endpoint(sock, Some(scfg), Some(seed)).unwrap()
         };

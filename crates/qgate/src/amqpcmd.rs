@@ -242,6 +242,7 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
                 scfg.clone(),
                 &identity,
                 None,
+                None,
             )?;
             builder = builder.quic_with(ep, scfg, opts);
         }

@@ -1348,6 +1348,32 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Against paper 001"), "{summary}");
     assert!(summary.contains("| wifi-dies | 2 of 2 |"), "{summary}");
+    // What the receiver held, counted by the binary's allocator (decision U14): conventional's
+    // one stream reassembles in its window, so a 2 000 KB window holds more than a 100 KB one;
+    // two-ended's server holds chunks as request bodies.
+    let held = |scheme: &str, x: &str, metric: &str| -> f64 {
+        let v: Vec<f64> = csv
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("{scheme},receive-window,{x},"))
+                    && l.contains(&format!(",up.{metric},"))
+            })
+            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(v.len(), 2, "{scheme} {metric} at {x}:\n{csv}");
+        v.iter().sum::<f64>() / 2.0
+    };
+    let (conv_small, conv_large) = (
+        held("conventional", "100", "recv_peak_kb"),
+        held("conventional", "2000", "recv_peak_kb"),
+    );
+    assert!(
+        conv_small > 100.0 && conv_large > 2.0 * conv_small,
+        "{conv_small} {conv_large}"
+    );
+    assert!(held("two-ended", "2000", "recv_body_peak_kb") > 0.0);
+    assert!(held("two-ended", "2000", "recv_peak_kb") > 0.0);
+    assert!(summary.contains("Held at the receiver"), "{summary}");
     // Buffer blocking, measured: at a 100 KB window the conventional multipath connection
     // (one reorder buffer) loses goodput that two-ended (one connection per link) keeps.
     let req = std::fs::read_to_string(out.join("requirement/results.csv")).unwrap();

@@ -249,6 +249,72 @@ fn summary(records: &[Record], at: Option<(&str, usize)>, scheme: &str, metric: 
     Summary::of(&values(records, at, scheme, metric))
 }
 
+/// Item 5 on the receiving side: what the receiver held at its peak, counted by the allocator
+/// (decision U14), against the receive window; empty where it was not counted.
+fn held_section(records: &[Record]) -> String {
+    let mut s = String::new();
+    let windows = points(records, "receive-window");
+    let cell = |i: usize, sc: &str, metric: &str| {
+        summary(records, Some(("receive-window", i)), sc, metric)
+    };
+    if windows
+        .iter()
+        .all(|&(i, _)| cell(i, "two-ended", "up.recv_peak_kb").n == 0)
+    {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "Held at the receiver, peak over the upload (KB; `up.recv_peak_kb`, mean ± std dev): \
+         every byte allocated by its QUIC endpoint's and connections' drivers and by its \
+         server (two-ended) or reading task (conventional) and not yet freed: received \
+         datagrams waiting in stream reassembly or in the application, and connection state \
+         (decision U14). Two-ended's server holds each chunk, one request's body, until the \
+         whole chunk has come and is written; `up.recv_body_peak_kb` is the most those bodies \
+         held (sampled every 10 ms).\n\n\
+         | receive window (KB) | two-ended | of which request bodies | literal | conventional | Wi-Fi alone | cellular alone | conventional ÷ two-ended |\n|---|---|---|---|---|---|---|---|"
+    );
+    let f = |v: &Summary| {
+        if v.n == 0 {
+            "–".to_string()
+        } else {
+            format!("{:.0} ± {:.0}", v.mean, v.std)
+        }
+    };
+    for &(i, x) in &windows {
+        let held = |sc: &str| cell(i, sc, "up.recv_peak_kb");
+        let (two, conv) = (held("two-ended"), held("conventional"));
+        let _ = writeln!(
+            s,
+            "| {x} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            f(&two),
+            f(&cell(i, "two-ended", "up.recv_body_peak_kb")),
+            f(&held("two-ended-literal")),
+            f(&conv),
+            f(&held("wifi-only")),
+            f(&held("cellular-only")),
+            conv.mean / two.mean
+        );
+    }
+    if let (Some(&(lo, xl)), Some(&(hi, xh))) = (windows.first(), windows.last()) {
+        let m = |i: usize, sc: &str, metric: &str| cell(i, sc, metric).mean;
+        let _ = writeln!(
+            s,
+            "\nFrom a {xl} KB to a {xh} KB window, conventional's peak grows from {:.0} to \
+             {:.0} KB (the one stream's reassembly fills the window while the cellular bytes \
+             are awaited) and two-ended's goes from {:.0} to {:.0} KB, of which request bodies \
+             {:.0} and {:.0} KB at their sampled peaks.\n",
+            m(lo, "conventional", "up.recv_peak_kb"),
+            m(hi, "conventional", "up.recv_peak_kb"),
+            m(lo, "two-ended", "up.recv_peak_kb"),
+            m(hi, "two-ended", "up.recv_peak_kb"),
+            m(lo, "two-ended", "up.recv_body_peak_kb"),
+            m(hi, "two-ended", "up.recv_body_peak_kb"),
+        );
+    }
+    s
+}
+
 /// The section appended to the main plan's `summary.md`.
 pub fn against_paper(records: &[Record], fault: &[Record], required: &[Record]) -> String {
     let mut s = String::from("## Against paper 001\n\n");
@@ -400,6 +466,7 @@ pub fn against_paper(records: &[Record], fault: &[Record], required: &[Record]) 
         }
         s.push('\n');
     }
+    s.push_str(&held_section(records));
     s.push_str(&requirement_section(required));
     if !fault.is_empty() {
         let f = |sc: &str, m: &str| summary(fault, None, sc, m);

@@ -13,7 +13,8 @@
 //! fraction of the connection's UDP bytes path i sent: data, headers, acknowledgements and
 //! retransmissions, unlike two-ended's `lane<i>_share` of confirmed file bytes), `paths`
 //! (paths opened), `lost_packets`, `peak_in_flight_kb` (as the two-ended workload's, summed
-//! over the paths).
+//! over the paths), `recv_peak_kb` (as the two-ended workload's: noq's drivers and the reading
+//! task).
 //! Series: `path<i>_sent_mbps`, each path's sent UDP bits per second.
 
 use std::io::{self, IoSliceMut};
@@ -307,6 +308,8 @@ pub(crate) struct Prepared {
     path_ips: Vec<IpAddr>,
     data: Bytes,
     flight: FlightGauge,
+    /// The receiver's allocations (decision U14).
+    server_account: Option<qgate_tally::Account>,
 }
 
 impl Drop for Prepared {
@@ -330,6 +333,11 @@ pub(super) async fn prepare(
     let (server_opts, device_opts) = super::upload::windows(u);
     let paths = u32::try_from(u.paths.len()).map_err(|e| e.to_string())?;
     let runtime: Arc<dyn noq::Runtime> = Arc::new(noq::TokioRuntime);
+    // The server's drivers charge what they allocate to the receiver's account (U14).
+    let server_runtime: Arc<dyn noq::Runtime> = match &server_opts.account {
+        Some(a) => Arc::new(Counted(a.clone())),
+        None => runtime.clone(),
+    };
 
     let provider = qgate_transport::tls::provider();
     let mut tls = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -350,7 +358,7 @@ pub(super) async fn prepare(
             default_src: None,
             meta: Vec::new(),
         }),
-        runtime.clone(),
+        server_runtime,
     )
     .map_err(|e| e.to_string())?;
 
@@ -382,7 +390,14 @@ pub(super) async fn prepare(
     let data = Bytes::from(bytes);
 
     let (tx, served) = tokio::sync::watch::channel(None);
-    let server_task = tokio::spawn(serve(server.clone(), data.clone(), tx));
+    // The receiving application charges the receiver's account too (U14).
+    let charged = server_opts.account.as_ref().map(|a| a.enter());
+    let server_task = tokio::spawn(qgate_tally::inherit(serve(
+        server.clone(),
+        data.clone(),
+        tx,
+    )));
+    drop(charged);
     Ok(Prepared {
         spec: u.clone(),
         server,
@@ -394,7 +409,35 @@ pub(super) async fn prepare(
         path_ips,
         data,
         flight: device_opts.flight.clone().unwrap_or_default(),
+        server_account: server_opts.account.clone(),
     })
+}
+
+/// noq's tokio runtime, with what the endpoint's driver and its connections' drivers allocate
+/// charged to an account (decision U14), as `qgate_transport`'s server endpoint does for quinn.
+#[derive(Debug)]
+struct Counted(qgate_tally::Account);
+
+impl noq::Runtime for Counted {
+    fn new_timer(&self, i: Instant) -> Pin<Box<dyn noq::AsyncTimer>> {
+        noq::TokioRuntime.new_timer(i)
+    }
+
+    fn spawn(&self, future: Pin<Box<dyn std::future::Future<Output = ()> + Send>>) {
+        noq::TokioRuntime.spawn(Box::pin(self.0.counted(future)))
+    }
+
+    fn wrap_udp_socket(
+        &self,
+        t: std::net::UdpSocket,
+    ) -> std::io::Result<Box<dyn noq::AsyncUdpSocket>> {
+        noq::TokioRuntime.wrap_udp_socket(t)
+    }
+
+    // noq's clock through tokio's (virtual here), as `TokioRuntime` reads it.
+    fn now(&self) -> std::time::Instant {
+        noq::TokioRuntime.now()
+    }
 }
 
 /// The receiving side: one connection, one stream, read in order and compared with the file;
@@ -572,6 +615,7 @@ impl Prepared {
             "peak_in_flight_kb".into(),
             self.flight.peak() as f64 / 1000.0,
         ));
+        super::upload::receiver_peak(self.server_account.as_ref(), &mut m);
         for (i, s) in series.into_iter().enumerate() {
             m.series.push((format!("path{}_sent_mbps", i + 1), s));
         }

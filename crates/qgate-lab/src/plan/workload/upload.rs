@@ -14,7 +14,10 @@
 //! `completion_s` ends: the time it sat idle while the others finished), `peak_in_flight_kb`
 //! (the most QUIC packet bytes the device's connections had sent and not yet seen
 //! acknowledged or lost at once, counted by their congestion controllers: what the sender
-//! held for retransmission).
+//! held for retransmission), `recv_peak_kb` (the most the receiver held at once, counted by
+//! the allocator: decision U14), `recv_body_peak_kb` (the most bytes the server's request
+//! bodies held, each chunk being one request's body until it is written: its body budget,
+//! sampled every 10 ms).
 //! Series: `lane<i>_mbps`, each lane's confirmed goodput per second.
 
 use std::net::SocketAddr;
@@ -131,7 +134,24 @@ pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions) {
     }
     // What the device's connections hold unacknowledged, measured (`peak_in_flight_kb`).
     device.flight = Some(qgate_transport::FlightGauge::new());
+    // What the receiver holds, measured (`recv_peak_kb`, decision U14): none where the
+    // process's allocator does not count (a test binary).
+    server.account = qgate_tally::Account::claim();
     (server, device)
+}
+
+/// `recv_peak_kb`: the most bytes the receiver held at once in what it allocated while it ran
+/// (its QUIC endpoint's and connections' drivers, its server or application tasks): received
+/// datagrams waiting in stream reassembly or in the application, and connection state (decision
+/// U14). Left out where nothing was counted, or a block was missed.
+pub(super) fn receiver_peak(account: Option<&qgate_tally::Account>, m: &mut Measurements) {
+    match account {
+        Some(a) if a.complete() => m
+            .scalars
+            .push(("recv_peak_kb".into(), a.peak() as f64 / 1000.0)),
+        Some(_) => tracing::warn!("the receiver's allocations were not all counted"),
+        None => {}
+    }
 }
 
 pub(crate) struct Prepared {
@@ -143,6 +163,8 @@ pub(crate) struct Prepared {
     info: FileInfo,
     pki: Arc<qgate_transport::DevPki>,
     device_opts: TransportOptions,
+    /// The receiver's allocations (decision U14).
+    server_account: Option<qgate_tally::Account>,
     seed: u64,
 }
 
@@ -166,6 +188,7 @@ pub(super) async fn prepare(
         path_ips: ips,
     } = ends(u, world, s)?;
     let (server_opts, device_opts) = windows(u);
+    let server_account = server_opts.account.clone();
     // One directory per run (several runs share the process).
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -221,6 +244,7 @@ pub(super) async fn prepare(
         info,
         pki: s.pki.clone(),
         device_opts,
+        server_account,
         seed: s.seed,
     })
 }
@@ -251,6 +275,7 @@ impl Prepared {
         let sampler = {
             let progress = progress.clone();
             let clock = clock.clone();
+            let metrics = self.server.metrics.clone();
             tokio::spawn(async move {
                 let mut series = vec![Vec::new(); n];
                 let mut last = vec![0u64; n];
@@ -261,6 +286,8 @@ impl Prepared {
                 let mut lane_stall = vec![(0u64, Instant::now(), 0f64); n];
                 // Per lane: when its confirmed bytes last grew.
                 let mut last_growth = vec![None::<Instant>; n];
+                // The most bytes the server's request bodies held at a tick.
+                let mut bodies = 0usize;
                 let mut ticks = 0u64;
                 loop {
                     // The end before a tick due at the same instant (decision U12).
@@ -270,6 +297,7 @@ impl Prepared {
                         _ = tick.tick() => false,
                     };
                     ticks += 1;
+                    bodies = bodies.max(metrics.bodies_held());
                     let now_total = progress.bytes();
                     if now_total != total || ended {
                         total = now_total;
@@ -300,7 +328,7 @@ impl Prepared {
                         let lanes = lane_stall.iter().map(|s| s.2).collect::<Vec<_>>();
                         // When the first lane had its last chunk confirmed: the tail starts.
                         let first_done = last_growth.iter().flatten().min().copied();
-                        return (series, max_stall, lanes, first_done);
+                        return (series, max_stall, lanes, first_done, bodies);
                     }
                 }
             })
@@ -312,9 +340,9 @@ impl Prepared {
             _ => t0.elapsed().as_secs_f64(),
         };
         let _ = stop.send(());
-        let (series, max_stall, lane_stalls, first_done) = sampler
+        let (series, max_stall, lane_stalls, first_done, bodies) = sampler
             .await
-            .unwrap_or_else(|_| (vec![Vec::new(); n], 0.0, vec![0.0; n], None));
+            .unwrap_or_else(|_| (vec![Vec::new(); n], 0.0, vec![0.0; n], None, 0));
         // The tail ends where `completion_s` does: at the server's confirmation (U12).
         let end = t0 + Duration::from_secs_f64(elapsed);
         let tail = first_done.map(|f| end.saturating_duration_since(f).as_secs_f64());
@@ -358,6 +386,9 @@ impl Prepared {
         m.scalars.push(("failed_requests".into(), failed as f64));
         m.scalars
             .push(("peak_in_flight_kb".into(), flight.peak() as f64 / 1000.0));
+        receiver_peak(self.server_account.as_ref(), &mut m);
+        m.scalars
+            .push(("recv_body_peak_kb".into(), bodies as f64 / 1000.0));
         m.scalars.push(("connects".into(), connects as f64));
         for (i, s) in series.into_iter().enumerate() {
             m.series.push((format!("lane{}_mbps", i + 1), s));
