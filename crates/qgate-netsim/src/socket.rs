@@ -118,29 +118,9 @@ impl SimSocket {
     }
 }
 
-impl Drop for SimSocket {
-    fn drop(&mut self) {
-        self.net.shared.lock().unbind(self.id);
-    }
-}
-
-#[derive(Debug)]
-struct AlwaysWritable;
-
-impl UdpPoller for AlwaysWritable {
-    /// The simulated socket never blocks a sender: a full link queue drops, as a real
-    /// bottleneck would.
-    fn poll_writable(self: Pin<&mut Self>, _cx: &mut Context) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncUdpSocket for SimSocket {
-    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        Box::pin(AlwaysWritable)
-    }
-
-    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
+impl SimSocket {
+    /// Hand `transmit`'s datagrams to the network now.
+    fn send_now(&self, transmit: &Transmit) -> io::Result<()> {
         let shared = &self.net.shared;
         let mut st = shared.lock();
         let now = Instant::now();
@@ -165,6 +145,35 @@ impl AsyncUdpSocket for SimSocket {
         }
         shared.after_change(st);
         result
+    }
+}
+
+impl Drop for SimSocket {
+    fn drop(&mut self) {
+        self.net.shared.lock().unbind(self.id);
+    }
+}
+
+#[derive(Debug)]
+struct AlwaysWritable;
+
+impl UdpPoller for AlwaysWritable {
+    /// The simulated socket never blocks a sender: a full link queue drops, as a real
+    /// bottleneck would.
+    fn poll_writable(self: Pin<&mut Self>, _cx: &mut Context) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncUdpSocket for SimSocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        Box::pin(AlwaysWritable)
+    }
+
+    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
+        // The network's own work (the datagram's copy on the wire, due events) is not the
+        // sending host's memory (decision U14).
+        qgate_tally::outside(|| self.send_now(transmit))
     }
 
     fn poll_recv(

@@ -4,24 +4,26 @@
 //! wait in a stream's reassembly: a received datagram is copied once into a buffer the stream
 //! keeps slices of until the application reads them. So the allocations made while an
 //! endpoint's own tasks run are charged to an [`Account`] ([`Account::counted`] wraps a future,
-//! [`Account::enter`] a stretch of code), and stay charged until they are freed, wherever and
-//! on whichever thread that happens. [`Tally`] wraps the process's global allocator to do the
-//! bookkeeping: a side table from each charged block to its account and size, in shards under
-//! spin locks, which never allocates.
+//! [`Account::enter`] a stretch of code, [`inherit`] passes it to the tasks a task spawns), and
+//! stay charged until they are freed, wherever and on whichever thread that happens. [`Tally`]
+//! wraps the process's global allocator to do the bookkeeping: a side table from each charged
+//! block to its account and size, in shards under spin locks, which never allocates.
 //!
-//! With no account claimed it costs a thread-local read per allocation and an atomic load per
-//! free. A process whose global allocator is not a [`Tally`] can claim no account
-//! ([`Account::claim`] checks), so a measurement never reads a silent zero.
+//! Where no account was ever claimed (every product process) it costs a thread-local read per
+//! allocation, an atomic load per free and both per reallocation; once blocks are charged,
+//! every free looks its block up in the table until they are all freed. A process whose global
+//! allocator is not a [`Tally`] can claim no account ([`Account::claim`] checks), so a
+//! measurement never reads a silent zero.
 
 #![warn(missing_docs)]
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::cell::{Cell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -37,30 +39,49 @@ const SIZE_BITS: u32 = 40;
 /// A token is the slot + 1 in its low 7 bits and the slot's generation above them, so a block
 /// charged before its account was given back never touches the next claimer's counts.
 const SLOT_BITS: u32 = 7;
-const GEN_MASK: u32 = (1 << 17) - 1;
+/// A slot's words hold its generation in their top 17 bits, then (`state`) a lost flag, then
+/// bytes.
+const GEN_SHIFT: u32 = 47;
+const LOST: u64 = 1 << 46;
+const BYTES: u64 = LOST - 1;
 
 thread_local! {
-    /// The token of the account this thread's allocations are charged to; 0 = none.
+    /// The token of the account this thread's allocations are charged to; 0 = none. Read in
+    /// the allocator: a `const` cell without a destructor, so reading it never allocates.
     static CURRENT: Cell<u32> = const { Cell::new(0) };
+    /// The account entered, for the futures made under it ([`inherit`]); never touched in
+    /// the allocator.
+    static ENTERED: RefCell<Option<Account>> = const { RefCell::new(None) };
 }
 
 struct Slot {
     used: AtomicBool,
-    generation: AtomicU32,
-    live: AtomicUsize,
-    peak: AtomicUsize,
-    lost: AtomicBool,
+    /// Generation, lost flag and live bytes in one word: a count meant for an earlier claim
+    /// of the slot, late on another thread, fails the generation check of the same
+    /// compare-and-swap that would apply it, so it never lands in a later claim's.
+    state: AtomicU64,
+    /// Generation and peak bytes: an earlier claim's value is smaller, so it never wins
+    /// `fetch_max`.
+    peak: AtomicU64,
 }
 
 impl Slot {
     const fn new() -> Slot {
         Slot {
             used: AtomicBool::new(false),
-            generation: AtomicU32::new(0),
-            live: AtomicUsize::new(0),
-            peak: AtomicUsize::new(0),
-            lost: AtomicBool::new(false),
+            state: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
         }
+    }
+
+    /// Apply `f` to the state if it is still of `generation`; the state after.
+    fn update(&self, generation: u64, f: impl Fn(u64) -> u64) -> Option<u64> {
+        self.state
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                (v >> GEN_SHIFT == generation).then(|| f(v))
+            })
+            .ok()
+            .map(f)
     }
 }
 
@@ -170,10 +191,12 @@ fn current() -> u32 {
     CURRENT.try_with(Cell::get).unwrap_or(0)
 }
 
-/// The slot a token names, if the token is of its current generation.
-fn slot_of(token: u32) -> Option<&'static Slot> {
-    let s = &SLOTS[(token & ((1 << SLOT_BITS) - 1)) as usize - 1];
-    (s.generation.load(Ordering::Relaxed) & GEN_MASK == token >> SLOT_BITS).then_some(s)
+/// The slot a token names, and the generation it was claimed at.
+fn slot_of(token: u32) -> (&'static Slot, u64) {
+    (
+        &SLOTS[(token & ((1 << SLOT_BITS) - 1)) as usize - 1],
+        u64::from(token >> SLOT_BITS),
+    )
 }
 
 /// Charge the block at `p` of `size` bytes to the account of `token` (0: to none).
@@ -181,22 +204,27 @@ fn put(token: u32, p: *mut u8, size: usize) {
     if token == 0 || p.is_null() {
         return;
     }
-    let (Some(table), Some(slot)) = (TABLE.get(), slot_of(token)) else {
+    let Some(table) = TABLE.get() else {
         return;
     };
+    let (slot, generation) = slot_of(token);
+    if slot.state.load(Ordering::Relaxed) >> GEN_SHIFT != generation {
+        // Given back: nothing to charge. (An entry made just as it is given back stays in the
+        // table naming the old generation, and counts nowhere when it is freed.)
+        return;
+    }
     let (shard, home) = place(p as usize);
     let value = (u64::from(token) << SIZE_BITS) | size as u64;
     if (size as u64) >> SIZE_BITS != 0 || !table[shard].with(|e| e.insert(p as usize, home, value))
     {
-        slot.lost.store(true, Ordering::Relaxed);
+        slot.update(generation, |v| v | LOST);
         return;
     }
     CHARGED.fetch_add(1, Ordering::Relaxed);
-    let live = slot
-        .live
-        .fetch_add(size, Ordering::Relaxed)
-        .wrapping_add(size);
-    slot.peak.fetch_max(live, Ordering::Relaxed);
+    if let Some(now) = slot.update(generation, |v| v + size as u64) {
+        slot.peak
+            .fetch_max((generation << GEN_SHIFT) | (now & BYTES), Ordering::Relaxed);
+    }
 }
 
 /// Uncharge the block at `p` if it is charged: its token and size.
@@ -209,11 +237,12 @@ fn take(p: *mut u8) -> Option<(u32, usize)> {
     let value = table[shard].with(|e| e.remove(p as usize, home))?;
     CHARGED.fetch_sub(1, Ordering::Relaxed);
     let token = (value >> SIZE_BITS) as u32;
-    let size = (value & ((1 << SIZE_BITS) - 1)) as usize;
-    if let Some(slot) = slot_of(token) {
-        slot.live.fetch_sub(size, Ordering::Relaxed);
-    }
-    Some((token, size))
+    let size = value & ((1 << SIZE_BITS) - 1);
+    let (slot, generation) = slot_of(token);
+    slot.update(generation, |v| {
+        (v & !BYTES) | (v & BYTES).saturating_sub(size)
+    });
+    Some((token, size as usize))
 }
 
 /// The global allocator `A`, charging what is allocated under an entered [`Account`] to it:
@@ -246,31 +275,22 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Tally<A> {
 
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let token = current();
-        if token != 0 {
-            // Charged to the account entered now, whichever (if any) the old block was.
-            // SAFETY: the caller guarantees a valid size for `layout.align()`.
-            let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-            // SAFETY: `new` is non-zero-sized as the caller guarantees; `p` holds
-            // `layout.size()` bytes and is freed with its own layout.
-            unsafe {
-                let q = self.alloc(new);
-                if !q.is_null() {
-                    std::ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
-                    self.dealloc(p, layout);
-                }
-                return q;
-            }
-        }
-        let charged = take(p);
-        // SAFETY: the caller's contract, passed on.
+        let old = take(p);
+        // SAFETY: the caller's contract, passed on (`A` may grow or shrink in place).
         let q = unsafe { self.0.realloc(p, layout, new_size) };
-        if let Some((token, size)) = charged {
-            // A block that moves keeps its account; one that could not grow keeps its size.
-            if q.is_null() {
-                put(token, p, size);
-            } else {
-                put(token, q, new_size);
+        if q.is_null() {
+            // The block stays as it was.
+            if let Some((was, size)) = old {
+                put(was, p, size);
             }
+        } else {
+            // The entered account's now, or else still its own.
+            let owner = if token != 0 {
+                token
+            } else {
+                old.map_or(0, |o| o.0)
+            };
+            put(owner, q, new_size);
         }
         q
     }
@@ -290,8 +310,8 @@ impl Drop for Claim {
     fn drop(&mut self) {
         let s = &SLOTS[self.slot];
         // Blocks still charged to this claim now name an old generation: freeing them later
-        // touches no counter.
-        s.generation.fetch_add(1, Ordering::Relaxed);
+        // touches no counter. (The generation wraps after 2^17 claims of one slot.)
+        s.state.fetch_add(1 << GEN_SHIFT, Ordering::Relaxed);
         s.used.store(false, Ordering::Release);
     }
 }
@@ -306,15 +326,15 @@ impl Account {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         })?;
-        s.live.store(0, Ordering::Relaxed);
-        s.peak.store(0, Ordering::Relaxed);
-        s.lost.store(false, Ordering::Relaxed);
-        let generation = s.generation.load(Ordering::Relaxed) & GEN_MASK;
+        let generation = s.state.load(Ordering::Relaxed) >> GEN_SHIFT;
+        s.state.store(generation << GEN_SHIFT, Ordering::Relaxed);
         let account = Account(Arc::new(Claim {
             slot,
-            token: (slot as u32 + 1) | (generation << SLOT_BITS),
+            token: (slot as u32 + 1) | ((generation as u32) << SLOT_BITS),
         }));
-        account.counts().then_some(account)
+        let counts = account.counts();
+        account.reset_peak();
+        counts.then_some(account)
     }
 
     /// Whether an allocation under this account is charged to it.
@@ -335,31 +355,36 @@ impl Account {
 
     /// Bytes charged to this account and not yet freed.
     pub fn live(&self) -> usize {
-        self.slot().live.load(Ordering::Relaxed)
+        (self.slot().state.load(Ordering::Relaxed) & BYTES) as usize
     }
 
     /// The most that were live at once since the claim or the last [`reset_peak`](Self::reset_peak).
     pub fn peak(&self) -> usize {
-        self.slot().peak.load(Ordering::Relaxed)
+        (self.slot().peak.load(Ordering::Relaxed) & BYTES) as usize
     }
 
     /// Start the peak again from what is live now.
     pub fn reset_peak(&self) {
-        let s = self.slot();
-        s.peak
-            .store(s.live.load(Ordering::Relaxed), Ordering::Relaxed);
+        let v = self.slot().state.load(Ordering::Relaxed);
+        self.slot()
+            .peak
+            .store((v & !(LOST | BYTES)) | (v & BYTES), Ordering::Relaxed);
     }
 
     /// Whether every block allocated under this account was charged (false if the side table
     /// had no room for one: the counts are then too low).
     pub fn complete(&self) -> bool {
-        !self.slot().lost.load(Ordering::Relaxed)
+        self.slot().state.load(Ordering::Relaxed) & LOST == 0
     }
 
-    /// Charge what this thread allocates to this account until the guard is dropped.
+    /// Charge what this thread allocates to this account until the guard is dropped; futures
+    /// made meanwhile with [`inherit`] are charged to it too.
     pub fn enter(&self) -> Entered {
+        // `ENTERED` first: its first use on a thread may allocate, which must not be charged.
+        let account = ENTERED.with(|e| e.replace(Some(self.clone())));
         Entered {
             previous: CURRENT.replace(self.0.token),
+            account,
             _thread: PhantomData,
         }
     }
@@ -389,9 +414,12 @@ impl fmt::Debug for Account {
 }
 
 /// While it lives, this thread's allocations are charged to an account
-/// ([`Account::enter`]); dropping it restores the account entered before.
+/// ([`Account::enter`]); dropping it restores the account entered before. It holds the
+/// account's claim, so the account outlives it.
 pub struct Entered {
     previous: u32,
+    /// The account entered before.
+    account: Option<Account>,
     /// The account is the thread's: the guard must be dropped where it was made.
     _thread: PhantomData<*const ()>,
 }
@@ -399,6 +427,8 @@ pub struct Entered {
 impl Drop for Entered {
     fn drop(&mut self) {
         let _ = CURRENT.try_with(|c| c.set(self.previous));
+        let previous = self.account.take();
+        let _ = ENTERED.try_with(|e| e.replace(previous));
     }
 }
 
@@ -419,19 +449,20 @@ impl<F: Future> Future for Counted<F> {
     }
 }
 
-/// `future`, with what its polls allocate charged to the account entered where this is called
-/// (to none if none is): a task spawned by a counted one is counted too, so a server's request
-/// tasks charge its account. Without an account it costs two thread-local writes a poll.
+/// `future`, with what its polls allocate charged to the account entered where this is called:
+/// a task spawned by a counted one is counted too, so a server's request tasks charge its
+/// account. It holds the account's claim while it lives; made under none, it only polls
+/// `future`.
 pub fn inherit<F: Future>(future: F) -> Inherited<F> {
     Inherited {
-        token: current(),
+        account: ENTERED.try_with(|e| e.borrow().clone()).ok().flatten(),
         future,
     }
 }
 
 /// A future charged to the account entered where it was made ([`inherit`]).
 pub struct Inherited<F> {
-    token: u32,
+    account: Option<Account>,
     future: F,
 }
 
@@ -439,13 +470,21 @@ impl<F: Future> Future for Inherited<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let _in = Entered {
-            previous: CURRENT.replace(self.token),
-            _thread: PhantomData,
-        };
+        let _in = self.account.as_ref().map(Account::enter);
         // SAFETY: as for `Counted`: `future` is structurally pinned.
         unsafe { self.map_unchecked_mut(|s| &mut s.future) }.poll(cx)
     }
+}
+
+/// `f`, with nothing it allocates charged to any account: a simulated network's own work done
+/// inside a host's send is the wire's memory, not the host's.
+pub fn outside<R>(f: impl FnOnce() -> R) -> R {
+    let _none = Entered {
+        previous: CURRENT.replace(0),
+        account: ENTERED.try_with(|e| e.replace(None)).ok().flatten(),
+        _thread: PhantomData,
+    };
+    f()
 }
 
 #[cfg(test)]

@@ -62,6 +62,30 @@ fn a_block_that_grows_keeps_its_account_and_its_new_size() {
 }
 
 #[test]
+fn a_block_that_grows_under_its_account_is_charged_once() {
+    let _serial = serial();
+    let a = Account::claim().expect("an account");
+    let _in = a.enter();
+    let mut v: Vec<u8> = Vec::with_capacity(100);
+    v.reserve_exact(10_000);
+    assert_eq!(a.live(), v.capacity());
+    // Not the old and the new block at once, as an allocate-copy-free would count them.
+    assert_eq!(a.peak(), v.capacity());
+}
+
+#[test]
+fn nothing_made_outside_accounts_is_charged() {
+    let _serial = serial();
+    let a = Account::claim().expect("an account");
+    let _in = a.enter();
+    let wire = qgate_tally::outside(|| vec![0u8; 5_000]);
+    let own = vec![0u8; 1_000];
+    assert_eq!(a.live(), 1_000);
+    drop((wire, own));
+    assert_eq!(a.live(), 0);
+}
+
+#[test]
 fn accounts_are_independent_and_a_given_back_one_is_not_touched_by_its_old_blocks() {
     let _serial = serial();
     let a = Account::claim().expect("an account");

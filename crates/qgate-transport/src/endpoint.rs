@@ -320,7 +320,7 @@ pub fn server_endpoint(
     });
     cfg.rng_seed(seed.map(seed_bytes));
     let runtime: Arc<dyn Runtime> = match account {
-        Some(a) => Arc::new(Counted(a.clone())),
+        Some(a) => Arc::new(CountedRuntime(a.clone())),
         None => Arc::new(TokioRuntime),
     };
     on_runtime(socket, cfg, Some(server), runtime)
@@ -329,9 +329,9 @@ pub fn server_endpoint(
 /// quinn's tokio runtime, with what the endpoint's driver and its connections' drivers
 /// allocate charged to an account (decision U14).
 #[derive(Debug)]
-struct Counted(qgate_tally::Account);
+struct CountedRuntime(qgate_tally::Account);
 
-impl Runtime for Counted {
+impl Runtime for CountedRuntime {
     fn new_timer(&self, i: std::time::Instant) -> std::pin::Pin<Box<dyn quinn::AsyncTimer>> {
         TokioRuntime.new_timer(i)
     }

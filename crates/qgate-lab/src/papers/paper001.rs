@@ -267,12 +267,13 @@ fn held_section(records: &[Record]) -> String {
         s,
         "Held at the receiver, peak over the upload (KB; `up.recv_peak_kb`, mean ± std dev): \
          every byte allocated by its QUIC endpoint's and connections' drivers and by its \
-         server (two-ended) or reading task (conventional) and not yet freed: received \
-         datagrams waiting in stream reassembly or in the application, and connection state \
-         (decision U14). Two-ended's server holds each chunk, one request's body, until the \
+         server (two-ended) or reading task (conventional) and not yet freed: datagrams the \
+         QUIC stack has taken in, waiting in stream reassembly or in the application, and \
+         connection and request state; not datagrams still queued at its socket, nor scratch \
+         buffers made with the endpoint (decision U14). Two-ended's server holds each chunk, one request's body, until the \
          whole chunk has come and is written; `up.recv_body_peak_kb` is the most those bodies \
          held (sampled every 10 ms).\n\n\
-         | receive window (KB) | two-ended | of which request bodies | literal | conventional | Wi-Fi alone | cellular alone | conventional ÷ two-ended |\n|---|---|---|---|---|---|---|---|"
+         | receive window (KB) | two-ended | its request bodies (sampled peak) | literal | conventional | Wi-Fi alone | cellular alone | conventional ÷ two-ended |\n|---|---|---|---|---|---|---|---|"
     );
     let f = |v: &Summary| {
         if v.n == 0 {
@@ -286,14 +287,18 @@ fn held_section(records: &[Record]) -> String {
         let (two, conv) = (held("two-ended"), held("conventional"));
         let _ = writeln!(
             s,
-            "| {x} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            "| {x} | {} | {} | {} | {} | {} | {} | {} |",
             f(&two),
             f(&cell(i, "two-ended", "up.recv_body_peak_kb")),
             f(&held("two-ended-literal")),
             f(&conv),
             f(&held("wifi-only")),
             f(&held("cellular-only")),
-            conv.mean / two.mean
+            if two.n > 0 && conv.n > 0 {
+                format!("{:.2}", conv.mean / two.mean)
+            } else {
+                "–".into()
+            }
         );
     }
     if let (Some(&(lo, xl)), Some(&(hi, xh))) = (windows.first(), windows.last()) {
@@ -302,8 +307,8 @@ fn held_section(records: &[Record]) -> String {
             s,
             "\nFrom a {xl} KB to a {xh} KB window, conventional's peak grows from {:.0} to \
              {:.0} KB (the one stream's reassembly fills the window while the cellular bytes \
-             are awaited) and two-ended's goes from {:.0} to {:.0} KB, of which request bodies \
-             {:.0} and {:.0} KB at their sampled peaks.\n",
+             are awaited) and two-ended's goes from {:.0} to {:.0} KB; its server's request bodies \
+             peaked at {:.0} and {:.0} KB (sampled, not necessarily at the same moment).\n",
             m(lo, "conventional", "up.recv_peak_kb"),
             m(hi, "conventional", "up.recv_peak_kb"),
             m(lo, "two-ended", "up.recv_peak_kb"),

@@ -335,7 +335,7 @@ pub(super) async fn prepare(
     let runtime: Arc<dyn noq::Runtime> = Arc::new(noq::TokioRuntime);
     // The server's drivers charge what they allocate to the receiver's account (U14).
     let server_runtime: Arc<dyn noq::Runtime> = match &server_opts.account {
-        Some(a) => Arc::new(Counted(a.clone())),
+        Some(a) => Arc::new(CountedRuntime(a.clone())),
         None => runtime.clone(),
     };
 
@@ -416,9 +416,9 @@ pub(super) async fn prepare(
 /// noq's tokio runtime, with what the endpoint's driver and its connections' drivers allocate
 /// charged to an account (decision U14), as `qgate_transport`'s server endpoint does for quinn.
 #[derive(Debug)]
-struct Counted(qgate_tally::Account);
+struct CountedRuntime(qgate_tally::Account);
 
-impl noq::Runtime for Counted {
+impl noq::Runtime for CountedRuntime {
     fn new_timer(&self, i: Instant) -> Pin<Box<dyn noq::AsyncTimer>> {
         noq::TokioRuntime.new_timer(i)
     }
