@@ -186,7 +186,13 @@ impl<'a> ServerBuilder<'a> {
         let service = Arc::new(service);
         let stats = service.stats();
         // Made under the measurement account, if any, so the server's tasks charge it (U14).
-        let charged = self.transport.account.as_ref().map(|a| a.enter());
+        // Its tasks count in the account's parent, when it has one: the account itself then
+        // counts the QUIC stack alone (its drivers; decision U14).
+        let charged = self
+            .transport
+            .account
+            .as_ref()
+            .map(|a| a.parent().unwrap_or(a).enter());
         let task = tokio::spawn(qgate_tally::inherit(serve(
             endpoint.clone(),
             service,

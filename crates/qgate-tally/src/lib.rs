@@ -23,7 +23,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -63,6 +63,8 @@ struct Slot {
     /// Generation and peak bytes: an earlier claim's value is smaller, so it never wins
     /// `fetch_max`.
     peak: AtomicU64,
+    /// The token of the account this one's blocks are charged to as well (0: none).
+    parent: AtomicU32,
 }
 
 impl Slot {
@@ -71,7 +73,31 @@ impl Slot {
             used: AtomicBool::new(false),
             state: AtomicU64::new(0),
             peak: AtomicU64::new(0),
+            parent: AtomicU32::new(0),
         }
+    }
+
+    /// Add `size` bytes (`None`: set the lost flag) if the slot is still of `generation`;
+    /// whether it was.
+    fn charge(&self, generation: u64, size: Option<u64>) -> bool {
+        let Some(size) = size else {
+            return self.update(generation, |v| v | LOST).is_some();
+        };
+        let Some(now) = self.update(generation, |v| v + size) else {
+            return false;
+        };
+        self.peak
+            .fetch_max((generation << GEN_SHIFT) | (now & BYTES), Ordering::Relaxed);
+        true
+    }
+
+    /// This slot and its parent's, if it has one: where a block charged to it counts.
+    fn and_parent(&'static self, generation: u64) -> [Option<(&'static Slot, u64)>; 2] {
+        let parent = self.parent.load(Ordering::Relaxed);
+        [
+            Some((self, generation)),
+            (parent != 0).then(|| slot_of(parent)),
+        ]
     }
 
     /// Apply `f` to the state if it is still of `generation`; the state after.
@@ -215,15 +241,16 @@ fn put(token: u32, p: *mut u8, size: usize) {
     }
     let (shard, home) = place(p as usize);
     let value = (u64::from(token) << SIZE_BITS) | size as u64;
-    if (size as u64) >> SIZE_BITS != 0 || !table[shard].with(|e| e.insert(p as usize, home, value))
-    {
-        slot.update(generation, |v| v | LOST);
-        return;
+    let stored =
+        (size as u64) >> SIZE_BITS == 0 && table[shard].with(|e| e.insert(p as usize, home, value));
+    if stored {
+        CHARGED.fetch_add(1, Ordering::Relaxed);
     }
-    CHARGED.fetch_add(1, Ordering::Relaxed);
-    if let Some(now) = slot.update(generation, |v| v + size as u64) {
-        slot.peak
-            .fetch_max((generation << GEN_SHIFT) | (now & BYTES), Ordering::Relaxed);
+    // The parent only while the account itself is still its claim's.
+    for (s, g) in slot.and_parent(generation).into_iter().flatten() {
+        if !s.charge(g, stored.then_some(size as u64)) {
+            break;
+        }
     }
 }
 
@@ -239,9 +266,13 @@ fn take(p: *mut u8) -> Option<(u32, usize)> {
     let token = (value >> SIZE_BITS) as u32;
     let size = value & ((1 << SIZE_BITS) - 1);
     let (slot, generation) = slot_of(token);
-    slot.update(generation, |v| {
-        (v & !BYTES) | (v & BYTES).saturating_sub(size)
-    });
+    // A block freed after its account was given back counts in neither it nor its parent.
+    for (s, g) in slot.and_parent(generation).into_iter().flatten() {
+        let back = s.update(g, |v| (v & !BYTES) | (v & BYTES).saturating_sub(size));
+        if back.is_none() {
+            break;
+        }
+    }
     Some((token, size as usize))
 }
 
@@ -304,6 +335,8 @@ pub struct Account(Arc<Claim>);
 struct Claim {
     slot: usize,
     token: u32,
+    /// The account this one's blocks also count in, kept claimed while this one is.
+    parent: Option<Account>,
 }
 
 impl Drop for Claim {
@@ -328,13 +361,31 @@ impl Account {
         })?;
         let generation = s.state.load(Ordering::Relaxed) >> GEN_SHIFT;
         s.state.store(generation << GEN_SHIFT, Ordering::Relaxed);
+        s.parent.store(0, Ordering::Relaxed);
         let account = Account(Arc::new(Claim {
             slot,
             token: (slot as u32 + 1) | ((generation as u32) << SLOT_BITS),
+            parent: None,
         }));
         let counts = account.counts();
         account.reset_peak();
         counts.then_some(account)
+    }
+
+    /// A fresh account whose blocks count in `parent` too: a part of what `parent` counts,
+    /// with a peak of its own. `None` as for [`claim`](Self::claim).
+    pub fn claim_within(parent: &Account) -> Option<Account> {
+        let mut part = Account::claim()?;
+        Arc::get_mut(&mut part.0)
+            .expect("a fresh claim has one handle")
+            .parent = Some(parent.clone());
+        part.slot().parent.store(parent.0.token, Ordering::Relaxed);
+        Some(part)
+    }
+
+    /// The account this one's blocks also count in ([`claim_within`](Self::claim_within)).
+    pub fn parent(&self) -> Option<&Account> {
+        self.0.parent.as_ref()
     }
 
     /// Whether an allocation under this account is charged to it.

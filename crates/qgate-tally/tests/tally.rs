@@ -86,6 +86,26 @@ fn nothing_made_outside_accounts_is_charged() {
 }
 
 #[test]
+fn a_part_counts_in_its_whole_with_a_peak_of_its_own() {
+    let _serial = serial();
+    let whole = Account::claim().expect("an account");
+    let part = Account::claim_within(&whole).expect("a part");
+    assert_eq!(part.parent(), Some(&whole));
+    let (a, b) = {
+        let _p = part.enter();
+        let a = vec![0u8; 3_000];
+        let _w = whole.enter();
+        (a, vec![0u8; 1_000])
+    };
+    assert_eq!((part.live(), whole.live()), (3_000, 4_000));
+    drop(a);
+    assert_eq!((part.live(), whole.live()), (0, 1_000));
+    assert_eq!((part.peak(), whole.peak()), (3_000, 4_000));
+    drop(b);
+    assert_eq!(whole.live(), 0);
+}
+
+#[test]
 fn accounts_are_independent_and_a_given_back_one_is_not_touched_by_its_old_blocks() {
     let _serial = serial();
     let a = Account::claim().expect("an account");

@@ -108,7 +108,8 @@ pub struct TransportOptions {
     pub flight: Option<crate::FlightGauge>,
     /// Charge what a server endpoint built with these options allocates in its own tasks (its
     /// endpoint and connection drivers: received datagrams, stream reassembly) to this
-    /// account (a measurement hook like `flight`; decision U14).
+    /// account, and what the server's tasks allocate to its parent if it has one, or else to
+    /// it too (a measurement hook like `flight`; decision U14).
     #[serde(skip)]
     pub account: Option<qgate_tally::Account>,
 }

@@ -210,6 +210,8 @@ pub struct UploadKernelArgs {
     /// Only rewrite summary.md from the results.csv already in the output directory.
     #[arg(long)]
     summarize: bool,
+    #[arg(long, value_name = "MS", help = crate::dflt("The cellular-like path's one-way delay, ms (the paper's Figs. 6-7 sweep 20-200; give it again with --summarize)", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
+    cellular_delay: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -798,6 +800,10 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     if cfg.reps == 0 {
         return Err(usage("--reps must be positive"));
     }
+    cfg.cellular_delay_ms = a.cellular_delay.unwrap_or(cfg.cellular_delay_ms);
+    if !(1..=1000).contains(&cfg.cellular_delay_ms) {
+        return Err(usage("--cellular-delay must be 1 to 1000 ms"));
+    }
     if !std::fs::read_to_string("/proc/sys/net/mptcp/enabled").is_ok_and(|s| s.trim() == "1") {
         return Err(usage(
             "Linux MPTCP is off or missing (net.mptcp.enabled must be 1)",
@@ -813,9 +819,10 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
         cfg.reps = runs.iter().map(|r| r.rep).max().unwrap_or(0);
         let quick = if a.quick { " --quick" } else { "" };
         let command = format!(
-            "sudo qgate lab upload-kernel{quick} --reps {}{}",
+            "sudo qgate lab upload-kernel{quick} --reps {}{}{}",
             cfg.reps,
-            only_flag(&a.only)
+            only_flag(&a.only),
+            delay_flag(a.cellular_delay)
         );
         std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
         return Ok(());
@@ -843,10 +850,17 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
         command.push_str(&format!(" --reps {r}"));
     }
     command.push_str(&only_flag(&a.only));
+    command.push_str(&delay_flag(a.cellular_delay));
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
     std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
     eprintln!("lab upload-kernel: results in {}", out.display());
     Ok(())
+}
+
+/// ` --cellular-delay MS` when given, for the command a summary says reproduces it.
+fn delay_flag(ms: Option<u64>) -> String {
+    ms.map(|ms| format!(" --cellular-delay {ms}"))
+        .unwrap_or_default()
 }
 
 fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {

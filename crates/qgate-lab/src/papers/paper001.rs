@@ -265,15 +265,17 @@ fn held_section(records: &[Record]) -> String {
     }
     let _ = writeln!(
         s,
-        "Held at the receiver, peak over the upload (KB; `up.recv_peak_kb`, mean ± std dev): \
-         every byte allocated by its QUIC endpoint's and connections' drivers and by its \
-         server (two-ended) or reading task (conventional) and not yet freed: datagrams the \
-         QUIC stack has taken in, waiting in stream reassembly or in the application, and \
-         connection and request state; not datagrams still queued at its socket, nor scratch \
-         buffers made with the endpoint (decision U14). Two-ended's server holds each chunk, one request's body, until the \
+        "Held at the receiver, peak over the upload (KB, mean ± std dev; decision U14). \
+         `up.recv_peak_kb`: every byte allocated by its QUIC endpoint's and connections' \
+         drivers and by its server (two-ended) or reading task (conventional) and not yet \
+         freed: datagrams the QUIC stack has taken in, waiting in stream reassembly or in the \
+         application, and connection and request state; not datagrams still queued at its \
+         socket, nor scratch buffers made with the endpoint. `up.recv_quic_peak_kb`: the \
+         drivers' part alone, the QUIC stack; the rest is what the server's tasks (or the \
+         reading task) allocated, the connection's state made when they accepted it included. Two-ended's server holds each chunk, one request's body, until the \
          whole chunk has come and is written; `up.recv_body_peak_kb` is the most those bodies \
          held (sampled every 10 ms).\n\n\
-         | receive window (KB) | two-ended | its request bodies (sampled peak) | literal | conventional | Wi-Fi alone | cellular alone | conventional ÷ two-ended |\n|---|---|---|---|---|---|---|---|"
+         | receive window (KB) | two-ended | its QUIC stack | its request bodies (sampled) | conventional | its QUIC stack | Wi-Fi alone | cellular alone | conventional ÷ two-ended | QUIC stacks: conventional ÷ two-ended |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let f = |v: &Summary| {
         if v.n == 0 {
@@ -282,23 +284,30 @@ fn held_section(records: &[Record]) -> String {
             format!("{:.0} ± {:.0}", v.mean, v.std)
         }
     };
+    let ratio = |a: &Summary, b: &Summary| {
+        if a.n > 0 && b.n > 0 {
+            format!("{:.2}", a.mean / b.mean)
+        } else {
+            "–".into()
+        }
+    };
     for &(i, x) in &windows {
         let held = |sc: &str| cell(i, sc, "up.recv_peak_kb");
+        let stack = |sc: &str| cell(i, sc, "up.recv_quic_peak_kb");
         let (two, conv) = (held("two-ended"), held("conventional"));
+        let (two_q, conv_q) = (stack("two-ended"), stack("conventional"));
         let _ = writeln!(
             s,
-            "| {x} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {x} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f(&two),
+            f(&two_q),
             f(&cell(i, "two-ended", "up.recv_body_peak_kb")),
-            f(&held("two-ended-literal")),
             f(&conv),
+            f(&conv_q),
             f(&held("wifi-only")),
             f(&held("cellular-only")),
-            if two.n > 0 && conv.n > 0 {
-                format!("{:.2}", conv.mean / two.mean)
-            } else {
-                "–".into()
-            }
+            ratio(&conv, &two),
+            ratio(&conv_q, &two_q),
         );
     }
     if let (Some(&(lo, xl)), Some(&(hi, xh))) = (windows.first(), windows.last()) {
@@ -307,10 +316,13 @@ fn held_section(records: &[Record]) -> String {
             s,
             "\nFrom a {xl} KB to a {xh} KB window, conventional's peak grows from {:.0} to \
              {:.0} KB (the one stream's reassembly fills the window while the cellular bytes \
-             are awaited) and two-ended's goes from {:.0} to {:.0} KB; its server's request bodies \
-             peaked at {:.0} and {:.0} KB (sampled, not necessarily at the same moment).\n",
+             are awaited); two-ended's QUIC stack goes from {:.0} to {:.0} KB and the whole \
+             receiver from {:.0} to {:.0} KB, its server's request bodies peaking at {:.0} and \
+             {:.0} KB (sampled, not necessarily at the same moment).\n",
             m(lo, "conventional", "up.recv_peak_kb"),
             m(hi, "conventional", "up.recv_peak_kb"),
+            m(lo, "two-ended", "up.recv_quic_peak_kb"),
+            m(hi, "two-ended", "up.recv_quic_peak_kb"),
             m(lo, "two-ended", "up.recv_peak_kb"),
             m(hi, "two-ended", "up.recv_peak_kb"),
             m(lo, "two-ended", "up.recv_body_peak_kb"),

@@ -51,6 +51,8 @@ pub struct KernelUploadConfig {
     pub chunk: u64,
     /// When path 1 goes down in a `fault` run, seconds after the sender's command starts.
     pub fault_at_s: f64,
+    /// The cellular-like path's one-way delay, ms (the paper's Figs. 6–7 sweep 20–200).
+    pub cellular_delay_ms: u64,
 }
 
 impl Default for KernelUploadConfig {
@@ -63,6 +65,7 @@ impl Default for KernelUploadConfig {
             bytes: 10_000_000,
             chunk: 65536,
             fault_at_s: 2.0,
+            cellular_delay_ms: 60,
         }
     }
 }
@@ -174,7 +177,10 @@ fn one(
         Vec::new()
     };
     let linkem = LinkemConfig {
-        paths: vec![link("20mbit", "5ms"), link("5mbit", "60ms")],
+        paths: vec![
+            link("20mbit", "5ms"),
+            link("5mbit", &format!("{}ms", cfg.cellular_delay_ms)),
+        ],
         timeline,
         // `set -e`: a setup step that fails ends the run with an error, not a run without it.
         outside: Some(format!(
@@ -414,7 +420,7 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
     let _ = writeln!(
         s,
         "Two emulated paths in real time: Wi-Fi-like 20 Mbit/s / 5 ms and cellular-like 5 Mbit/s \
-         / 60 ms one way, 50-packet drop-tail queues. A {} MB upload from the inside namespace \
+         / {} ms one way, 50-packet drop-tail queues. A {} MB upload from the inside namespace \
          to a receiver outside over kernel sockets; the swept buffer is the maximum of \
          `net.ipv4.tcp_rmem` in the receiver's namespace (receive) or `tcp_wmem` in the sender's \
          (send), autotuning on, the other side at {} KB. `two-ended` sends {} KB chunks. \
@@ -422,6 +428,7 @@ pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str
          sends on every connection once it holds the file); mean ± std dev over \
          n = {} repetitions (real-time runs never repeat exactly). Relay lateness p99 per run is \
          in results.csv.\n\nReproduce: `{command}`\n",
+        cfg.cellular_delay_ms,
         cfg.bytes as f64 / 1e6,
         cfg.large_kb,
         cfg.chunk / 1024,

@@ -391,7 +391,10 @@ pub(super) async fn prepare(
 
     let (tx, served) = tokio::sync::watch::channel(None);
     // The receiving application charges the receiver's account too (U14).
-    let charged = server_opts.account.as_ref().map(|a| a.enter());
+    let charged = server_opts
+        .account
+        .as_ref()
+        .map(|a| a.parent().unwrap_or(a).enter());
     let server_task = tokio::spawn(qgate_tally::inherit(serve(
         server.clone(),
         data.clone(),

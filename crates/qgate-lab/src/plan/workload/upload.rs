@@ -15,7 +15,7 @@
 //! (the most QUIC packet bytes the device's connections had sent and not yet seen
 //! acknowledged or lost at once, counted by their congestion controllers: what the sender
 //! held for retransmission), `recv_peak_kb` (the most the receiver held at once, counted by
-//! the allocator: decision U14), `recv_body_peak_kb` (the most bytes the server's request
+//! the allocator: decision U14), `recv_quic_peak_kb` (the same for its QUIC stack alone), `recv_body_peak_kb` (the most bytes the server's request
 //! bodies held, each chunk being one request's body until it is written: its body budget,
 //! sampled every 10 ms).
 //! Series: `lane<i>_mbps`, each lane's confirmed goodput per second.
@@ -134,24 +134,32 @@ pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions) {
     }
     // What the device's connections hold unacknowledged, measured (`peak_in_flight_kb`).
     device.flight = Some(qgate_transport::FlightGauge::new());
-    // What the receiver holds, measured (`recv_peak_kb`, decision U14): none where the
-    // process's allocator does not count (a test binary).
-    server.account = qgate_tally::Account::claim();
+    // What the receiver holds, measured (`recv_peak_kb`; its QUIC stack's part,
+    // `recv_quic_peak_kb`; decision U14): none where the process's allocator does not count
+    // (a test binary).
+    server.account = qgate_tally::Account::claim()
+        .as_ref()
+        .and_then(qgate_tally::Account::claim_within);
     (server, device)
 }
 
 /// `recv_peak_kb`: the most bytes the receiver held at once in what it allocated while it ran
-/// (its QUIC endpoint's and connections' drivers, its server or application tasks): received
-/// datagrams waiting in stream reassembly or in the application, and connection state (decision
-/// U14). Left out where nothing was counted, or a block was missed.
+/// (its QUIC endpoint's and connections' drivers, its server or application tasks): datagrams
+/// taken in and waiting in stream reassembly or in the application, and connection and request
+/// state; `recv_quic_peak_kb`: the same for its QUIC stack alone (the drivers: `account`, whose
+/// parent counts the whole; decision U14). Left out where nothing was counted, or a block was
+/// missed.
 pub(super) fn receiver_peak(account: Option<&qgate_tally::Account>, m: &mut Measurements) {
-    match account {
-        Some(a) if a.complete() => m
-            .scalars
-            .push(("recv_peak_kb".into(), a.peak() as f64 / 1000.0)),
-        Some(_) => tracing::warn!("the receiver's allocations were not all counted"),
-        None => {}
+    let Some(quic) = account else { return };
+    let whole = quic.parent().unwrap_or(quic);
+    if !(quic.complete() && whole.complete()) {
+        tracing::warn!("the receiver's allocations were not all counted");
+        return;
     }
+    m.scalars
+        .push(("recv_peak_kb".into(), whole.peak() as f64 / 1000.0));
+    m.scalars
+        .push(("recv_quic_peak_kb".into(), quic.peak() as f64 / 1000.0));
 }
 
 pub(crate) struct Prepared {
