@@ -77,27 +77,16 @@ impl Slot {
         }
     }
 
-    /// Add `size` bytes (`None`: set the lost flag) if the slot is still of `generation`;
-    /// whether it was.
-    fn charge(&self, generation: u64, size: Option<u64>) -> bool {
+    /// Add `size` bytes (`None`: set the lost flag) if the slot is still of `generation`.
+    fn charge(&self, generation: u64, size: Option<u64>) {
         let Some(size) = size else {
-            return self.update(generation, |v| v | LOST).is_some();
+            self.update(generation, |v| v | LOST);
+            return;
         };
-        let Some(now) = self.update(generation, |v| v + size) else {
-            return false;
-        };
-        self.peak
-            .fetch_max((generation << GEN_SHIFT) | (now & BYTES), Ordering::Relaxed);
-        true
-    }
-
-    /// This slot and its parent's, if it has one: where a block charged to it counts.
-    fn and_parent(&'static self, generation: u64) -> [Option<(&'static Slot, u64)>; 2] {
-        let parent = self.parent.load(Ordering::Relaxed);
-        [
-            Some((self, generation)),
-            (parent != 0).then(|| slot_of(parent)),
-        ]
+        if let Some(now) = self.update(generation, |v| v + size) {
+            self.peak
+                .fetch_max((generation << GEN_SHIFT) | (now & BYTES), Ordering::Relaxed);
+        }
     }
 
     /// Apply `f` to the state if it is still of `generation`; the state after.
@@ -133,6 +122,9 @@ struct Entries {
     keys: Box<[usize]>,
     /// Token << SIZE_BITS | size.
     values: Box<[u64]>,
+    /// The token of the account's parent when the block was charged (0: none), so the
+    /// parent is uncharged even after the account itself was given back.
+    parents: Box<[u32]>,
 }
 
 impl Shard {
@@ -143,6 +135,7 @@ impl Shard {
                 len: 0,
                 keys: vec![0; SHARD_SLOTS].into_boxed_slice(),
                 values: vec![0; SHARD_SLOTS].into_boxed_slice(),
+                parents: vec![0; SHARD_SLOTS].into_boxed_slice(),
             }),
         }
     }
@@ -169,7 +162,7 @@ fn place(p: usize) -> (usize, usize) {
 }
 
 impl Entries {
-    fn insert(&mut self, key: usize, home: usize, value: u64) -> bool {
+    fn insert(&mut self, key: usize, home: usize, value: u64, parent: u32) -> bool {
         if self.len >= SHARD_FILL {
             return false;
         }
@@ -179,12 +172,13 @@ impl Entries {
         }
         self.keys[i] = key;
         self.values[i] = value;
+        self.parents[i] = parent;
         self.len += 1;
         true
     }
 
     /// Remove `key`, shifting the entries after it back so that no probe needs a tombstone.
-    fn remove(&mut self, key: usize, home: usize) -> Option<u64> {
+    fn remove(&mut self, key: usize, home: usize) -> Option<(u64, u32)> {
         let mask = SHARD_SLOTS - 1;
         let mut i = home;
         loop {
@@ -194,7 +188,7 @@ impl Entries {
                 _ => i = (i + 1) & mask,
             }
         }
-        let value = self.values[i];
+        let value = (self.values[i], self.parents[i]);
         let mut hole = i;
         let mut j = (i + 1) & mask;
         while self.keys[j] != 0 {
@@ -203,6 +197,7 @@ impl Entries {
             if (j.wrapping_sub(own) & mask) >= (j.wrapping_sub(hole) & mask) {
                 self.keys[hole] = self.keys[j];
                 self.values[hole] = self.values[j];
+                self.parents[hole] = self.parents[j];
                 hole = j;
             }
             j = (j + 1) & mask;
@@ -239,18 +234,21 @@ fn put(token: u32, p: *mut u8, size: usize) {
         // table naming the old generation, and counts nowhere when it is freed.)
         return;
     }
+    // Stable while this call runs: an account charged here is entered on this thread, and
+    // so claimed, or is the owner a reallocation keeps, checked above.
+    let parent = slot.parent.load(Ordering::Acquire);
     let (shard, home) = place(p as usize);
     let value = (u64::from(token) << SIZE_BITS) | size as u64;
-    let stored =
-        (size as u64) >> SIZE_BITS == 0 && table[shard].with(|e| e.insert(p as usize, home, value));
+    let stored = (size as u64) >> SIZE_BITS == 0
+        && table[shard].with(|e| e.insert(p as usize, home, value, parent));
     if stored {
         CHARGED.fetch_add(1, Ordering::Relaxed);
     }
-    // The parent only while the account itself is still its claim's.
-    for (s, g) in slot.and_parent(generation).into_iter().flatten() {
-        if !s.charge(g, stored.then_some(size as u64)) {
-            break;
-        }
+    let size = stored.then_some(size as u64);
+    slot.charge(generation, size);
+    if parent != 0 {
+        let (ps, pg) = slot_of(parent);
+        ps.charge(pg, size);
     }
 }
 
@@ -261,16 +259,16 @@ fn take(p: *mut u8) -> Option<(u32, usize)> {
     }
     let table = TABLE.get()?;
     let (shard, home) = place(p as usize);
-    let value = table[shard].with(|e| e.remove(p as usize, home))?;
+    let (value, parent) = table[shard].with(|e| e.remove(p as usize, home))?;
     CHARGED.fetch_sub(1, Ordering::Relaxed);
     let token = (value >> SIZE_BITS) as u32;
     let size = value & ((1 << SIZE_BITS) - 1);
-    let (slot, generation) = slot_of(token);
-    // A block freed after its account was given back counts in neither it nor its parent.
-    for (s, g) in slot.and_parent(generation).into_iter().flatten() {
-        let back = s.update(g, |v| (v & !BYTES) | (v & BYTES).saturating_sub(size));
-        if back.is_none() {
-            break;
+    // Each by its own generation: a block freed after its account was given back still leaves
+    // the parent, which may live on.
+    for t in [token, parent] {
+        if t != 0 {
+            let (s, g) = slot_of(t);
+            s.update(g, |v| (v & !BYTES) | (v & BYTES).saturating_sub(size));
         }
     }
     Some((token, size as usize))
@@ -373,13 +371,14 @@ impl Account {
     }
 
     /// A fresh account whose blocks count in `parent` too: a part of what `parent` counts,
-    /// with a peak of its own. `None` as for [`claim`](Self::claim).
+    /// with a peak of its own. One level only: a part of a part does not count in the
+    /// grandparent. `None` as for [`claim`](Self::claim).
     pub fn claim_within(parent: &Account) -> Option<Account> {
         let mut part = Account::claim()?;
         Arc::get_mut(&mut part.0)
             .expect("a fresh claim has one handle")
             .parent = Some(parent.clone());
-        part.slot().parent.store(parent.0.token, Ordering::Relaxed);
+        part.slot().parent.store(parent.0.token, Ordering::Release);
         Some(part)
     }
 

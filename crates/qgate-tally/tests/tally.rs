@@ -103,6 +103,15 @@ fn a_part_counts_in_its_whole_with_a_peak_of_its_own() {
     assert_eq!((part.peak(), whole.peak()), (3_000, 4_000));
     drop(b);
     assert_eq!(whole.live(), 0);
+    // A part given back before its block is freed: the block still leaves the whole.
+    let c = {
+        let _p = part.enter();
+        vec![0u8; 2_000]
+    };
+    drop(part);
+    assert_eq!(whole.live(), 2_000);
+    drop(c);
+    assert_eq!(whole.live(), 0);
 }
 
 #[test]

@@ -210,7 +210,7 @@ pub struct UploadKernelArgs {
     /// Only rewrite summary.md from the results.csv already in the output directory.
     #[arg(long)]
     summarize: bool,
-    #[arg(long, value_name = "MS", help = crate::dflt("The cellular-like path's one-way delay, ms (the paper's Figs. 6-7 sweep 20-200; give it again with --summarize)", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
+    #[arg(long, value_name = "MS", help = crate::dflt("The cellular-like path's one-way delay, 1-1000 ms (the paper's Figs. 6-7 sweep 20-200; give it again with --summarize)", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
     cellular_delay: Option<u64>,
 }
 

@@ -1496,6 +1496,32 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         summary.contains("| conventional | 20.00 ± 0.00 | 4.00 ± 0.00 | 0 | 1 | 1 |"),
         "{summary}"
     );
+    assert!(summary.contains("5 Mbit/s / 60 ms one way"), "{summary}");
+    // The cellular delay given again is the one the summary states and reproduces (U15).
+    let again = |delay: &str| {
+        run(
+            &home,
+            &[
+                "lab",
+                "upload-kernel",
+                "--summarize",
+                "--only",
+                "conventional,two-ended",
+                "--cellular-delay",
+                delay,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        )
+    };
+    let o = again("200");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("5 Mbit/s / 200 ms one way"), "{summary}");
+    assert!(summary.contains(" --cellular-delay 200`"), "{summary}");
+    let o = again("0");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1 to 1000 ms"), "{}", stderr(&o));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Paper 001 as the paper ran it: **Linux MPTCP** through `qgate linkem` in real time (needs
-//! root). Two paths, Wi-Fi-like (20 Mbit/s, 5 ms) and cellular-like (5 Mbit/s, 60 ms), each
+//! root). Two paths, Wi-Fi-like (20 Mbit/s, 5 ms) and cellular-like (5 Mbit/s, 60 ms unless
+//! [`KernelUploadConfig::cellular_delay_ms`] says otherwise), each
 //! queueing 50 packets (decision U5); a 10 MB upload from inside to a receiver outside, with the
 //! namespaces' `tcp_rmem` (receiver) or `tcp_wmem` (sender) maximum swept, autotuning on, the
 //! other side large (paper §4.2).
