@@ -1300,6 +1300,17 @@ extern "C" {
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
+/// The values of `up.METRIC` in a lab's results.csv at one scheme, sweep and point, one per seed.
+fn point_values(csv: &str, scheme: &str, sweep: &str, x: &str, metric: &str) -> Vec<f64> {
+    csv.lines()
+        .filter(|l| {
+            l.starts_with(&format!("{scheme},{sweep},{x},"))
+                && l.contains(&format!(",up.{metric},"))
+        })
+        .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+        .collect()
+}
+
 #[test]
 fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     let (_home, out) = run_lab_quick(
@@ -1352,14 +1363,7 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     // one stream reassembles in its window, so a 2 000 KB window holds more than a 100 KB one;
     // two-ended's server holds chunks as request bodies.
     let held = |scheme: &str, x: &str, metric: &str| -> f64 {
-        let v: Vec<f64> = csv
-            .lines()
-            .filter(|l| {
-                l.starts_with(&format!("{scheme},receive-window,{x},"))
-                    && l.contains(&format!(",up.{metric},"))
-            })
-            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
-            .collect();
+        let v = point_values(&csv, scheme, "receive-window", x, metric);
         assert_eq!(v.len(), 2, "{scheme} {metric} at {x}:\n{csv}");
         v.iter().sum::<f64>() / 2.0
     };
@@ -1384,14 +1388,7 @@ fn lab_upload_quick_completes_every_upload_and_compares_with_the_paper() {
     let req = std::fs::read_to_string(out.join("requirement/results.csv")).unwrap();
     // A metric's mean over the seeds at one point of the 60 ms receive sweep.
     let mean = |scheme: &str, x: &str, metric: &str| -> f64 {
-        let v: Vec<f64> = req
-            .lines()
-            .filter(|l| {
-                l.starts_with(&format!("{scheme},receive-60ms,{x},"))
-                    && l.contains(&format!(",up.{metric},"))
-            })
-            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
-            .collect();
+        let v = point_values(&req, scheme, "receive-60ms", x, metric);
         assert!(!v.is_empty(), "{scheme} {metric} at {x}:\n{req}");
         v.iter().sum::<f64>() / v.len() as f64
     };
