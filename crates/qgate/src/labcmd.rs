@@ -210,7 +210,7 @@ pub struct UploadKernelArgs {
     /// Only rewrite summary.md from the results.csv already in the output directory.
     #[arg(long)]
     summarize: bool,
-    #[arg(long, value_name = "MS", help = crate::dflt("The cellular-like path's one-way delay, 1-1000 ms (the paper's Figs. 6-7 sweep 20-200; give it again with --summarize)", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
+    #[arg(long, value_name = "MS", help = crate::dflt("The cellular-like path's one-way delay, 1-1000 ms (the paper's Figs. 6-7 sweep 20-200; --summarize reads it from results.csv, or from this flag for files from before it was recorded)", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
     cellular_delay: Option<u64>,
 }
 
@@ -817,12 +817,25 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
             .map_err(|e| usage(format!("{}: {e}", out.join("results.csv").display())))?;
         let runs = k::parse_csv(&csv).map_err(usage)?;
         cfg.reps = runs.iter().map(|r| r.rep).max().unwrap_or(0);
+        // The delay the file records; an older file's is the flag's, or the default.
+        let delay = match (k::recorded_delay(&runs).map_err(usage)?, a.cellular_delay) {
+            (Some(d), Some(given)) if d != given => {
+                return Err(usage(format!(
+                    "results.csv was measured with --cellular-delay {d}, not {given}"
+                )))
+            }
+            (Some(d), _) => {
+                cfg.cellular_delay_ms = d;
+                (d != KernelUploadConfig::default().cellular_delay_ms).then_some(d)
+            }
+            (None, given) => given,
+        };
         let quick = if a.quick { " --quick" } else { "" };
         let command = format!(
             "sudo qgate lab upload-kernel{quick} --reps {}{}{}",
             cfg.reps,
             only_flag(&a.only),
-            delay_flag(a.cellular_delay)
+            delay_flag(delay)
         );
         std::fs::write(out.join("summary.md"), k::summary(&cfg, &runs, &command))?;
         return Ok(());

@@ -1460,7 +1460,7 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
             csv.push_str(&format!("{scheme},{sweep},{kb},1,{v},100,{backup}\n"));
         }
     }
-    std::fs::write(out.join("results.csv"), csv).unwrap();
+    std::fs::write(out.join("results.csv"), &csv).unwrap();
     let o = run(
         &home,
         &[
@@ -1519,6 +1519,43 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
     let o = again("0");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("1 to 1000 ms"), "{}", stderr(&o));
+    // A file that records its delay needs no flag, and refuses another.
+    let recorded: String = csv
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let tail = if i == 0 {
+                ",sender_peak_bytes,sender_unacked_peak_bytes,receiver_peak_bytes,cellular_delay_ms"
+            } else {
+                ",0,0,0,100"
+            };
+            format!("{l}{tail}\n")
+        })
+        .collect();
+    std::fs::write(out.join("results.csv"), recorded).unwrap();
+    let o = run(
+        &home,
+        &[
+            "lab",
+            "upload-kernel",
+            "--summarize",
+            "--only",
+            "conventional,two-ended",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("5 Mbit/s / 100 ms one way"), "{summary}");
+    assert!(summary.contains(" --cellular-delay 100`"), "{summary}");
+    let o = again("200");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("measured with --cellular-delay 100, not 200"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

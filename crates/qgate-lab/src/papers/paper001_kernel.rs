@@ -99,6 +99,9 @@ pub struct KernelUploadRun {
     /// The most memory the kernel held for the receiver's sockets and their subflows
     /// (out-of-order and unread data), bytes, sampled every 5 ms.
     pub receiver_peak_bytes: u64,
+    /// The cellular-like path's one-way delay the run had, ms (0 in files from before it was
+    /// recorded), so `--summarize` needs no flag to say it.
+    pub cellular_delay_ms: u64,
 }
 
 /// The sender's namespace setup before the sockets connect.
@@ -308,6 +311,7 @@ pub fn run(
                 sender_peak_bytes: m.sender_peak_bytes,
                 sender_unacked_peak_bytes: m.sender_unacked_peak_bytes,
                 receiver_peak_bytes: m.receiver_peak_bytes,
+                cellular_delay_ms: cfg.cellular_delay_ms,
             };
             out.push(r.clone());
             progress(&r, out.len(), total);
@@ -319,10 +323,10 @@ pub fn run(
 /// Read back what [`csv`] wrote (to re-render a summary without re-running).
 pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
     // Files from before the backup subflows (decision U8) have six columns, from before the
-    // memory peaks eight.
+    // memory peaks eight, from before the cellular delay was recorded eleven.
     let fields = match text.lines().next().unwrap_or("").split(',').count() {
-        n @ (6 | 8 | 11) => n,
-        n => return Err(format!("results.csv: {n} columns, not 6, 8 or 11")),
+        n @ (6 | 8 | 11 | 12) => n,
+        n => return Err(format!("results.csv: {n} columns, not 6, 8, 11 or 12")),
     };
     super::parse_rows(text, fields, |f| {
         Some(KernelUploadRun {
@@ -337,20 +341,36 @@ pub fn parse_csv(text: &str) -> Result<Vec<KernelUploadRun>, String> {
             sender_peak_bytes: f.get(8).map_or(Some(0), |v| v.parse().ok())?,
             sender_unacked_peak_bytes: f.get(9).map_or(Some(0), |v| v.parse().ok())?,
             receiver_peak_bytes: f.get(10).map_or(Some(0), |v| v.parse().ok())?,
+            cellular_delay_ms: f.get(11).map_or(Some(0), |v| v.parse().ok())?,
         })
     })
+}
+
+/// The cellular delay the runs were measured with, ms: `None` if the file is from before it was
+/// recorded, an error if its runs disagree (a summary states one delay).
+pub fn recorded_delay(runs: &[KernelUploadRun]) -> Result<Option<u64>, String> {
+    let mut delays: Vec<u64> = runs.iter().map(|r| r.cellular_delay_ms).collect();
+    delays.sort_unstable();
+    delays.dedup();
+    match delays.as_slice() {
+        [] | [0] => Ok(None),
+        [d] => Ok(Some(*d)),
+        _ => Err(format!(
+            "results.csv mixes runs at cellular delays {delays:?} ms (0: not recorded)"
+        )),
+    }
 }
 
 /// results.csv: one row per run.
 pub fn csv(runs: &[KernelUploadRun]) -> String {
     let mut s = String::from(
         "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes,\
-         sender_peak_bytes,sender_unacked_peak_bytes,receiver_peak_bytes\n",
+         sender_peak_bytes,sender_unacked_peak_bytes,receiver_peak_bytes,cellular_delay_ms\n",
     );
     for r in runs {
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.3},{},{},{},{},{},{}",
+            "{},{},{},{},{:.3},{},{},{},{},{},{},{}",
             r.scheme,
             r.sweep,
             r.buffer_kb,
@@ -361,7 +381,8 @@ pub fn csv(runs: &[KernelUploadRun]) -> String {
             r.backup_bytes,
             r.sender_peak_bytes,
             r.sender_unacked_peak_bytes,
-            r.receiver_peak_bytes
+            r.receiver_peak_bytes,
+            r.cellular_delay_ms
         );
     }
     s
@@ -737,6 +758,7 @@ mod tests {
             sender_peak_bytes: 900_000 + rep,
             sender_unacked_peak_bytes: 800_000,
             receiver_peak_bytes: rx,
+            cellular_delay_ms: 100,
         }
     }
 
@@ -751,13 +773,23 @@ mod tests {
         assert_eq!(back[0].receiver_peak_bytes, 1_300_000);
         assert_eq!(back[0].sender_peak_bytes, 900_001);
         assert_eq!(back[1].sender_unacked_peak_bytes, 800_000);
+        assert_eq!(recorded_delay(&back), Ok(Some(100)));
         // A file from before the memory columns: eight columns, the peaks read as 0.
         let old = "scheme,sweep,buffer_kb,rep,goodput_mbps,lateness_p99_us,backup_subflows,backup_bytes\n\
                    two-ended,send,100,1,21.180,55,2,0\n";
         let back = parse_csv(old).unwrap();
         assert_eq!(back[0].backup_subflows, 2);
         assert_eq!(back[0].receiver_peak_bytes, 0);
-        // Neither 6, 8 nor 11 columns: refused, not misread.
+        assert_eq!(recorded_delay(&back), Ok(None));
+        let mut mixed = runs.clone();
+        mixed[1].cellular_delay_ms = 200;
+        assert!(recorded_delay(&mixed).is_err());
+        mixed[0].cellular_delay_ms = 0;
+        assert!(
+            recorded_delay(&mixed).is_err(),
+            "a recorded and an unrecorded delay"
+        );
+        // Neither 6, 8, 11 nor 12 columns: refused, not misread.
         assert!(parse_csv("a,b,c,d,e,f,g\n1,2,3,4,5,6,7\n").is_err());
         // A row shorter than its header: refused.
         assert!(parse_csv(old.trim_end().rsplit_once(',').unwrap().0).is_err());
