@@ -1461,18 +1461,14 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         }
     }
     std::fs::write(out.join("results.csv"), &csv).unwrap();
-    let o = run(
-        &home,
-        &[
-            "lab",
-            "upload-kernel",
-            "--summarize",
-            "--only",
-            "conventional,two-ended",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    // `--summarize`, with `--cellular-delay` when given.
+    let summarize = |delay: Option<&str>| {
+        let mut args = vec!["lab", "upload-kernel", "--summarize", "--only"];
+        args.extend(["conventional,two-ended", "--out", out.to_str().unwrap()]);
+        args.extend(delay.map(|d| ["--cellular-delay", d]).into_iter().flatten());
+        run(&home, &args)
+    };
+    let o = summarize(None);
     assert!(o.status.success(), "{}", stderr(&o));
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     // 80 % of 23.5 = 18.8 Mbit/s: conventional first at 1200 KB, two-ended at 100 KB.
@@ -1495,28 +1491,12 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
     );
     assert!(summary.contains("5 Mbit/s / 60 ms one way"), "{summary}");
     // The cellular delay given again is the one the summary states and reproduces (U15).
-    let again = |delay: &str| {
-        run(
-            &home,
-            &[
-                "lab",
-                "upload-kernel",
-                "--summarize",
-                "--only",
-                "conventional,two-ended",
-                "--cellular-delay",
-                delay,
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        )
-    };
-    let o = again("200");
+    let o = summarize(Some("200"));
     assert!(o.status.success(), "{}", stderr(&o));
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("5 Mbit/s / 200 ms one way"), "{summary}");
     assert!(summary.contains(" --cellular-delay 200`"), "{summary}");
-    let o = again("0");
+    let o = summarize(Some("0"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("1 to 1000 ms"), "{}", stderr(&o));
     // A file that records its delay needs no flag, and refuses another.
@@ -1533,23 +1513,12 @@ fn lab_upload_kernel_summary_reads_back_its_results() {
         })
         .collect();
     std::fs::write(out.join("results.csv"), recorded).unwrap();
-    let o = run(
-        &home,
-        &[
-            "lab",
-            "upload-kernel",
-            "--summarize",
-            "--only",
-            "conventional,two-ended",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let o = summarize(None);
     assert!(o.status.success(), "{}", stderr(&o));
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("5 Mbit/s / 100 ms one way"), "{summary}");
     assert!(summary.contains(" --cellular-delay 100`"), "{summary}");
-    let o = again("200");
+    let o = summarize(Some("200"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("measured with --cellular-delay 100, not 200"),
