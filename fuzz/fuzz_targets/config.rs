@@ -1,4 +1,4 @@
-//! What an operator types (qgate's config file, URLs, durations, queue-discipline strings) on
+//! What an operator types (qgate's and qgate-lab's config files, URLs, durations, queue-discipline strings) on
 //! arbitrary text: every input is accepted or refused with an error, never a panic.
 #![no_main]
 
@@ -9,7 +9,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(cfg) = qgate::config::Config::parse(text, "fuzz.toml") {
-        // The checks `qgate demo` makes before it builds anything.
+        let _ = format!("{cfg:?}");
+    }
+    // The lab's own tables, with the checks `qgate-lab demo` makes before it builds anything.
+    if let Ok(cfg) = qgate_lab::cli::config::LabConfig::parse(text, "fuzz.toml") {
         let _ = cfg.demo.validate();
         let _ = format!("{cfg:?}");
     }

@@ -1,6 +1,6 @@
 //! Apache ActiveMQ Artemis 2.44 (`tools/artemis`, built with Maven) as a child process: test
 //! and benchmark support, not part of qgate. It is the third-party AMQP peer our client is
-//! tested against (`tests/artemis.rs`) and the broker `qgate bench amqp --artemis` compares with.
+//! tested against (`tests/artemis.rs`) and the broker `qgate-lab bench amqp --artemis` compares with.
 
 use std::io::BufRead;
 use std::net::SocketAddr;

@@ -904,7 +904,7 @@ fn tally(
 }
 
 /// `fut`, unless the QUIC connection under the link closes first: fe2o3 leaves a delivery's
-/// outcome pending for ever when its transport dies (found by `qgate lab faults`), so a sender
+/// outcome pending for ever when its transport dies (found by `qgate-lab faults`), so a sender
 /// would hang on a dead broker with messages in flight (decision M20).
 async fn unless_closed<T>(
     client: &Client,

@@ -88,7 +88,7 @@ impl Default for PidDelayParams {
 impl PidDelayParams {
     /// The stable variant (decision P11): a PI controller (K_d = 0) whose gains keep a phase
     /// margin of at least [`STABLE_PHASE_MARGIN_DEG`] on the linearised model at the operating
-    /// points of `qgate lab aqm` once scaled by PIE's auto-tuning, sojourn-time τ, no Algorithm 1
+    /// points of `qgate-lab aqm` once scaled by PIE's auto-tuning, sojourn-time τ, no Algorithm 1
     /// shaping, ECN marking for ECN-capable packets.
     pub fn stable() -> Self {
         PidDelayParams {

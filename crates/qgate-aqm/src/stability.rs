@@ -191,7 +191,7 @@ mod tests {
         assert!((mag - pid * c / (2.0 * n) / (p1 * p2)).abs() < 1e-9);
     }
 
-    /// The operating points of `qgate lab aqm` (lab/plans/paper004-aqm.toml): 10 Mbit/s, 10
+    /// The operating points of `qgate-lab aqm` (lab/plans/paper004-aqm.toml): 10 Mbit/s, 10
     /// flows, 50 + 1 ms; 50 Mbit/s, 30 flows, 20 + 1 ms; 5 Mbit/s, 5 flows, 100 + 1 ms; R
     /// includes the stable variant's τ0.
     fn lab_points(target_s: f64) -> [OperatingPoint; 3] {

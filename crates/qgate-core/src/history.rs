@@ -37,7 +37,7 @@ pub enum Resume {
     /// Careful resume (RFC 9959, decision H9): start at the default window, confirm the path's
     /// RTT against the last connection's minimum, then jump to half the recorded capacity,
     /// paced over one RTT, and retreat at the first loss or RTT growth. The default: paper
-    /// 002's jump at a shared bottleneck lost 6–14 % of its packets in `qgate lab history`.
+    /// 002's jump at a shared bottleneck lost 6–14 % of its packets in `qgate-lab history`.
     #[default]
     Careful,
 }

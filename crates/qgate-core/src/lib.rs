@@ -15,5 +15,6 @@ pub mod protocol;
 pub mod quota;
 pub mod scheduler;
 pub mod session;
+pub mod summary;
 pub mod units;
 pub mod upload;

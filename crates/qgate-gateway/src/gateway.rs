@@ -394,6 +394,7 @@ impl Gateway {
         let limits = ServeLimits {
             max_body: self.cfg.max_body,
             buffered: self.bodies.clone(),
+            ..ServeLimits::default()
         };
         // Idle sessions are looked for every quarter of the idle timeout (at most every 10 s).
         let sweep = (self.cfg.session_idle_timeout / 4)

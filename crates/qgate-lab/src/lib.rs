@@ -4,17 +4,20 @@
 //! - [`papers`]: the papers' experiments, from shipped plans where the runner covers them;
 //! - [`faults`]: the fault-injection lab (gateway and broker under hostile conditions);
 //! - [`bench`]: benchmarks on real sockets; [`demo`]: demonstrations;
-//! - [`stats`], [`svg`], [`pool`]: statistics, figures and the worker pool the others share.
+//! - [`stats`], [`svg`], [`pool`]: statistics, figures and the worker pool the others share;
+//! - [`cli`]: the `qgate-lab` command line.
 //!
 //! The user-space TCP lives beside the simulator (`qgate_netsim::tcp`), the Artemis launcher
 //! with the AMQP crate's test support (`qgate_amqp::artemis`).
 
 pub mod bench;
+pub mod cli;
 pub mod demo;
 pub mod faults;
 pub mod papers;
 pub mod plan;
 pub mod pool;
+pub mod providers;
 pub mod stats;
 pub mod svg;
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Paper 001's upload over Linux kernel sockets, for `qgate lab upload-kernel` (run inside the
-namespaces `qgate linkem` makes; the buffers are the namespaces' tcp_rmem / tcp_wmem).
+"""Paper 001's upload over Linux kernel sockets, for `qgate-lab upload-kernel` (run inside the
+namespaces `qgate-lab linkem` makes; the buffers are the namespaces' tcp_rmem / tcp_wmem).
 
   recv PORT                      accept one upload (MPTCP or TCP), print {"bytes": N} when done
   send MODE SIZE CHUNK PEERS PORT ADDR1 [ADDR2]

@@ -1,5 +1,5 @@
 //! The model of a network link, sans-IO: one code path for the simulator (virtual time), the
-//! real-time emulator (`qgate linkem`) and the gateway's egress shaping.
+//! real-time emulator (`qgate-lab linkem`) and the gateway's egress shaping.
 //!
 //! A [`LinkModel`] is one direction of a point-to-point link: a [`qgate_aqm::QueueDiscipline`]
 //! in front of a transmitter that serialises packets at a rate, then a wire with a propagation

@@ -1,4 +1,4 @@
-//! Real-time link emulation for any program (Linux, root): `qgate linkem`.
+//! Real-time link emulation for any program (Linux, root): `qgate-lab linkem`.
 //!
 //! A run makes two network namespaces, *inside* (where COMMAND runs) and *outside* (where an
 //! optional server runs), joined by one TUN pair per path. A relay thread per path direction
@@ -34,7 +34,7 @@ pub enum Error {
     Config(String),
     /// Not running as root.
     #[error(
-        "qgate linkem needs root: it creates network namespaces and TUN devices (run it with sudo)"
+        "qgate-lab linkem needs root: it creates network namespaces and TUN devices (run it with sudo)"
     )]
     NotRoot,
     /// No TUN support.
@@ -232,7 +232,7 @@ pub fn run(cfg: &LinkemConfig, command: &[String]) -> Result<Outcome, Error> {
     cfg.validate().map_err(Error::Config)?;
     if command.is_empty() {
         return Err(Error::Config(
-            "no COMMAND: give the program to run after '--' (e.g. qgate linkem --link \
+            "no COMMAND: give the program to run after '--' (e.g. qgate-lab linkem --link \
              rate=10mbit,delay=25ms -- ping 10.77.1.2)"
                 .into(),
         ));

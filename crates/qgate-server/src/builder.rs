@@ -33,7 +33,7 @@ impl Server {
             seed: None,
             uploads: None,
             dedup_store: None,
-            inline_storage: false,
+            disk: None,
             connections: (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_CLIENT),
         }
     }
@@ -68,7 +68,7 @@ pub struct ServerBuilder<'a> {
     seed: Option<u64>,
     uploads: Option<Uploads>,
     dedup_store: Option<DedupStore>,
-    inline_storage: bool,
+    disk: Option<Arc<dyn crate::disk::DiskRunner>>,
     connections: (usize, usize),
 }
 
@@ -116,10 +116,10 @@ impl<'a> ServerBuilder<'a> {
         self
     }
 
-    /// Do the upload receiver's disk work on the request's task, not the blocking pool
-    /// ([`IngestService::with_inline_storage`]): for simulations in virtual time.
-    pub fn inline_storage(mut self) -> Self {
-        self.inline_storage = true;
+    /// Run the upload receiver's disk work through `runner`, not tokio's blocking pool
+    /// ([`crate::disk`]).
+    pub fn disk_runner(mut self, runner: Arc<dyn crate::disk::DiskRunner>) -> Self {
+        self.disk = Some(runner);
         self
     }
 
@@ -157,13 +157,7 @@ impl<'a> ServerBuilder<'a> {
                 })
             });
         // Its stateless-reset key from its identity, so a restart resets old connections (T11).
-        let endpoint = server_endpoint(
-            socket,
-            cfg,
-            identity,
-            self.seed,
-            self.transport.account.as_ref(),
-        )?;
+        let endpoint = server_endpoint(socket, cfg, identity, self.seed, &self.transport.tasks)?;
         let mut service = IngestService::new(self.sink);
         let max_body = self.limits.max_body as u64;
         let uploads = self.uploads.map(|mut u| {
@@ -177,30 +171,26 @@ impl<'a> ServerBuilder<'a> {
         if let Some(d) = self.dedup_store {
             service = service.with_dedup_store(d);
         }
-        if self.inline_storage {
-            service = service.with_inline_storage();
+        if let Some(r) = self.disk {
+            service = service.with_disk_runner(r);
         }
         let metrics = service
             .collector()
             .with_budget(self.limits.buffered.clone());
         let service = Arc::new(service);
         let stats = service.stats();
-        // Made under the measurement account, if any, so the server's tasks charge it (U14).
-        // Its tasks count in the account's parent, when it has one: the account itself then
-        // counts the QUIC stack alone (its drivers; decision U14).
-        let charged = self
-            .transport
-            .account
-            .as_ref()
-            .map(|a| a.parent().unwrap_or(a).enter());
-        let task = tokio::spawn(qgate_tally::inherit(serve(
+        // Every task the server spawns goes through the transport's task provider, if any
+        // (a measurement hook, decision U14).
+        let tasks = self.transport.tasks.clone();
+        let mut limits = self.limits;
+        limits.tasks = tasks.clone();
+        let task = tasks.spawn_root(serve(
             endpoint.clone(),
             service,
-            self.limits,
+            limits,
             per_connection,
             Quota::new(self.connections.0, self.connections.1),
-        )));
-        drop(charged);
+        ));
         Ok(RunningServer {
             endpoint,
             stats,

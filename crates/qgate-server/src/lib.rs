@@ -16,6 +16,7 @@
 mod builder;
 mod dedup;
 mod dedup_store;
+pub mod disk;
 mod probe;
 mod queue_sink;
 pub mod room;
@@ -160,7 +161,7 @@ pub struct IngestService {
     stats: Arc<ServerStats>,
     dedup: dedup::Dedup,
     durable: Option<DedupStore>,
-    inline_storage: bool,
+    disk: Option<Arc<dyn disk::DiskRunner>>,
 }
 
 impl IngestService {
@@ -173,28 +174,33 @@ impl IngestService {
             // Enough for every request a gateway can retry within its timeouts.
             dedup: dedup::Dedup::new(1 << 16),
             durable: None,
-            inline_storage: false,
+            disk: None,
         }
     }
 
-    /// Run the upload receiver's disk work on the request's own task instead of the blocking
-    /// pool. For simulations in virtual time: a pool thread finishes at no fixed point among
-    /// the events of the same instant, so runs with one seed drifted apart (decision U12).
-    pub fn with_inline_storage(mut self) -> IngestService {
-        self.inline_storage = true;
+    /// Run the upload receiver's disk work through `runner` instead of tokio's blocking pool.
+    pub fn with_disk_runner(mut self, runner: Arc<dyn disk::DiskRunner>) -> IngestService {
+        self.disk = Some(runner);
         self
     }
 
-    /// `f` (disk work) on the blocking pool, or on this task with inline storage.
+    /// `f` (disk work) on the blocking pool, or through the disk runner if one was given.
     async fn storage<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, tokio::task::JoinError> {
-        if self.inline_storage {
-            Ok(f())
-        } else {
-            tokio::task::spawn_blocking(f).await
-        }
+        let Some(runner) = &self.disk else {
+            return tokio::task::spawn_blocking(f).await;
+        };
+        let out = Arc::new(std::sync::Mutex::new(None));
+        let slot = out.clone();
+        runner
+            .run(Box::new(move || {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(f());
+            }))
+            .await?;
+        let done = out.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(done.expect("a disk runner resolves only after its job ran"))
     }
 
     /// Also remember stored request ids in `store`, so de-duplication survives a restart.
@@ -693,7 +699,7 @@ impl IngestService {
 
 impl IngestService {
     /// `POST /upload/<name>` (announce) and `PUT /upload/<name>/<chunk>` (store a chunk); the
-    /// disk work runs on the blocking pool (or inline, [`Self::with_inline_storage`]).
+    /// disk work runs on the blocking pool (or inline, [`Self::with_disk_runner`]).
     async fn upload(
         &self,
         method: &Method,
@@ -906,8 +912,8 @@ pub async fn serve_with<H: Handler>(
         let (service, limits) = (service.clone(), limits.clone());
         let stats = stats.clone();
         let per_connection = per_connection.clone();
-        // Charged to the server's measurement account, if it has one (decision U14).
-        tokio::spawn(qgate_tally::inherit(async move {
+        let tasks = limits.tasks.clone();
+        tasks.clone().spawn(async move {
             let _place = place;
             let connecting = match &per_connection {
                 Some(p) => p.accept(incoming),
@@ -928,11 +934,11 @@ pub async fn serve_with<H: Handler>(
                 }
             };
             stats.connections.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(qgate_tally::inherit(answer_probes(conn.clone(), stats)));
+            tasks.spawn(answer_probes(conn.clone(), stats));
             if let Err(e) = http3::serve_connection(conn, service, limits).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-        }));
+        });
     }
 }
 

@@ -208,6 +208,7 @@ async fn hog_and_other(
         ServeLimits {
             max_body: 100_000,
             buffered: budget.clone(),
+            ..ServeLimits::default()
         },
     );
     // The hog: 60 000 of 100 000 announced bytes on each of three requests.

@@ -293,7 +293,7 @@ pub fn server_endpoint(
     server: ServerConfig,
     identity: &Identity,
     seed: Option<u64>,
-    account: Option<&qgate_tally::Account>,
+    tasks: &crate::tasks::Tasks,
 ) -> Result<Endpoint, TransportError> {
     use ring::hmac;
     // The address is in both labels: endpoints that share an identity on other addresses (a
@@ -319,35 +319,7 @@ pub fn server_endpoint(
         Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
     });
     cfg.rng_seed(seed.map(seed_bytes));
-    let runtime: Arc<dyn Runtime> = match account {
-        Some(a) => Arc::new(CountedRuntime(a.clone())),
-        None => Arc::new(TokioRuntime),
-    };
-    on_runtime(socket, cfg, Some(server), runtime)
-}
-
-/// quinn's tokio runtime, with what the endpoint's driver and its connections' drivers
-/// allocate charged to an account (decision U14).
-#[derive(Debug)]
-struct CountedRuntime(qgate_tally::Account);
-
-impl Runtime for CountedRuntime {
-    fn new_timer(&self, i: std::time::Instant) -> std::pin::Pin<Box<dyn quinn::AsyncTimer>> {
-        TokioRuntime.new_timer(i)
-    }
-
-    fn spawn(&self, future: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) {
-        TokioRuntime.spawn(Box::pin(self.0.counted(future)))
-    }
-
-    fn wrap_udp_socket(&self, t: std::net::UdpSocket) -> std::io::Result<Arc<dyn AsyncUdpSocket>> {
-        TokioRuntime.wrap_udp_socket(t)
-    }
-
-    // quinn's clock through tokio's (virtual in a simulation), as `TokioRuntime` reads it.
-    fn now(&self) -> std::time::Instant {
-        TokioRuntime.now()
-    }
+    on_runtime(socket, cfg, Some(server), tasks.runtime())
 }
 
 /// A client endpoint for a device on a constrained link (decision T6). It asks every peer, in

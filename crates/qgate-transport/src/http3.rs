@@ -534,6 +534,8 @@ pub struct ServeLimits {
     /// Request-body bytes held at once over every connection; a request that would exceed it
     /// gets 503, unless bodies of a client holding more give way (T13).
     pub buffered: BodyBudget,
+    /// How request tasks are spawned (a measurement hook; unset in the product).
+    pub tasks: crate::tasks::Tasks,
 }
 
 impl Default for ServeLimits {
@@ -541,6 +543,7 @@ impl Default for ServeLimits {
         ServeLimits {
             max_body: DEFAULT_MAX_BODY,
             buffered: BodyBudget::default(),
+            tasks: crate::tasks::Tasks::default(),
         }
     }
 }
@@ -611,12 +614,12 @@ where
                 let headers = headers.clone();
                 // Boxed: a handler's future is several KB, and a task's future is copied into
                 // its cell and again over it when it ends; a box makes both copies a pointer.
-                // Charged to the connection's measurement account, if any (decision U14).
-                tokio::spawn(qgate_tally::inherit(Box::pin(async move {
+                let tasks = limits.tasks.clone();
+                tasks.spawn(Box::pin(async move {
                     if let Err(e) = serve_request(resolver, handler, limits, peer, &headers).await {
                         tracing::debug!(%peer, error = %e, "request failed");
                     }
-                })));
+                }));
             }
             Ok(None) => {
                 // The peer said GOAWAY and every request is done: our last GOAWAY, as

@@ -13,6 +13,7 @@ pub mod qlog;
 pub mod quinn_streams;
 pub mod shaped;
 pub mod shared_driver;
+pub mod tasks;
 pub mod tickets;
 pub mod tls;
 

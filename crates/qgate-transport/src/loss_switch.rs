@@ -2,7 +2,7 @@
 //!
 //! A loss-based controller halves its window at every loss, so on a path that drops packets at
 //! random (a radio link, not a full queue) CUBIC stays far below the capacity; BBR models the
-//! path's rate and RTT and ignores such loss. Measured in `qgate lab run
+//! path's rate and RTT and ignores such loss. Measured in `qgate-lab run
 //! lab/plans/proxy-backhaul-cc.toml`. A loss epoch is a loss of a packet sent after the previous
 //! epoch's loss was detected (as a recovery period counts). It is *random* when the smoothed RTT
 //! at its detection is within [`QUEUE_FACTOR`] of the path's minimum (no standing queue), once

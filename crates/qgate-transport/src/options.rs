@@ -106,12 +106,10 @@ pub struct TransportOptions {
     /// setting: a measurement hook, never read from a configuration file).
     #[serde(skip)]
     pub flight: Option<crate::FlightGauge>,
-    /// Charge what a server endpoint built with these options allocates in its own tasks (its
-    /// endpoint and connection drivers: received datagrams, stream reassembly) to this
-    /// account, and what the server's tasks allocate to its parent if it has one, or else to
-    /// it too (a measurement hook like `flight`; decision U14).
+    /// How a server built with these options spawns its tasks and runs its QUIC drivers (a
+    /// measurement hook like `flight`: unset in the product; decision U14).
     #[serde(skip)]
-    pub account: Option<qgate_tally::Account>,
+    pub tasks: crate::tasks::Tasks,
 }
 
 impl Default for TransportOptions {
@@ -134,7 +132,7 @@ impl Default for TransportOptions {
             max_udp_payload: None,
             qlog_dir: None,
             flight: None,
-            account: None,
+            tasks: crate::tasks::Tasks::default(),
         }
     }
 }

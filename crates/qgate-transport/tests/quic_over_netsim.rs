@@ -645,6 +645,7 @@ async fn request_bodies_held_at_once_are_bounded_by_the_budget() {
     let limits = ServeLimits {
         max_body: 1 << 20,
         buffered: budget.clone(),
+        ..ServeLimits::default()
     };
     let server = s.server.clone();
     tokio::spawn(async move {
@@ -814,7 +815,7 @@ async fn after_a_crash(derived_key: bool) -> Option<Duration> {
         };
         let scfg = server_config(&pki.server, &[b"test"], &opts).unwrap();
         let ep = if derived_key {
-            server_endpoint(sock, scfg, &pki.server, Some(seed), None).unwrap()
+            server_endpoint(sock, scfg, &pki.server, Some(seed), &Default::default()).unwrap()
         } else {
             endpoint(sock, Some(scfg), Some(seed)).unwrap()
         };

@@ -587,7 +587,7 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         let mut sorted = delays.clone();
         sorted.sort_by(|a, b| a.total_cmp(b));
         let q = |f: f64| sorted[((sorted.len() as f64 * f) as usize).min(sorted.len() - 1)];
-        let s = qgate_lab::stats::Summary::of(&delays);
+        let s = qgate_core::summary::Summary::of(&delays);
         println!(
             "sent {} records of {} B ({} B) in {:.2} s",
             records.len(),

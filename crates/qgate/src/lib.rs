@@ -8,17 +8,16 @@ mod client;
 pub mod config;
 mod gatewaycmd;
 mod history;
-mod lab;
-mod labcmd;
-mod linkemcmd;
 mod server;
 mod uploadcmd;
 pub mod url;
 
+pub use amqpcmd::parse_send_line;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 
@@ -29,7 +28,7 @@ pub const EXIT_USAGE: u8 = 2;
 /// which service managers (systemd, Docker, Kubernetes) send. The handlers are installed when
 /// this is called, so call it before announcing that the service is up. The long-running
 /// services shut down gracefully on either (the upload receiver syncs what it holds, U10).
-pub(crate) fn stop_requested() -> impl std::future::Future<Output = ()> {
+pub fn stop_requested() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| eprintln!("qgate: cannot watch for SIGTERM ({e}); stop with Ctrl-C"))
@@ -69,9 +68,11 @@ const GLOBAL: &str = "Global options";
 #[command(
     name = "qgate",
     version,
-    about = "qgate: IoT data over QUIC: HTTP/3 ingest, edge gateway, AMQP 1.0 broker",
-    long_about = "qgate carries IoT data over QUIC: an HTTP/3 ingest server, HTTP/3 clients, and \
-                  experiments that run the same code on a simulated network in virtual time.\n\n\
+    about = "qgate: IoT data over QUIC: edge gateway, HTTP/3 ingest server, AMQP 1.0 broker",
+    long_about = "qgate carries IoT data over QUIC: an edge gateway that forwards devices' records \
+                  over several backhaul paths by priority, an HTTP/3 ingest server, an AMQP 1.0 \
+                  broker, and their clients. Experiments, benchmarks and the simulated demo are \
+                  in the separate qgate-lab binary.\n\n\
                   Exit status: 0 success, 1 runtime error, 2 usage or configuration error, \
                   3 the server answered with a non-success HTTP status."
 )]
@@ -120,13 +121,6 @@ enum Command {
     Get(client::ClientArgs),
     /// Send an HTTP/3 POST (body from --data, --file or standard input) and print the response.
     Post(client::PostArgs),
-    /// Run a server and several HTTP/3 clients on a simulated network and summarise delays
-    /// and throughput.
-    Demo(lab::DemoArgs),
-    /// Measure the system: simulator speed, transport overhead against plain quinn.
-    Bench(BenchCmd),
-    /// Reproduce the papers' experiments on the simulated network (results/…).
-    Lab(LabCmd),
     /// Inspect or clear the congestion-window history (paper 002).
     History(history::HistoryArgs),
     /// Run the AMQP 1.0 broker over QUIC and/or TCP(+TLS): durable queues, competing
@@ -140,36 +134,22 @@ enum Command {
     /// Upload a file over one or more interfaces at once, from both ends of the file toward the
     /// middle, resuming where an interrupted upload stopped (paper 001).
     Upload(uploadcmd::UploadArgs),
-    /// Run a program across emulated links in real time (rate, delay, loss, any queue
-    /// discipline), in network namespaces it creates and removes (Linux, root).
-    Linkem(linkemcmd::LinkemArgs),
     /// Talk to a running server, gateway or broker through its admin port (--admin): paths,
     /// sessions, queues, connections; purge, close, switch the scheduler, reload.
     Ctl(admin::ctl::CtlArgs),
 }
 
-#[derive(Args, Debug)]
-struct LabCmd {
-    #[command(subcommand)]
-    which: labcmd::Lab,
-}
-
-#[derive(Args, Debug)]
-struct BenchCmd {
-    #[command(subcommand)]
-    which: lab::Bench,
-}
-
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
+pub enum LogFormat {
     /// Lines for people (coloured on a terminal only).
     Text,
     /// One JSON object per line (timestamp, level, target, fields), for log collectors.
     Json,
 }
 
-fn init_logging(verbose: u8, format: LogFormat) {
+/// Log to standard error at the level `-v` asks for (RUST_LOG overrides), as text or JSON.
+pub fn init_logging(verbose: u8, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let level = match verbose {
         0 => "warn",
@@ -214,12 +194,12 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 /// `help` followed by the default, read from where the default lives (one source of truth).
 /// A byte count on the command line, with or without a unit (`4096`, `64KiB`, `1MB`), as
 /// every size flag takes it.
-pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+pub fn parse_size(s: &str) -> Result<usize, String> {
     let n = qgate_core::units::parse_bytes(s)?;
     usize::try_from(n).map_err(|_| format!("size '{s}' is too large"))
 }
 
-pub(crate) fn dflt(help: &str, default: impl std::fmt::Display) -> String {
+pub fn dflt(help: &str, default: impl std::fmt::Display) -> String {
     format!("{help} [default: {default}]")
 }
 
@@ -257,15 +237,12 @@ pub fn run() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    // Given on this command line, not inherited from QGATE_CONFIG.
-    let config_flag =
-        matches.value_source("config") == Some(clap::parser::ValueSource::CommandLine);
     init_logging(cli.verbose, cli.log_format);
     if let Some(p) = &cli.config {
         let _ = CONFIG_PATH.set(p.clone());
     }
     if let Some(n) = cli.threads {
-        let _ = THREADS.set(usize::from(n));
+        set_worker_threads(usize::from(n));
     }
     let mut config = match &cli.config {
         Some(path) => match Config::load(path) {
@@ -310,23 +287,10 @@ pub fn run() -> ExitCode {
         Command::Device(a) => gatewaycmd::device(a, &config),
         Command::Get(a) => client::get(a, &config),
         Command::Post(a) => client::post(a, &config),
-        Command::Demo(a) => lab::demo(a, &config),
-        Command::Bench(b) => lab::bench(b.which),
-        Command::Lab(l) => {
-            if let Some(p) = cli.config.as_ref().filter(|_| config_flag) {
-                // A plan file is a lab's configuration; saying so beats ignoring it silently.
-                eprintln!(
-                    "qgate: note: qgate lab takes its settings from plan files (change a key with --set KEY=VALUE); {} is not read",
-                    p.display()
-                );
-            }
-            labcmd::run(l.which)
-        }
         Command::History(h) => history::run(h, &config),
         Command::Broker(a) => amqpcmd::broker(a, &config),
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),
-        Command::Linkem(a) => linkemcmd::run(a, &config),
         Command::Ctl(a) => admin::ctl::ctl(a, &config),
         Command::Upload(a) => uploadcmd::run(a, &config),
     };
@@ -365,6 +329,11 @@ pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Worker threads set with --threads, if any.
 static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Set the worker threads of every runtime this process makes (`--threads`); the first call wins.
+pub fn set_worker_threads(n: usize) {
+    let _ = THREADS.set(n);
+}
 
 /// Worker threads of a command's runtime: --threads, else one per core of this machine.
 pub fn worker_threads() -> usize {

@@ -178,6 +178,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
                 .or(c.max_buffered)
                 .unwrap_or(DEFAULT_MAX_BUFFERED),
         ),
+        ..ServeLimits::default()
     };
     if limits.max_body > limits.buffered.total() {
         return Err(usage(format!(

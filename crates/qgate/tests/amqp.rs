@@ -242,9 +242,9 @@ fn send_and_recv_round_trip_as_processes() {
         err.contains("5 connections over 1 QUIC handshake(s)"),
         "{err}"
     );
-    // `qgate lab amqp-kernel` reads the same summary line.
-    let (total, startup) = qgate_lab::papers::paper003_kernel::parse_send_line(&err)
-        .unwrap_or_else(|| panic!("no summary line: {err}"));
+    // `qgate-lab amqp-kernel` reads the same summary line.
+    let (total, startup) =
+        qgate::parse_send_line(&err).unwrap_or_else(|| panic!("no summary line: {err}"));
     assert!(total > 0.0 && startup > 0.0, "{err}");
     // A body larger than one frame is refused by name, not as a framing error.
     let o = qgate(&home)

@@ -1,6 +1,6 @@
 //! HTTP/3 interop with other QUIC stacks (issue 13 item 4): devices on aioquic (PyPI) and on
 //! quic-go (Go module proxy) register with `qgate gateway` and post records through it to
-//! `qgate server` — across a lossy link emulated by `qgate linkem` when running as root (as CI
+//! `qgate server` — across a lossy link emulated by `qgate-lab linkem` when running as root (as CI
 //! does), on loopback otherwise — and `qgate get`/`post` talk to their HTTP/3 servers.
 //!
 //! The peers are this project's code in `interop/` (`aioquic/h3peer.py`, `quicgo/main.go`);
@@ -161,7 +161,7 @@ fn aioquic_and_quic_go_devices_post_through_the_gateway() {
             gateway_log.display()
         );
         // 5 % loss each way on the devices' access link, 20 Mbit/s, 10 ms.
-        Command::new(q)
+        Command::new(common::lab_binary())
             .args([
                 "linkem",
                 "--link",

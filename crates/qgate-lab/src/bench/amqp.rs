@@ -1,4 +1,4 @@
-//! `qgate bench amqp`: broker throughput with 100-byte messages on loopback — producers →
+//! `qgate-lab bench amqp`: broker throughput with 100-byte messages on loopback — producers →
 //! one queue → consumers, pre-settled and unsettled, over QUIC and TCP, in memory and durable —
 //! every configuration measured in the same run so they compare as ratios.
 

@@ -1,4 +1,4 @@
-//! `qgate bench gateway`: the gateway's cost on real loopback UDP, measured against talking to the
+//! `qgate-lab bench gateway`: the gateway's cost on real loopback UDP, measured against talking to the
 //! server directly in the same run.
 
 use std::net::SocketAddr;

@@ -1,4 +1,4 @@
-//! `qgate bench pipeline`: the whole pipeline on loopback — devices → gateway (two paths) →
+//! `qgate-lab bench pipeline`: the whole pipeline on loopback — devices → gateway (two paths) →
 //! server → our broker → one consumer — against the same stack whose server only counts, in the
 //! same run. Every device sends one record after another (closed loop); the consumer checks that
 //! it receives every answered record exactly once by request id and measures each record's

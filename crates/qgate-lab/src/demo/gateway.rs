@@ -1,4 +1,4 @@
-//! `qgate demo`: the whole pipeline on the simulated network — ten devices, the gateway with
+//! `qgate-lab demo`: the whole pipeline on the simulated network — ten devices, the gateway with
 //! three backhaul paths, the ingest server, our AMQP broker and a consumer — in real time by
 //! default, with a live view of the path table, each class's response delay and the pipeline's
 //! counts. The server answers a device only once the broker accepted its body (the queue sink),

@@ -1,4 +1,4 @@
-//! `qgate demo`: an ingest server and several HTTP/3 clients on the simulated network, in
+//! `qgate-lab demo`: an ingest server and several HTTP/3 clients on the simulated network, in
 //! virtual time, with a summary of response delays and throughput.
 //!
 //! Topology: client i —(access link)— router —(backbone link)— server.
@@ -305,7 +305,7 @@ impl fmt::Display for DemoReport {
         };
         writeln!(
             f,
-            "qgate demo — {} HTTP/3 clients → router → ingest server (simulated network, seed {})",
+            "qgate-lab demo — {} HTTP/3 clients → router → ingest server (simulated network, seed {})",
             c.clients, c.seed
         )?;
         writeln!(

@@ -125,8 +125,14 @@ async fn start_server(
     };
     let cfg = qgate_transport::server_config(identity, &[ALPN_H3], opts).expect("server config");
     // As `qgate server` makes it: a restart resets the previous run's connections (T11).
-    let endpoint =
-        server_endpoint(Socket::from(socket), cfg, identity, Some(seed), None).expect("endpoint");
+    let endpoint = server_endpoint(
+        Socket::from(socket),
+        cfg,
+        identity,
+        Some(seed),
+        &Default::default(),
+    )
+    .expect("endpoint");
     let service = Arc::new(IngestService::new(Sink::count_only()));
     let stats: Arc<ServerStats> = service.stats();
     let tap = Arc::new(Tap {

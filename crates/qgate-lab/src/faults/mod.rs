@@ -1,4 +1,4 @@
-//! `qgate lab faults`: the gateway and the broker under faults and hostile peers at once, on
+//! `qgate-lab faults`: the gateway and the broker under faults and hostile peers at once, on
 //! the simulated network in virtual time, with the same components as a deployment (issue 18).
 //!
 //! Two scenarios, each run for several seeds:

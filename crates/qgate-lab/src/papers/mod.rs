@@ -1,7 +1,7 @@
 //! The papers' experiments. Papers 000, 001, 002 and 004 run shipped plans (`lab/plans/`) through the
 //! plan runner and add only their comparison with the paper; paper 003 (AMQP over QUIC against
 //! TCP+TLS) still builds its cases in code. `paper004_kernel` runs paper 004's point with kernel
-//! TCP flows through the real-time emulator (`qgate linkem`), `paper003_kernel` paper 003's
+//! TCP flows through the real-time emulator (`qgate-lab linkem`), `paper003_kernel` paper 003's
 //! cases with the kernel's TCP under TLS, `paper001_kernel` the upload with Linux MPTCP, and
 //! `paper004_edge` the real gateway shaping its backhaul through each discipline.
 

@@ -1,4 +1,4 @@
-//! `qgate lab proxy`: paper 000's experiments, run from the shipped plan
+//! `qgate-lab proxy`: paper 000's experiments, run from the shipped plan
 //! `lab/plans/paper000-proxy.toml` by the plan runner, with a closing section that holds the
 //! results against the paper's claim. Every sentence in that section quotes numbers of the same
 //! run (decision X4).
@@ -71,7 +71,7 @@ const OURS: [&str; 4] = ["dynamic", "reversed", "disagree", "flapping"];
 /// is tested for each against single and round-robin.
 const ADAPTIVE: [&str; 2] = ["adaptive", "adaptive-packets"];
 
-/// The scenario variants `qgate lab proxy` runs: the value of `workloads.gw.classes` and the
+/// The scenario variants `qgate-lab proxy` runs: the value of `workloads.gw.classes` and the
 /// results' subdirectory (none: the plan's own directory).
 pub const SCENARIOS: [(&str, Option<&str>); 2] = [("device", None), ("both", Some("both-classes"))];
 

@@ -1,4 +1,4 @@
-//! `qgate lab upload`: paper 001's experiments, run from the shipped plans
+//! `qgate-lab upload`: paper 001's experiments, run from the shipped plans
 //! `lab/plans/paper001-upload.toml` (goodput against the windows and the chunk size) and
 //! `lab/plans/paper001-fault.toml` (the Wi-Fi path dies mid-transfer), with a closing section
 //! that holds the results against the paper. Every number in it is from the same run

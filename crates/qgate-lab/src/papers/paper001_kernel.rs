@@ -1,4 +1,4 @@
-//! Paper 001 as the paper ran it: **Linux MPTCP** through `qgate linkem` in real time (needs
+//! Paper 001 as the paper ran it: **Linux MPTCP** through `qgate-lab linkem` in real time (needs
 //! root). Two paths, Wi-Fi-like (20 Mbit/s, 5 ms) and cellular-like (5 Mbit/s, 60 ms unless
 //! [`KernelUploadConfig::cellular_delay_ms`] says otherwise), each
 //! queueing 50 packets (decision U5); a 10 MB upload from inside to a receiver outside, with the
@@ -438,7 +438,7 @@ pub fn requirement(
 /// summary.md: goodput per scheme and buffer, the buffer requirements and their ratio, held
 /// against the paper.
 pub fn summary(cfg: &KernelUploadConfig, runs: &[KernelUploadRun], command: &str) -> String {
-    let mut s = String::from("# Paper 001 with Linux MPTCP through `qgate linkem`\n\n");
+    let mut s = String::from("# Paper 001 with Linux MPTCP through `qgate-lab linkem`\n\n");
     let _ = writeln!(
         s,
         "Two emulated paths in real time: Wi-Fi-like 20 Mbit/s / 5 ms and cellular-like 5 Mbit/s \

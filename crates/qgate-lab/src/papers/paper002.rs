@@ -1,4 +1,4 @@
-//! `qgate lab history`: paper 002's experiments, run from the shipped plans
+//! `qgate-lab history`: paper 002's experiments, run from the shipped plans
 //! `lab/plans/paper002-history.toml` (simple topology), `paper002-dumbbell.toml` (competing
 //! flows), `paper002-change.toml` (good → bad, beyond the paper) and `paper002-congested.toml`
 //! (loss from competing flows, not from a coin: issue 16 item 3), with the paper's claims held

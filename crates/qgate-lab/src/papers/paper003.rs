@@ -1,4 +1,4 @@
-//! `qgate lab amqp`: paper 003's experiments. An AMQP 1.0 sender and receiver talk to the qgate
+//! `qgate-lab amqp`: paper 003's experiments. An AMQP 1.0 sender and receiver talk to the qgate
 //! broker, over QUIC or over TCP+TLS, and we measure total communication time, startup latency,
 //! RTT, bytes on the wire, throughput and the sender radio's energy.
 //!

@@ -1,7 +1,7 @@
 //! Paper 003 with the **kernel's TCP** (issue 13 item 3): `qgate broker` and `qgate send`
-//! through `qgate linkem` in real time, AMQP over QUIC (quinn on real UDP sockets) against AMQP
+//! through `qgate-lab linkem` in real time, AMQP over QUIC (quinn on real UDP sockets) against AMQP
 //! over TLS 1.2 and 1.3 on the kernel's TCP (the host's congestion control, named in the
-//! summary), on the same emulated channel. The simulated lab (`qgate lab amqp`) runs the same cases over a user-space TCP,
+//! summary), on the same emulated channel. The simulated lab (`qgate-lab amqp`) runs the same cases over a user-space TCP,
 //! because the simulator has no kernel; this is the check that its TCP baseline is not a
 //! straw man. Needs root.
 //!
@@ -164,17 +164,6 @@ pub struct KernelRun {
     pub lateness_p99_us: u64,
 }
 
-/// `total` and `startup` from `qgate send`'s summary line: "sent N messages (B bytes) over
-/// SCHEME: startup X ms, total Y s, R msg/s".
-pub fn parse_send_line(out: &str) -> Option<(f64, f64)> {
-    let line = out.lines().rev().find(|l| l.starts_with("sent "))?;
-    let after = |key: &str| -> Option<f64> {
-        let at = line.find(key)? + key.len();
-        line[at..].split_whitespace().next()?.parse().ok()
-    };
-    Some((after("total ")?, after("startup ")?))
-}
-
 /// Run every (channel, transport, rep) in turn, reps outermost so a drift of the machine spreads
 /// over every case; `progress` hears each finished run.
 pub fn run(
@@ -238,7 +227,7 @@ pub fn run(
                         ch.label, outcome.exit_code
                     ));
                 }
-                let (total_s, startup_ms) = parse_send_line(&text)
+                let (total_s, startup_ms) = qgate::parse_send_line(&text)
                     .ok_or_else(|| format!("no summary line from qgate send:\n{text}"))?;
                 let way = |w: Way| outcome.reports.iter().find(|r| r.way == w);
                 let (Some(up), Some(down)) = (way(Way::Uplink), way(Way::Downlink)) else {
@@ -300,7 +289,7 @@ pub fn summary(
     netsim_csv: Option<&str>,
     command: &str,
 ) -> String {
-    let mut s = String::from("# Paper 003 with the kernel's TCP through `qgate linkem`\n\n");
+    let mut s = String::from("# Paper 003 with the kernel's TCP through `qgate-lab linkem`\n\n");
     let _ = writeln!(
         s,
         "`qgate broker` (memory queues) outside the emulated channel, `qgate send` inside: {} \
@@ -444,15 +433,6 @@ pub fn summary(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_send_summary_line_is_read() {
-        let out = "10 connections over 10 QUIC handshake(s), 9 resumed with 0-RTT; startup is \
-                   the mean per connection\nsent 10 messages (1380 bytes) over quic (0-RTT): \
-                   startup 1.58 ms, total 0.069 s, 144 msg/s\n";
-        assert_eq!(parse_send_line(out), Some((0.069, 1.58)));
-        assert_eq!(parse_send_line("qgate: error: refused\n"), None);
-    }
 
     #[test]
     fn the_simulated_labs_runs_of_a_channel_are_found() {

@@ -1,4 +1,4 @@
-//! Result files of `qgate lab amqp`: results.csv, summary.md and SVG figures.
+//! Result files of `qgate-lab amqp`: results.csv, summary.md and SVG figures.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -195,7 +195,7 @@ fn lossless_spread(points: &[Point], results: &[Vec<Rep>]) -> String {
 /// summary.md.
 pub fn summary_md(points: &[Point], results: &[Vec<Rep>], command: &str) -> String {
     let mut s =
-        String::from("# qgate lab amqp — AMQP 1.0 over QUIC vs over TCP+TLS (paper 003)\n\n");
+        String::from("# qgate-lab amqp — AMQP 1.0 over QUIC vs over TCP+TLS (paper 003)\n\n");
     let _ = writeln!(
         s,
         "Reproduce: `{command}` (the netsim rows come from `lab/plans/paper003-{{multi,single,energy,sweep}}.toml` and are deterministic for the same options; each plan's own results are in the subdirectory of its name; the loopback rows are real-time measurements).\n"

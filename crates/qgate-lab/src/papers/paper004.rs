@@ -1,4 +1,4 @@
-//! `qgate lab aqm`: paper 004's experiment, run from the shipped plans
+//! `qgate-lab aqm`: paper 004's experiment, run from the shipped plans
 //! `lab/plans/paper004-aqm.toml` (six disciplines at two operating points) and
 //! `paper004-tau0.toml` (PID-Delay's τ0), with the paper's own table, its numbers against ours,
 //! the τ0 sweep and the stability margins appended to the plan's summary.

@@ -1,6 +1,6 @@
 //! Paper 004 **in the product** (issue 13 item 5): the real `qgate gateway` shapes its backhaul
 //! egress through a queue discipline (decision L8), so the standing queue forms in the gateway
-//! under an AQM instead of in a bloated modem. Real time through `qgate linkem`, real processes,
+//! under an AQM instead of in a bloated modem. Real time through `qgate-lab linkem`, real processes,
 //! real UDP. Needs root.
 //!
 //! One emulated path is the backhaul's access link: 10 Mbit/s, 20 ms each way, a 1000-packet
@@ -350,7 +350,7 @@ pub fn summary(cfg: &EdgeConfig, runs: &[EdgeRun], command: &str) -> String {
     let link_mbps = LINK_KBPS as f64 / 1000.0;
     let _ = writeln!(
         s,
-        "`qgate server` outside `qgate linkem`; inside, `qgate gateway` with one backhaul path over \
+        "`qgate server` outside `qgate-lab linkem`; inside, `qgate gateway` with one backhaul path over \
          the emulated access link (`{}`: {:.1} s of drop-tail buffer at its rate for 1500-byte \
          packets, a bloated modem), {} best-effort devices posting {} KiB records back to back, \
          and after {} s one priority device starting a {PRIORITY_BYTES}-byte record every {:.0} ms \

@@ -172,7 +172,7 @@ pub fn csv(runs: &[KernelRun]) -> String {
 /// summary.md: per congestion control, a table of the disciplines (mean ± sd, n), and what the
 /// numbers say, computed from them.
 pub fn summary(cfg: &KernelAqmConfig, runs: &[KernelRun], command: &str) -> String {
-    let mut s = String::from("# Paper 004 with kernel TCP flows through `qgate linkem`\n\n");
+    let mut s = String::from("# Paper 004 with kernel TCP flows through `qgate-lab linkem`\n\n");
     let _ = writeln!(
         s,
         "Bottleneck 10 Mbit/s, 51 ms each way, 1 % random loss on the data direction, each \

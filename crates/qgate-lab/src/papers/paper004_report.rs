@@ -1,4 +1,4 @@
-//! `qgate lab aqm`'s own sections of its summary: paper 004's table, the paper's numbers
+//! `qgate-lab aqm`'s own sections of its summary: paper 004's table, the paper's numbers
 //! against ours, the τ0 sweep, the stability margins.
 
 use std::fmt::Write as _;
@@ -125,7 +125,7 @@ fn fmt_or_dash(s: &Summary, p: usize) -> String {
     }
 }
 
-/// The sections `qgate lab aqm` adds to the plan's summary for one operating point: the
+/// The sections `qgate-lab aqm` adds to the plan's summary for one operating point: the
 /// results in the paper's terms, the comparison with the paper, the τ0 sweep, the stability
 /// margins and why we differ — every number from this run.
 pub fn paper_sections(

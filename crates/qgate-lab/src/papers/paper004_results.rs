@@ -1,4 +1,4 @@
-//! `qgate lab aqm`'s data: the operating point of a run and what it measured, in the terms of
+//! `qgate-lab aqm`'s data: the operating point of a run and what it measured, in the terms of
 //! paper 004's report. The runs themselves are the shipped plans `lab/plans/paper004-aqm.toml`
 //! and `paper004-tau0.toml` (see [`crate::papers::paper004`]).
 

@@ -1,4 +1,4 @@
-//! `qgate lab run PLAN.toml`: scenarios as data. A plan file describes a network, timed changes,
+//! `qgate-lab run PLAN.toml`: scenarios as data. A plan file describes a network, timed changes,
 //! workloads of the real components, variants to compare, a sweep, and figures; the runner
 //! builds each (point, scheme, seed) run on the simulated network in virtual time, on every core
 //! it is given, and writes `results.csv`, `summary.md` (with confidence intervals and p-values)

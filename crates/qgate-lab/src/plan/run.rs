@@ -235,7 +235,7 @@ pub fn run_all(
 
 /// Where two executions of the same variants disagree: one line per run whose scalars differ
 /// (bit for bit; NaN equals NaN), naming the run and its first differing metric. A plan whose
-/// runs depend only on their seed gives none (`qgate lab run --repeat-check`).
+/// runs depend only on their seed gives none (`qgate-lab run --repeat-check`).
 pub fn differences(first: &[Record], second: &[Record]) -> Vec<String> {
     let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
     let mut out = Vec::new();

@@ -26,7 +26,7 @@ pub fn first_line(cmd: &mut Command) -> (Proc, String) {
     (Proc(child), line)
 }
 
-/// Whether `qgate linkem` can run here: root and a TUN device (CI runs as root).
+/// Whether `qgate-lab linkem` can run here: root and a TUN device (CI runs as root).
 pub fn root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -43,4 +43,16 @@ pub fn listening_addr(line: &str) -> std::net::SocketAddr {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no udp/ADDR in {line:?}"))
+}
+
+/// The lab's binary, for its link emulator: built beside the product's by
+/// `cargo test --workspace`.
+pub fn lab_binary() -> std::path::PathBuf {
+    let lab = std::path::Path::new(env!("CARGO_BIN_EXE_qgate")).with_file_name("qgate-lab");
+    assert!(
+        lab.exists(),
+        "{} is missing: build it (cargo build -p qgate-lab) or run the workspace's tests",
+        lab.display()
+    );
+    lab
 }

@@ -330,11 +330,11 @@ pub(super) async fn prepare(
         server_addr,
         path_ips,
     } = super::upload::ends(u, world, s)?;
-    let (server_opts, device_opts) = super::upload::windows(u);
+    let (server_opts, device_opts, server_account) = super::upload::windows(u);
     let paths = u32::try_from(u.paths.len()).map_err(|e| e.to_string())?;
     let runtime: Arc<dyn noq::Runtime> = Arc::new(noq::TokioRuntime);
     // The server's drivers charge what they allocate to the receiver's account (U14).
-    let server_runtime: Arc<dyn noq::Runtime> = match &server_opts.account {
+    let server_runtime: Arc<dyn noq::Runtime> = match &server_account {
         Some(a) => Arc::new(CountedRuntime(a.clone())),
         None => runtime.clone(),
     };
@@ -391,8 +391,7 @@ pub(super) async fn prepare(
 
     let (tx, served) = tokio::sync::watch::channel(None);
     // The receiving application charges the receiver's account too (U14).
-    let charged = server_opts
-        .account
+    let charged = server_account
         .as_ref()
         .map(|a| a.parent().unwrap_or(a).enter());
     let server_task = tokio::spawn(qgate_tally::inherit(serve(
@@ -412,7 +411,7 @@ pub(super) async fn prepare(
         path_ips,
         data,
         flight: device_opts.flight.clone().unwrap_or_default(),
-        server_account: server_opts.account.clone(),
+        server_account,
     })
 }
 

@@ -31,6 +31,7 @@ use qgate_core::upload::{FileInfo, Layout};
 use qgate_netsim::topology::Topology;
 use qgate_netsim::World;
 use qgate_server::{RunningServer, Server, UploadLimits, Uploads};
+use qgate_tally::Account;
 use qgate_transport::{Socket, TransportOptions};
 use qgate_upload::{sha256, Lane, Upload};
 use rand::RngCore;
@@ -122,7 +123,8 @@ pub(super) fn ends(u: &UploadLoad, world: &World, s: &Setup) -> Result<Ends, Str
 /// The server's and the device's transport options: the defaults with the plan's receive
 /// window (per connection, and for each stream: the conventional baseline's one stream gets
 /// all of it) and send window.
-pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions) {
+/// The receiver's and the device's transport options, and the receiver's allocation account.
+pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions, Option<Account>) {
     let mut server = TransportOptions::default();
     if let Some(w) = u.receive_window {
         server.receive_window = w;
@@ -137,10 +139,9 @@ pub(super) fn windows(u: &UploadLoad) -> (TransportOptions, TransportOptions) {
     // What the receiver holds, measured (`recv_peak_kb`; its QUIC stack's part,
     // `recv_quic_peak_kb`; decision U14): none where the process's allocator does not count
     // (a test binary).
-    server.account = qgate_tally::Account::claim()
-        .as_ref()
-        .and_then(qgate_tally::Account::claim_within);
-    (server, device)
+    let account = Account::claim().as_ref().and_then(Account::claim_within);
+    server.tasks = crate::providers::Charged::tasks(account.as_ref());
+    (server, device, account)
 }
 
 /// `recv_peak_kb`: the most bytes the receiver held at once in what it allocated while it ran
@@ -195,8 +196,7 @@ pub(super) async fn prepare(
         server_addr,
         path_ips: ips,
     } = ends(u, world, s)?;
-    let (server_opts, device_opts) = windows(u);
-    let server_account = server_opts.account.clone();
+    let (server_opts, device_opts, server_account) = windows(u);
     // One directory per run (several runs share the process).
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -214,7 +214,7 @@ pub(super) async fn prepare(
         .transport(server_opts)
         .uploads(uploads)
         // Disk work at a fixed point of virtual time, so one seed gives one result (U12).
-        .inline_storage()
+        .disk_runner(Arc::new(crate::providers::InlineDisk))
         .seed(s.seed * 100 + 7)
         .start()
         .map_err(|e| e.to_string())?;

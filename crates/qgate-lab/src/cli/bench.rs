@@ -1,192 +1,10 @@
-//! `qgate demo` and `qgate bench`
+//! `qgate-lab bench`: the system benchmarks.
 
-use std::time::Duration;
+use clap::Subcommand;
+use qgate::{usage, Failure};
 
-use clap::{Args, Subcommand};
-use qgate_lab::bench::pipeline::PipelineConfig;
-use qgate_lab::bench::transport::{self as bench, LoopbackConfig, SimSpeedConfig};
-use qgate_lab::demo::transport as demo;
-use qgate_netsim::LossModel;
-
-use crate::config::Config;
-use crate::{usage, Failure};
-
-#[derive(Args, Debug)]
-pub struct DemoArgs {
-    /// The earlier demo instead: HTTP/3 clients straight to a server through a router (the
-    /// [demo] table and the flags below marked "direct" apply to it).
-    #[arg(long)]
-    direct: bool,
-    /// Gateway demo: devices [default: 10].
-    #[arg(long)]
-    devices: Option<usize>,
-    /// Gateway demo: seconds of traffic [default: 10].
-    #[arg(long)]
-    duration: Option<u64>,
-    #[arg(long, help = crate::dflt(
-        "Gateway demo: completion, adaptive, adaptive-packets, round-robin or single",
-        qgate_core::scheduler::DEFAULT_SCHEDULER))]
-    scheduler: Option<String>,
-    /// Gateway demo: run in virtual time (no live view; finishes at once).
-    #[arg(long = "virtual")]
-    virtual_time: bool,
-    /// Direct: number of HTTP/3 clients [default: 8].
-    #[arg(long)]
-    clients: Option<usize>,
-    /// Direct: requests per client [default: 50].
-    #[arg(long)]
-    requests: Option<usize>,
-    /// Body bytes per request [default: 1024].
-    #[arg(long)]
-    body_bytes: Option<usize>,
-    /// Milliseconds between a client's requests [default: 20].
-    #[arg(long)]
-    interval_ms: Option<u64>,
-    /// Backbone (router → server) rate in Mbit/s [default: 50].
-    #[arg(long)]
-    backbone_mbps: Option<f64>,
-    /// Backbone one-way delay in ms [default: 20].
-    #[arg(long)]
-    backbone_delay_ms: Option<f64>,
-    /// Random loss on the backbone, both ways, as a fraction (0.01 = 1 %) [default: 0].
-    #[arg(long)]
-    loss: Option<f64>,
-    /// Queue discipline on the backbone, both ways, e.g. `pie`, `codel:target_ms=3`,
-    /// `fq-codel:quantum=300`, `pid-delay:target_ms=10` [default: droptail:packets=1000].
-    #[arg(long, value_name = "SPEC")]
-    backbone_queue: Option<qgate_aqm::DisciplineSpec>,
-    /// Seed for every random choice [default: 1].
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Direct: run in real time instead of virtual time.
-    #[arg(long)]
-    real_time: bool,
-}
-
-pub fn demo(a: DemoArgs, cfg: &Config) -> Result<(), Failure> {
-    cfg.demo.validate().map_err(usage)?;
-    if !a.direct {
-        return gateway_demo(a);
-    }
-    let mut c = cfg.demo.clone();
-    c.transport = cfg.transport.clone();
-    if let Some(v) = a.clients {
-        c.clients = v;
-    }
-    if let Some(v) = a.requests {
-        c.requests = v;
-    }
-    if let Some(v) = a.body_bytes {
-        c.body_bytes = v;
-    }
-    if let Some(v) = a.interval_ms {
-        c.interval_ms = v;
-    }
-    if let Some(v) = a.seed {
-        c.seed = v;
-    }
-    if let Some(mbps) = a.backbone_mbps {
-        if !(mbps.is_finite() && mbps > 0.0) {
-            return Err(usage("--backbone-mbps must be a positive number"));
-        }
-        c.backbone.rate_bps = Some((mbps * 1e6) as u64);
-    }
-    if let Some(ms) = a.backbone_delay_ms {
-        c.backbone.delay = qgate_netsim::delay_from_ms(ms)
-            .map_err(|e| usage(format!("--backbone-delay-ms: {e}")))?;
-    }
-    if let Some(q) = a.backbone_queue {
-        c.backbone.queue = q;
-    }
-    if let Some(p) = a.loss {
-        c.backbone.loss = LossModel::Bernoulli { p };
-    }
-    c.validate().map_err(usage)?;
-    let wall = std::time::Instant::now();
-    let report = if a.real_time {
-        crate::runtime().block_on(demo::run(c))
-    } else {
-        qgate_lab::virtual_time(demo::run(c))
-    }
-    .map_err(|e| anyhow::anyhow!("demo failed: {e}"))?;
-    println!("{report}");
-    let wall = wall.elapsed().as_secs_f64();
-    println!(
-        "  ran in                {:.2} s wall clock ({})",
-        wall,
-        if a.real_time {
-            "real time".to_string()
-        } else {
-            format!(
-                "virtual time, {:.0}× faster than real",
-                report.virtual_secs / wall
-            )
-        }
-    );
-    if report.failed > 0 {
-        return Err(anyhow::anyhow!("{} requests failed", report.failed).into());
-    }
-    Ok(())
-}
-
-fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
-    use qgate_lab::demo::gateway::{self as gwdemo, GatewayDemo};
-    let mut c = GatewayDemo::default();
-    if let Some(n) = a.devices {
-        if !(1..=500).contains(&n) {
-            return Err(usage("--devices must be 1..=500"));
-        }
-        c.devices = n;
-    }
-    if let Some(d) = a.duration {
-        if !(2..=3600).contains(&d) {
-            return Err(usage("--duration must be 2..=3600 seconds"));
-        }
-        c.duration = Duration::from_secs(d);
-    }
-    if let Some(name) = a.scheduler.as_deref() {
-        c.scheduler = qgate_core::scheduler::by_name(name).map_err(usage)?.name();
-    }
-    if let Some(p) = a.loss {
-        if !(0.0..=0.5).contains(&p) {
-            return Err(usage("--loss must be in [0, 0.5]"));
-        }
-        c.loss = p;
-    }
-    if let Some(s) = a.seed {
-        c.seed = s;
-    }
-    println!(
-        "qgate demo — {} devices → gateway (3 backhaul paths: 100/75/50 Mbit/s, 10/20/30 ms) → server → broker (AMQP over QUIC) → consumer, scheduler {}, {} s{}",
-        c.devices,
-        c.scheduler,
-        c.duration.as_secs(),
-        if a.virtual_time { " of virtual time" } else { " in real time" }
-    );
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let live = a.virtual_time.then_some(()).is_none();
-    let view = move |v: String| {
-        if live {
-            if tty {
-                print!("\x1b[2J\x1b[H");
-            }
-            println!("{v}");
-        }
-    };
-    let out = if a.virtual_time {
-        qgate_lab::virtual_time(gwdemo::run(c, view))
-    } else {
-        crate::runtime().block_on(gwdemo::run(c, view))
-    };
-    println!("\nsummary\n{}", out.summary());
-    if out.failed > 0 {
-        return Err(anyhow::anyhow!("{} requests failed", out.failed).into());
-    }
-    if !out.pipeline.adds_up() {
-        return Err(anyhow::anyhow!("the pipeline's counts do not add up").into());
-    }
-    Ok(())
-}
+use crate::bench::pipeline::PipelineConfig;
+use crate::bench::transport::{self as bench, LoopbackConfig, SimSpeedConfig};
 
 /// Spawn `qgate gateway` as its own process, register `n` idle devices with it, and report its
 /// resident memory per device.
@@ -194,8 +12,8 @@ fn memory_bench(n: usize) -> Result<(), Failure> {
     use std::io::BufRead;
 
     let pki =
-        qgate_transport::DevPki::load_or_create(&crate::default_dev_pki_dir()).map_err(usage)?;
-    let rt = crate::runtime();
+        qgate_transport::DevPki::load_or_create(&qgate::default_dev_pki_dir()).map_err(usage)?;
+    let rt = qgate::runtime();
     let server = rt
         .block_on(async {
             qgate_server::Server::builder()
@@ -207,9 +25,7 @@ fn memory_bench(n: usize) -> Result<(), Failure> {
         })
         .map_err(|e| anyhow::anyhow!("starting the ingest server: {e}"))?;
     let server_addr = server.addr();
-    let exe =
-        std::env::current_exe().map_err(|e| anyhow::anyhow!("finding the qgate binary: {e}"))?;
-    let mut child = std::process::Command::new(exe)
+    let mut child = std::process::Command::new(super::product_exe()?)
         .args([
             "gateway",
             "--listen",
@@ -242,11 +58,11 @@ fn memory_bench(n: usize) -> Result<(), Failure> {
         .parse()
         .map_err(|_| anyhow::anyhow!("gateway did not report its port: {line}"))?;
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let before = qgate_lab::bench::gateway::rss_bytes(child.id()).unwrap_or(0);
+    let before = crate::bench::gateway::rss_bytes(child.id()).unwrap_or(0);
     eprintln!("memory: registering {n} idle devices…");
-    let devices = rt.block_on(qgate_lab::bench::gateway::idle_devices(gw, &pki.trust(), n));
+    let devices = rt.block_on(crate::bench::gateway::idle_devices(gw, &pki.trust(), n));
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let after = qgate_lab::bench::gateway::rss_bytes(child.id()).unwrap_or(0);
+    let after = crate::bench::gateway::rss_bytes(child.id()).unwrap_or(0);
     let _ = child.kill();
     let _ = child.wait();
     drop(devices);
@@ -391,8 +207,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 durable,
                 scheme: transport,
             };
-            let r =
-                qgate_lab::bench::pipeline::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
+            let r = crate::bench::pipeline::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
             println!("into the broker   {:.0} records/s", r.queue_rps());
             println!("count-only server {:.0} records/s", r.count_rps());
             println!("ratio             {:.3} (per pair)", r.ratio());
@@ -470,7 +285,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 ));
             }
             eprintln!("bench gateway: {devices} devices × {body} B requests, {seconds} s per measurement, {repeats} pairs");
-            let cfg = qgate_lab::bench::gateway::BenchConfig {
+            let cfg = crate::bench::gateway::BenchConfig {
                 devices,
                 body,
                 secs: seconds,
@@ -480,7 +295,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 scrape,
                 unbatched,
             };
-            let r = qgate_lab::bench::gateway::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
+            let r = crate::bench::gateway::run(cfg, |i| eprintln!("  pair {i}/{repeats} done"));
             println!("closed loop (each device sends when its last request is answered):");
             println!("via gateway       {:.0} requests/s", r.gateway_rps());
             println!("direct            {:.0} requests/s", r.direct_rps());
@@ -488,8 +303,8 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 "added p50         {:.3} ms (queueing at saturation)",
                 r.added_p50_ms()
             );
-            let pairs = |via: &[qgate_lab::bench::gateway::Load],
-                         direct: &[qgate_lab::bench::gateway::Load]| {
+            let pairs = |via: &[crate::bench::gateway::Load],
+                         direct: &[crate::bench::gateway::Load]| {
                 for (g, d) in via.iter().zip(direct) {
                     println!(
                         "  pair: gateway p50 {:.3} / p99 {:.3} ms; direct p50 {:.3} / p99 {:.3} ms",
@@ -501,7 +316,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
             if scrape {
                 println!(
                     "scraped each 1 s  {:.0} requests/s; ratio to unscraped {:.3} (per repeat; goal ≥ 0.98)",
-                    qgate_lab::bench::gateway::rps(&r.via_gateway_scraped),
+                    crate::bench::gateway::rps(&r.via_gateway_scraped),
                     r.scraped_ratio()
                 );
             }
@@ -520,7 +335,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 println!(
                     "unbatched gateway {:.0} requests/s, {:.1} µs CPU per forwarded request; \
                      batching ÷ not {:.3} requests/s (per pair)",
-                    qgate_lab::bench::gateway::rps(&r.via_gateway_unbatched),
+                    crate::bench::gateway::rps(&r.via_gateway_unbatched),
                     r.unbatched_cpu_us_per_req(),
                     r.batched_rps_ratio()
                 );
@@ -529,7 +344,7 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 println!(
                     "shaped gateway    {:.0} requests/s, {:.1} µs CPU per forwarded request; \
                      ratio to unshaped {:.3} (per pair; goal ≤ 1.05)",
-                    qgate_lab::bench::gateway::rps(&r.via_gateway_shaped),
+                    crate::bench::gateway::rps(&r.via_gateway_shaped),
                     r.shaped_cpu_us_per_req(),
                     r.shaped_cpu_ratio()
                 );
@@ -553,10 +368,10 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                     "--messages must be at least 10 and --repeats positive",
                 ));
             }
-            let mut cases = qgate_lab::bench::amqp::default_cases();
+            let mut cases = crate::bench::amqp::default_cases();
             let artemis = match artemis {
                 Some(dir) => {
-                    cases.extend(qgate_lab::bench::amqp::artemis_cases());
+                    cases.extend(crate::bench::amqp::artemis_cases());
                     {
                         eprintln!(
                             "bench amqp: building and starting Artemis from {}",
@@ -572,11 +387,11 @@ pub fn bench(which: Bench) -> Result<(), Failure> {
                 cases.len()
             );
             let addr = artemis.as_ref().map(|a| a.addr);
-            let r = qgate_lab::bench::amqp::run(&cases, messages, repeats, addr, |i, n| {
+            let r = crate::bench::amqp::run(&cases, messages, repeats, addr, |i, n| {
                 eprintln!("  run {i}/{n} done")
             });
             for c in &r {
-                let twin = qgate_lab::bench::amqp::Case {
+                let twin = crate::bench::amqp::Case {
                     artemis: true,
                     ..c.case
                 };

@@ -1,15 +1,14 @@
-//! `qgate lab …`: the papers' experiments on the simulated network.
+//! `qgate-lab PLAN-OR-PAPER …`: the papers' experiments and any plan file.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::papers::paper004_report as aqm_report;
+use crate::papers::paper004_results::AqmConfig;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use qgate::{usage, Failure};
 use qgate_aqm::PidDelayParams;
-use qgate_lab::papers::paper004_report as aqm_report;
-use qgate_lab::papers::paper004_results::AqmConfig;
-
-use crate::{usage, Failure};
 
 #[derive(Subcommand, Debug)]
 pub enum Lab {
@@ -22,12 +21,12 @@ pub enum Lab {
     /// Paper 004: six queue disciplines and our stable PID-Delay under QUIC bulk flows, at three
     /// operating points (results/aqm/).
     Aqm(AqmArgs),
-    /// Paper 004's point with kernel TCP flows (CUBIC, BBR) through `qgate linkem` in real
+    /// Paper 004's point with kernel TCP flows (CUBIC, BBR) through `qgate-lab linkem` in real
     /// time, all six disciplines (results/aqm-kernel/). Needs root; about a minute per
     /// (cc, discipline, repetition) with the defaults.
     AqmKernel(AqmKernelArgs),
     /// Paper 004 in the product: the real `qgate gateway` shaping its backhaul through each
-    /// discipline (or not) in front of a bloated 10 Mbit/s modem, through `qgate linkem` in real
+    /// discipline (or not) in front of a bloated 10 Mbit/s modem, through `qgate-lab linkem` in real
     /// time; priority response delay and bulk goodput (results/edge-aqm/). Needs root; about
     /// 25 s per (scheme, repetition) with the defaults.
     EdgeAqm(EdgeAqmArgs),
@@ -47,7 +46,7 @@ pub enum Lab {
     /// lab/plans/paper001-*.toml into results/upload/).
     Upload(UploadArgs),
     /// Paper 001 as the paper ran it: Linux MPTCP (conventional, and the two-ended scheme on
-    /// MPTCP sockets with backup subflows) through `qgate linkem`, buffer sweeps (root).
+    /// MPTCP sockets with backup subflows) through `qgate-lab linkem`, buffer sweeps (root).
     UploadKernel(UploadKernelArgs),
     /// Paper 000: the gateway's schedulers over three backhaul paths (runs the shipped plan
     /// lab/plans/paper000-proxy.toml into results/proxy/).
@@ -136,7 +135,7 @@ pub struct ProxyArgs {
     out: Option<PathBuf>,
     /// Only this scenario: `device` (one class per device) or `both` (every device sends both,
     /// as the paper's clients) [default: each in turn].
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(qgate_lab::papers::paper000::SCENARIOS.map(|s| s.0)))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::papers::paper000::SCENARIOS.map(|s| s.0)))]
     classes: Option<String>,
     /// Simulations run at once [default: one per core].
     #[arg(long, short = 'j')]
@@ -164,7 +163,7 @@ pub struct AmqpKernelArgs {
     /// Smoke run: the first channel only, one repetition (unless --reps says otherwise).
     #[arg(long)]
     quick: bool,
-    #[arg(long, help = crate::dflt("Repetitions of each case", qgate_lab::papers::paper003_kernel::DEFAULT_REPS))]
+    #[arg(long, help = qgate::dflt("Repetitions of each case", crate::papers::paper003_kernel::DEFAULT_REPS))]
     reps: Option<u64>,
     /// Only these transports (comma-separated: quic, tcp-tls12, tcp-tls).
     #[arg(long, value_delimiter = ',')]
@@ -179,11 +178,11 @@ pub struct EdgeAqmArgs {
     /// Smoke run: unshaped and PID-Delay only, one repetition, shorter, fewer bulk devices.
     #[arg(long)]
     quick: bool,
-    #[arg(long, help = crate::dflt("Repetitions of each scheme", qgate_lab::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).reps))]
+    #[arg(long, help = qgate::dflt("Repetitions of each scheme", crate::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).reps))]
     reps: Option<u64>,
-    #[arg(long, value_delimiter = ',', help = format!("Only these schemes, comma-separated ({})", qgate_lab::papers::paper004_edge::SCHEMES.join(", ")))]
+    #[arg(long, value_delimiter = ',', help = format!("Only these schemes, comma-separated ({})", crate::papers::paper004_edge::SCHEMES.join(", ")))]
     only: Vec<String>,
-    #[arg(long, help = crate::dflt("Best-effort bulk devices", qgate_lab::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).bulk))]
+    #[arg(long, help = qgate::dflt("Best-effort bulk devices", crate::papers::paper004_edge::EdgeConfig::new(PathBuf::new()).bulk))]
     bulk: Option<usize>,
     /// Where to write results [default: results/edge-aqm].
     #[arg(long, value_name = "DIR")]
@@ -199,7 +198,7 @@ pub struct UploadKernelArgs {
     /// Smoke run: 4 MB, buffers 200 and 2000 KB, path 1 dying at 1 s, one repetition.
     #[arg(long)]
     quick: bool,
-    #[arg(long, help = crate::dflt("Repetitions of each run", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().reps))]
+    #[arg(long, help = qgate::dflt("Repetitions of each run", crate::papers::paper001_kernel::KernelUploadConfig::default().reps))]
     reps: Option<u64>,
     /// Only these schemes (comma-separated: conventional, two-ended).
     #[arg(long, value_delimiter = ',')]
@@ -210,7 +209,7 @@ pub struct UploadKernelArgs {
     /// Only rewrite summary.md from the results.csv already in the output directory.
     #[arg(long)]
     summarize: bool,
-    #[arg(long, value_name = "MS", help = crate::dflt("The cellular-like path's one-way delay, 1-1000 ms (the paper's Figs. 6-7 sweep 20-200; --summarize reads it from results.csv, or from this flag for files from before it was recorded)", qgate_lab::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
+    #[arg(long, value_name = "MS", help = qgate::dflt("The cellular-like path's one-way delay, 1-1000 ms (the paper's Figs. 6-7 sweep 20-200; --summarize reads it from results.csv, or from this flag for files from before it was recorded)", crate::papers::paper001_kernel::KernelUploadConfig::default().cellular_delay_ms))]
     cellular_delay: Option<u64>,
 }
 
@@ -270,13 +269,13 @@ pub struct AqmKernelArgs {
     /// Only these disciplines (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    #[arg(long, help = crate::dflt("Repetitions of each run", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().reps))]
+    #[arg(long, help = qgate::dflt("Repetitions of each run", crate::papers::paper004_kernel::KernelAqmConfig::default().reps))]
     reps: Option<u64>,
-    #[arg(long, help = crate::dflt("Seconds of traffic per run, warm-up included", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().seconds))]
+    #[arg(long, help = qgate::dflt("Seconds of traffic per run, warm-up included", crate::papers::paper004_kernel::KernelAqmConfig::default().seconds))]
     seconds: Option<u64>,
-    #[arg(long, help = crate::dflt("Seconds left out of the statistics at the start", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().warmup))]
+    #[arg(long, help = qgate::dflt("Seconds left out of the statistics at the start", crate::papers::paper004_kernel::KernelAqmConfig::default().warmup))]
     warmup: Option<u64>,
-    #[arg(long, help = crate::dflt("Bulk TCP flows", qgate_lab::papers::paper004_kernel::KernelAqmConfig::default().flows))]
+    #[arg(long, help = qgate::dflt("Bulk TCP flows", crate::papers::paper004_kernel::KernelAqmConfig::default().flows))]
     flows: Option<usize>,
     /// Where to write results [default: results/aqm-kernel].
     #[arg(long, value_name = "DIR")]
@@ -336,8 +335,8 @@ pub fn run(which: Lab) -> Result<(), Failure> {
                     m.mbps, m.packet_bytes
                 )));
             }
-            let paper = qgate_lab::papers::paper004::plan().map_err(usage)?;
-            let base = qgate_lab::papers::paper004::config(&paper.plan.clone(), vec![1])
+            let paper = crate::papers::paper004::plan().map_err(usage)?;
+            let base = crate::papers::paper004::config(&paper.plan.clone(), vec![1])
                 .map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?;
             let cfg = AqmConfig {
                 key: "custom".into(),
@@ -373,8 +372,8 @@ fn parse_set(s: &str) -> Result<(String, toml::Value), Failure> {
 }
 
 fn run_cmd(a: RunArgs) -> Result<(), Failure> {
-    let loaded = qgate_lab::plan::Loaded::read(&a.plan).map_err(usage)?;
-    let opts = qgate_lab::plan::Options {
+    let loaded = crate::plan::Loaded::read(&a.plan).map_err(usage)?;
+    let opts = crate::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
         set: a
@@ -403,7 +402,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
     let ran = execute(&loaded, &opts, a.jobs)?;
     let again = execute(&loaded, &opts, a.jobs)?;
     write_results(&eff, &opts, &ran, out, a.samples, "")?;
-    let diffs = qgate_lab::plan::run::differences(&ran.records, &again.records);
+    let diffs = crate::plan::run::differences(&ran.records, &again.records);
     if diffs.is_empty() {
         eprintln!(
             "repeat check: each of the {} runs gave the same numbers twice",
@@ -423,20 +422,20 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
 
 /// A plan's runs and what they measured.
 struct Executed {
-    variants: Vec<qgate_lab::plan::Variant>,
-    records: Vec<qgate_lab::plan::run::Record>,
+    variants: Vec<crate::plan::Variant>,
+    records: Vec<crate::plan::run::Record>,
     jobs: usize,
     wall_s: f64,
 }
 
 /// Run every variant of a plan on `jobs` threads (default: one per core) with a progress bar.
 fn execute(
-    loaded: &qgate_lab::plan::Loaded,
-    opts: &qgate_lab::plan::Options,
+    loaded: &crate::plan::Loaded,
+    opts: &crate::plan::Options,
     jobs: Option<usize>,
 ) -> Result<Executed, Failure> {
     let variants = loaded.variants(opts).map_err(usage)?;
-    let jobs = jobs.unwrap_or_else(qgate_lab::pool::default_jobs);
+    let jobs = jobs.unwrap_or_else(crate::pool::default_jobs);
     if jobs == 0 {
         return Err(usage("--jobs must be at least 1"));
     }
@@ -444,7 +443,7 @@ fn execute(
     let pb = progress(variants.len() as u64, &loaded.plan.plan.name);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let started = std::time::Instant::now();
-    let records = qgate_lab::plan::run::run_all(&variants, jobs, |done, total, v| {
+    let records = crate::plan::run::run_all(&variants, jobs, |done, total, v| {
         let what = v.label();
         if tty {
             pb.set_message(what);
@@ -465,7 +464,7 @@ fn execute(
 
 /// Where a plan's results go (default `results/<plan name>`), made and tried before anything
 /// runs: a long run must not end in an error writing its results.
-fn out_dir(loaded: &qgate_lab::plan::Loaded, out: Option<PathBuf>) -> Result<PathBuf, Failure> {
+fn out_dir(loaded: &crate::plan::Loaded, out: Option<PathBuf>) -> Result<PathBuf, Failure> {
     let out = out.unwrap_or_else(|| PathBuf::from("results").join(&loaded.plan.plan.name));
     if out.exists() && !out.is_dir() {
         return Err(usage(format!(
@@ -484,14 +483,14 @@ fn out_dir(loaded: &qgate_lab::plan::Loaded, out: Option<PathBuf>) -> Result<Pat
 /// Write a plan's results directory; `extra` is a scenario's own section at the end of the
 /// summary.
 fn write_results(
-    loaded: &qgate_lab::plan::Loaded,
-    opts: &qgate_lab::plan::Options,
+    loaded: &crate::plan::Loaded,
+    opts: &crate::plan::Options,
     ran: &Executed,
     out: PathBuf,
     samples: bool,
     extra: &str,
 ) -> Result<(), Failure> {
-    let prov = qgate_lab::plan::report::Provenance {
+    let prov = crate::plan::report::Provenance {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         jobs: ran.jobs,
         wall_s: ran.wall_s,
@@ -499,7 +498,7 @@ fn write_results(
         quick: opts.quick,
         samples,
     };
-    let files = qgate_lab::plan::report::write(&out, loaded, &ran.records, &prov, extra)
+    let files = crate::plan::report::write(&out, loaded, &ran.records, &prov, extra)
         .map_err(|e| Failure::from(anyhow::anyhow!("writing {}: {e}", out.display())))?;
     println!(
         "{} runs in {:.1} s on {} thread(s); wrote {} files to {}",
@@ -514,12 +513,12 @@ fn write_results(
 
 /// [`execute`] and [`write_results`].
 fn run_plan(
-    loaded: &qgate_lab::plan::Loaded,
-    opts: &qgate_lab::plan::Options,
+    loaded: &crate::plan::Loaded,
+    opts: &crate::plan::Options,
     jobs: Option<usize>,
     out: Option<PathBuf>,
     samples: bool,
-    extra: impl Fn(&[qgate_lab::plan::run::Record]) -> String,
+    extra: impl Fn(&[crate::plan::run::Record]) -> String,
 ) -> Result<(), Failure> {
     // The summary and figures follow the plan as overridden (--set, --quick).
     let eff = loaded.overridden(opts).map_err(usage)?;
@@ -529,13 +528,13 @@ fn run_plan(
 }
 
 fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::{paper003, paper003_report};
+    use crate::papers::{paper003, paper003_report};
     let root = a.out.unwrap_or_else(|| PathBuf::from("results/amqp"));
-    let command = std::iter::once("qgate lab amqp".to_string())
+    let command = std::iter::once("qgate-lab amqp".to_string())
         .chain(std::env::args().skip(3))
         .collect::<Vec<_>>()
         .join(" ");
-    let opts = qgate_lab::plan::Options {
+    let opts = crate::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
         ..Default::default()
@@ -583,7 +582,7 @@ fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
     paper003_report::write_all(&root, &points, &results, &command)
         .map_err(|e| anyhow::anyhow!("writing results to {}: {e}", root.display()))?;
     eprintln!(
-        "qgate lab amqp: done in {:.1} s; paper report in {}",
+        "qgate-lab amqp: done in {:.1} s; paper report in {}",
         wall.elapsed().as_secs_f64(),
         root.join("summary.md").display()
     );
@@ -591,7 +590,7 @@ fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
 }
 
 fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
-    use qgate_lab::faults::{self, report, FaultsConfig};
+    use crate::faults::{self, report, FaultsConfig};
     let cfg = FaultsConfig {
         seeds: a.seeds.unwrap_or(if a.quick {
             1
@@ -615,7 +614,7 @@ fn faults_cmd(a: FaultsArgs) -> Result<(), Failure> {
 }
 
 fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::paper000;
+    use crate::papers::paper000;
     let loaded = paper000::plan().map_err(usage)?;
     let root = out_dir(&loaded, a.out)?;
     // Every scenario's plan is checked before the first runs.
@@ -624,7 +623,7 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
         if a.classes.as_ref().is_some_and(|c| c != classes) {
             continue;
         }
-        let opts = qgate_lab::plan::Options {
+        let opts = crate::plan::Options {
             seeds: a.seeds,
             quick: a.quick,
             set: vec![(
@@ -647,24 +646,24 @@ fn proxy_cmd(a: ProxyArgs) -> Result<(), Failure> {
 
 fn upload_cmd(a: UploadArgs) -> Result<(), Failure> {
     let root = a.out.unwrap_or_else(|| PathBuf::from("results/upload"));
-    let opts = qgate_lab::plan::Options {
+    let opts = crate::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
         ..Default::default()
     };
-    let plans = qgate_lab::papers::paper001::plans().map_err(usage)?;
+    let plans = crate::papers::paper001::plans().map_err(usage)?;
     let mut done = Vec::new();
     for (loaded, sub) in &plans {
         let eff = loaded.overridden(&opts).map_err(usage)?;
         let out = out_dir(&eff, Some(root.join(sub)))?;
         done.push((execute(loaded, &opts, a.jobs)?, out, eff));
     }
-    let extra = qgate_lab::papers::paper001::against_paper(
+    let extra = crate::papers::paper001::against_paper(
         &done[0].0.records,
         &done[1].0.records,
         &done[2].0.records,
     );
-    let required = qgate_lab::papers::paper001::requirement_section(&done[2].0.records);
+    let required = crate::papers::paper001::requirement_section(&done[2].0.records);
     for (i, (ran, out, eff)) in done.into_iter().enumerate() {
         let e = match i {
             0 => extra.as_str(),
@@ -684,7 +683,7 @@ fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
         ));
     }
     let root = a.out.unwrap_or_else(|| PathBuf::from("results/history"));
-    let opts = qgate_lab::plan::Options {
+    let opts = crate::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
         set: vec![(
@@ -693,14 +692,14 @@ fn history_cmd(a: HistoryArgs) -> Result<(), Failure> {
         )],
         ..Default::default()
     };
-    let plans = qgate_lab::papers::paper002::plans().map_err(usage)?;
+    let plans = crate::papers::paper002::plans().map_err(usage)?;
     let mut done = Vec::new();
     for (loaded, sub) in &plans {
         let eff = loaded.overridden(&opts).map_err(usage)?;
         let out = out_dir(&eff, Some(root.join(sub)))?;
         done.push((execute(loaded, &opts, a.jobs)?, out, eff));
     }
-    let extra = qgate_lab::papers::paper002::against_paper(
+    let extra = crate::papers::paper002::against_paper(
         &done[0].0.records,
         &done[1].0.records,
         &done[2].0.records,
@@ -725,7 +724,7 @@ fn scenario<R>(
     write: impl FnOnce(&std::path::Path, &R, &str) -> std::io::Result<()>,
 ) -> Result<(), Failure> {
     let out = out.unwrap_or_else(|| PathBuf::from(format!("results/{name}")));
-    let command = std::iter::once(format!("qgate lab {name}"))
+    let command = std::iter::once(format!("qgate-lab {name}"))
         .chain(std::env::args().skip(3))
         .collect::<Vec<_>>()
         .join(" ");
@@ -747,7 +746,7 @@ fn scenario<R>(
         std::fs::read_to_string(out.join("summary.md")).unwrap_or_default()
     );
     eprintln!(
-        "qgate lab {name}: done in {:.1} s; results in {}",
+        "qgate-lab {name}: done in {:.1} s; results in {}",
         wall.elapsed().as_secs_f64(),
         out.display()
     );
@@ -784,7 +783,7 @@ fn only_flag(names: &[String]) -> String {
 }
 
 fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::paper001_kernel::{self as k, KernelUploadConfig};
+    use crate::papers::paper001_kernel::{self as k, KernelUploadConfig};
     let mut cfg = KernelUploadConfig::default();
     if a.quick {
         cfg.bytes = 4_000_000;
@@ -832,7 +831,7 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
         };
         let quick = if a.quick { " --quick" } else { "" };
         let command = format!(
-            "sudo qgate lab upload-kernel{quick} --reps {}{}{}",
+            "sudo qgate-lab upload-kernel{quick} --reps {}{}{}",
             cfg.reps,
             only_flag(&a.only),
             delay_flag(delay)
@@ -855,7 +854,7 @@ fn upload_kernel_cmd(a: UploadKernelArgs) -> Result<(), Failure> {
     })
     .map_err(|e| anyhow::anyhow!(e))?;
     std::fs::remove_dir_all(out.join("work")).ok();
-    let mut command = String::from("sudo qgate lab upload-kernel");
+    let mut command = String::from("sudo qgate-lab upload-kernel");
     if a.quick {
         command.push_str(" --quick");
     }
@@ -877,8 +876,8 @@ fn delay_flag(ms: Option<u64>) -> String {
 }
 
 fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::paper003_kernel::{self as k, KernelAmqpConfig};
-    let mut cfg = KernelAmqpConfig::new(std::env::current_exe()?);
+    use crate::papers::paper003_kernel::{self as k, KernelAmqpConfig};
+    let mut cfg = KernelAmqpConfig::new(super::product_exe()?);
     if a.quick {
         cfg.channels.truncate(1);
         cfg.reps = 1;
@@ -907,7 +906,7 @@ fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
     })
     .map_err(|e| anyhow::anyhow!(e))?;
     std::fs::remove_dir_all(out.join("work")).ok();
-    let mut command = String::from("sudo qgate lab amqp-kernel");
+    let mut command = String::from("sudo qgate-lab amqp-kernel");
     if a.quick {
         command.push_str(" --quick");
     }
@@ -916,7 +915,7 @@ fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
     }
     command.push_str(&only_flag(&a.only));
     std::fs::write(out.join("results.csv"), k::csv(&runs))?;
-    // The simulated lab's numbers for the same channels, when they are here (`qgate lab amqp`).
+    // The simulated lab's numbers for the same channels, when they are here (`qgate-lab amqp`).
     let netsim = std::fs::read_to_string("results/amqp/results.csv").ok();
     std::fs::write(
         out.join("summary.md"),
@@ -927,8 +926,8 @@ fn amqp_kernel_cmd(a: AmqpKernelArgs) -> Result<(), Failure> {
 }
 
 fn edge_aqm_cmd(a: EdgeAqmArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::paper004_edge::{self as k, EdgeConfig};
-    let mut cfg = EdgeConfig::new(std::env::current_exe()?);
+    use crate::papers::paper004_edge::{self as k, EdgeConfig};
+    let mut cfg = EdgeConfig::new(super::product_exe()?);
     if a.quick {
         cfg.schemes = vec!["unshaped".into(), "pid-delay".into()];
         cfg.reps = 1;
@@ -945,7 +944,7 @@ fn edge_aqm_cmd(a: EdgeAqmArgs) -> Result<(), Failure> {
         return Err(usage("--reps and --bulk must be positive"));
     }
     let out = a.out.unwrap_or_else(|| PathBuf::from("results/edge-aqm"));
-    let mut command = String::from("sudo qgate lab edge-aqm");
+    let mut command = String::from("sudo qgate-lab edge-aqm");
     if a.quick {
         command.push_str(" --quick");
     }
@@ -986,7 +985,7 @@ fn edge_aqm_cmd(a: EdgeAqmArgs) -> Result<(), Failure> {
 }
 
 fn aqm_kernel_cmd(a: AqmKernelArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::paper004_kernel::{self as k, KernelAqmConfig};
+    use crate::papers::paper004_kernel::{self as k, KernelAqmConfig};
     let mut cfg = KernelAqmConfig::default();
     if a.quick {
         cfg.ccs = vec!["cubic".into()];
@@ -1037,7 +1036,7 @@ fn aqm_kernel_cmd(a: AqmKernelArgs) -> Result<(), Failure> {
     })
     .map_err(|e| anyhow::anyhow!(e))?;
     std::fs::remove_dir_all(out.join("work")).ok();
-    let mut command = String::from("sudo qgate lab aqm-kernel");
+    let mut command = String::from("sudo qgate-lab aqm-kernel");
     if a.quick {
         command.push_str(" --quick");
     }
@@ -1062,9 +1061,9 @@ fn aqm_kernel_cmd(a: AqmKernelArgs) -> Result<(), Failure> {
 }
 
 fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
-    use qgate_lab::papers::paper004;
+    use crate::papers::paper004;
     let loaded = paper004::plan().map_err(usage)?;
-    let mut opts = qgate_lab::plan::Options {
+    let mut opts = crate::plan::Options {
         seeds: a.seeds,
         quick: a.quick,
         schemes: a.only.clone(),
@@ -1088,8 +1087,8 @@ fn aqm_cmd(a: AqmArgs) -> Result<(), Failure> {
     let out = out_dir(&eff, a.out)?;
     let ran = execute(&loaded, &opts, a.jobs)?;
     // The companion plans run with the same seeds and overrides.
-    let beside = |plan: qgate_lab::plan::Loaded| -> Result<Vec<_>, Failure> {
-        let o = qgate_lab::plan::Options {
+    let beside = |plan: crate::plan::Loaded| -> Result<Vec<_>, Failure> {
+        let o = crate::plan::Options {
             seeds: a.seeds,
             set: opts.set.clone(),
             ..Default::default()

@@ -1,4 +1,4 @@
-//! `qgate linkem`: run a program across emulated links (the `[linkem]` table, flags win).
+//! `qgate-lab linkem`: run a program across emulated links (the `[linkem]` table, flags win).
 
 use std::path::PathBuf;
 
@@ -6,8 +6,9 @@ use clap::Args;
 use qgate_linkem::config::{DEFAULT_SEED, DEFAULT_SETTLE};
 use qgate_linkem::{LinkemConfig, PathConfig, TimedChange};
 
-use crate::config::Config;
-use crate::{dflt, usage, Failure};
+use qgate::{dflt, usage, Failure};
+
+use super::config::LabConfig;
 
 #[derive(Args, Debug)]
 #[command(
@@ -18,7 +19,7 @@ use crate::{dflt, usage, Failure};
                   and by name: qgate.test and linkem-peer (path 1's far end; qgate's \
                   development certificate is valid for qgate.test), linkem-peer-N. A packet \
                   from 10.77.N.1 always leaves on path N (policy routing). IPv4 only.\n\n\
-                  Example: qgate linkem --link rate=10mbit,delay=25ms,queue=pid-delay \
+                  Example: qgate-lab linkem --link rate=10mbit,delay=25ms,queue=pid-delay \
                   --outside 'qgate server --listen 0.0.0.0:4433' -- \
                   qgate post https://qgate.test:4433/ingest --data hi\n\n\
                   Needs root and /dev/net/tun. Exit status: COMMAND's (128 + signal if a \
@@ -70,7 +71,7 @@ pub struct LinkemArgs {
 }
 
 /// The `[linkem]` table with the flags applied over it.
-fn merged(a: &LinkemArgs, config: &Config) -> Result<LinkemConfig, Failure> {
+fn merged(a: &LinkemArgs, config: &LabConfig) -> Result<LinkemConfig, Failure> {
     let mut c = config.linkem.clone();
     if !a.links.is_empty() {
         c.paths = a.links.iter().map(|l| PathConfig::symmetric(l)).collect();
@@ -93,11 +94,11 @@ fn merged(a: &LinkemArgs, config: &Config) -> Result<LinkemConfig, Failure> {
     Ok(c)
 }
 
-pub fn run(a: LinkemArgs, config: &Config) -> Result<(), Failure> {
+pub fn run(a: LinkemArgs, config: &LabConfig) -> Result<(), Failure> {
     let c = merged(&a, config)?;
     if a.command.is_empty() {
         return Err(usage(
-            "no COMMAND: give the program to run after '--' (e.g. qgate linkem --link \
+            "no COMMAND: give the program to run after '--' (e.g. qgate-lab linkem --link \
              rate=10mbit,delay=25ms -- sh -c 'ping $QGATE_LINKEM_PEER')",
         ));
     }
