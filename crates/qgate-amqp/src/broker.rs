@@ -280,16 +280,32 @@ impl QueueState {
     }
 }
 
-#[derive(Default)]
-struct Counters {
-    connections_open: AtomicU64,
-    connections_total: AtomicU64,
-    connections_failed: AtomicU64,
-    connections_refused: AtomicU64,
-    connections_timed_out: AtomicU64,
-    connections_early: AtomicU64,
-    links_refused: AtomicU64,
-    replays_dropped: AtomicU64,
+qgate_core::counters! {
+    /// What the broker's connections and links have done.
+    struct Counters => CountersSnapshot {
+        /// Connections held now.
+        connections_open: gauge "qgate_amqp_connections_open",
+            "AMQP connections held, from accept (handshake included) until their state is freed";
+        /// Connections accepted or refused.
+        connections_total: counter "qgate_amqp_connections", "AMQP connections accepted or refused";
+        /// Connections that failed before open.
+        connections_failed: counter "qgate_amqp_connections_failed",
+            "connections that failed before open (framing, SASL)";
+        /// Connections closed on accept for their address's share.
+        connections_refused: counter "qgate_amqp_connections_refused",
+            "connections closed on accept: their address held max_connections_per_address";
+        /// Connections closed by a deadline.
+        connections_timed_out: counter "qgate_amqp_connections_timed_out",
+            "connections closed by a deadline (handshake, idle, held frame, close, write)";
+        /// Connections whose stream came in 0-RTT.
+        connections_early: counter "qgate_amqp_connections_early",
+            "AMQP connections whose QUIC stream arrived during the handshake (0-RTT)";
+        /// Links refused.
+        links_refused: counter "qgate_amqp_links_refused", "links refused (unknown address, limits)";
+        /// Replayed 0-RTT transfers dropped.
+        replays_dropped: counter "qgate_amqp_replays_dropped",
+            "replayed 0-RTT transfers accepted without queueing them again";
+    }
 }
 
 struct Inner {
@@ -1334,27 +1350,9 @@ impl metrics::Collector for BrokerMetrics {
         ] {
             metrics::counters(&mut e, name, help, by_queue(f))?;
         }
-        let c = &b.inner.counters;
         let cfg = &b.inner.cfg;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        metrics::gauge(
-            &mut e,
-            "qgate_amqp_connections_open",
-            "AMQP connections held, from accept (handshake included) until their state is freed",
-            r(&c.connections_open),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_connections_refused",
-            "connections closed on accept: their address held max_connections_per_address",
-            r(&c.connections_refused),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_connections_timed_out",
-            "connections closed by a deadline (handshake, idle, held frame, close, write)",
-            r(&c.connections_timed_out),
-        )?;
+        b.inner.counters.snapshot().encode(&mut e)?;
         metrics::gauge(
             &mut e,
             "qgate_amqp_max_connections_per_address",
@@ -1372,36 +1370,6 @@ impl metrics::Collector for BrokerMetrics {
             "qgate_amqp_idle_timeout_seconds",
             "configured idle timeout (0: none)",
             cfg.idle_timeout.as_secs_f64(),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_connections",
-            "AMQP connections accepted or refused",
-            r(&c.connections_total),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_connections_failed",
-            "connections that failed before open (framing, SASL)",
-            r(&c.connections_failed),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_connections_early",
-            "AMQP connections whose QUIC stream arrived during the handshake (0-RTT)",
-            r(&c.connections_early),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_replays_dropped",
-            "replayed 0-RTT transfers accepted without queueing them again",
-            r(&c.replays_dropped),
-        )?;
-        metrics::counter(
-            &mut e,
-            "qgate_amqp_links_refused",
-            "links refused (unknown address, limits)",
-            r(&c.links_refused),
         )?;
         let bridges = b.bridges();
         let by_bridge = |f: &dyn Fn(&BridgeStats) -> u64| {

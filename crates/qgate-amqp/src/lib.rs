@@ -10,19 +10,20 @@
 //! - [`oneshot`]: pipelined clients whose whole opening rides in 0-RTT;
 //! - [`auth`]: SASL PLAIN (credentials file) and ANONYMOUS;
 //! - [`bridge`]: store-and-forward of a local queue to an upstream broker;
-//! - [`transport`]: QUIC / TCP / TCP+TLS streams, listeners and connectors;
-//! - [`broker`]: the broker; [`client`]: senders and receivers; [`url`]: `amqp://` URLs.
+//! - [`broker`]: the broker.
+//!
+//! The client ([`client`], [`transport`], [`url`]) is its own crate, `qgate-amqp-client`, so a
+//! component that only sends or receives links no broker; it is re-exported here.
 
 pub mod artemis;
 pub mod auth;
 pub mod bridge;
 pub mod broker;
 pub mod builder;
-pub mod client;
 pub mod oneshot;
 pub mod queue;
 pub mod shim;
 pub mod store;
-pub mod transport;
-pub mod url;
 pub mod wire;
+
+pub use qgate_amqp_client::{client, transport, url};

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod careful_resume;
+pub mod counters;
 pub mod forwarder;
 pub mod frame_guard;
 pub mod history;
@@ -16,5 +17,6 @@ pub mod quota;
 pub mod scheduler;
 pub mod session;
 pub mod summary;
+pub mod sync;
 pub mod units;
 pub mod upload;

@@ -10,9 +10,15 @@
 //! as one `POST /batch` (`qgate_core::batch`), or a record alone as the request it was. The
 //! exchange runs in a task of its own, so the next batch is gathered while this one is out. A
 //! `404` or `405` (a server that does not know batches) sends each record again on its own; any
-//! other answer but `200` (a busy server's `503` with its Retry-After) is each record's; a failed
-//! exchange fails every record in it, and the forwarding core retries each as before.
+//! other error status (a busy server's `503` with its Retry-After) is each record's; a failed
+//! exchange, or a success that is not a batch's answer, fails every record in it, and the
+//! forwarding core retries each as before.
+//!
+//! A record that finds its lane idle (nothing queued, no record going out inline) goes at once,
+//! in its own task, as the request it was: no channel, no batcher task, no spawned exchange.
+//! Records that come while it is out are the ones that share a batch.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +28,8 @@ use qgate_core::batch::{self, Entry};
 use qgate_core::protocol::{DEVICE_HEADER, PATH_HEADER, REQUEST_ID_HEADER};
 use qgate_transport::http3::{H3Client, H3Error, H3Response};
 use tokio::sync::{mpsc, oneshot};
+
+use crate::answer::Answer;
 
 /// Most records in one batch (the server takes up to `qgate_core::batch::MAX_ENTRIES`).
 pub const MAX_RECORDS: usize = 64;
@@ -46,11 +54,11 @@ pub struct Record {
     /// never waits in a batch behind best effort's bytes.
     pub priority: bool,
     /// The path the device asked for (`/ingest/<name>`).
-    pub target: String,
+    pub target: Arc<str>,
     /// The request id it goes under.
-    pub request_id: String,
+    pub request_id: Arc<str>,
     /// The device, as the gateway saw it.
-    pub device: String,
+    pub device: Arc<str>,
     /// The backhaul path.
     pub path: usize,
     /// The body.
@@ -68,8 +76,8 @@ impl Record {
         Request::builder()
             .method(http::Method::POST)
             .uri(format!("https://{authority}{}", self.target))
-            .header(REQUEST_ID_HEADER, self.request_id.as_str())
-            .header(DEVICE_HEADER, self.device.as_str())
+            .header(REQUEST_ID_HEADER, &*self.request_id)
+            .header(DEVICE_HEADER, &*self.device)
             .header(PATH_HEADER, self.path)
             .body(())
             .expect("valid request")
@@ -78,18 +86,24 @@ impl Record {
 
 struct Pending {
     record: Record,
-    reply: oneshot::Sender<Result<H3Response, H3Error>>,
+    reply: oneshot::Sender<Result<Answer, H3Error>>,
 }
 
-/// Counts of what the batchers sent.
-#[derive(Debug, Default)]
-pub struct BatchStats {
-    /// Batches of more than one record sent.
-    pub batches: std::sync::atomic::AtomicU64,
-    /// Records sent in those batches.
-    pub batched: std::sync::atomic::AtomicU64,
-    /// Batches answered other than `200`, whose records went again alone.
-    pub refused: std::sync::atomic::AtomicU64,
+qgate_core::counters! {
+    /// Counts of what the batchers sent.
+    pub struct BatchStats => BatchSnapshot {
+        /// Batches of more than one record sent.
+        batches: counter "qgate_gateway_batches",
+            "backhaul requests that carried several records (decision G23)";
+        /// Records sent in those batches.
+        batched: counter "qgate_gateway_batched_records", "records forwarded in those batches";
+        /// Batches answered other than `200`, whose records went again alone.
+        refused: counter "qgate_gateway_batches_refused",
+            "batches the server answered other than 200 (404 or 405: their records sent again alone; else the answer is each record's)";
+        /// Batchable records that found their lane idle and went at once, alone.
+        inline: counter "qgate_gateway_records_inline",
+            "batchable records that found their lane idle and went at once, without the batcher";
+    }
 }
 
 /// One lane's batcher; its task ends when the last handle is dropped (the lane's client was
@@ -97,6 +111,7 @@ pub struct BatchStats {
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Pending>,
+    lane: Arc<Lane>,
 }
 
 impl Batcher {
@@ -109,40 +124,67 @@ impl Batcher {
         stats: Arc<BatchStats>,
     ) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(run(
-            rx,
-            Lane {
-                client,
-                authority,
-                timeout,
-                stats,
-            },
-        ));
-        Batcher { tx }
+        let lane = Arc::new(Lane {
+            client,
+            authority,
+            timeout,
+            stats,
+            queued: AtomicUsize::new(0),
+            inline: AtomicBool::new(false),
+        });
+        tokio::spawn(run(rx, lane.clone()));
+        Batcher { tx, lane }
     }
 
     /// Forward `record` (alone or with others) and wait for the server's answer to it.
-    pub async fn send(&self, record: Record) -> Result<H3Response, H3Error> {
+    pub async fn send(&self, record: Record) -> Result<Answer, H3Error> {
+        let lane = &self.lane;
+        if lane.queued.load(Ordering::Acquire) == 0
+            && lane
+                .inline
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            // Cleared however the send ends (the device's task may be dropped mid-way).
+            let _going = Inline(&lane.inline);
+            lane.stats.inline.fetch_add(1, Ordering::Relaxed);
+            // Boxed: the exchange is a multi-KB future (as the gateway's direct sends are).
+            return Box::pin(send_alone(lane, record)).await;
+        }
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Pending { record, reply })
-            .await
-            .map_err(|_| H3Error::Connection("the lane's batcher has stopped".into()))?;
+        lane.queued.fetch_add(1, Ordering::AcqRel);
+        let queued = self.tx.send(Pending { record, reply }).await;
+        if queued.is_err() {
+            lane.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(H3Error::Connection("the lane's batcher has stopped".into()));
+        }
         answer
             .await
             .unwrap_or_else(|_| Err(H3Error::Connection("the lane's batcher has stopped".into())))
     }
 }
 
-#[derive(Clone)]
+/// A record going out inline on its lane, until dropped.
+struct Inline<'a>(&'a AtomicBool);
+
+impl Drop for Inline<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 struct Lane {
     client: Arc<H3Client>,
     authority: String,
     timeout: Duration,
     stats: Arc<BatchStats>,
+    /// Records handed to the batcher and not yet in an exchange.
+    queued: AtomicUsize,
+    /// Whether a record is going out inline now.
+    inline: AtomicBool,
 }
 
-async fn run(mut rx: mpsc::Receiver<Pending>, lane: Lane) {
+async fn run(mut rx: mpsc::Receiver<Pending>, lane: Arc<Lane>) {
     while let Some(first) = rx.recv().await {
         let mut bytes = first.record.body.len();
         let mut batch = vec![first];
@@ -165,15 +207,57 @@ async fn run(mut rx: mpsc::Receiver<Pending>, lane: Lane) {
                 break;
             }
         }
+        lane.queued.fetch_sub(batch.len(), Ordering::AcqRel);
         tokio::spawn(exchange(lane.clone(), batch));
     }
 }
 
+/// What the answer to a `POST /batch` of `sent` records comes to.
+#[derive(Debug)]
+enum BatchAnswer {
+    /// One answer per record, in order.
+    Each(Vec<Answer>),
+    /// A server that does not know batches (404, 405): each record goes again alone.
+    Unknown,
+    /// An error status for the whole batch (a busy server's 503): each record's answer.
+    Whole(Answer),
+    /// No answer to this batch: each record failed, as after a lost exchange.
+    Broken(H3Error),
+}
+
+/// Classify the answer to a batch of `sent` records (pure: the branches are tested without a
+/// network).
+fn classify(answer: Result<H3Response, H3Error>, sent: usize) -> BatchAnswer {
+    let a = match answer {
+        Ok(a) => a,
+        Err(e) => return BatchAnswer::Broken(e),
+    };
+    match a.status {
+        StatusCode::OK => match batch::parse_results(&a.body, sent) {
+            Ok(results) => BatchAnswer::Each(
+                results
+                    .iter()
+                    .map(|o| Answer::of_result(&a.body, o))
+                    .collect(),
+            ),
+            Err(e) => BatchAnswer::Broken(H3Error::Stream(format!("batch answer: {e}"))),
+        },
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => BatchAnswer::Unknown,
+        // Another success is no answer to a batch: the records were not known stored.
+        s if s.is_success() => BatchAnswer::Broken(H3Error::Stream(format!(
+            "batch answered {s}, not 200 with a result per record"
+        ))),
+        _ => BatchAnswer::Whole(Answer::of_response(a)),
+    }
+}
+
 /// Send `batch` and hand each record its answer.
-async fn exchange(lane: Lane, batch: Vec<Pending>) {
+async fn exchange(lane: Arc<Lane>, batch: Vec<Pending>) {
     use std::sync::atomic::Ordering::Relaxed;
     if batch.len() == 1 {
-        return alone(&lane, batch.into_iter().next().expect("one record")).await;
+        let p = batch.into_iter().next().expect("one record");
+        let _ = p.reply.send(send_alone(&lane, p.record).await);
+        return;
     }
     let mut body = Vec::with_capacity(
         4 + batch
@@ -208,46 +292,34 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
         .client
         .request_within_at(urgency, req, Bytes::from(body), MAX_ANSWER, lane.timeout)
         .await;
-    match answer {
-        Ok(a) if a.status == StatusCode::OK => {
-            match batch::parse_results(&a.body, batch.len()) {
-                Ok(results) => {
-                    for (p, o) in batch.into_iter().zip(results) {
-                        let _ = p.reply.send(Ok(answer_of(&o)));
-                    }
-                }
-                Err(e) => {
-                    // Not an answer to this batch: each record is retried as after a lost one.
-                    let e = H3Error::Stream(format!("batch answer: {e}"));
-                    for p in batch {
-                        let _ = p.reply.send(Err(e.clone()));
-                    }
-                }
+    match classify(answer, batch.len()) {
+        BatchAnswer::Each(answers) => {
+            for (p, a) in batch.into_iter().zip(answers) {
+                let _ = p.reply.send(Ok(a));
             }
         }
-        // A server that does not know batches: each record as the request it was.
-        Ok(a)
-            if matches!(
-                a.status,
-                StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
-            ) =>
-        {
+        BatchAnswer::Unknown => {
             lane.stats.refused.fetch_add(1, Relaxed);
-            tracing::debug!(status = %a.status, records = batch.len(), "batch refused; sending its records alone");
+            tracing::debug!(
+                records = batch.len(),
+                "batch refused; sending its records alone"
+            );
             for p in batch {
                 let lane = lane.clone();
-                tokio::spawn(async move { alone(&lane, p).await });
+                tokio::spawn(async move {
+                    let _ = p.reply.send(send_alone(&lane, p.record).await);
+                });
             }
         }
-        // Anything else (a server that is busy, a bad batch) is each record's answer, with its
-        // Retry-After: sending them all again at once would pile onto a busy server.
-        Ok(a) => {
+        // Each record's answer, with its Retry-After: sending them all again at once would
+        // pile onto a busy server.
+        BatchAnswer::Whole(a) => {
             lane.stats.refused.fetch_add(1, Relaxed);
             for p in batch {
                 let _ = p.reply.send(Ok(a.clone()));
             }
         }
-        Err(e) => {
+        BatchAnswer::Broken(e) => {
             for p in batch {
                 let _ = p.reply.send(Err(e.clone()));
             }
@@ -256,25 +328,92 @@ async fn exchange(lane: Lane, batch: Vec<Pending>) {
 }
 
 /// Send one record as the request it was.
-async fn alone(lane: &Lane, p: Pending) {
-    let req = p.record.request(&lane.authority);
-    let urgency = crate::gateway::urgency(p.record.priority);
-    let answer = lane
-        .client
-        .request_within_at(urgency, req, p.record.body, MAX_ANSWER, lane.timeout)
-        .await;
-    let _ = p.reply.send(answer);
+async fn send_alone(lane: &Lane, record: Record) -> Result<Answer, H3Error> {
+    let req = record.request(&lane.authority);
+    let urgency = crate::gateway::urgency(record.priority);
+    lane.client
+        .request_within_at(urgency, req, record.body, MAX_ANSWER, lane.timeout)
+        .await
+        .map(Answer::of_response)
 }
 
-/// One record's result as the answer a single request would have had.
-fn answer_of(o: &batch::Outcome<'_>) -> H3Response {
-    let mut headers = http::HeaderMap::new();
-    if let Some(s) = o.retry_after {
-        headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(s));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(status: u16, body: Vec<u8>) -> Result<H3Response, H3Error> {
+        Ok(H3Response {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers: http::HeaderMap::new(),
+            body: Bytes::from(body),
+        })
     }
-    H3Response {
-        status: StatusCode::from_u16(o.status).unwrap_or(StatusCode::BAD_GATEWAY),
-        headers,
-        body: Bytes::copy_from_slice(o.body),
+
+    fn results(n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        batch::start_results(&mut out);
+        for i in 0..n {
+            let body = format!("{{\"id\":{i}}}");
+            batch::emit_result(
+                &mut out,
+                &batch::Outcome {
+                    status: 201,
+                    retry_after: None,
+                    body: body.as_bytes(),
+                },
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn every_answer_to_a_batch_is_classified() {
+        match classify(response(200, results(2)), 2) {
+            BatchAnswer::Each(a) => {
+                assert_eq!(a.len(), 2);
+                assert_eq!(a[1].status, StatusCode::CREATED);
+                assert_eq!(&a[1].body[..], b"{\"id\":1}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // As many results as records, or none of them is taken for stored.
+        assert!(matches!(
+            classify(response(200, results(1)), 2),
+            BatchAnswer::Broken(_)
+        ));
+        assert!(matches!(
+            classify(response(200, b"garbage".to_vec()), 1),
+            BatchAnswer::Broken(_)
+        ));
+        for unknown in [404, 405] {
+            assert!(matches!(
+                classify(response(unknown, Vec::new()), 3),
+                BatchAnswer::Unknown
+            ));
+        }
+        // A success other than 200 is no batch answer: not one record counts as stored.
+        for odd in [201, 204] {
+            assert!(matches!(
+                classify(response(odd, Vec::new()), 3),
+                BatchAnswer::Broken(_)
+            ));
+        }
+        let mut busy = http::HeaderMap::new();
+        busy.insert(http::header::RETRY_AFTER, http::HeaderValue::from(2));
+        match classify(
+            Ok(H3Response {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                headers: busy,
+                body: Bytes::from_static(b"busy\n"),
+            }),
+            3,
+        ) {
+            BatchAnswer::Whole(a) => assert_eq!(a.retry_after, Some(2)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            classify(Err(H3Error::TimedOut(Duration::from_secs(1))), 3),
+            BatchAnswer::Broken(_)
+        ));
     }
 }

@@ -20,6 +20,7 @@ use qgate_core::protocol::{
 };
 use qgate_core::scheduler::Priority;
 use qgate_core::session::HashId;
+use qgate_core::sync::lock;
 
 /// Why a device operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -245,10 +246,6 @@ pub fn random_id_seed() -> std::io::Result<[u8; 32]> {
     let mut b = [0u8; 32];
     std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
     Ok(b)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The class for a `priority` flag.

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,8 +23,10 @@ use qgate_transport::{
 };
 use tokio::time::Instant;
 
+use crate::answer::Answer;
 use crate::batch::{self, BatchStats, Batcher};
 use crate::paths::{Lease, PathManager};
+use qgate_core::sync::lock;
 
 use qgate_core::protocol::{
     self as wire, Registered, DEVICE_HEADER, PATH_HEADER, REQUEST_ID_HEADER,
@@ -205,76 +207,40 @@ impl DelayHistogram {
     }
 }
 
-/// What the gateway has done.
-#[derive(Debug, Default)]
-pub struct GatewayStats {
-    /// Devices registered.
-    pub registered: AtomicU64,
-    /// Requests answered by the server.
-    pub forwarded: AtomicU64,
-    /// Forwarding attempts that failed and were retried on another path.
-    pub retried: AtomicU64,
-    /// Requests refused: unknown, forged or malformed Hash ID, or too many in flight.
-    pub refused: AtomicU64,
-    /// Registrations refused: the gateway, the connection or the address is full.
-    pub registrations_refused: AtomicU64,
-    /// Sessions ended for being idle.
-    pub sessions_expired: AtomicU64,
-    /// Forwarding attempts that timed out (their stream cancelled, the connection kept).
-    pub timeouts: AtomicU64,
-    /// Requests that failed on every path.
-    pub failed: AtomicU64,
-    /// Requests handled before their connection's handshake finished (they came in 0-RTT).
-    pub early: AtomicU64,
-    /// Of those, refused (425): no device request id, or not a record.
-    pub too_early: AtomicU64,
-    /// Response delay (device request in → response out) of priority devices.
-    pub delay_priority: DelayHistogram,
-    /// Response delay of best-effort devices.
-    pub delay_best_effort: DelayHistogram,
-}
-
-/// A snapshot of [`GatewayStats`]' counters (the admin port's `stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct StatsSnapshot {
-    /// Devices registered.
-    pub registered: u64,
-    /// Requests answered by the server.
-    pub forwarded: u64,
-    /// Forwarding attempts retried on another path.
-    pub retried: u64,
-    /// Requests refused for their Hash ID or in-flight limit.
-    pub refused: u64,
-    /// Registrations refused.
-    pub registrations_refused: u64,
-    /// Sessions ended for being idle.
-    pub sessions_expired: u64,
-    /// Forwarding attempts timed out.
-    pub timeouts: u64,
-    /// Requests that failed on every path.
-    pub failed: u64,
-    /// Requests that arrived in 0-RTT.
-    pub early: u64,
-    /// Requests refused as too early (425).
-    pub too_early: u64,
-}
-
-impl GatewayStats {
-    /// Read every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            registered: r(&self.registered),
-            forwarded: r(&self.forwarded),
-            retried: r(&self.retried),
-            refused: r(&self.refused),
-            registrations_refused: r(&self.registrations_refused),
-            sessions_expired: r(&self.sessions_expired),
-            timeouts: r(&self.timeouts),
-            failed: r(&self.failed),
-            early: r(&self.early),
-            too_early: r(&self.too_early),
-        }
+qgate_core::counters! {
+    /// What the gateway has done.
+    pub struct GatewayStats => StatsSnapshot {
+        /// Devices registered.
+        registered: counter "qgate_gateway_registered", "devices registered";
+        /// Requests answered by the server.
+        forwarded: counter "qgate_gateway_forwarded", "requests answered by the server";
+        /// Forwarding attempts that failed and were retried on another path.
+        retried: counter "qgate_gateway_retried", "forwarding attempts retried on another path";
+        /// Requests refused: unknown, forged or malformed Hash ID, or too many in flight.
+        refused: counter "qgate_gateway_refused",
+            "requests refused for their Hash ID or in-flight limit";
+        /// Registrations refused: the gateway, the connection or the address is full.
+        registrations_refused: counter "qgate_gateway_registrations_refused",
+            "registrations refused: gateway, connection or address full";
+        /// Sessions ended for being idle.
+        sessions_expired: counter "qgate_gateway_sessions_expired", "sessions ended for being idle";
+        /// Forwarding attempts that timed out (their stream cancelled, the connection kept).
+        timeouts: counter "qgate_gateway_timeouts",
+            "forwarding attempts timed out (stream cancelled, connection kept)";
+        /// Requests that failed on every path.
+        failed: counter "qgate_gateway_failed", "requests that failed on every path";
+        /// Requests handled before their connection's handshake finished (they came in 0-RTT).
+        early: counter "qgate_gateway_early_requests",
+            "requests handled before their connection's handshake finished (0-RTT)";
+        /// Of those, refused (425): no device request id, or not a record.
+        too_early: counter "qgate_gateway_too_early",
+            "of those, refused with 425: no device request id, or not a record";
+    }
+    extra {
+        /// Response delay (device request in → response out) of priority devices.
+        pub delay_priority: DelayHistogram,
+        /// Response delay of best-effort devices.
+        pub delay_best_effort: DelayHistogram,
     }
 }
 
@@ -340,10 +306,6 @@ struct CachedClient {
     client: Arc<H3Client>,
     /// Best effort's and priority's (G23: priority records never wait behind others' bytes).
     batchers: Option<[Batcher; 2]>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Bytes> {
@@ -688,7 +650,9 @@ impl Gateway {
     ) -> Response<Bytes> {
         let rid = std::mem::take(&mut admitted.rid);
         let rid = rid.as_str();
-        let device_name = device.to_string();
+        let device_name: Arc<str> = device.to_string().into();
+        // Built once for every attempt's record (only the path and urgency change).
+        let (target, rid_shared): (Arc<str>, Arc<str>) = (req.uri().path().into(), rid.into());
         let uri = format!(
             "https://{}{}",
             self.cfg.server_authority,
@@ -707,15 +671,15 @@ impl Gateway {
                             .uri(uri.as_str())
                             .header(REQUEST_ID_HEADER, rid)
                             // Who sent it and which path carried it, for the server's sink (S7).
-                            .header(DEVICE_HEADER, device_name.as_str())
+                            .header(DEVICE_HEADER, &*device_name)
                             .header(PATH_HEADER, path.0)
                             .body(())
                             .expect("valid request")
                     };
                     let record = batchable.then(|| batch::Record {
                         priority: urgent,
-                        target: req.uri().path().to_string(),
-                        request_id: rid.to_string(),
+                        target: target.clone(),
+                        request_id: rid_shared.clone(),
                         device: device_name.clone(),
                         path: path.0,
                         body: body.clone(),
@@ -784,16 +748,15 @@ impl Gateway {
         // the per-request task) grows by it and is copied around with it.
         let outcome = match (record, batchers) {
             (Some(r), Some(b)) => b[usize::from(r.priority)].send(r).await,
-            _ => {
-                Box::pin(client.request_within_at(
-                    urgency(urgent),
-                    out(),
-                    body.clone(),
-                    1 << 20,
-                    self.attempt_timeout,
-                ))
-                .await
-            }
+            _ => Box::pin(client.request_within_at(
+                urgency(urgent),
+                out(),
+                body.clone(),
+                1 << 20,
+                self.attempt_timeout,
+            ))
+            .await
+            .map(Answer::of_response),
         };
         match outcome {
             Ok(r) => {
@@ -807,15 +770,9 @@ impl Gateway {
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
                 self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
-                let retry_after = r.headers.get(http::header::RETRY_AFTER).cloned();
-                let mut resp = text(r.status, r.body);
-                resp.headers_mut()
-                    .insert(PATH_HEADER, http::HeaderValue::from(path.0));
-                // A server whose queue is down says when to try again (decision S5).
-                if let Some(v) = retry_after {
-                    resp.headers_mut().insert(http::header::RETRY_AFTER, v);
-                }
-                Ok(resp)
+                // With the server's Retry-After: a server whose queue is down says when to try
+                // again (decision S5).
+                Ok(r.to_response(path.0))
             }
             Err(e) => {
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
@@ -1117,75 +1074,8 @@ impl metrics::Collector for GatewayMetrics {
             suppressed,
         )?;
         let st = &gw.stats;
-        for (name, help, v) in [
-            (
-                "qgate_gateway_registered",
-                "devices registered",
-                &st.registered,
-            ),
-            (
-                "qgate_gateway_forwarded",
-                "requests answered by the server",
-                &st.forwarded,
-            ),
-            (
-                "qgate_gateway_retried",
-                "forwarding attempts retried on another path",
-                &st.retried,
-            ),
-            (
-                "qgate_gateway_refused",
-                "requests refused for their Hash ID or in-flight limit",
-                &st.refused,
-            ),
-            (
-                "qgate_gateway_registrations_refused",
-                "registrations refused: gateway, connection or address full",
-                &st.registrations_refused,
-            ),
-            (
-                "qgate_gateway_sessions_expired",
-                "sessions ended for being idle",
-                &st.sessions_expired,
-            ),
-            (
-                "qgate_gateway_timeouts",
-                "forwarding attempts timed out (stream cancelled, connection kept)",
-                &st.timeouts,
-            ),
-            (
-                "qgate_gateway_failed",
-                "requests that failed on every path",
-                &st.failed,
-            ),
-            (
-                "qgate_gateway_early_requests",
-                "requests handled before their connection's handshake finished (0-RTT)",
-                &st.early,
-            ),
-            (
-                "qgate_gateway_too_early",
-                "of those, refused with 425: no device request id, or not a record",
-                &st.too_early,
-            ),
-            (
-                "qgate_gateway_batches",
-                "backhaul requests that carried several records (decision G23)",
-                &gw.batch_stats.batches,
-            ),
-            (
-                "qgate_gateway_batched_records",
-                "records forwarded in those batches",
-                &gw.batch_stats.batched,
-            ),
-            (
-                "qgate_gateway_batches_refused",
-                "batches the server answered other than 200 (404 or 405: their records sent again alone; else the answer is each record's)",
-                &gw.batch_stats.refused,
-            ),
-        ] {
-            metrics::counter(&mut e, name, help, r(v))?;
-        }
+        st.snapshot().encode(&mut e)?;
+        gw.batch_stats.snapshot().encode(&mut e)?;
         metrics::histograms(
             &mut e,
             "qgate_gateway_response_delay_seconds",

@@ -2,6 +2,7 @@
 //! connection manager (Hash IDs, scheduler, hits), forwarding with retries, and a device
 //! library. [`Gateway::builder`](gateway::Gateway::builder) assembles one.
 
+pub mod answer;
 pub mod batch;
 pub mod builder;
 pub mod device;

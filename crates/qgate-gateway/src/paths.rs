@@ -6,13 +6,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use qgate_core::forwarder::Forwarder;
 use qgate_core::path::{ConnectionSample, PathId, PathTable};
 use qgate_core::probe::ProbeMsg;
+use qgate_core::sync::lock;
 use qgate_transport::{connect, Congestion, Socket, TransportError, TransportOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -174,10 +175,6 @@ impl Drop for PathManager {
             t.abort();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Congestion-window history for the backhaul connections (paper 002; decision H6: on by

@@ -27,7 +27,7 @@ impl Server {
             socket: None,
             identity: None,
             transport: TransportOptions::default(),
-            sink: Sink::count_only(),
+            sink: Arc::new(crate::CountSink::new()),
             limits: ServeLimits::default(),
             history: None,
             seed: None,
@@ -62,7 +62,7 @@ pub struct ServerBuilder<'a> {
     socket: Option<Socket>,
     identity: Option<&'a Identity>,
     transport: TransportOptions,
-    sink: Sink,
+    sink: Arc<dyn Sink>,
     limits: ServeLimits,
     history: Option<(Arc<HistoryStore>, Option<f64>)>,
     seed: Option<u64>,
@@ -92,7 +92,7 @@ impl<'a> ServerBuilder<'a> {
     }
 
     /// Where ingested bodies go.
-    pub fn sink(mut self, sink: Sink) -> Self {
+    pub fn sink(mut self, sink: Arc<dyn Sink>) -> Self {
         self.sink = sink;
         self
     }

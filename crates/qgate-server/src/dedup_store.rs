@@ -18,6 +18,7 @@ use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use qgate_core::sync::lock;
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
@@ -63,10 +64,6 @@ impl Index {
     fn key(&self, rid: &str) -> u64 {
         self.hasher.hash_one(rid)
     }
-}
-
-fn lock(i: &Mutex<Index>) -> std::sync::MutexGuard<'_, Index> {
-    i.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A handle to the durable de-duplication table.

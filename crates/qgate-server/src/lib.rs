@@ -17,10 +17,10 @@ mod builder;
 mod dedup;
 mod dedup_store;
 pub mod disk;
+mod ingested;
 mod probe;
-mod queue_sink;
 pub mod room;
-mod sink;
+pub mod sink;
 pub mod upload;
 
 use std::net::SocketAddr;
@@ -38,44 +38,55 @@ pub use builder::{
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
 };
 pub use dedup_store::{DedupStore, DedupStoreError};
+pub use ingested::Ingested;
 pub use probe::answer_probes;
-pub use queue_sink::{QueueSink, QueueSinkConfig, QueueSinkStats, Upstream};
-pub use sink::{Record, Sink, SinkError};
+pub use sink::{
+    CountSink, DirSink, QueueSink, QueueSinkConfig, QueueSinkStats, Record, Sink, SinkError,
+    Upstream, UpstreamView,
+};
 pub use upload::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 
-/// Counters of what the server has done.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    /// QUIC connections accepted.
-    pub connections: AtomicU64,
-    /// QUIC connections refused: every place taken, or the client's share (S10).
-    pub connections_refused: AtomicU64,
-    /// Retry packets sent: a client asked to prove its address while places are scarce (S10).
-    pub retries: AtomicU64,
-    /// Ingest requests stored.
-    pub ingested: AtomicU64,
-    /// Ingest bytes stored.
-    pub ingested_bytes: AtomicU64,
-    /// Requests answered with an error status.
-    pub errors: AtomicU64,
-    /// All requests.
-    pub requests: AtomicU64,
-    /// Retried copies of requests already stored (answered, not stored again).
-    pub duplicates: AtomicU64,
-    /// Path probes answered.
-    pub probes: AtomicU64,
-    /// Datagrams that were not valid probes (ignored).
-    pub bad_probes: AtomicU64,
-    /// Upload chunks written.
-    pub upload_chunks: AtomicU64,
-    /// Upload bytes written.
-    pub upload_bytes: AtomicU64,
-    /// Uploads completed (verified and durable).
-    pub uploads_completed: AtomicU64,
-    /// Batches of records received (`POST /batch`; their records count in `ingested`).
-    pub batches: AtomicU64,
-    /// Requests being handled now (a gauge: a graceful stop waits for it to reach 0).
-    pub in_flight: AtomicU64,
+qgate_core::counters! {
+    /// Counters of what the server has done.
+    pub struct ServerStats => StatsSnapshot {
+        /// QUIC connections accepted.
+        connections: counter "qgate_server_connections", "QUIC connections accepted";
+        /// QUIC connections refused: every place taken, or the client's share (S10).
+        connections_refused: counter "qgate_server_connections_refused",
+            "QUIC connections refused: the server's limit, or the client's (address, or IPv6 /64) share";
+        /// Retry packets sent: a client asked to prove its address while places are scarce (S10).
+        retries: counter "qgate_server_retries",
+            "QUIC Retry packets sent: a client asked to prove its address while half the connection places or more are held";
+        /// All requests.
+        requests: counter "qgate_server_requests", "HTTP/3 requests received";
+        /// Ingest requests stored.
+        ingested: counter "qgate_server_ingested", "ingest requests stored";
+        /// Ingest bytes stored.
+        ingested_bytes: counter "qgate_server_ingested_bytes", "ingest bytes stored";
+        /// Batches of records received (`POST /batch`; their records count in `ingested`).
+        batches: counter "qgate_server_batches",
+            "batches of records received from gateways (their records count in qgate_server_ingested)";
+        /// Retried copies of requests already stored (answered, not stored again).
+        duplicates: counter "qgate_server_duplicates",
+            "retried copies of stored requests (answered, not stored again)";
+        /// Requests answered with an error status.
+        errors: counter "qgate_server_errors", "requests answered with an error status";
+        /// Upload chunks written.
+        upload_chunks: counter "qgate_server_upload_chunks", "upload chunks written";
+        /// Upload bytes written.
+        upload_bytes: counter "qgate_server_upload_bytes", "upload bytes written";
+        /// Uploads completed (verified and durable).
+        uploads_completed: counter "qgate_server_uploads_completed",
+            "uploads completed, verified and durable";
+        /// Path probes answered.
+        probes: counter "qgate_server_probes", "path probes answered";
+        /// Datagrams that were not valid probes (ignored).
+        bad_probes: counter "qgate_server_bad_probes", "datagrams that were not valid probes";
+    }
+    extra {
+        /// Requests being handled now (a gauge: a graceful stop waits for it to reach 0).
+        pub in_flight: AtomicU64,
+    }
 }
 
 /// Counts a request in [`ServerStats::in_flight`] until dropped (also when its task is
@@ -95,68 +106,9 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A snapshot of [`ServerStats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StatsSnapshot {
-    /// QUIC connections accepted.
-    pub connections: u64,
-    /// QUIC connections refused: every place taken, or the client's share (S10).
-    #[serde(default)]
-    pub connections_refused: u64,
-    /// Retry packets sent (S10).
-    #[serde(default)]
-    pub retries: u64,
-    /// Ingest requests stored.
-    pub ingested: u64,
-    /// Ingest bytes stored.
-    pub ingested_bytes: u64,
-    /// Requests answered with an error status.
-    pub errors: u64,
-    /// All requests.
-    pub requests: u64,
-    /// Retried copies of requests already stored (answered, not stored again).
-    pub duplicates: u64,
-    /// Path probes answered.
-    pub probes: u64,
-    /// Datagrams that were not valid probes (ignored).
-    pub bad_probes: u64,
-    /// Upload chunks written.
-    pub upload_chunks: u64,
-    /// Upload bytes written.
-    pub upload_bytes: u64,
-    /// Uploads completed (verified and durable).
-    pub uploads_completed: u64,
-    /// Batches of records received (`POST /batch`; their records count in `ingested`).
-    #[serde(default)]
-    pub batches: u64,
-}
-
-impl ServerStats {
-    /// Read every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            connections: r(&self.connections),
-            connections_refused: r(&self.connections_refused),
-            retries: r(&self.retries),
-            ingested: r(&self.ingested),
-            ingested_bytes: r(&self.ingested_bytes),
-            errors: r(&self.errors),
-            requests: r(&self.requests),
-            duplicates: r(&self.duplicates),
-            probes: r(&self.probes),
-            bad_probes: r(&self.bad_probes),
-            upload_chunks: r(&self.upload_chunks),
-            upload_bytes: r(&self.upload_bytes),
-            uploads_completed: r(&self.uploads_completed),
-            batches: r(&self.batches),
-        }
-    }
-}
-
 /// The ingest service: a sink and counters, answering HTTP/3 requests.
 pub struct IngestService {
-    sink: Sink,
+    sink: Arc<dyn Sink>,
     uploads: Option<Arc<Uploads>>,
     stats: Arc<ServerStats>,
     dedup: dedup::Dedup,
@@ -166,7 +118,7 @@ pub struct IngestService {
 
 impl IngestService {
     /// A service storing into `sink`.
-    pub fn new(sink: Sink) -> IngestService {
+    pub fn new(sink: Arc<dyn Sink>) -> IngestService {
         IngestService {
             sink,
             uploads: None,
@@ -196,10 +148,10 @@ impl IngestService {
         let slot = out.clone();
         runner
             .run(Box::new(move || {
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(f());
+                *qgate_core::sync::lock(&slot) = Some(f());
             }))
             .await?;
-        let done = out.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let done = qgate_core::sync::lock(&out).take();
         Ok(done.expect("a disk runner resolves only after its job ran"))
     }
 
@@ -224,16 +176,8 @@ impl IngestService {
     pub fn collector(&self) -> ServerMetrics {
         ServerMetrics {
             stats: self.stats.clone(),
-            queue: self.queue_sink().map(QueueSink::watch),
+            sink: self.sink.clone(),
             budget: None,
-        }
-    }
-
-    /// The queue sink, when the service delivers into a broker.
-    pub fn queue_sink(&self) -> Option<&QueueSink> {
-        match &self.sink {
-            Sink::Queue(q) => Some(q),
-            _ => None,
         }
     }
 }
@@ -242,7 +186,7 @@ impl IngestService {
 #[derive(Clone)]
 pub struct ServerMetrics {
     stats: Arc<ServerStats>,
-    queue: Option<(Arc<QueueSinkStats>, Arc<std::sync::atomic::AtomicBool>)>,
+    sink: Arc<dyn Sink>,
     /// The request-body budget its connections share.
     budget: Option<http3::BodyBudget>,
 }
@@ -251,19 +195,6 @@ impl std::fmt::Debug for ServerMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ServerMetrics")
     }
-}
-
-/// The queue sink's state, as the admin port shows it.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct QueueSinkView {
-    /// Whether the link to the broker is attached.
-    pub up: bool,
-    /// Messages the broker accepted.
-    pub accepted: u64,
-    /// Messages that could not be delivered (answered 503).
-    pub failed: u64,
-    /// Connections opened to the broker.
-    pub connects: u64,
 }
 
 impl ServerMetrics {
@@ -285,93 +216,15 @@ impl ServerMetrics {
         self.stats.snapshot()
     }
 
-    /// The queue sink's state, when the server delivers into a broker.
-    pub fn queue_sink(&self) -> Option<QueueSinkView> {
-        self.queue.as_ref().map(|(st, up)| {
-            let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            QueueSinkView {
-                up: up.load(Ordering::Relaxed),
-                accepted: r(&st.accepted),
-                failed: r(&st.failed),
-                connects: r(&st.connects),
-            }
-        })
+    /// The sink's upstream (the queue sink's broker), when it has one.
+    pub fn upstream(&self) -> Option<UpstreamView> {
+        self.sink.upstream()
     }
 }
 
 impl metrics::Collector for ServerMetrics {
     fn encode(&self, mut e: metrics::DescriptorEncoder) -> std::fmt::Result {
-        let s = self.stats.snapshot();
-        for (name, help, v) in [
-            (
-                "qgate_server_connections",
-                "QUIC connections accepted",
-                s.connections,
-            ),
-            (
-                "qgate_server_connections_refused",
-                "QUIC connections refused: the server's limit, or the client's (address, or IPv6 /64) share",
-                s.connections_refused,
-            ),
-            (
-                "qgate_server_retries",
-                "QUIC Retry packets sent: a client asked to prove its address while half the connection places or more are held",
-                s.retries,
-            ),
-            (
-                "qgate_server_requests",
-                "HTTP/3 requests received",
-                s.requests,
-            ),
-            (
-                "qgate_server_ingested",
-                "ingest requests stored",
-                s.ingested,
-            ),
-            (
-                "qgate_server_ingested_bytes",
-                "ingest bytes stored",
-                s.ingested_bytes,
-            ),
-            (
-                "qgate_server_batches",
-                "batches of records received from gateways (their records count in qgate_server_ingested)",
-                s.batches,
-            ),
-            (
-                "qgate_server_duplicates",
-                "retried copies of stored requests (answered, not stored again)",
-                s.duplicates,
-            ),
-            (
-                "qgate_server_errors",
-                "requests answered with an error status",
-                s.errors,
-            ),
-            (
-                "qgate_server_upload_chunks",
-                "upload chunks written",
-                s.upload_chunks,
-            ),
-            (
-                "qgate_server_upload_bytes",
-                "upload bytes written",
-                s.upload_bytes,
-            ),
-            (
-                "qgate_server_uploads_completed",
-                "uploads completed, verified and durable",
-                s.uploads_completed,
-            ),
-            ("qgate_server_probes", "path probes answered", s.probes),
-            (
-                "qgate_server_bad_probes",
-                "datagrams that were not valid probes",
-                s.bad_probes,
-            ),
-        ] {
-            metrics::counter(&mut e, name, help, v)?;
-        }
+        self.stats.snapshot().encode(&mut e)?;
         if let Some(b) = &self.budget {
             metrics::counter(
                 &mut e,
@@ -380,31 +233,30 @@ impl metrics::Collector for ServerMetrics {
                 b.gave_way(),
             )?;
         }
-        if let Some((st, up)) = &self.queue {
-            let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        if let Some(u) = self.sink.upstream() {
             metrics::counter(
                 &mut e,
                 "qgate_server_queue_accepted",
                 "messages the AMQP broker accepted",
-                r(&st.accepted),
+                u.accepted,
             )?;
             metrics::counter(
                 &mut e,
                 "qgate_server_queue_failed",
                 "messages the AMQP sink could not deliver (answered 503)",
-                r(&st.failed),
+                u.failed,
             )?;
             metrics::counter(
                 &mut e,
                 "qgate_server_queue_connects",
                 "connections opened to the AMQP broker",
-                r(&st.connects),
+                u.connects,
             )?;
             metrics::gauge(
                 &mut e,
                 "qgate_server_queue_up",
                 "1 while the link to the AMQP broker is attached",
-                u64::from(up.load(Ordering::Relaxed)),
+                u64::from(u.up),
             )?;
         }
         Ok(())
@@ -479,8 +331,8 @@ impl Handler for IngestService {
         let _in_flight = InFlight::new(&self.stats.in_flight);
         let path = req.uri().path();
         let resp = match (req.method(), path) {
-            (&Method::GET, "/health") => match &self.sink {
-                Sink::Queue(q) if !q.is_up() => text(
+            (&Method::GET, "/health") => match self.sink.upstream() {
+                Some(u) if !u.up => text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the queue sink's broker is unreachable\n",
                 ),
@@ -508,7 +360,7 @@ impl Handler for IngestService {
                                 device,
                                 path,
                             };
-                            self.ingest(&rec, peer).await
+                            self.ingest(&rec, peer).await.to_response()
                         }
                         Err(why) => text(StatusCode::BAD_REQUEST, why),
                     }
@@ -538,8 +390,8 @@ impl IngestService {
     /// request would be, in order (decision G23): a record whose target is not an ingest stream
     /// gets that request's `400`, and the others are stored. A batch that does not parse, or
     /// has no entry, is refused whole with `400`: nothing of it is stored.
-    async fn batch(&self, body: &[u8], peer: SocketAddr) -> Response<Bytes> {
-        use qgate_core::batch::{self, Outcome};
+    async fn batch(&self, body: &Bytes, peer: SocketAddr) -> Response<Bytes> {
+        use qgate_core::batch;
         use qgate_core::protocol as wire;
         let entries = match batch::parse_entries(body) {
             Ok(e) if e.is_empty() => {
@@ -552,7 +404,9 @@ impl IngestService {
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
         };
         let peer_name = peer.to_string();
-        let records = entries.iter().map(|e| {
+        // Each record's body is a view of the batch's, not a copy.
+        let bodies: Vec<Bytes> = entries.iter().map(|e| body.slice_ref(e.body)).collect();
+        let records = entries.iter().zip(&bodies).map(|(e, entry_body)| {
             let target = std::str::from_utf8(e.target).ok();
             let name = target.and_then(stream_name).ok_or_else(|| {
                 match target.is_some_and(|t| t.starts_with("/ingest")) {
@@ -567,7 +421,7 @@ impl IngestService {
             let (request_id, device, path) = forwarded(e.request_id, e.device, path, &peer_name)?;
             Ok(Record {
                 stream: name,
-                body: e.body,
+                body: entry_body,
                 request_id,
                 device,
                 path,
@@ -578,28 +432,17 @@ impl IngestService {
         let answers = futures_util::future::join_all(records.iter().map(|r| async move {
             match r {
                 Ok(r) => self.ingest(r, peer).await,
-                Err(why) => text(StatusCode::BAD_REQUEST, why.clone()),
+                Err(why) => Ingested::refused(StatusCode::BAD_REQUEST, why.clone()),
             }
         }))
         .await;
         let mut out = Vec::with_capacity(4 + answers.len() * 40);
         batch::start_results(&mut out);
         for a in &answers {
-            if a.status().is_client_error() || a.status().is_server_error() {
+            if a.is_error() {
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
             }
-            let retry_after = a
-                .headers()
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()?.parse().ok());
-            batch::emit_result(
-                &mut out,
-                &Outcome {
-                    status: a.status().as_u16(),
-                    retry_after,
-                    body: a.body(),
-                },
-            );
+            a.emit_result(&mut out);
         }
         Response::builder()
             .status(StatusCode::OK)
@@ -609,13 +452,14 @@ impl IngestService {
     }
 
     /// Store one body, at most once per request id.
-    async fn ingest(&self, rec: &Record<'_>, peer: SocketAddr) -> Response<Bytes> {
-        let duplicate = |id: u64, n: usize| {
+    async fn ingest(&self, rec: &Record<'_>, peer: SocketAddr) -> Ingested {
+        let duplicate = |id: u64, bytes: usize| {
             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-            json(
-                StatusCode::CREATED,
-                format!("{{\"id\":{id},\"bytes\":{n},\"duplicate\":true}}"),
-            )
+            Ingested::Stored {
+                id,
+                bytes,
+                duplicate: true,
+            }
         };
         // Keyed by stream and id: the same id on another stream is another request.
         let key = rec.request_id.map(|r| format!("{}/{r}", rec.stream));
@@ -640,7 +484,10 @@ impl IngestService {
                     Err(e) => {
                         c.finish(None);
                         tracing::error!(error = %e, "de-duplication lookup failed");
-                        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));
+                        return Ingested::refused(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("{e}\n"),
+                        );
                     }
                 }
             }
@@ -666,10 +513,11 @@ impl IngestService {
                 self.stats
                     .ingested_bytes
                     .fetch_add(len as u64, Ordering::Relaxed);
-                json(
-                    StatusCode::CREATED,
-                    format!("{{\"id\":{id},\"bytes\":{len}}}"),
-                )
+                Ingested::Stored {
+                    id,
+                    bytes: len,
+                    duplicate: false,
+                }
             }
             Err(e) => {
                 match &e {
@@ -683,15 +531,7 @@ impl IngestService {
                         tracing::debug!(%peer, error = %e, "a body refused for the disk's room")
                     }
                 }
-                let mut r = text(e.status(), format!("{e}\n"));
-                if matches!(
-                    e.status(),
-                    StatusCode::SERVICE_UNAVAILABLE | StatusCode::INSUFFICIENT_STORAGE
-                ) {
-                    r.headers_mut()
-                        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
-                }
-                r
+                Ingested::of_sink_error(&e)
             }
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use qgate_core::batch::{self, Entry};
-use qgate_server::{IngestService, Sink};
+use qgate_server::{DirSink, IngestService};
 use qgate_transport::http3::Handler;
 
 fn post(path: &str, body: Vec<u8>) -> (http::Request<()>, Bytes) {
@@ -41,7 +41,7 @@ fn entry<'a>(target: &'a str, rid: &'a str, body: &'a [u8]) -> Entry<'a> {
 fn service(name: &str) -> (std::path::PathBuf, Arc<IngestService>, std::net::SocketAddr) {
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
+    let svc = Arc::new(IngestService::new(Arc::new(DirSink::open(&dir).unwrap())));
     (dir, svc, "10.0.0.1:1".parse().unwrap())
 }
 

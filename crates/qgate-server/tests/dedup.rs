@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use qgate_server::{IngestService, Sink};
+use qgate_server::{DirSink, IngestService};
 use qgate_transport::http3::Handler;
 
 fn req(rid: Option<&str>) -> http::Request<()> {
@@ -18,7 +18,7 @@ fn req(rid: Option<&str>) -> http::Request<()> {
 async fn retried_requests_are_stored_once() {
     let dir = std::env::temp_dir().join(format!("qgate-dedup-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let svc = Arc::new(IngestService::new(Sink::directory(&dir).unwrap()));
+    let svc = Arc::new(IngestService::new(Arc::new(DirSink::open(&dir).unwrap())));
     let peer = "10.0.0.1:1".parse().unwrap();
     let body = Bytes::from_static(b"reading");
     let first = svc.handle(req(Some("gw1-7")), body.clone(), peer).await;

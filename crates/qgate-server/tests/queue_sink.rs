@@ -15,7 +15,7 @@ use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::builder::RunningBroker;
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
-use qgate_server::{DedupStore, IngestService, QueueSink, QueueSinkConfig, Sink, Upstream};
+use qgate_server::{DedupStore, IngestService, QueueSink, QueueSinkConfig, Upstream};
 use qgate_transport::http3::Handler;
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 
@@ -180,7 +180,7 @@ async fn drain(c: &Connector, queue: &str) -> Seen {
 async fn service(sink: QueueSink, dedup: &std::path::Path) -> Arc<IngestService> {
     up(&sink).await;
     let store = reopen(dedup).await;
-    Arc::new(IngestService::new(Sink::Queue(sink)).with_dedup_store(store))
+    Arc::new(IngestService::new(Arc::new(sink)).with_dedup_store(store))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,7 +405,7 @@ async fn a_silent_broker_gets_503_at_once_not_a_hang() {
         1,
     );
     let stats = sink.stats();
-    let svc = Arc::new(IngestService::new(Sink::Queue(sink)));
+    let svc = Arc::new(IngestService::new(Arc::new(sink)));
     let peer: SocketAddr = "10.0.0.9:7000".parse().unwrap();
     let t = tokio::time::Instant::now();
     for i in 0..50 {

@@ -13,7 +13,7 @@ use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use qgate_amqp::artemis::{self, Artemis};
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::Scheme;
-use qgate_server::{IngestService, QueueSink, QueueSinkConfig, Sink, Upstream};
+use qgate_server::{IngestService, QueueSink, QueueSinkConfig, Upstream};
 use qgate_transport::http3::Handler;
 
 async fn start(port: Option<u16>, data: &std::path::Path) -> Option<Artemis> {
@@ -75,7 +75,7 @@ async fn nothing_acknowledged_is_lost_when_artemis_is_killed_mid_run() {
     while !sink.is_up() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let svc = Arc::new(IngestService::new(Sink::Queue(sink)));
+    let svc = Arc::new(IngestService::new(Arc::new(sink)));
     let acked = Arc::new(Mutex::new(HashSet::new()));
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Posters retry a refused request with the same id until it is acknowledged (a gateway's
@@ -260,7 +260,7 @@ async fn two_servers_feed_a_two_node_artemis_cluster() {
             QueueSinkConfig::default(),
             1,
         );
-        Arc::new(IngestService::new(Sink::Queue(sink)))
+        Arc::new(IngestService::new(Arc::new(sink)))
     };
     let (svc_a, svc_b) = (server(a.addr), server(b.addr));
     let acked = Arc::new(Mutex::new(HashSet::new()));

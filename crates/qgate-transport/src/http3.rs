@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Request, Response, StatusCode};
+use qgate_core::sync::lock;
 
 /// ALPN for HTTP/3 (RFC 9114 §3.1).
 pub const ALPN_H3: &[u8] = b"h3";
@@ -448,10 +449,6 @@ impl Drop for Share<'_> {
             drop(self.permit.take());
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The ledger's clock: the runtime's, so virtual time drives it in the simulator.

@@ -2,7 +2,8 @@
 //!
 //! The lab charges what a receiver allocates to an account (decision U14); it does so by
 //! wrapping the server's tasks and the QUIC drivers' runtime. The product only offers the
-//! hook: unset, a spawn is `tokio::spawn` and the drivers run on quinn's tokio runtime.
+//! hook: unset, a spawn is `tokio::spawn` and the drivers run on quinn's tokio runtime
+//! (decision W1).
 
 use std::fmt;
 use std::future::Future;

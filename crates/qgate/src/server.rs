@@ -2,12 +2,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use qgate_server::{
-    DedupStore, QueueSink, QueueSinkConfig, Server, Sink, UploadLimits, Uploads, Upstream,
-    EXPIRE_CHECK_EVERY,
+    CountSink, DedupStore, DirSink, QueueSink, QueueSinkConfig, Server, Sink, UploadLimits,
+    Uploads, Upstream, EXPIRE_CHECK_EVERY,
 };
 use qgate_transport::http3::{BodyBudget, ServeLimits, DEFAULT_MAX_BUFFERED};
 use qgate_transport::{Congestion, DevPki, Identity, Socket, TrustRoots};
@@ -241,9 +242,11 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
             }
             None => (None, 0),
         };
-        let sink = match sink_spec {
-            None => Sink::count_only(),
-            Some(SinkSpec::Dir(dir)) => Sink::directory_keeping(&dir, keep_free).map_err(usage)?,
+        let sink: Arc<dyn Sink> = match sink_spec {
+            None => Arc::new(CountSink::new()),
+            Some(SinkSpec::Dir(dir)) => {
+                Arc::new(DirSink::open_keeping(&dir, keep_free).map_err(usage)?)
+            }
             Some(SinkSpec::Queue(url)) => {
                 let trust = match &sink_ca {
                     Some(f) => TrustRoots::from_pem_file(f).map_err(usage)?,
@@ -277,7 +280,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
                         "qgate: {target} is not reachable yet; ingest requests get 503 until it is"
                     );
                 }
-                Sink::Queue(sink)
+                Arc::new(sink)
             }
         };
         let mut builder = Server::builder()

@@ -18,7 +18,7 @@ use qgate_amqp::broker::{Broker, BrokerConfig};
 use qgate_amqp::client::Connector;
 use qgate_amqp::transport::{self, Scheme, ALPN_AMQP};
 use qgate_gateway::device::Device;
-use qgate_server::{DedupStore, QueueSink, QueueSinkConfig, Sink, Upstream};
+use qgate_server::{CountSink, DedupStore, QueueSink, QueueSinkConfig, Sink, Upstream};
 use qgate_transport::{endpoint, server_config, DevPki, Socket, TransportOptions};
 
 use crate::stats::Summary;
@@ -161,7 +161,7 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
     let mut broker = None;
     let mut consumer = None;
     let stop = Arc::new(AtomicBool::new(false));
-    let (sink, dedup) = if queue {
+    let (sink, dedup): (Arc<dyn Sink>, _) = if queue {
         let scfg = server_config(&pki.server, &[ALPN_AMQP], &transport::broker_options(&opts))
             .expect("config");
         let ep = endpoint(
@@ -265,7 +265,7 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
         }));
         let (dedup, _) = DedupStore::open(&dir.join("dedup.redb"), 1 << 20).expect("dedup store");
         (
-            Sink::Queue(QueueSink::start(
+            Arc::new(QueueSink::start(
                 Upstream::Connector(connector()),
                 "ingest",
                 "bench",
@@ -275,7 +275,7 @@ async fn one(cfg: &PipelineConfig, queue: bool) -> PipelineRun {
             Some(dedup),
         )
     } else {
-        (Sink::count_only(), None)
+        (Arc::new(CountSink::new()), None)
     };
 
     let mut server = qgate_server::Server::builder()

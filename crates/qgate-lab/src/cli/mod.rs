@@ -1,7 +1,7 @@
 //! The `qgate-lab` command line: the papers' experiments and any plan file, the system
 //! benchmarks, the simulated demo and the real-time link emulator. It stands on the product
 //! (`qgate`'s library for errors, logging and runtimes; the `qgate` binary for the daemons the
-//! kernel labs and benchmarks start), which knows nothing of it.
+//! kernel labs and benchmarks start), which knows nothing of it (decision W1).
 
 mod bench;
 pub mod config;

@@ -417,8 +417,8 @@ impl Cloud {
     }
 
     /// The server's sink: the broker's ingest queue.
-    fn sink(&self) -> qgate_server::Sink {
-        qgate_server::Sink::Queue(qgate_server::QueueSink::start(
+    fn sink(&self) -> std::sync::Arc<dyn qgate_server::Sink> {
+        std::sync::Arc::new(qgate_server::QueueSink::start(
             qgate_server::Upstream::Connector(self.connector(1)),
             QUEUE,
             &format!("amqp+quic://{}/{QUEUE}", self.broker_addr),

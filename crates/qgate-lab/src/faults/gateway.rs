@@ -27,7 +27,7 @@ use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_netsim::topology::{LinkChange, LinkSpec};
 use qgate_netsim::{HostId, LinkId, LossModel, Network, World};
-use qgate_server::{IngestService, ServerStats, Sink};
+use qgate_server::{CountSink, IngestService, ServerStats};
 use qgate_transport::http3::{H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::{
     client_config, connect, endpoint, server_endpoint, DevPki, Identity, Socket, TransportOptions,
@@ -133,7 +133,7 @@ async fn start_server(
         &Default::default(),
     )
     .expect("endpoint");
-    let service = Arc::new(IngestService::new(Sink::count_only()));
+    let service = Arc::new(IngestService::new(Arc::new(CountSink::new())));
     let stats: Arc<ServerStats> = service.stats();
     let tap = Arc::new(Tap {
         service,

@@ -27,7 +27,7 @@ use std::io::IoSliceMut;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,7 @@ use quinn_proto::{ConnectionHandle, Dir, StreamEvent, StreamId};
 pub use streams::{BidiStream, RecvStream, SendStream};
 
 use crate::{Socket, TransportError};
+use qgate_core::sync::lock;
 
 /// Connections whose handshake finished but that [`Endpoint::accept`] has not taken yet; more
 /// are closed at once (the application is not keeping up).
@@ -108,10 +109,6 @@ pub struct EndpointStats {
 /// The clock quinn uses: tokio's, so simulations in virtual time work.
 fn now() -> Instant {
     TokioRuntime.now()
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A QUIC server endpoint whose connections share one driver task. Once every handle to it is

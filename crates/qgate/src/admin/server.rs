@@ -54,9 +54,9 @@ impl Api for ServerApi {
             match (call.method, call.path.as_slice()) {
                 (&Method::GET, ["stats"]) => Ok(json!({
                     "ingest": self.metrics.snapshot(),
-                    "sink": self.metrics.queue_sink(),
+                    "sink": self.metrics.upstream(),
                 })),
-                (&Method::GET, ["sink"]) => Ok(json!(self.metrics.queue_sink())),
+                (&Method::GET, ["sink"]) => Ok(json!(self.metrics.upstream())),
                 (&Method::POST, ["reload"]) => {
                     let new = reload_config()?;
                     let mut needs_restart = shared_sections(&self.started, &new, true);
@@ -71,7 +71,7 @@ impl Api for ServerApi {
     }
 
     fn health(&self) -> Result<(), String> {
-        match self.metrics.queue_sink() {
+        match self.metrics.upstream() {
             Some(q) if !q.up => Err("the queue sink's broker is unreachable".into()),
             _ => Ok(()),
         }

@@ -178,7 +178,7 @@ pub(crate) async fn prepare(
     g: &GatewayLoad,
     world: &mut World,
     s: &Setup,
-    sink: qgate_server::Sink,
+    sink: std::sync::Arc<dyn qgate_server::Sink>,
 ) -> Result<Prepared, String> {
     let gw_host = world.host(&g.gateway).ok_or("no gateway host")?;
     let srv_host = world.host(&g.server).ok_or("no server host")?;

@@ -110,7 +110,7 @@ pub async fn prepare(w: &Workload, world: &mut World, s: &Setup) -> Result<Prepa
     let fail = |e: String| format!("workload '{}': {e}", w.name());
     Ok(match w {
         Workload::Gateway(g) => Prepared::Gateway(Box::new(
-            gateway::prepare(g, world, s, qgate_server::Sink::count_only())
+            gateway::prepare(g, world, s, Arc::new(qgate_server::CountSink::new()))
                 .await
                 .map_err(fail)?,
         )),

@@ -23,12 +23,12 @@ use fe2o3_amqp::types::messaging::{
 use fe2o3_amqp::types::primitives::{Binary, Value};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
-use qgate_amqp::client::{bounded, quic_closed};
-pub use qgate_amqp::url::Upstream;
+use qgate_amqp_client::client::{bounded, quic_closed};
+pub use qgate_amqp_client::url::Upstream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::sink::{Record, SinkError};
+use super::{Record, Sink, SinkError, Stored, UpstreamView};
 
 /// How the queue sink behaves; every default lives here.
 #[derive(Debug, Clone)]
@@ -137,7 +137,7 @@ impl QueueSink {
         QueueSink {
             jobs: tx,
             bytes: Arc::new(Semaphore::new(cfg.backlog_bytes.max(1))),
-            instance: qgate_amqp::client::run_id(),
+            instance: qgate_amqp_client::client::run_id(),
             next: AtomicU64::new(first_id.max(1)),
             cfg,
             stats,
@@ -155,13 +155,8 @@ impl QueueSink {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// Its counters and up flag, shared with readers that outlive a borrow (the metrics).
-    pub(crate) fn watch(&self) -> (Arc<QueueSinkStats>, Arc<AtomicBool>) {
-        (self.stats.clone(), self.up.clone())
-    }
-
     /// Send `rec` and wait for the broker's accept; returns the response id.
-    pub(crate) async fn deliver(&self, rec: &Record<'_>) -> Result<u64, SinkError> {
+    async fn deliver(&self, rec: &Record<'_>) -> Result<u64, SinkError> {
         let fail = |e: SinkError| {
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
             e
@@ -212,6 +207,22 @@ impl QueueSink {
             // It may still be accepted later: at least once (its retry is a new request).
             Err(_) => Err(unavailable("the broker did not accept in time")),
         }
+    }
+}
+
+impl Sink for QueueSink {
+    fn store<'a>(&'a self, rec: &'a Record<'a>) -> Stored<'a> {
+        Box::pin(self.deliver(rec))
+    }
+
+    fn upstream(&self) -> Option<UpstreamView> {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Some(UpstreamView {
+            up: self.is_up(),
+            accepted: r(&self.stats.accepted),
+            failed: r(&self.stats.failed),
+            connects: r(&self.stats.connects),
+        })
     }
 }
 
