@@ -915,49 +915,57 @@ where
         // The stream was ended already (after an error close).
         let mut shut = false;
         loop {
-            tokio::select! {
+            let failed = tokio::select! {
                 biased;
-                reply = &mut fail_rx => {
-                    if let Ok((reply, mut rd)) = reply {
-                        // Only an operator's close lingers (M29): a peer that broke a rule or
-                        // a deadline loses its read side at once, as before.
-                        let forced = matches!(&reply, Fail::Close(c, _)
-                            if *c == ErrorCondition::from(ConnectionError::ConnectionForced));
-                        let bytes = match reply {
-                            Fail::Header if rw.sent_header() => Vec::new(),
-                            Fail::Header => b"AMQP\x03\x01\x00\x00".to_vec(),
-                            Fail::Close(..) if rw.closed() => Vec::new(),
-                            Fail::Close(c, why) if rw.opened() => error_close(c, &why),
-                            Fail::Close(c, why) => [open_frame(), error_close(c, &why)].concat(),
-                        };
-                        if forced {
-                            // Write the close and end the stream while reading (and dropping)
-                            // what the peer still sends — a peer blocked writing to us could
-                            // not read our close otherwise — for at most CLOSE_LINGER, the
-                            // write within the handshake deadline.
-                            let tell = async {
-                                if send(&mut peer_wr, &bytes).await.is_ok() {
-                                    let _ = peer_wr.shutdown().await;
-                                }
-                            };
-                            let mut sink = [0u8; 4096];
-                            let drain = tokio::time::timeout(CLOSE_LINGER, async {
-                                while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
-                            });
-                            let both = async { tokio::join!(tell, drain) };
-                            let _ = tokio::time::timeout(cfg.handshake_timeout.max(CLOSE_LINGER), both).await;
-                            shut = true;
-                        } else {
-                            drop(rd);
-                            let _ = tokio::time::timeout(write_limit, send(&mut peer_wr, &bytes)).await;
-                        }
-                    }
-                    break;
-                }
+                reply = &mut fail_rx => Some(reply.ok()),
                 r = ours_rd.read_buf(&mut input) => match r {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => gather(&mut ours_rd, &mut input).await,
+                    Ok(_) => {
+                        gather(&mut ours_rd, &mut input).await;
+                        // The peer's failure may have come while the broker's bytes were
+                        // gathered: they answer the end of its stream (a plain close), and the
+                        // failure's close must reach the peer instead.
+                        fail_rx.try_recv().ok().map(Some)
+                    }
                 },
+            };
+            if let Some(reply) = failed {
+                if let Some((reply, mut rd)) = reply {
+                    // Only an operator's close lingers (M29): a peer that broke a rule or
+                    // a deadline loses its read side at once, as before.
+                    let forced = matches!(&reply, Fail::Close(c, _)
+                            if *c == ErrorCondition::from(ConnectionError::ConnectionForced));
+                    let bytes = match reply {
+                        Fail::Header if rw.sent_header() => Vec::new(),
+                        Fail::Header => b"AMQP\x03\x01\x00\x00".to_vec(),
+                        Fail::Close(..) if rw.closed() => Vec::new(),
+                        Fail::Close(c, why) if rw.opened() => error_close(c, &why),
+                        Fail::Close(c, why) => [open_frame(), error_close(c, &why)].concat(),
+                    };
+                    if forced {
+                        // Write the close and end the stream while reading (and dropping)
+                        // what the peer still sends — a peer blocked writing to us could
+                        // not read our close otherwise — for at most CLOSE_LINGER, the
+                        // write within the handshake deadline.
+                        let tell = async {
+                            if send(&mut peer_wr, &bytes).await.is_ok() {
+                                let _ = peer_wr.shutdown().await;
+                            }
+                        };
+                        let mut sink = [0u8; 4096];
+                        let drain = tokio::time::timeout(CLOSE_LINGER, async {
+                            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+                        });
+                        let both = async { tokio::join!(tell, drain) };
+                        let _ = tokio::time::timeout(cfg.handshake_timeout.max(CLOSE_LINGER), both)
+                            .await;
+                        shut = true;
+                    } else {
+                        drop(rd);
+                        let _ = tokio::time::timeout(write_limit, send(&mut peer_wr, &bytes)).await;
+                    }
+                }
+                break;
             }
             if rw.process(&mut input, &mut out).is_err() {
                 break;
