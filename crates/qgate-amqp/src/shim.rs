@@ -914,10 +914,12 @@ where
         let write_limit = write(cfg.idle_timeout);
         // The stream was ended already (after an error close).
         let mut shut = false;
+        // The inbound pump ended without a failure (seen by `try_recv`): `fail_rx` is spent.
+        let mut rx_done = false;
         loop {
             let failed = tokio::select! {
                 biased;
-                reply = &mut fail_rx => Some(reply.ok()),
+                reply = &mut fail_rx, if !rx_done => Some(reply.ok()),
                 r = ours_rd.read_buf(&mut input) => match r {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
@@ -925,7 +927,16 @@ where
                         // The peer's failure may have come while the broker's bytes were
                         // gathered: they answer the end of its stream (a plain close), and the
                         // failure's close must reach the peer instead.
-                        fail_rx.try_recv().ok().map(Some)
+                        match fail_rx.try_recv() {
+                            Ok(f) => Some(Some(f)),
+                            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+                            // Ended without a failure: what was gathered still goes out, then
+                            // the pump ends as it did when it saw that end first.
+                            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                                rx_done = true;
+                                None
+                            }
+                        }
                     }
                 },
             };
@@ -988,6 +999,9 @@ where
                 }
             }
             out.clear();
+            if rx_done {
+                break;
+            }
             if input.capacity() - input.len() < 4096 {
                 input.reserve(16 * 1024);
             }

@@ -13,12 +13,7 @@
 //! other error status (a busy server's `503` with its Retry-After) is each record's; a failed
 //! exchange, or a success that is not a batch's answer, fails every record in it, and the
 //! forwarding core retries each as before.
-//!
-//! A record that finds its lane idle (nothing queued, no record going out inline) goes at once,
-//! in its own task, as the request it was: no channel, no batcher task, no spawned exchange.
-//! Records that come while it is out are the ones that share a batch.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,12 +92,10 @@ qgate_core::counters! {
             "backhaul requests that carried several records (decision G23)";
         /// Records sent in those batches.
         batched: counter "qgate_gateway_batched_records", "records forwarded in those batches";
-        /// Batches answered other than `200`, whose records went again alone.
+        /// Batches answered 404 or 405 (their records went again alone) or with an error status
+        /// (each record's answer).
         refused: counter "qgate_gateway_batches_refused",
-            "batches the server answered other than 200 (404 or 405: their records sent again alone; else the answer is each record's)";
-        /// Batchable records that found their lane idle and went at once, alone.
-        inline: counter "qgate_gateway_records_inline",
-            "batchable records that found their lane idle and went at once, without the batcher";
+            "batches the server answered 404 or 405 (their records sent again alone) or with an error status (the answer is each record's)";
     }
 }
 
@@ -111,7 +104,6 @@ qgate_core::counters! {
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Pending>,
-    lane: Arc<Lane>,
 }
 
 impl Batcher {
@@ -129,47 +121,21 @@ impl Batcher {
             authority,
             timeout,
             stats,
-            queued: AtomicUsize::new(0),
-            inline: AtomicBool::new(false),
         });
-        tokio::spawn(run(rx, lane.clone()));
-        Batcher { tx, lane }
+        tokio::spawn(run(rx, lane));
+        Batcher { tx }
     }
 
     /// Forward `record` (alone or with others) and wait for the server's answer to it.
     pub async fn send(&self, record: Record) -> Result<Answer, H3Error> {
-        let lane = &self.lane;
-        if lane.queued.load(Ordering::Acquire) == 0
-            && lane
-                .inline
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            // Cleared however the send ends (the device's task may be dropped mid-way).
-            let _going = Inline(&lane.inline);
-            lane.stats.inline.fetch_add(1, Ordering::Relaxed);
-            // Boxed: the exchange is a multi-KB future (as the gateway's direct sends are).
-            return Box::pin(send_alone(lane, record)).await;
-        }
         let (reply, answer) = oneshot::channel();
-        lane.queued.fetch_add(1, Ordering::AcqRel);
-        let queued = self.tx.send(Pending { record, reply }).await;
-        if queued.is_err() {
-            lane.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(H3Error::Connection("the lane's batcher has stopped".into()));
-        }
+        self.tx
+            .send(Pending { record, reply })
+            .await
+            .map_err(|_| H3Error::Connection("the lane's batcher has stopped".into()))?;
         answer
             .await
             .unwrap_or_else(|_| Err(H3Error::Connection("the lane's batcher has stopped".into())))
-    }
-}
-
-/// A record going out inline on its lane, until dropped.
-struct Inline<'a>(&'a AtomicBool);
-
-impl Drop for Inline<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -178,10 +144,6 @@ struct Lane {
     authority: String,
     timeout: Duration,
     stats: Arc<BatchStats>,
-    /// Records handed to the batcher and not yet in an exchange.
-    queued: AtomicUsize,
-    /// Whether a record is going out inline now.
-    inline: AtomicBool,
 }
 
 async fn run(mut rx: mpsc::Receiver<Pending>, lane: Arc<Lane>) {
@@ -207,7 +169,6 @@ async fn run(mut rx: mpsc::Receiver<Pending>, lane: Arc<Lane>) {
                 break;
             }
         }
-        lane.queued.fetch_sub(batch.len(), Ordering::AcqRel);
         tokio::spawn(exchange(lane.clone(), batch));
     }
 }

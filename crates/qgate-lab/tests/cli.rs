@@ -296,6 +296,11 @@ fn lab_faults_quick_loses_nothing() {
     let (_home, out) = run_lab_quick("faults", &["results.csv", "summary.md"]);
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("**Lost over every run: 0**"), "{summary}");
+    // The command that reproduces it, flags and all.
+    assert!(
+        summary.contains("Reproduce: `qgate-lab faults --quick --out "),
+        "{summary}"
+    );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     for fault in [
         "server restart",

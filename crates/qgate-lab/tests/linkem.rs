@@ -40,7 +40,7 @@ fn product() -> String {
 macro_rules! needs_root {
     () => {
         if !root() {
-            eprintln!("skipped: qgate linkem needs root and /dev/net/tun");
+            eprintln!("skipped: qgate-lab linkem needs root and /dev/net/tun");
             return;
         }
     };
@@ -59,6 +59,7 @@ fn linkem(args: &[&str], command: &str) -> Output {
         .args(args)
         .args(["--", "sh", "-c", command])
         .env_remove("QGATE_CONFIG")
+        .env_remove("QGATE_LAB_CONFIG")
         .current_dir(tools().parent().unwrap())
         .output()
         .unwrap();
@@ -360,6 +361,7 @@ fn bad_input_gets_a_clear_error() {
             .arg("linkem")
             .args(&args)
             .env_remove("QGATE_CONFIG")
+            .env_remove("QGATE_LAB_CONFIG")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -372,6 +374,7 @@ fn bad_input_gets_a_clear_error() {
             .arg(env!("CARGO_BIN_EXE_qgate-lab"))
             .args(["linkem", "--link", "rate=1mbit", "--", "true"])
             .env_remove("QGATE_CONFIG")
+            .env_remove("QGATE_LAB_CONFIG")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -508,6 +511,7 @@ fn the_readme_example_posts_through_an_emulated_link() {
         ])
         .env("QGATE_HOME", &home)
         .env_remove("QGATE_CONFIG")
+        .env_remove("QGATE_LAB_CONFIG")
         .current_dir(&home)
         .output()
         .unwrap();
@@ -557,6 +561,7 @@ fn upload_over_two_paths_survives_path_1_dying() {
         ])
         .env("QGATE_HOME", &home)
         .env_remove("QGATE_CONFIG")
+        .env_remove("QGATE_LAB_CONFIG")
         .current_dir(&home)
         .output()
         .unwrap();
@@ -592,6 +597,7 @@ fn lab_amqp_kernel_quick_measures_every_transport() {
         .arg(&out)
         .env("QGATE_HOME", &home)
         .env_remove("QGATE_CONFIG")
+        .env_remove("QGATE_LAB_CONFIG")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -627,6 +633,7 @@ fn lab_edge_aqm_quick_moves_the_queue_into_the_gateway() {
         .args(["edge-aqm", "--quick", "--out"])
         .arg(&out)
         .env_remove("QGATE_CONFIG")
+        .env_remove("QGATE_LAB_CONFIG")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -730,6 +737,7 @@ fn two_ended_mptcp_sockets_keep_their_backups_idle_and_report_receive_memory() {
         ])
         .args(["--out", dir.to_str().unwrap()])
         .env_remove("QGATE_CONFIG")
+        .env_remove("QGATE_LAB_CONFIG")
         .output()
         .unwrap();
     eprintln!("{}", String::from_utf8_lossy(&o.stderr));

@@ -15,9 +15,10 @@ pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Wraps the tasks a server spawns and supplies the runtime of its QUIC drivers.
 pub trait TaskProvider: Send + Sync + fmt::Debug {
-    /// The server's first task (its accept loop), wrapped; the tasks it spawns go through
-    /// [`TaskProvider::child`].
-    fn root(&self, task: Task) -> Task;
+    /// Held while the server's first task (its accept loop) is made and spawned, and dropped
+    /// after: what is allocated meanwhile belongs to it. The task itself then goes through
+    /// [`TaskProvider::child`], as the tasks it spawns do.
+    fn root_scope(&self) -> Box<dyn std::any::Any>;
     /// A task spawned by one of the server's tasks, wrapped (called on the spawning task).
     fn child(&self, task: Task) -> Task;
     /// The runtime of the server endpoint's driver and its connections' drivers.
@@ -41,7 +42,10 @@ impl Tasks {
     {
         match &self.0 {
             None => tokio::spawn(task),
-            Some(p) => tokio::spawn(p.root(Box::pin(task))),
+            Some(p) => {
+                let _scope = p.root_scope();
+                tokio::spawn(p.child(Box::pin(task)))
+            }
         }
     }
 

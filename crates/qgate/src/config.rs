@@ -131,7 +131,17 @@ impl Config {
 
     /// Parse and check a config file's `text`; errors name `origin` (the file).
     pub fn parse(text: &str, origin: &str) -> anyhow::Result<Config> {
-        let cfg: Config = parse_toml(text, origin)?;
+        let cfg: Config = parse_toml(text, origin).map_err(|e| {
+            let lab = ["`demo`", "`linkem`"]
+                .iter()
+                .any(|t| e.to_string().contains(&format!("unknown field {t}")));
+            match lab {
+                true => e.context(
+                    "[demo] and [linkem] are the lab's tables: give them to qgate-lab --config (or QGATE_LAB_CONFIG)",
+                ),
+                false => e,
+            }
+        })?;
         cfg.transport
             .validate()
             .map_err(|e| anyhow::anyhow!("config file {origin}: [transport] {e}"))?;

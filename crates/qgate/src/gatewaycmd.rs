@@ -303,8 +303,8 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         })
         .await?;
         println!(
-            "qgate gateway listening on udp/{local} (HTTP/3), {} paths, scheduler {sched_name}{}",
-            paths.len(),
+            "qgate gateway listening on udp/{local} (HTTP/3), {}, scheduler {sched_name}{}",
+            crate::count(paths.len() as u64, "path", "paths"),
             admin
                 .as_ref()
                 .map_or(String::new(), |(_, l)| format!(", {l}"))
@@ -328,9 +328,9 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         running.endpoint.close(0, b"gateway shutting down");
         let s = gw.stats.snapshot();
         eprintln!(
-            "qgate: registered {} devices, forwarded {} requests ({} retried on another path, {} failed, {} refused){}",
-            s.registered,
-            s.forwarded,
+            "qgate: registered {}, forwarded {} ({} retried on another path, {} failed, {} refused){}",
+            crate::count(s.registered, "device", "devices"),
+            crate::count(s.forwarded, "request", "requests"),
             s.retried,
             s.failed,
             s.refused,

@@ -1,6 +1,7 @@
-//! `qgate`: IoT data over QUIC — server, clients, demo and benchmarks. The command line is
-//! this library's [`run`]; the binary only calls it (and picks the allocator), so the parsers of
-//! untrusted input here (config files, URLs, durations) can be fuzzed (`fuzz/`).
+//! `qgate`: IoT data over QUIC — the product: gateway, server, broker, device and clients. The
+//! command line is this library's [`run`]; the binary only calls it (and picks the allocator),
+//! so the parsers of untrusted input here (config files, URLs, durations) can be fuzzed
+//! (`fuzz/`).
 
 pub mod admin;
 mod amqpcmd;
@@ -20,6 +21,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+
+/// qgate's version and the commit it was built from, as `--version` prints it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("QGATE_COMMIT"),
+    ")"
+);
 
 /// Exit status for a usage or configuration error (bad flag, URL, config file).
 pub const EXIT_USAGE: u8 = 2;
@@ -67,7 +76,7 @@ const GLOBAL: &str = "Global options";
 #[derive(Parser, Debug)]
 #[command(
     name = "qgate",
-    version,
+    version = VERSION,
     about = "qgate: IoT data over QUIC: edge gateway, HTTP/3 ingest server, AMQP 1.0 broker",
     long_about = "qgate carries IoT data over QUIC: an edge gateway that forwards devices' records \
                   over several backhaul paths by priority, an HTTP/3 ingest server, an AMQP 1.0 \
@@ -80,8 +89,8 @@ struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = GLOBAL)]
     verbose: u8,
-    /// TOML configuration file (tables [server], [client], [transport], [demo], [history],
-    /// [gateway], [broker], [linkem]; e.g. docs/examples/gateway.toml); flags override it.
+    /// TOML configuration file (tables [server], [client], [transport], [history], [gateway],
+    /// [broker], [admin]; e.g. docs/examples/gateway.toml); flags override it.
     #[arg(short, long, global = true, env = "QGATE_CONFIG", value_name = "FILE", help_heading = GLOBAL)]
     config: Option<PathBuf>,
     /// Log lines as text or JSON (one object per line).
@@ -189,6 +198,12 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
             error: e.into(),
         }
     }
+}
+
+/// `n` and the noun for it: "1 path", "2 paths".
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// `help` followed by the default, read from where the default lives (one source of truth).
@@ -349,4 +364,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("a tokio runtime")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_thing_is_singular() {
+        assert_eq!(super::count(1u64, "path", "paths"), "1 path");
+        assert_eq!(super::count(0u64, "path", "paths"), "0 paths");
+        assert_eq!(super::count(3u64, "device", "devices"), "3 devices");
+    }
 }

@@ -77,6 +77,17 @@ fn help_everywhere() {
 }
 
 #[test]
+fn version_names_the_commit() {
+    let o = run(&tmp("version"), &["--version"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("qgate ") && out.contains(" (commit "),
+        "{out}"
+    );
+}
+
+#[test]
 fn malformed_url_is_a_usage_error() {
     let home = tmp("url");
     let o = run(&home, &["get", "localhost:4433/x"]);
@@ -390,6 +401,13 @@ fn malformed_config_is_named_with_its_line() {
         .output()
         .unwrap();
     assert_fails(o, 2, "unknown field `demo`");
+    let o = qgate(&home)
+        .arg("--config")
+        .arg(&cfg)
+        .args(["history", "list"])
+        .output()
+        .unwrap();
+    assert_fails(o, 2, "give them to qgate-lab --config");
 }
 
 #[test]

@@ -24,7 +24,7 @@ const GLOBAL: &str = "Global options";
 #[derive(Parser, Debug)]
 #[command(
     name = "qgate-lab",
-    version,
+    version = qgate::VERSION,
     about = "qgate's lab: the papers' experiments, plan files, benchmarks, the simulated demo",
     long_about = "qgate-lab runs qgate's own code on a simulated network in virtual time (the \
                   papers' experiments, any plan file, the demo), benchmarks the system, and \
@@ -43,10 +43,11 @@ struct Cli {
     #[arg(short, long, global = true, env = "QGATE_LAB_CONFIG", value_name = "FILE", help_heading = GLOBAL)]
     config: Option<PathBuf>,
     /// Log lines as text or JSON (one object per line).
-    #[arg(long, global = true, help_heading = GLOBAL, value_enum, default_value = "text")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "QGATE_LOG_FORMAT", value_enum,
+          default_value = "text")]
     log_format: LogFormat,
     /// Worker threads for the command's async runtime [default: one per core]
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "N",
+    #[arg(long, global = true, help_heading = GLOBAL, env = "QGATE_THREADS", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
     #[command(subcommand)]
@@ -83,20 +84,19 @@ pub fn run() -> ExitCode {
     if let Some(n) = cli.threads {
         qgate::set_worker_threads(usize::from(n));
     }
-    let config = match &cli.config {
-        Some(path) => match LabConfig::load(path) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("qgate-lab: error: {e:#}");
-                return ExitCode::from(qgate::EXIT_USAGE);
-            }
-        },
-        None => LabConfig::default(),
+    // Read only by the commands that take it: a file meant for another is no reason to refuse
+    // a plan or a benchmark.
+    let config = || match &cli.config {
+        Some(path) => LabConfig::load(path).map_err(|e| Failure {
+            status: qgate::EXIT_USAGE,
+            error: e,
+        }),
+        None => Ok(LabConfig::default()),
     };
     let result = match cli.command {
-        Command::Demo(a) => demo::demo(a, &config),
+        Command::Demo(a) => config().and_then(|c| demo::demo(a, &c)),
         Command::Bench(b) => bench::bench(b),
-        Command::Linkem(a) => linkem::run(a, &config),
+        Command::Linkem(a) => config().and_then(|c| linkem::run(a, &c)),
         Command::Plans(l) => {
             if let Some(p) = cli.config.as_ref().filter(|_| config_flag) {
                 // A plan file is a lab's configuration; saying so beats ignoring it silently.
@@ -120,7 +120,7 @@ pub fn run() -> ExitCode {
 /// The product binary, `qgate`, which the kernel labs and benchmarks start: beside this one
 /// (both are built into the same target directory), else `$QGATE_BIN`.
 pub fn product_exe() -> Result<PathBuf, Failure> {
-    if let Some(p) = std::env::var_os("QGATE_BIN") {
+    if let Some(p) = std::env::var_os("QGATE_BIN").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     let me = std::env::current_exe()
@@ -130,7 +130,7 @@ pub fn product_exe() -> Result<PathBuf, Failure> {
         Ok(beside)
     } else {
         Err(anyhow::anyhow!(
-            "this needs the qgate binary beside {} (build both: cargo build --release -p qgate -p qgate-lab), or its path in QGATE_BIN",
+            "this needs the qgate binary beside {} (build it: cargo build --release -p qgate), or its path in QGATE_BIN",
             me.display()
         )
         .into())

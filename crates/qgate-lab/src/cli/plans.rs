@@ -14,7 +14,7 @@ use qgate_aqm::PidDelayParams;
 pub enum Lab {
     /// Paper 003: AMQP 1.0 over QUIC vs over TCP+TLS (results/amqp/).
     Amqp(AmqpArgs),
-    /// Paper 003's cases with the kernel's TCP: `qgate broker` and `qgate send` through `qgate
+    /// Paper 003's cases with the kernel's TCP: `qgate broker` and `qgate send` through `qgate-lab
     /// linkem` in real time, QUIC against TLS 1.2 and 1.3 on kernel TCP (results/amqp-kernel/).
     /// Needs root; about 6 minutes with the defaults.
     AmqpKernel(AmqpKernelArgs),
@@ -531,7 +531,7 @@ fn amqp_cmd(a: AmqpArgs) -> Result<(), Failure> {
     use crate::papers::{paper003, paper003_report};
     let root = a.out.unwrap_or_else(|| PathBuf::from("results/amqp"));
     let command = std::iter::once("qgate-lab amqp".to_string())
-        .chain(std::env::args().skip(3))
+        .chain(std::env::args().skip(2))
         .collect::<Vec<_>>()
         .join(" ");
     let opts = crate::plan::Options {
@@ -724,8 +724,9 @@ fn scenario<R>(
     write: impl FnOnce(&std::path::Path, &R, &str) -> std::io::Result<()>,
 ) -> Result<(), Failure> {
     let out = out.unwrap_or_else(|| PathBuf::from(format!("results/{name}")));
+    // The command as typed, with its flags: `qgate-lab NAME` and what followed it.
     let command = std::iter::once(format!("qgate-lab {name}"))
-        .chain(std::env::args().skip(3))
+        .chain(std::env::args().skip(2))
         .collect::<Vec<_>>()
         .join(" ");
     let wall = std::time::Instant::now();

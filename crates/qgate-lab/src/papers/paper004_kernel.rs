@@ -1,4 +1,4 @@
-//! Paper 004's operating point with **real kernel TCP flows** (CUBIC, BBR) through `qgate
+//! Paper 004's operating point with **real kernel TCP flows** (CUBIC, BBR) through `qgate-lab
 //! linkem` in real time: the six disciplines where the simulator cannot go (it has no kernel
 //! TCP) and mahimahi cannot either (no RED, FQ-CoDel or PID-Delay). Needs root.
 //!

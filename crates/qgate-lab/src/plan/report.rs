@@ -32,11 +32,7 @@ pub struct Provenance {
 
 /// qgate's version and the commit it was built from.
 pub fn version() -> String {
-    format!(
-        "{} (commit {})",
-        env!("CARGO_PKG_VERSION"),
-        env!("QGATE_COMMIT")
-    )
+    qgate::VERSION.to_string()
 }
 
 /// SHA-256 of the plan text, hex.

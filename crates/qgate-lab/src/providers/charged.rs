@@ -23,9 +23,8 @@ impl Charged {
 }
 
 impl TaskProvider for Charged {
-    fn root(&self, task: Task) -> Task {
-        let _entered = self.0.parent().unwrap_or(&self.0).enter();
-        Box::pin(qgate_tally::inherit(task))
+    fn root_scope(&self) -> Box<dyn std::any::Any> {
+        Box::new(self.0.parent().unwrap_or(&self.0).enter())
     }
 
     fn child(&self, task: Task) -> Task {

@@ -1,4 +1,5 @@
-//! Records the git commit the lab is built from, for the provenance of results directories.
+//! Records the git commit qgate is built from: `--version` says it, and the lab writes it into
+//! the provenance of results directories.
 
 use std::process::Command;
 
