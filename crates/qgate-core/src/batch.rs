@@ -5,18 +5,21 @@
 //!
 //! A wire view in smoltcp's style: [`parse_entries`] / [`emit_entry`] for the request body and
 //! [`parse_results`] / [`emit_result`] for the answer's. An entry carries what the headers of a
-//! single forwarded request carry — its target (`/ingest/<name>`), request id, device and path
-//! — as the same bytes, so the server checks them with the same parsers as those headers.
+//! single forwarded request carry — its target (`/ingest/<name>`), request id, device, path and
+//! class — as the same bytes; `crate::forwarded::Forwarded` reads and writes both, so the server
+//! checks them with the same parsers.
 //!
 //! ```text
-//! request body := "QGB1" entry*
+//! request body := "QGB2" entry*
 //! entry        := u16 target length, target, u8 request id length, request id (0: none),
 //!                 u8 device length, device (0: none), u16 path (0xffff: none),
+//!                 u8 class (the class header's byte, `0` or `1`; 0x00: none),
 //!                 u32 body length, body
 //! answer body  := "QGA1" result*         (one per entry, in order)
 //! result       := u16 status, u16 Retry-After seconds (0: none), u32 body length, body
 //! ```
-//! Integers are big-endian.
+//! Integers are big-endian. A "QGB1" body (a gateway from before the class was carried) has the
+//! same entries without the class byte, and is still taken.
 
 use std::fmt;
 
@@ -27,7 +30,9 @@ pub const MAX_ENTRIES: usize = 256;
 /// Longest target accepted.
 pub const MAX_TARGET: usize = 1024;
 
-const REQUEST_MAGIC: &[u8; 4] = b"QGB1";
+const REQUEST_MAGIC: &[u8; 4] = b"QGB2";
+/// Without the class byte.
+const REQUEST_MAGIC_V1: &[u8; 4] = b"QGB1";
 const ANSWER_MAGIC: &[u8; 4] = b"QGA1";
 const NO_PATH: u16 = 0xffff;
 
@@ -42,6 +47,8 @@ pub struct Entry<'a> {
     pub device: Option<&'a [u8]>,
     /// The backhaul path that carried it, if known.
     pub path: Option<u16>,
+    /// The class header's byte, if any.
+    pub class: Option<u8>,
     /// The record.
     pub body: &'a [u8],
 }
@@ -103,13 +110,16 @@ pub fn emit_entry(out: &mut Vec<u8>, e: &Entry<'_>) {
     out.push(short(dev.len()));
     out.extend_from_slice(dev);
     out.extend_from_slice(&e.path.unwrap_or(NO_PATH).to_be_bytes());
+    out.push(e.class.unwrap_or(0));
     out.extend_from_slice(&u32::try_from(e.body.len()).expect("body").to_be_bytes());
     out.extend_from_slice(e.body);
 }
 
 /// The entries of a request body, all of them or an error (nothing of a bad batch is used).
 pub fn parse_entries(body: &[u8]) -> Result<Vec<Entry<'_>>, BatchError> {
-    let mut r = Reader::new(body, REQUEST_MAGIC, "QGB1")?;
+    let v1 = body.starts_with(REQUEST_MAGIC_V1);
+    let magic = if v1 { REQUEST_MAGIC_V1 } else { REQUEST_MAGIC };
+    let mut r = Reader::new(body, magic, "QGB2")?;
     let mut out = Vec::new();
     while !r.done() {
         let i = out.len();
@@ -127,6 +137,7 @@ pub fn parse_entries(body: &[u8]) -> Result<Vec<Entry<'_>>, BatchError> {
         let n = r.u8().ok_or(t.clone())? as usize;
         let device = r.take(n).ok_or(t.clone())?;
         let path = r.u16().ok_or(t.clone())?;
+        let class = if v1 { 0 } else { r.u8().ok_or(t.clone())? };
         let n = r.u32().ok_or(t.clone())? as usize;
         let body = r.take(n).ok_or(t)?;
         out.push(Entry {
@@ -134,6 +145,7 @@ pub fn parse_entries(body: &[u8]) -> Result<Vec<Entry<'_>>, BatchError> {
             request_id: (!request_id.is_empty()).then_some(request_id),
             device: (!device.is_empty()).then_some(device),
             path: (path != NO_PATH).then_some(path),
+            class: (class != 0).then_some(class),
             body,
         });
     }
@@ -247,6 +259,7 @@ mod tests {
                 request_id: Some(b"gw-1"),
                 device: Some(b"10.0.0.1:5000"),
                 path: Some(2),
+                class: Some(b'1'),
                 body: b"hello",
             },
             Entry {
@@ -254,6 +267,7 @@ mod tests {
                 request_id: None,
                 device: None,
                 path: None,
+                class: None,
                 body: b"",
             },
             Entry {
@@ -261,6 +275,7 @@ mod tests {
                 request_id: Some(b"d-0123"),
                 device: Some(b"x"),
                 path: Some(0),
+                class: Some(b'0'),
                 body: &[7; 300],
             },
         ]
@@ -280,13 +295,13 @@ mod tests {
         let es = entries();
         let body = request(&es);
         assert_eq!(parse_entries(&body).unwrap(), es);
-        assert_eq!(parse_entries(b"QGB1").unwrap(), vec![]);
+        assert_eq!(parse_entries(b"QGB2").unwrap(), vec![]);
         // Cut anywhere but at an entry's end, a batch is refused whole.
         let mut ends = vec![4];
         let mut at = 4;
         for e in &es {
             at += 2 + e.target.len() + 1 + e.request_id.map_or(0, <[u8]>::len);
-            at += 1 + e.device.map_or(0, <[u8]>::len) + 2 + 4 + e.body.len();
+            at += 1 + e.device.map_or(0, <[u8]>::len) + 2 + 1 + 4 + e.body.len();
             ends.push(at);
         }
         assert_eq!(at, body.len());
@@ -298,7 +313,7 @@ mod tests {
                     ends.iter().position(|&e| e == cut).unwrap()
                 );
             } else if cut < 4 {
-                assert_eq!(r, Err(BatchError::Magic("QGB1")));
+                assert_eq!(r, Err(BatchError::Magic("QGB2")));
             } else {
                 assert!(matches!(r, Err(BatchError::Truncated(_))), "{cut}: {r:?}");
             }
@@ -306,14 +321,34 @@ mod tests {
     }
 
     #[test]
-    fn bad_batches_are_refused_whole() {
-        assert_eq!(parse_entries(b"QGA1"), Err(BatchError::Magic("QGB1")));
-        // An empty target, and one longer than the limit.
+    fn a_batch_without_classes_is_still_taken() {
+        // The first format: the same entries, no class byte.
         let mut b = b"QGB1".to_vec();
-        b.extend_from_slice(&[0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0]);
+        b.extend_from_slice(&[0, 2, b'/', b'i', 1, b'r', 0, 0, 3, 0, 0, 0, 2, b'h', b'i']);
+        let e = Entry {
+            target: b"/i",
+            request_id: Some(b"r"),
+            device: None,
+            path: Some(3),
+            class: None,
+            body: b"hi",
+        };
+        assert_eq!(parse_entries(&b).unwrap(), vec![e]);
+        assert!(matches!(
+            parse_entries(&b[..b.len() - 1]),
+            Err(BatchError::Truncated(0))
+        ));
+    }
+
+    #[test]
+    fn bad_batches_are_refused_whole() {
+        assert_eq!(parse_entries(b"QGA1"), Err(BatchError::Magic("QGB2")));
+        // An empty target, and one longer than the limit.
+        let mut b = b"QGB2".to_vec();
+        b.extend_from_slice(&[0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0]);
         assert_eq!(parse_entries(&b), Err(BatchError::Target(0)));
         let long = vec![b'/'; MAX_TARGET + 1];
-        let mut b = b"QGB1".to_vec();
+        let mut b = b"QGB2".to_vec();
         b.extend_from_slice(&u16::try_from(long.len()).unwrap().to_be_bytes());
         b.extend_from_slice(&long);
         assert_eq!(parse_entries(&b), Err(BatchError::Target(0)));

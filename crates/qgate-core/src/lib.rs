@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod careful_resume;
 pub mod counters;
+pub mod forwarded;
 pub mod forwarder;
 pub mod frame_guard;
 pub mod history;

@@ -9,7 +9,8 @@ use crate::session::HashId;
 
 /// A device's Hash ID on every data request (paper 000 Fig. 2 step 10).
 pub const HASH_ID_HEADER: &str = "qgate-hash-id";
-/// The class asked for at registration: `0` best effort, `1` priority.
+/// The class asked for at registration: `0` best effort, `1` priority. On a forwarded record,
+/// the class the gateway admitted it in.
 pub const PRIORITY_HEADER: &str = "qgate-priority";
 /// The gateway's id for a forwarded request; the server stores each id once (decision G5).
 /// A device may send its own ([`parse_device_request_id`]): the gateway then forwards that one,
@@ -48,6 +49,12 @@ pub enum ProtocolError {
     /// A path header that is not a small decimal number.
     #[error("{PATH_HEADER} must be a path number below {MAX_PATHS}")]
     Path,
+    /// A target that is not UTF-8.
+    #[error("the target must be UTF-8")]
+    Target,
+    /// An ingest target whose stream name is not allowed.
+    #[error("stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'")]
+    Stream,
 }
 
 /// The priority header's value (absent means best effort).
@@ -130,6 +137,40 @@ pub fn forwarded_device_request_id(device: &str) -> String {
 /// A device header's value: 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
 pub fn parse_device(v: &[u8]) -> Result<&str, ProtocolError> {
     parse_request_id(v).map_err(|_| ProtocolError::Device)
+}
+
+/// The route of records: `/ingest` and everything under it.
+pub const INGEST_PATH: &str = "/ingest";
+
+/// Whether a request is an ingest record: a `POST` to [`INGEST_PATH`] or below. The one test
+/// of it, for the gateway (0-RTT, batches) and the server alike.
+pub fn is_record(method: &str, path: &str) -> bool {
+    method == "POST" && path.starts_with(INGEST_PATH)
+}
+
+/// An ingest path's stream (`/ingest` → `default`, `/ingest/<name>` → `<name>`), `None` for a
+/// path that is not under [`INGEST_PATH`]. Names are `[A-Za-z0-9._-]{1,64}`, not starting with
+/// `.`, so a sink can use them as file names.
+pub fn ingest_stream(path: &str) -> Option<Result<&str, ProtocolError>> {
+    let rest = path.strip_prefix(INGEST_PATH)?;
+    let name = match rest {
+        "" | "/" => "default",
+        r => match r.strip_prefix('/') {
+            Some(n) => n,
+            None => return Some(Err(ProtocolError::Stream)),
+        },
+    };
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    Some(if ok {
+        Ok(name)
+    } else {
+        Err(ProtocolError::Stream)
+    })
 }
 
 /// A path header's value.
@@ -223,6 +264,25 @@ mod tests {
         for bad in [&b""[..], b"1024", b"-1", b"99999", b"1.0"] {
             assert_eq!(parse_path(bad), Err(ProtocolError::Path));
         }
+    }
+
+    #[test]
+    fn ingest_streams() {
+        assert_eq!(ingest_stream("/ingest"), Some(Ok("default")));
+        assert_eq!(ingest_stream("/ingest/"), Some(Ok("default")));
+        assert_eq!(ingest_stream("/ingest/a.b_c-9"), Some(Ok("a.b_c-9")));
+        assert_eq!(ingest_stream("/health"), None);
+        for bad in ["/ingestx", "/ingest/.hidden", "/ingest/a/b", "/ingest/a b"] {
+            assert_eq!(
+                ingest_stream(bad),
+                Some(Err(ProtocolError::Stream)),
+                "{bad}"
+            );
+        }
+        let long = format!("/ingest/{}", "a".repeat(65));
+        assert_eq!(ingest_stream(&long), Some(Err(ProtocolError::Stream)));
+        assert!(is_record("POST", "/ingest/a") && is_record("POST", "/ingest"));
+        assert!(!is_record("GET", "/ingest/a") && !is_record("POST", "/batch"));
     }
 
     proptest! {

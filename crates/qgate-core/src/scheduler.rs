@@ -14,6 +14,16 @@ pub enum Priority {
     Priority,
 }
 
+impl Priority {
+    /// Its name in views and message properties: `priority` or `best-effort`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Priority => "priority",
+            Priority::BestEffort => "best-effort",
+        }
+    }
+}
+
 /// A request that needs a path.
 #[derive(Debug, Clone, Copy)]
 pub struct Ask<'a> {

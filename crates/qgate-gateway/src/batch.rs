@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use qgate_core::batch::{self, Entry};
-use qgate_core::protocol::{DEVICE_HEADER, PATH_HEADER, REQUEST_ID_HEADER};
+use qgate_core::batch;
 use qgate_transport::http3::{H3Client, H3Error, H3Response};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::answer::Answer;
+use crate::outbound::{self, Facts};
 
 /// Most records in one batch (the server takes up to `qgate_core::batch::MAX_ENTRIES`).
 pub const MAX_RECORDS: usize = 64;
@@ -41,42 +41,17 @@ const QUEUE: usize = 1024;
 /// Largest answer read.
 const MAX_ANSWER: usize = 1 << 20;
 
-/// One record to forward, as the headers of a single request would carry it.
+/// One record to forward.
 #[derive(Debug, Clone)]
 pub struct Record {
     /// Whether it goes at priority's urgency (a priority record, or a best-effort one sent
     /// again; decision G24): each urgency has its own batcher on a lane, so a priority record
     /// never waits in a batch behind best effort's bytes.
-    pub priority: bool,
-    /// The path the device asked for (`/ingest/<name>`).
-    pub target: Arc<str>,
-    /// The request id it goes under.
-    pub request_id: Arc<str>,
-    /// The device, as the gateway saw it.
-    pub device: Arc<str>,
-    /// The backhaul path.
-    pub path: usize,
+    pub urgent: bool,
+    /// What the gateway says about it (target, request id, device, path, class).
+    pub facts: Facts,
     /// The body.
     pub body: Bytes,
-}
-
-impl Record {
-    /// Whether a request may go in a batch: a `POST /ingest…`.
-    pub fn batchable(method: &http::Method, target: &str) -> bool {
-        method == http::Method::POST && target.starts_with("/ingest")
-    }
-
-    /// The single request this record would be.
-    fn request(&self, authority: &str) -> Request<()> {
-        Request::builder()
-            .method(http::Method::POST)
-            .uri(format!("https://{authority}{}", self.target))
-            .header(REQUEST_ID_HEADER, &*self.request_id)
-            .header(DEVICE_HEADER, &*self.device)
-            .header(PATH_HEADER, self.path)
-            .body(())
-            .expect("valid request")
-    }
 }
 
 struct Pending {
@@ -223,24 +198,14 @@ async fn exchange(lane: Arc<Lane>, batch: Vec<Pending>) {
     let mut body = Vec::with_capacity(
         4 + batch
             .iter()
-            .map(|p| p.record.body.len() + p.record.target.len() + 96)
+            .map(|p| p.record.body.len() + p.record.facts.target.len() + 96)
             .sum::<usize>(),
     );
     // One urgency per batcher: the batch goes at its records'.
-    let urgency = crate::gateway::urgency(batch[0].record.priority);
+    let urgency = outbound::urgency(batch[0].record.urgent);
     batch::start_entries(&mut body);
     for p in &batch {
-        let r = &p.record;
-        batch::emit_entry(
-            &mut body,
-            &Entry {
-                target: r.target.as_bytes(),
-                request_id: Some(r.request_id.as_bytes()),
-                device: Some(r.device.as_bytes()),
-                path: u16::try_from(r.path).ok(),
-                body: &r.body,
-            },
-        );
+        p.record.facts.emit_entry(&p.record.body, &mut body);
     }
     lane.stats.batches.fetch_add(1, Relaxed);
     lane.stats.batched.fetch_add(batch.len() as u64, Relaxed);
@@ -290,8 +255,8 @@ async fn exchange(lane: Arc<Lane>, batch: Vec<Pending>) {
 
 /// Send one record as the request it was.
 async fn send_alone(lane: &Lane, record: Record) -> Result<Answer, H3Error> {
-    let req = record.request(&lane.authority);
-    let urgency = crate::gateway::urgency(record.priority);
+    let req = outbound::request(&http::Method::POST, &lane.authority, &record.facts);
+    let urgency = outbound::urgency(record.urgent);
     lane.client
         .request_within_at(urgency, req, record.body, MAX_ANSWER, lane.timeout)
         .await

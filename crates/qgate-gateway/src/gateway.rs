@@ -28,9 +28,8 @@ use crate::batch::{self, BatchStats, Batcher};
 use crate::paths::{Lease, PathManager};
 use qgate_core::sync::lock;
 
-use qgate_core::protocol::{
-    self as wire, Registered, DEVICE_HEADER, PATH_HEADER, REQUEST_ID_HEADER,
-};
+use crate::outbound::{self, Facts};
+use qgate_core::protocol::{self as wire, Registered, REQUEST_ID_HEADER};
 pub use qgate_core::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
 
 /// Gateway limits and timeouts, and the `[gateway]` keys of a config file that set them
@@ -582,9 +581,8 @@ impl Gateway {
         // (Early data read after the handshake is safe: a copy never completes one.)
         if !dc.conn.is_established() {
             self.stats.early.fetch_add(1, Ordering::Relaxed);
-            let ingest =
-                req.method() == http::Method::POST && req.uri().path().starts_with("/ingest/");
-            if device_rid.is_none() || !ingest {
+            let record = wire::is_record(req.method().as_str(), req.uri().path());
+            if device_rid.is_none() || !record {
                 self.stats.too_early.fetch_add(1, Ordering::Relaxed);
                 // RFC 8470 §5.2: the device sends it again once the handshake is done.
                 return text(
@@ -621,7 +619,7 @@ impl Gateway {
             over: false,
         };
         let mut resp = self
-            .carry(&mut admitted, step, req, body, conn, device)
+            .carry(&mut admitted, step, req, body, conn, device, class)
             .await;
         // The Hash ID of a session made on first use, for the device's next requests.
         if !named {
@@ -639,6 +637,7 @@ impl Gateway {
     }
 
     /// Carry out the core's steps for request `admitted` until one is final.
+    #[allow(clippy::too_many_arguments)]
     async fn carry(
         &self,
         admitted: &mut Admitted<'_>,
@@ -647,44 +646,35 @@ impl Gateway {
         body: Bytes,
         conn: ConnId,
         device: SocketAddr,
+        class: Priority,
     ) -> Response<Bytes> {
-        let rid = std::mem::take(&mut admitted.rid);
-        let rid = rid.as_str();
-        let device_name: Arc<str> = device.to_string().into();
-        // Built once for every attempt's record (only the path and urgency change).
-        let (target, rid_shared): (Arc<str>, Arc<str>) = (req.uri().path().into(), rid.into());
-        let uri = format!(
-            "https://{}{}",
-            self.cfg.server_authority,
-            req.uri().path_and_query().map_or("/", |p| p.as_str())
-        );
+        let rid: Arc<str> = std::mem::take(&mut admitted.rid).into();
+        // Built once for every attempt (only the path and urgency change). Who sent it and
+        // which path carried it are for the server's sink (S7).
+        let mut facts = Facts {
+            target: req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .into(),
+            request_id: Some(rid.clone()),
+            device: Some(device.to_string().into()),
+            path: None,
+            class: Some(class),
+        };
         let batchable = req.uri().query().is_none()
             && body.len() <= self.cfg.batch_max_record
-            && batch::Record::batchable(req.method(), req.uri().path());
+            && wire::is_record(req.method().as_str(), req.uri().path());
         loop {
             step = match step {
                 Step::Send(a) => {
-                    let (path, urgent) = (a.path, a.urgent);
-                    let out = || {
-                        Request::builder()
-                            .method(req.method().clone())
-                            .uri(uri.as_str())
-                            .header(REQUEST_ID_HEADER, rid)
-                            // Who sent it and which path carried it, for the server's sink (S7).
-                            .header(DEVICE_HEADER, &*device_name)
-                            .header(PATH_HEADER, path.0)
-                            .body(())
-                            .expect("valid request")
-                    };
-                    let record = batchable.then(|| batch::Record {
-                        priority: urgent,
-                        target: target.clone(),
-                        request_id: rid_shared.clone(),
-                        device: device_name.clone(),
-                        path: path.0,
+                    facts.path = Some(a.path.0);
+                    let record = batch::Record {
+                        urgent: a.urgent,
+                        facts: facts.clone(),
                         body: body.clone(),
-                    });
-                    match self.attempt(a, &out, record, &body).await {
+                    };
+                    match self.attempt(a, req.method(), record, batchable).await {
                         Ok(resp) => {
                             admitted.over = true;
                             return resp;
@@ -721,11 +711,11 @@ impl Gateway {
     async fn attempt(
         &self,
         a: Attempt,
-        out: &(dyn Fn() -> Request<()> + Sync),
-        record: Option<batch::Record>,
-        body: &Bytes,
+        method: &http::Method,
+        record: batch::Record,
+        batchable: bool,
     ) -> Result<Response<Bytes>, Step> {
-        let (path, urgent) = (a.path, a.urgent);
+        let (path, bytes) = (a.path, record.body.len() as u64);
         // The outcome (with QUIC's sample of the path) and the clock are read under the core's
         // lock, so concurrent answers reach it in the order they were taken and time never
         // goes back for it.
@@ -746,12 +736,12 @@ impl Gateway {
         };
         // Boxed: the HTTP/3 exchange is a multi-KB future; inline, every enclosing future (and
         // the per-request task) grows by it and is copied around with it.
-        let outcome = match (record, batchers) {
-            (Some(r), Some(b)) => b[usize::from(r.priority)].send(r).await,
+        let outcome = match batchers {
+            Some(b) if batchable => b[usize::from(record.urgent)].send(record).await,
             _ => Box::pin(client.request_within_at(
-                urgency(urgent),
-                out(),
-                body.clone(),
+                outbound::urgency(record.urgent),
+                outbound::request(method, &self.cfg.server_authority, &record.facts),
+                record.body,
                 1 << 20,
                 self.attempt_timeout,
             ))
@@ -769,7 +759,7 @@ impl Gateway {
                 });
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 self.per_path[path.0].fetch_add(1, Ordering::Relaxed);
-                self.per_path_bytes[path.0].fetch_add(body.len() as u64, Ordering::Relaxed);
+                self.per_path_bytes[path.0].fetch_add(bytes, Ordering::Relaxed);
                 // With the server's Retry-After: a server whose queue is down says when to try
                 // again (decision S5).
                 Ok(r.to_response(path.0))
@@ -1105,12 +1095,6 @@ impl Handler for DeviceConnection {
 
 mod view;
 pub use view::{ConnectionView, PathView, SessionView};
-
-/// The urgency a forwarded request's backhaul stream is sent at: priority requests' bytes go
-/// before best effort's on a shared connection (decision G24).
-pub(crate) fn urgency(priority: bool) -> i32 {
-    i32::from(priority)
-}
 
 #[cfg(test)]
 mod tests {

@@ -7,4 +7,5 @@ pub mod batch;
 pub mod builder;
 pub mod device;
 pub mod gateway;
+pub mod outbound;
 pub mod paths;

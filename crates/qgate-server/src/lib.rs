@@ -29,7 +29,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
+use qgate_core::forwarded::Forwarded;
 use qgate_core::metrics;
+use qgate_core::protocol as wire;
 use qgate_core::quota::Quota;
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
@@ -279,50 +281,32 @@ fn json(status: StatusCode, body: String) -> Response<Bytes> {
         .expect("valid response")
 }
 
-/// A record's forwarding headers (request id, device, path), checked. A value present but
-/// malformed is the sender's error, answered `400`: a request id ignored instead would store the
-/// record without its de-duplication, and a retried copy twice (decision S7).
-fn forwarded<'a>(
-    request_id: Option<&'a [u8]>,
-    device: Option<&'a [u8]>,
-    path: Option<Result<usize, String>>,
-    peer: &'a str,
-) -> Result<(Option<&'a str>, &'a str, Option<usize>), String> {
-    use qgate_core::protocol as wire;
-    let line = |e: wire::ProtocolError| format!("{e}\n");
-    let request_id = request_id
-        .map(wire::parse_request_id)
-        .transpose()
-        .map_err(line)?;
-    let device = match device {
-        Some(d) => wire::parse_device(d).map_err(line)?,
-        None => peer,
-    };
-    let path = path
-        .transpose()
-        .map_err(|e| format!("{}\n", e.trim_end()))?;
-    Ok((request_id, device, path))
+/// The answer to a forwarded record whose facts do not parse. A value present but malformed is
+/// the sender's error: a request id ignored instead would store the record without its
+/// de-duplication, and a retried copy twice (decision S7).
+fn refused(e: qgate_core::protocol::ProtocolError) -> String {
+    format!("{e}\n")
 }
 
-/// The answer to an ingest request whose stream name [`stream_name`] refuses.
-const BAD_STREAM: &str =
-    "stream name must be 1-64 characters of A-Z a-z 0-9 . _ - and not start with '.'\n";
-
-/// `ingest` or `ingest/<name>` → the stream name (`default` for the bare path); names are
-/// limited to `[A-Za-z0-9._-]{1,64}` so they are safe as file names.
-fn stream_name(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/ingest")?;
-    let name = match rest {
-        "" | "/" => "default",
-        r => r.strip_prefix('/')?,
+/// The sink's record for `f` (an ingest record, its stream checked), the device being the peer
+/// when no hop named one.
+fn record<'a>(
+    f: &Forwarded<&'a str>,
+    body: &'a Bytes,
+    peer: &'a str,
+) -> Result<Record<'a>, String> {
+    let stream = match wire::ingest_stream(f.target) {
+        Some(s) => s.map_err(refused)?,
+        None => return Err("a batch carries POST /ingest[/<name>] records only\n".into()),
     };
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    ok.then_some(name)
+    Ok(Record {
+        stream,
+        body,
+        request_id: f.request_id,
+        device: f.device.unwrap_or(peer),
+        path: f.path,
+        class: f.class,
+    })
 }
 
 impl Handler for IngestService {
@@ -338,34 +322,17 @@ impl Handler for IngestService {
                 ),
                 _ => text(StatusCode::OK, "ok\n"),
             },
-            (&Method::POST, p) if p.starts_with("/ingest") => match stream_name(p) {
-                None => text(StatusCode::BAD_REQUEST, BAD_STREAM),
-                Some(name) => {
-                    use qgate_core::protocol as wire;
-                    let h = req.headers();
-                    let peer_name = peer.to_string();
-                    let header = |n: &str| h.get(n).map(|v| v.as_bytes());
-                    match forwarded(
-                        header(wire::REQUEST_ID_HEADER),
-                        header(wire::DEVICE_HEADER),
-                        header(wire::PATH_HEADER)
-                            .map(|v| wire::parse_path(v).map_err(|e| e.to_string())),
-                        &peer_name,
-                    ) {
-                        Ok((request_id, device, path)) => {
-                            let rec = Record {
-                                stream: name,
-                                body: &body,
-                                request_id,
-                                device,
-                                path,
-                            };
-                            self.ingest(&rec, peer).await.to_response()
-                        }
-                        Err(why) => text(StatusCode::BAD_REQUEST, why),
-                    }
+            (&Method::POST, p) if wire::is_record("POST", p) => {
+                let h = req.headers();
+                let peer_name = peer.to_string();
+                match Forwarded::parse_headers(p, |n| h.get(n).map(|v| v.as_bytes()))
+                    .map_err(refused)
+                    .and_then(|f| record(&f, &body, &peer_name))
+                {
+                    Ok(rec) => self.ingest(&rec, peer).await.to_response(),
+                    Err(why) => text(StatusCode::BAD_REQUEST, why),
                 }
-            },
+            }
             (&Method::POST, qgate_core::batch::BATCH_PATH) => self.batch(&body, peer).await,
             (_, qgate_core::batch::BATCH_PATH) => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n")
@@ -392,7 +359,6 @@ impl IngestService {
     /// has no entry, is refused whole with `400`: nothing of it is stored.
     async fn batch(&self, body: &Bytes, peer: SocketAddr) -> Response<Bytes> {
         use qgate_core::batch;
-        use qgate_core::protocol as wire;
         let entries = match batch::parse_entries(body) {
             Ok(e) if e.is_empty() => {
                 return text(
@@ -407,25 +373,9 @@ impl IngestService {
         // Each record's body is a view of the batch's, not a copy.
         let bodies: Vec<Bytes> = entries.iter().map(|e| body.slice_ref(e.body)).collect();
         let records = entries.iter().zip(&bodies).map(|(e, entry_body)| {
-            let target = std::str::from_utf8(e.target).ok();
-            let name = target.and_then(stream_name).ok_or_else(|| {
-                match target.is_some_and(|t| t.starts_with("/ingest")) {
-                    true => BAD_STREAM.to_string(),
-                    false => "a batch carries POST /ingest[/<name>] records only\n".to_string(),
-                }
-            })?;
-            let path = e.path.map(usize::from).map(|p| match p < wire::MAX_PATHS {
-                true => Ok(p),
-                false => Err(wire::ProtocolError::Path.to_string()),
-            });
-            let (request_id, device, path) = forwarded(e.request_id, e.device, path, &peer_name)?;
-            Ok(Record {
-                stream: name,
-                body: entry_body,
-                request_id,
-                device,
-                path,
-            })
+            Forwarded::parse_entry(e)
+                .map_err(refused)
+                .and_then(|f| record(&f, entry_body, &peer_name))
         });
         let records: Vec<Result<Record<'_>, String>> = records.collect();
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -779,22 +729,5 @@ pub async fn serve_with<H: Handler>(
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stream_names_are_file_safe() {
-        assert_eq!(stream_name("/ingest"), Some("default"));
-        assert_eq!(stream_name("/ingest/"), Some("default"));
-        assert_eq!(stream_name("/ingest/sensor-7.temp"), Some("sensor-7.temp"));
-        assert_eq!(stream_name("/ingest/../etc"), None);
-        assert_eq!(stream_name("/ingest/a/b"), None);
-        assert_eq!(stream_name("/ingest/.hidden"), None);
-        assert_eq!(stream_name("/ingestx"), None);
-        assert_eq!(stream_name(&format!("/ingest/{}", "a".repeat(65))), None);
     }
 }

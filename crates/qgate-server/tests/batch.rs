@@ -33,6 +33,7 @@ fn entry<'a>(target: &'a str, rid: &'a str, body: &'a [u8]) -> Entry<'a> {
         request_id: (!rid.is_empty()).then_some(rid.as_bytes()),
         device: Some(b"10.9.9.9:7"),
         path: Some(1),
+        class: Some(b'1'),
         body,
     }
 }
@@ -93,8 +94,26 @@ async fn a_batch_stores_each_record_once_and_answers_each_in_order() {
         .unwrap();
     let r = svc.handle(single, Bytes::from_static(b"two!"), peer).await;
     assert!(String::from_utf8_lossy(r.body()).contains("duplicate"));
+    // A class that is not 0 or 1 is refused, alone or in a batch, and nothing of it stored.
+    let bad_class = http::Request::post("https://localhost/ingest/c")
+        .header("qgate-priority", "7")
+        .body(())
+        .unwrap();
+    let r = svc.handle(bad_class, Bytes::from_static(b"x"), peer).await;
+    assert_eq!(r.status(), 400);
+    assert!(String::from_utf8_lossy(r.body()).contains("qgate-priority must be 0 or 1"));
+    let mut odd = entry("/ingest/c", "gw-7", b"x");
+    odd.class = Some(b'7');
+    let (req, body) = post(
+        batch::BATCH_PATH,
+        batch_of(&[odd, entry("/ingest/c", "gw-8", b"y")]),
+    );
+    let r = svc.handle(req, body, peer).await;
+    let results = batch::parse_results(r.body(), 2).unwrap();
+    assert_eq!((results[0].status, results[1].status), (400, 201));
+    assert_eq!(files(&dir, "c"), 1);
     let s = svc.stats().snapshot();
-    assert_eq!((s.batches, s.ingested), (2, 4));
+    assert_eq!((s.batches, s.ingested), (3, 5));
 }
 
 #[tokio::test]
@@ -112,6 +131,7 @@ async fn a_bad_batch_stores_nothing() {
             },
             "truncated in entry 1",
         ),
+        (b"QGB2".to_vec(), "at least one entry"),
         (b"QGB1".to_vec(), "at least one entry"),
         (
             batch_of(&vec![entry("/ingest/a", "", b""); batch::MAX_ENTRIES + 1]),
@@ -129,7 +149,7 @@ async fn a_bad_batch_stores_nothing() {
     }
     assert_eq!(files(&dir, "a"), 0);
     let s = svc.stats().snapshot();
-    assert_eq!((s.batches, s.ingested, s.errors), (0, 0, 4));
+    assert_eq!((s.batches, s.ingested, s.errors), (0, 0, 5));
     // GET is not a batch.
     let r = svc
         .handle(

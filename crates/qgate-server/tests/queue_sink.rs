@@ -208,12 +208,15 @@ async fn acknowledged_only_once_the_broker_accepted() {
 
     // Forwarded by a gateway: its id, device and path travel with the body; a retried copy is
     // answered, not sent again.
+    // As a gateway forwards a priority record.
+    let priority = || {
+        let mut r = post("temps", Some("gw-1"), Some("10.1.1.1:5000"), Some("1"));
+        r.headers_mut()
+            .insert("qgate-priority", http::HeaderValue::from_static("1"));
+        r
+    };
     let r = svc
-        .handle(
-            post("temps", Some("gw-1"), Some("10.1.1.1:5000"), Some("1")),
-            Bytes::from_static(b"21.5"),
-            peer,
-        )
+        .handle(priority(), Bytes::from_static(b"21.5"), peer)
         .await;
     assert_eq!(r.status(), 201, "{:?}", r.body());
     let r = svc
@@ -267,13 +270,14 @@ async fn acknowledged_only_once_the_broker_accepted() {
     assert_eq!(props["device"], SimpleValue::String("10.1.1.1:5000".into()));
     assert_eq!(props["stream"], SimpleValue::String("temps".into()));
     assert_eq!(props["path"], SimpleValue::Uint(1));
+    assert_eq!(props["class"], SimpleValue::String("priority".into()));
     let (_, (body, props)) = seen
         .iter()
         .find(|(_, (_, p))| p["stream"] == SimpleValue::String("hum".into()))
         .unwrap();
     assert_eq!(body, b"40");
     assert_eq!(props["device"], SimpleValue::String(peer.to_string()));
-    assert!(!props.contains_key("path"));
+    assert!(!props.contains_key("path") && !props.contains_key("class"));
 
     // Too large for the broker (4 MiB): refused on its own, the link stays up.
     let r = svc

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use qgate_core::scheduler::{self, Priority};
+use qgate_core::scheduler;
 use qgate_core::session::ConnId;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -120,10 +120,7 @@ impl Gateway {
                 hash_prefix: s.hash.to_string()[..8].to_string(),
                 connection: s.conn,
                 device: s.device.to_string(),
-                class: match s.priority {
-                    Priority::Priority => "priority",
-                    Priority::BestEffort => "best-effort",
-                },
+                class: s.priority.name(),
                 path: s.path.map(|p| p.0),
                 in_flight: s.inflight,
                 idle_ms: now.saturating_duration_since(s.last_seen).as_millis() as u64,

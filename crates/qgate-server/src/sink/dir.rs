@@ -104,6 +104,7 @@ mod tests {
             request_id: None,
             device: "test",
             path: None,
+            class: None,
         }
     }
 

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 
 use bytes::Bytes;
+use qgate_core::scheduler::Priority;
 
 pub use count::CountSink;
 pub use dir::DirSink;
@@ -66,6 +67,8 @@ pub struct Record<'a> {
     pub device: &'a str,
     /// The gateway's backhaul path, if it said (`qgate-path`).
     pub path: Option<usize>,
+    /// The class the gateway admitted it in, if it said (`qgate-priority`).
+    pub class: Option<Priority>,
 }
 
 /// What [`Sink::store`] returns: the record's id once it is durable.

@@ -227,7 +227,8 @@ impl Sink for QueueSink {
 }
 
 /// The message for `rec`: durable (so an external broker stores it), the request id as
-/// message-id, device, stream and path as application properties.
+/// message-id, device, stream, path and class (`priority` or `best-effort`) as application
+/// properties.
 fn message(rec: &Record<'_>, message_id: String) -> Message<Body<Value>> {
     let mut props = ApplicationProperties::builder()
         .insert("device", rec.device)
@@ -235,6 +236,9 @@ fn message(rec: &Record<'_>, message_id: String) -> Message<Body<Value>> {
     if let Some(p) = rec.path {
         // Below protocol::MAX_PATHS.
         props = props.insert("path", p as u32);
+    }
+    if let Some(c) = rec.class {
+        props = props.insert("class", c.name());
     }
     Message::builder()
         .header(Header {
