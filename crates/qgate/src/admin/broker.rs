@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::{close_connection, differs, reload_config, shared_sections};
-use crate::amqpcmd::BrokerSection;
+use crate::config::BrokerSection;
 use crate::config::Config;
 
 /// Rates are measured over this window.

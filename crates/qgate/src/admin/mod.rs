@@ -11,7 +11,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 use qgate_admin::{AdminBuilder, RunningAdmin, Token};
-use serde::Deserialize;
 
 use crate::{usage, Failure};
 
@@ -34,14 +33,6 @@ pub struct AdminArgs {
     /// $QGATE_ADMIN_TOKEN, else none (loopback only)]
     #[arg(long, value_name = "FILE")]
     pub admin_token_file: Option<PathBuf>,
-}
-
-/// `[admin]`
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdminSection {
-    /// File holding the bearer token.
-    pub token_file: Option<PathBuf>,
 }
 
 /// `PORT` or `localhost:PORT` (on 127.0.0.1), or `HOST:PORT` with an IP address.
@@ -67,7 +58,7 @@ impl AdminArgs {
     }
 
     /// The token: the flag's file, else `[admin] token_file`, else `$QGATE_ADMIN_TOKEN`.
-    pub fn token(&self, section: &AdminSection) -> Result<Option<Token>, Failure> {
+    pub fn token(&self, section: &crate::config::AdminSection) -> Result<Option<Token>, Failure> {
         if let Some(f) = self
             .admin_token_file
             .as_ref()

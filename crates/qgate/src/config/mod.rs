@@ -8,6 +8,12 @@ use anyhow::Context;
 use qgate_transport::TransportOptions;
 use serde::Deserialize;
 
+mod broker;
+mod gateway;
+
+pub use broker::{BridgeSection, BrokerSection};
+pub use gateway::{GatewaySection, PathSection};
+
 /// The whole file. (`qgate-lab` reads its own tables, `[demo]` and `[linkem]`, from a file of
 /// its own.)
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -22,11 +28,19 @@ pub struct Config {
     /// `[history]`: congestion-window history (paper 002) for get, post and server.
     pub history: HistorySection,
     /// `[gateway]` and `[[gateway.paths]]`.
-    pub gateway: crate::gatewaycmd::GatewaySection,
+    pub gateway: GatewaySection,
     /// `[broker]` and `[[broker.queues]]` (AMQP).
-    pub broker: crate::amqpcmd::BrokerSection,
+    pub broker: BrokerSection,
     /// `[admin]`: the admin ports' token (each daemon's section names its address).
-    pub admin: crate::admin::AdminSection,
+    pub admin: AdminSection,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    /// File holding the bearer token.
+    pub token_file: Option<PathBuf>,
 }
 
 /// Whether and how new connections start from the congestion window of earlier ones.
