@@ -9,10 +9,10 @@
 //! connection and nothing is lost: a message in flight at that moment may arrive upstream twice,
 //! with the same message-id. At most `window` messages are unsettled at once.
 //!
-//! The local side is an in-process AMQP connection (a byte pipe served by the broker itself,
-//! [`Broker::serve_trusted`]): the bridge uses the broker exactly as any consumer does.
+//! The local side is an in-process AMQP connection (a byte pipe the broker serves itself, dialed
+//! by the connector `Broker::bridge` hands in): the bridge uses the broker exactly as any
+//! consumer does, and needs nothing else of it.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +22,9 @@ use fe2o3_amqp::types::messaging::{Body, Header, Outcome};
 use fe2o3_amqp::types::primitives::Value;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
-use qgate_transport::TransportOptions;
 use tokio::time::Instant;
 
-use crate::broker::Broker;
 use crate::client::{bounded, quic_closed, Client, Connector};
-use crate::transport::{BoxStream, Dialer, Scheme};
 use crate::url::Upstream;
 
 /// One bridge; every default lives here.
@@ -82,31 +79,6 @@ pub struct BridgeStats {
     pub up: AtomicBool,
 }
 
-/// A connector whose connections are in-process pipes served by `broker` as trusted.
-fn local_connector(broker: &Broker) -> Connector {
-    let b = broker.clone();
-    let dial: Dialer = Arc::new(move |_| {
-        let b = b.clone();
-        Box::pin(async move {
-            let (ours, theirs) = tokio::io::duplex(256 * 1024);
-            tokio::spawn(async move { b.serve_trusted(theirs).await });
-            Ok(Box::new(ours) as BoxStream)
-        })
-    });
-    let unused: SocketAddr = ([127, 0, 0, 1], 0).into();
-    Connector::new(
-        Scheme::Tcp,
-        unused,
-        "localhost",
-        &Default::default(),
-        None,
-        None,
-        &TransportOptions::default(),
-    )
-    .expect("a plain connector needs nothing that can fail")
-    .with_dialer(dial)
-}
-
 /// How long the bridge stops pulling after the upstream turned a message away for now (full
 /// queue, released): the message is back in the local queue and would come straight back.
 const REFUSED_PAUSE: Duration = Duration::from_secs(1);
@@ -116,9 +88,8 @@ const REFUSED_PAUSE: Duration = Duration::from_secs(1);
 /// the bridge for ever.
 const MAX_REJECTIONS: u32 = 10;
 
-/// Run the bridge until the broker stops it (its task is aborted).
-pub(crate) async fn run(broker: Broker, cfg: BridgeConfig, stats: Arc<BridgeStats>) {
-    let local = local_connector(&broker);
+/// Run the bridge, consuming through `local`, until the broker stops it (its task is aborted).
+pub(crate) async fn run(local: Connector, cfg: BridgeConfig, stats: Arc<BridgeStats>) {
     let name = format!("qgate-bridge-{}", cfg.queue);
     let mut backoff = Duration::from_millis(100);
     let mut reported = false;

@@ -239,11 +239,14 @@ pub fn list_field(perf: &[u8], index: usize) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fe2o3_amqp::types::messaging::message::__private::Serializable;
 
     #[test]
     fn real_encodings_pass_and_lies_are_caught() {
         let msg = crate::client::message(3, b"payload".to_vec());
-        let bytes = crate::broker::encode(&msg);
+        // The broker's stored form (`broker::encode`), spelled out: importing the broker here
+        // would close a ring through the shim, which imports this module.
+        let bytes = serde_amqp::to_vec(&Serializable(&msg)).unwrap();
         check(&bytes).unwrap();
         assert_eq!(check_first(&bytes).map(|n| n <= bytes.len()), Ok(true));
         // A 3 GB string in 7 bytes.
