@@ -5,16 +5,16 @@
 //! (paper 001 item 5). It wraps whichever controller the options choose, so nothing reaches
 //! into quinn.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
-use quinn_proto::RttEstimator;
+use quinn::congestion::{Controller, ControllerFactory};
 // The controller trait's own type: quinn passes the times in (virtual under a paused clock);
 // nothing here reads a clock.
 use std::time::Instant;
+
+use crate::delegate::{Layer, Wrapped};
 
 /// A shared count of bytes in flight, and its peak. Clones share the count.
 #[derive(Clone, Default)]
@@ -79,12 +79,12 @@ pub(crate) struct CountedFactory {
 
 impl ControllerFactory for CountedFactory {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(Counted {
+        Box::new(Wrapped(Counted {
             inner: self.inner.clone().build(now, current_mtu),
             gauge: self.gauge.clone(),
             mine: 0,
             original: true,
-        })
+        }))
     }
 }
 
@@ -105,21 +105,27 @@ impl Counted {
     }
 }
 
-impl Controller for Counted {
+impl Layer for Counted {
+    fn inner(&self) -> &dyn Controller {
+        self.inner.as_ref()
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn Controller {
+        self.inner.as_mut()
+    }
+
+    fn copy(&self) -> Counted {
+        Counted {
+            inner: self.inner.clone_box(),
+            gauge: self.gauge.clone(),
+            mine: self.mine,
+            original: false,
+        }
+    }
+
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
         self.set(self.mine + bytes);
         self.inner.on_sent(now, bytes, last_packet_number)
-    }
-
-    fn on_ack(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        bytes: u64,
-        app_limited: bool,
-        rtt: &RttEstimator,
-    ) {
-        self.inner.on_ack(now, sent, bytes, app_limited, rtt)
     }
 
     fn on_end_acks(
@@ -137,35 +143,6 @@ impl Controller for Counted {
     fn on_congestion_event(&mut self, now: Instant, sent: Instant, persistent: bool, lost: u64) {
         self.set(self.mine.saturating_sub(lost));
         self.inner.on_congestion_event(now, sent, persistent, lost)
-    }
-
-    fn on_mtu_update(&mut self, new_mtu: u16) {
-        self.inner.on_mtu_update(new_mtu)
-    }
-
-    fn window(&self) -> u64 {
-        self.inner.window()
-    }
-
-    fn metrics(&self) -> ControllerMetrics {
-        self.inner.metrics()
-    }
-
-    fn clone_box(&self) -> Box<dyn Controller> {
-        Box::new(Counted {
-            inner: self.inner.clone_box(),
-            gauge: self.gauge.clone(),
-            mine: self.mine,
-            original: false,
-        })
-    }
-
-    fn initial_window(&self) -> u64 {
-        self.inner.initial_window()
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
     }
 }
 

@@ -6,7 +6,6 @@
 //! Peers: a client keys by `server-name@address`; a server keys by the client's IP address (a
 //! client's port changes every connection). See docs/decisions.md H1–H8.
 
-use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +17,7 @@ use quinn::congestion::{Controller, ControllerFactory};
 use quinn_proto::RttEstimator;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::delegate::{Layer, Wrapped};
 use crate::TransportOptions;
 
 const TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("cwnd_history");
@@ -449,7 +449,7 @@ impl ControllerFactory for HistoryFactory {
                 },
             )
         });
-        Box::new(HistoryController {
+        Box::new(Wrapped(HistoryController {
             inner,
             factory: self,
             mtu: current_mtu,
@@ -460,7 +460,7 @@ impl ControllerFactory for HistoryFactory {
             careful,
             published: Outcome::None,
             original: true,
-        })
+        }))
     }
 }
 
@@ -566,7 +566,30 @@ impl HistoryController {
     }
 }
 
-impl Controller for HistoryController {
+impl Layer for HistoryController {
+    fn inner(&self) -> &dyn Controller {
+        self.inner.as_ref()
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn Controller {
+        self.inner.as_mut()
+    }
+
+    fn copy(&self) -> HistoryController {
+        HistoryController {
+            inner: self.inner.clone_box(),
+            factory: self.factory.clone(),
+            mtu: self.mtu,
+            checked: self.checked,
+            acks_ended: self.acks_ended,
+            rtt: self.rtt,
+            delivery: self.delivery,
+            careful: self.careful.clone(),
+            published: self.published,
+            original: false,
+        }
+    }
+
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
         self.inner.on_sent(now, bytes, last_packet_number);
         if let Some(h) = self
@@ -686,29 +709,6 @@ impl Controller for HistoryController {
         let mut m = self.inner.metrics();
         m.congestion_window = self.window();
         m
-    }
-
-    fn clone_box(&self) -> Box<dyn Controller> {
-        Box::new(HistoryController {
-            inner: self.inner.clone_box(),
-            factory: self.factory.clone(),
-            mtu: self.mtu,
-            checked: self.checked,
-            acks_ended: self.acks_ended,
-            rtt: self.rtt,
-            delivery: self.delivery,
-            careful: self.careful.clone(),
-            published: self.published,
-            original: false,
-        })
-    }
-
-    fn initial_window(&self) -> u64 {
-        self.inner.initial_window()
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
     }
 }
 

@@ -2,9 +2,11 @@
 //! development certificates, one options struct for every transport knob, 0-RTT, and HTTP/3
 //! helpers on h3. The same code runs on a real UDP socket or a `qgate-netsim` interface.
 
+mod delegate;
 mod endpoint;
 mod flight;
 pub mod frame_guard;
+mod h3_adapter;
 pub mod history;
 pub mod http3;
 pub mod loss_switch;

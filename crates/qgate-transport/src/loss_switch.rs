@@ -13,12 +13,13 @@
 //! behind a full queue, keeps CUBIC, which shares a bottleneck fairly. Persistent congestion (an
 //! outage: nothing acknowledged, so the RTT estimate is stale) and ECN marks never count.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
+use quinn::congestion::{Controller, ControllerFactory};
 use quinn_proto::RttEstimator;
+
+use crate::delegate::{Layer, Wrapped};
 
 /// A loss detected while the smoothed RTT is at most this × the minimum RTT came without a queue.
 pub const QUEUE_FACTOR: f64 = 1.25;
@@ -93,12 +94,12 @@ pub struct LossSwitchConfig {
 impl ControllerFactory for LossSwitchConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
         let inner = self.first.clone().build(now, current_mtu);
-        Box::new(LossSwitch {
+        Box::new(Wrapped(LossSwitch {
             initial_window: inner.initial_window(),
             inner,
             shadow: Some(self.second.clone().build(now, current_mtu)),
             detector: RandomLoss::default(),
-        })
+        }))
     }
 }
 
@@ -141,7 +142,19 @@ impl LossSwitch {
     }
 }
 
-impl Controller for LossSwitch {
+impl Layer for LossSwitch {
+    fn inner(&self) -> &dyn Controller {
+        self.inner.as_ref()
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn Controller {
+        self.inner.as_mut()
+    }
+
+    fn copy(&self) -> LossSwitch {
+        self.clone()
+    }
+
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
         self.each(|c| c.on_sent(now, bytes, last_packet_number));
     }
@@ -199,24 +212,8 @@ impl Controller for LossSwitch {
         self.each(|c| c.on_mtu_update(new_mtu));
     }
 
-    fn window(&self) -> u64 {
-        self.inner.window()
-    }
-
-    fn metrics(&self) -> ControllerMetrics {
-        self.inner.metrics()
-    }
-
-    fn clone_box(&self) -> Box<dyn Controller> {
-        Box::new(self.clone())
-    }
-
     fn initial_window(&self) -> u64 {
         self.initial_window
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
     }
 }
 
@@ -338,7 +335,11 @@ mod tests {
         expected.on_congestion_event(t0 + ms(300), t0 + ms(250), false, 1200);
         assert_eq!(c.window(), expected.window());
         assert_eq!(c.initial_window(), w0);
-        let copy = c.clone_box().into_any().downcast::<LossSwitch>().unwrap();
+        let copy = Wrapped(c)
+            .clone_box()
+            .into_any()
+            .downcast::<LossSwitch>()
+            .unwrap();
         assert!(copy.switched() && is_bbr(&copy));
     }
 

@@ -8,11 +8,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
+use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
+
+use crate::h3_adapter::{self, connection_error, stream_error, stream_id, varint, Write};
 
 tokio::task_local! {
     /// The urgency of the streams opened in this scope (quinn's `set_priority`: higher first).
@@ -71,36 +72,27 @@ impl Clone for Opener {
     }
 }
 
-/// Poll the future in `slot`, made by `start` if there is none; the slot is empty again once
-/// it is ready.
-fn poll_slot<T>(
+/// Poll the future in `slot`, made by `start` on `conn` if there is none; the slot is empty
+/// again once it is ready.
+fn poll_slot<T, F>(
     slot: &mut Option<Pending<T>>,
     cx: &mut Context<'_>,
-    start: impl FnOnce() -> Pending<T>,
-) -> Poll<Result<T, quinn::ConnectionError>> {
-    let out = ready!(slot.get_or_insert_with(start).as_mut().poll(cx));
+    conn: &quinn::Connection,
+    start: impl FnOnce(quinn::Connection) -> F,
+) -> Poll<Result<T, quinn::ConnectionError>>
+where
+    F: Future<Output = Result<T, quinn::ConnectionError>> + Send + Sync + 'static,
+{
+    let out = ready!(slot
+        .get_or_insert_with(|| Box::pin(start(conn.clone())))
+        .as_mut()
+        .poll(cx));
     *slot = None;
     Poll::Ready(out)
 }
 
-fn connection_error(e: quinn::ConnectionError) -> ConnectionErrorIncoming {
-    match e {
-        quinn::ConnectionError::ApplicationClosed(c) => ConnectionErrorIncoming::ApplicationClose {
-            error_code: c.error_code.into_inner(),
-        },
-        quinn::ConnectionError::TimedOut => ConnectionErrorIncoming::Timeout,
-        other => ConnectionErrorIncoming::Undefined(Arc::new(other)),
-    }
-}
-
-fn stream_error(e: quinn::ConnectionError) -> StreamErrorIncoming {
-    StreamErrorIncoming::ConnectionErrorIncoming {
-        connection_error: connection_error(e),
-    }
-}
-
-fn stream_id(id: quinn::StreamId) -> StreamId {
-    StreamId::try_from(u64::from(id)).expect("a QUIC stream id is a varint")
+fn bidi<B: Buf>((send, recv): (quinn::SendStream, quinn::RecvStream)) -> BidiStream<B> {
+    BidiStream::new(SendStream::new(send), RecvStream(recv))
 }
 
 impl<B: Buf> quic::Connection<B> for Connection {
@@ -111,29 +103,22 @@ impl<B: Buf> quic::Connection<B> for Connection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<RecvStream, ConnectionErrorIncoming>> {
-        let conn = &self.conn;
-        let s = ready!(poll_slot(&mut self.accepting_uni, cx, || {
-            let c = conn.clone();
-            Box::pin(async move { c.accept_uni().await })
-        }))
-        .map_err(connection_error)?;
-        Poll::Ready(Ok(RecvStream(s)))
+        poll_slot(&mut self.accepting_uni, cx, &self.conn, |c| async move {
+            c.accept_uni().await
+        })
+        .map_ok(RecvStream)
+        .map_err(connection_error)
     }
 
     fn poll_accept_bidi(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<BidiStream<B>, ConnectionErrorIncoming>> {
-        let conn = &self.conn;
-        let (send, recv) = ready!(poll_slot(&mut self.accepting_bi, cx, || {
-            let c = conn.clone();
-            Box::pin(async move { c.accept_bi().await })
-        }))
-        .map_err(connection_error)?;
-        Poll::Ready(Ok(BidiStream {
-            send: SendStream::new(send),
-            recv: RecvStream(recv),
-        }))
+        poll_slot(&mut self.accepting_bi, cx, &self.conn, |c| async move {
+            c.accept_bi().await
+        })
+        .map_ok(bidi)
+        .map_err(connection_error)
     }
 
     fn opener(&self) -> Opener {
@@ -172,30 +157,23 @@ impl<B: Buf> quic::OpenStreams<B> for Opener {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<BidiStream<B>, StreamErrorIncoming>> {
-        let conn = &self.conn;
-        let (send, recv) = ready!(poll_slot(&mut self.opening_bi, cx, || {
-            let c = conn.clone();
-            Box::pin(async move { c.open_bi().await })
+        let (send, recv) = ready!(poll_slot(&mut self.opening_bi, cx, &self.conn, |c| {
+            async move { c.open_bi().await }
         }))
         .map_err(stream_error)?;
         if let Ok(urgency) = URGENCY.try_with(|u| *u) {
             // Only fails on a stream already closed, which the request then finds out.
             let _ = send.set_priority(urgency);
         }
-        Poll::Ready(Ok(BidiStream {
-            send: SendStream::new(send),
-            recv: RecvStream(recv),
-        }))
+        Poll::Ready(Ok(bidi((send, recv))))
     }
 
     fn poll_open_send(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<SendStream<B>, StreamErrorIncoming>> {
-        let conn = &self.conn;
-        let send = ready!(poll_slot(&mut self.opening_uni, cx, || {
-            let c = conn.clone();
-            Box::pin(async move { c.open_uni().await })
+        let send = ready!(poll_slot(&mut self.opening_uni, cx, &self.conn, |c| {
+            async move { c.open_uni().await }
         }))
         .map_err(stream_error)?;
         // HTTP/3's control and QPACK streams: a few bytes that must never wait behind requests.
@@ -204,8 +182,7 @@ impl<B: Buf> quic::OpenStreams<B> for Opener {
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        let code = quinn::VarInt::from_u64(code.value()).unwrap_or(quinn::VarInt::MAX);
-        self.conn.close(code, reason);
+        self.conn.close(varint(code.value()), reason);
     }
 }
 
@@ -232,9 +209,8 @@ impl quic::RecvStream for RecvStream {
     }
 
     fn stop_sending(&mut self, error_code: u64) {
-        let code = quinn::VarInt::from_u64(error_code).unwrap_or(quinn::VarInt::MAX);
         // Already stopped or finished: nothing left to stop.
-        let _ = self.0.stop(code);
+        let _ = self.0.stop(varint(error_code));
     }
 
     fn recv_id(&self) -> StreamId {
@@ -242,38 +218,8 @@ impl quic::RecvStream for RecvStream {
     }
 }
 
-/// A stream's sending half: h3 hands it one buffer at a time, written out by `poll_ready`.
-pub struct SendStream<B: Buf> {
-    stream: quinn::SendStream,
-    writing: Option<WriteBuf<B>>,
-}
-
-impl<B: Buf> SendStream<B> {
-    fn new(stream: quinn::SendStream) -> SendStream<B> {
-        SendStream {
-            stream,
-            writing: None,
-        }
-    }
-}
-
-/// Take `data` as a send stream's one buffer being written: h3 waits for `poll_ready` between
-/// buffers, so a second one while the first is unwritten is a bug in the stack (it would
-/// reorder bytes). Shared by every send stream we give h3.
-pub(crate) fn hold_one<B: Buf, T: Into<WriteBuf<B>>>(
-    writing: &mut Option<WriteBuf<B>>,
-    data: T,
-) -> Result<(), StreamErrorIncoming> {
-    if writing.is_some() {
-        return Err(StreamErrorIncoming::ConnectionErrorIncoming {
-            connection_error: ConnectionErrorIncoming::InternalError(
-                "send_data before the previous buffer was written".into(),
-            ),
-        });
-    }
-    *writing = Some(data.into());
-    Ok(())
-}
+/// A stream's sending half.
+pub type SendStream<B> = h3_adapter::SendStream<quinn::SendStream, B>;
 
 fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
     match e {
@@ -285,94 +231,33 @@ fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
     }
 }
 
-impl<B: Buf> quic::SendStream<B> for SendStream<B> {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        if let Some(data) = self.writing.as_mut() {
-            while data.has_remaining() {
-                let n = ready!(Pin::new(&mut self.stream).poll_write(cx, data.chunk()))
-                    .map_err(write_error)?;
-                data.advance(n);
-            }
+impl Write for quinn::SendStream {
+    fn poll_write_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut impl Buf,
+    ) -> Poll<Result<(), StreamErrorIncoming>> {
+        while data.has_remaining() {
+            let write = quinn::SendStream::poll_write(Pin::new(&mut *self), cx, data.chunk());
+            let n = ready!(write).map_err(write_error)?;
+            data.advance(n);
         }
-        self.writing = None;
         Poll::Ready(Ok(()))
     }
 
-    fn send_data<T: Into<WriteBuf<B>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        hold_one(&mut self.writing, data)
+    fn finish(&mut self) -> Result<(), StreamErrorIncoming> {
+        quinn::SendStream::finish(self).map_err(|e| StreamErrorIncoming::Unknown(Box::new(e)))
     }
 
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        ready!(quic::SendStream::<B>::poll_ready(self, cx))?;
-        self.stream
-            .finish()
-            .map_err(|e| StreamErrorIncoming::Unknown(Box::new(e)))?;
-        Poll::Ready(Ok(()))
-    }
-
-    fn reset(&mut self, reset_code: u64) {
-        let code = quinn::VarInt::from_u64(reset_code).unwrap_or(quinn::VarInt::MAX);
+    fn reset(&mut self, code: quinn::VarInt) {
         // Already reset or finished and acknowledged: nothing left to reset.
-        let _ = self.stream.reset(code);
+        let _ = quinn::SendStream::reset(self, code);
     }
 
-    fn send_id(&self) -> StreamId {
-        stream_id(self.stream.id())
+    fn id(&self) -> quinn::StreamId {
+        quinn::SendStream::id(self)
     }
 }
 
 /// A bidirectional stream: a request's, as a client opens it.
-pub struct BidiStream<B: Buf> {
-    send: SendStream<B>,
-    recv: RecvStream,
-}
-
-impl<B: Buf> quic::BidiStream<B> for BidiStream<B> {
-    type SendStream = SendStream<B>;
-    type RecvStream = RecvStream;
-
-    fn split(self) -> (SendStream<B>, RecvStream) {
-        (self.send, self.recv)
-    }
-}
-
-impl<B: Buf> quic::RecvStream for BidiStream<B> {
-    type Buf = Bytes;
-
-    fn poll_data(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        self.recv.poll_data(cx)
-    }
-
-    fn stop_sending(&mut self, error_code: u64) {
-        self.recv.stop_sending(error_code)
-    }
-
-    fn recv_id(&self) -> StreamId {
-        self.recv.recv_id()
-    }
-}
-
-impl<B: Buf> quic::SendStream<B> for BidiStream<B> {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.send.poll_ready(cx)
-    }
-
-    fn send_data<T: Into<WriteBuf<B>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        self.send.send_data(data)
-    }
-
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.send.poll_finish(cx)
-    }
-
-    fn reset(&mut self, reset_code: u64) {
-        self.send.reset(reset_code)
-    }
-
-    fn send_id(&self) -> StreamId {
-        self.send.send_id()
-    }
-}
+pub type BidiStream<B> = h3_adapter::BidiStream<SendStream<B>, RecvStream>;

@@ -1,39 +1,14 @@
 //! Stream handles of a shared-driver connection, and h3's QUIC traits on them (RFC 9114 runs on any
 //! QUIC that offers these: accept/open streams, ordered reads, writes with backpressure).
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use h3::quic::{self, ConnectionErrorIncoming};
-use h3::quic::{StreamErrorIncoming, WriteBuf};
+use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming};
 use quinn_proto::{self as proto, Dir, StreamId, VarInt};
 
 use super::{Conn, Connection, Waiter};
-
-fn conn_error(e: proto::ConnectionError) -> ConnectionErrorIncoming {
-    match e {
-        proto::ConnectionError::ApplicationClosed(c) => ConnectionErrorIncoming::ApplicationClose {
-            error_code: c.error_code.into_inner(),
-        },
-        proto::ConnectionError::TimedOut => ConnectionErrorIncoming::Timeout,
-        e => ConnectionErrorIncoming::Undefined(Arc::new(e)),
-    }
-}
-
-fn stream_conn_error(e: proto::ConnectionError) -> StreamErrorIncoming {
-    StreamErrorIncoming::ConnectionErrorIncoming {
-        connection_error: conn_error(e),
-    }
-}
-
-fn h3_id(id: StreamId) -> quic::StreamId {
-    quic::StreamId::try_from(u64::from(id)).expect("QUIC stream ids fit in 62 bits")
-}
-
-fn varint(code: u64) -> VarInt {
-    VarInt::from_u64(code).unwrap_or(VarInt::MAX)
-}
+use crate::h3_adapter::{self, connection_error, stream_error, stream_id, varint, Write};
 
 impl Connection {
     /// Accept (`open == false`) or open a stream of `dir`, or wait until one can be.
@@ -104,7 +79,7 @@ impl quic::Connection<Bytes> for Connection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<RecvStream, ConnectionErrorIncoming>> {
         self.poll_stream(cx, Dir::Uni, false)
-            .map_err(conn_error)
+            .map_err(connection_error)
             .map_ok(|id| RecvStream::new(self.clone(), id))
     }
 
@@ -113,8 +88,8 @@ impl quic::Connection<Bytes> for Connection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<BidiStream, ConnectionErrorIncoming>> {
         self.poll_stream(cx, Dir::Bi, false)
-            .map_err(conn_error)
-            .map_ok(|id| BidiStream::new(self, id))
+            .map_err(connection_error)
+            .map_ok(|id| bidi(self, id))
     }
 
     fn opener(&self) -> Connection {
@@ -131,8 +106,8 @@ impl quic::OpenStreams<Bytes> for Connection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<BidiStream, StreamErrorIncoming>> {
         self.poll_stream(cx, Dir::Bi, true)
-            .map_err(stream_conn_error)
-            .map_ok(|id| BidiStream::new(self, id))
+            .map_err(stream_error)
+            .map_ok(|id| bidi(self, id))
     }
 
     fn poll_open_send(
@@ -140,8 +115,8 @@ impl quic::OpenStreams<Bytes> for Connection {
         cx: &mut Context<'_>,
     ) -> Poll<Result<SendStream, StreamErrorIncoming>> {
         self.poll_stream(cx, Dir::Uni, true)
-            .map_err(stream_conn_error)
-            .map_ok(|id| SendStream::new(self.clone(), id))
+            .map_err(stream_error)
+            .map_ok(|id| SendStream::new(SendHalf::new(self.clone(), id)))
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
@@ -157,33 +132,35 @@ impl quic::OpenStreams<Bytes> for Connection {
 
 /// The sending half of a stream. A bidirectional one dropped before it is finished or reset
 /// finishes (as quinn's streams do); a unidirectional one is left open (G19).
-pub struct SendStream {
+pub type SendStream = h3_adapter::SendStream<SendHalf, Bytes>;
+
+/// What a [`SendStream`] writes to.
+pub struct SendHalf {
     conn: Connection,
     id: StreamId,
-    writing: Option<WriteBuf<Bytes>>,
     ended: bool,
 }
 
-impl SendStream {
+impl SendHalf {
     fn new(conn: Connection, id: StreamId) -> Self {
-        SendStream {
+        SendHalf {
             conn,
             id,
-            writing: None,
             ended: false,
         }
     }
 }
 
-impl quic::SendStream<Bytes> for SendStream {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        let Some(data) = self.writing.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
+impl Write for SendHalf {
+    fn poll_write_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut impl Buf,
+    ) -> Poll<Result<(), StreamErrorIncoming>> {
         let id = self.id;
-        let r = self.conn.with(|c, s| {
+        self.conn.with(|c, s| {
             if let Err(e) = alive(c) {
-                return Poll::Ready(Err(stream_conn_error(e)));
+                return Poll::Ready(Err(stream_error(e)));
             }
             let mut wrote = false;
             let r = loop {
@@ -215,32 +192,17 @@ impl quic::SendStream<Bytes> for SendStream {
                 s.touch();
             }
             r
-        });
-        if r.is_ready() {
-            self.writing = None;
-        }
-        r
+        })
     }
 
-    fn send_data<T: Into<WriteBuf<Bytes>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        crate::quinn_streams::hold_one(&mut self.writing, data)
-    }
-
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        match quic::SendStream::poll_ready(self, cx) {
-            Poll::Ready(Ok(())) => {}
-            other => return other,
-        }
+    fn finish(&mut self) -> Result<(), StreamErrorIncoming> {
         let id = self.id;
         self.ended = true;
         self.conn.with(|c, s| {
-            let p = match alive(c) {
-                Ok(p) => p,
-                Err(e) => return Poll::Ready(Err(stream_conn_error(e))),
-            };
+            let p = alive(c).map_err(stream_error)?;
             let res = p.send_stream(id).finish();
             s.touch();
-            Poll::Ready(match res {
+            match res {
                 Ok(()) => {
                     c.finished(id);
                     Ok(())
@@ -251,17 +213,16 @@ impl quic::SendStream<Bytes> for SendStream {
                     })
                 }
                 Err(e) => Err(StreamErrorIncoming::Unknown(Box::new(e))),
-            })
+            }
         })
     }
 
-    fn reset(&mut self, reset_code: u64) {
+    fn reset(&mut self, code: VarInt) {
         let id = self.id;
         self.ended = true;
-        self.writing = None;
         self.conn.with(|c, s| {
             if let Some(p) = c.proto.as_mut() {
-                let _ = p.send_stream(id).reset(varint(reset_code));
+                let _ = p.send_stream(id).reset(code);
             }
             // A reset stream (even one finished before) is not waited for: quinn-proto reports
             // no `Finished` for it.
@@ -270,12 +231,12 @@ impl quic::SendStream<Bytes> for SendStream {
         });
     }
 
-    fn send_id(&self) -> quic::StreamId {
-        h3_id(self.id)
+    fn id(&self) -> StreamId {
+        self.id
     }
 }
 
-impl Drop for SendStream {
+impl Drop for SendHalf {
     fn drop(&mut self) {
         let id = self.id;
         // A unidirectional stream of ours is one of HTTP/3's critical streams (control, QPACK;
@@ -320,7 +281,7 @@ impl quic::RecvStream for RecvStream {
         let (r, ended) = self.conn.with(|c, s| {
             let p = match alive(c) {
                 Ok(p) => p,
-                Err(e) => return (Poll::Ready(Err(stream_conn_error(e))), true),
+                Err(e) => return (Poll::Ready(Err(stream_error(e))), true),
             };
             let mut stream = p.recv_stream(id);
             let mut chunks = match stream.read(true) {
@@ -364,7 +325,7 @@ impl quic::RecvStream for RecvStream {
     }
 
     fn recv_id(&self) -> quic::StreamId {
-        h3_id(self.id)
+        stream_id(self.id)
     }
 }
 
@@ -380,66 +341,11 @@ impl Drop for RecvStream {
 }
 
 /// Both halves of a bidirectional stream.
-pub struct BidiStream {
-    send: SendStream,
-    recv: RecvStream,
-}
+pub type BidiStream = h3_adapter::BidiStream<SendStream, RecvStream>;
 
-impl BidiStream {
-    fn new(conn: &Connection, id: StreamId) -> Self {
-        BidiStream {
-            send: SendStream::new(conn.clone(), id),
-            recv: RecvStream::new(conn.clone(), id),
-        }
-    }
-}
-
-impl quic::BidiStream<Bytes> for BidiStream {
-    type SendStream = SendStream;
-    type RecvStream = RecvStream;
-
-    fn split(self) -> (SendStream, RecvStream) {
-        (self.send, self.recv)
-    }
-}
-
-impl quic::SendStream<Bytes> for BidiStream {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.send.poll_ready(cx)
-    }
-
-    fn send_data<T: Into<WriteBuf<Bytes>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
-        self.send.send_data(data)
-    }
-
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.send.poll_finish(cx)
-    }
-
-    fn reset(&mut self, reset_code: u64) {
-        self.send.reset(reset_code)
-    }
-
-    fn send_id(&self) -> quic::StreamId {
-        self.send.send_id()
-    }
-}
-
-impl quic::RecvStream for BidiStream {
-    type Buf = Bytes;
-
-    fn poll_data(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        self.recv.poll_data(cx)
-    }
-
-    fn stop_sending(&mut self, error_code: u64) {
-        self.recv.stop_sending(error_code)
-    }
-
-    fn recv_id(&self) -> quic::StreamId {
-        self.recv.recv_id()
-    }
+fn bidi(conn: &Connection, id: StreamId) -> BidiStream {
+    BidiStream::new(
+        SendStream::new(SendHalf::new(conn.clone(), id)),
+        RecvStream::new(conn.clone(), id),
+    )
 }
