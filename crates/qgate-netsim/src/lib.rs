@@ -23,18 +23,24 @@
 //! # Ok(()) }
 //! ```
 
+mod error;
+mod ids;
 mod network;
 mod socket;
+mod state;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 pub mod topology;
 mod trace;
 
-pub use network::{
-    Direction, HostDrops, HostId, InterfaceId, LinkId, NetError, Network, SojournLog,
-    DEFAULT_SOCKET_RX_LIMIT, IPV4_UDP_OVERHEAD, IPV6_UDP_OVERHEAD,
+pub use error::NetError;
+pub use ids::{Direction, HostId, InterfaceId, LinkId};
+pub use network::{Network, SojournLog, DEFAULT_SOCKET_RX_LIMIT};
+pub use qgate_link::{
+    delay_from_ms, LinkParams, LinkStats, LossModel, TraceEvent, IPV4_UDP_OVERHEAD,
+    IPV6_UDP_OVERHEAD, MAX_DELAY_MS,
 };
-pub use qgate_link::{delay_from_ms, LinkParams, LinkStats, LossModel, TraceEvent, MAX_DELAY_MS};
 pub use socket::{Received, SimSocket};
+pub use state::HostDrops;
 pub use topology::{Topology, World};
 pub use trace::{Trace, TraceRecord};

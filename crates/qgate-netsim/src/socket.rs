@@ -12,7 +12,7 @@ use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 use tokio::time::Instant;
 
-use crate::network::NetInner;
+use crate::state::NetInner;
 
 /// Datagrams quinn may hand over in one call (a GSO batch), split here into single datagrams.
 const MAX_SEGMENTS: usize = 10;
