@@ -9,3 +9,4 @@ pub mod device;
 pub mod gateway;
 pub mod outbound;
 pub mod paths;
+pub mod reachability;

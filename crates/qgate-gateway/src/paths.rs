@@ -15,6 +15,8 @@ use qgate_core::path::{ConnectionSample, PathId, PathTable};
 use qgate_core::probe::ProbeMsg;
 use qgate_core::sync::lock;
 use qgate_transport::{connect, Congestion, Socket, TransportError, TransportOptions};
+
+use crate::reachability::{Reachability, Say};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -75,6 +77,8 @@ struct Shared {
     /// Per path with several lanes: packet counters summed over its connections so far, so
     /// they only grow when one of them is replaced (the path table reads their differences).
     totals: Vec<Mutex<Totals>>,
+    /// Per path: what the log has said of its server's reachability.
+    reach: Vec<Mutex<Reachability>>,
     wake: Notify,
 }
 
@@ -249,6 +253,7 @@ impl PathManager {
                 })
                 .collect(),
             totals: paths.iter().map(|_| Mutex::default()).collect(),
+            reach: paths.iter().map(|_| Mutex::default()).collect(),
             wake: Notify::new(),
         });
         let paths = Arc::new(paths);
@@ -334,6 +339,47 @@ impl PathManager {
             self.shared.wake.notify_one();
         }
         r
+    }
+}
+
+/// A backhaul connection attempt that takes longer than this fails.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+impl Shared {
+    /// Tell `path`'s reachability what happened (`event`) and write the line it says, if any;
+    /// `why` is the cause of a failure or loss.
+    fn tell(
+        &self,
+        p: &Backhaul,
+        path: PathId,
+        event: impl FnOnce(&mut Reachability, std::time::Instant) -> Option<Say>,
+        why: &str,
+    ) {
+        let Some(say) = event(&mut lock(&self.reach[path.0]), Instant::now().into_std()) else {
+            return;
+        };
+        let local = p
+            .endpoint
+            .local_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string());
+        let (path, server) = (path.0, p.server);
+        match say {
+            Say::Up {
+                again: true,
+                after_failures,
+            } => tracing::warn!(path, %local, %server, after_failures, "backhaul path back up"),
+            Say::Up { again: false, .. } => {
+                tracing::info!(path, %local, %server, "backhaul path up")
+            }
+            Say::Down => tracing::warn!(
+                path, %local, %server, error = why,
+                "backhaul path down: the server does not answer on it (is a qgate server listening there?); retrying with the probes"
+            ),
+            Say::StillDown { failures } => tracing::warn!(
+                path, %local, %server, failures, error = why,
+                "backhaul path still down"
+            ),
+        }
     }
 }
 
@@ -452,7 +498,7 @@ fn reconnect(
         let p = &paths[path.0];
         let slot = &shared.lanes[path.0][lane];
         let result = tokio::time::timeout(
-            Duration::from_secs(5),
+            CONNECT_WITHIN,
             connect(&p.endpoint, &cfg, p.server, &p.server_name, false),
         )
         .await;
@@ -461,10 +507,16 @@ fn reconnect(
             Ok(Ok(c)) => c.connection().clone(),
             Ok(Err(e)) => {
                 tracing::debug!(path = path.0, lane, error = %e, "backhaul connect failed");
+                shared.tell(p, path, |r, now| r.on_failure(now), &e.to_string());
                 return;
             }
-            Err(_) => return,
+            Err(_) => {
+                let why = format!("no answer within {CONNECT_WITHIN:?}");
+                shared.tell(p, path, |r, now| r.on_failure(now), &why);
+                return;
+            }
         };
+        shared.tell(p, path, |r, _| r.on_up(), "");
         *lock(&slot.conn) = Some(conn.clone());
         shared.wake.notify_one(); // probe the new connection now rather than at the next timer
         while let Ok(d) = conn.read_datagram().await {
@@ -485,6 +537,10 @@ fn reconnect(
         }
         if shared.live(path).next().is_none() {
             lock(&shared.core).on_connection_lost(path, Instant::now().into_std());
+            let why = conn
+                .close_reason()
+                .map_or_else(String::new, |e| e.to_string());
+            shared.tell(p, path, |r, now| r.on_lost(now), &why);
         }
         shared.wake.notify_one();
     });

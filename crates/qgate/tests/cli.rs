@@ -677,6 +677,71 @@ fn device_through_gateway_to_server_as_processes() {
     }
 }
 
+/// A gateway whose server is not there says so in its log, and says when it comes (issue 53
+/// item 1: it used to say nothing until a device got a 502).
+#[test]
+fn a_gateway_says_when_its_server_is_unreachable_and_when_it_is_back() {
+    let home = tmp("gateway-unreachable");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = qgate(&home)
+        .args([
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--probe-interval",
+            "1s",
+        ])
+        .args([
+            "--server",
+            &format!("127.0.0.1:{port}"),
+            "--path",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Whatever happens, the gateway is gone within a minute, so a read below cannot hang.
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        let _ = Command::new("kill").arg(&pid).status();
+    });
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // The lines before the first that holds `needle`.
+    let mut until = |needle: &str| {
+        let mut seen = Vec::new();
+        for l in lines.by_ref().map_while(Result::ok) {
+            if l.contains(needle) {
+                return seen;
+            }
+            seen.push(l);
+        }
+        panic!("no '{needle}' in the gateway's log: {seen:?}")
+    };
+    let before = until("backhaul path down");
+    assert!(
+        before.iter().all(|l| !l.contains("backhaul path")),
+        "{before:?}"
+    );
+    let mut server = qgate(&home);
+    server.args(["server", "--listen", &format!("127.0.0.1:{port}")]);
+    server.args(["--admin", "127.0.0.1:0"]);
+    let (_server, _, _) = spawn_daemon(server);
+    let between = until("backhaul path back up");
+    let _ = child.kill();
+    let _ = child.wait();
+    // Reminders while down are at most one a minute: none in these few seconds.
+    assert!(
+        between.iter().filter(|l| l.contains("still down")).count() <= 1,
+        "{between:?}"
+    );
+}
+
 #[test]
 fn a_gateway_path_shape_it_cannot_do_is_refused_before_anything_binds() {
     let home = tmp("shape");
