@@ -457,10 +457,10 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_example_plan_is_valid_as_written_and_quick() {
-        let readme = include_str!("../../../../README.md");
-        let from = readme.find("## Plan files").expect("the section");
-        let block = readme[from..]
+    fn the_book_example_plan_is_valid_as_written_and_quick() {
+        let chapter = include_str!("../../../../docs/book/src/lab/plans.md");
+        let from = chapter.find("## A complete example").expect("the section");
+        let block = chapter[from..]
             .split("```toml\n")
             .nth(1)
             .and_then(|b| b.split("```").next())

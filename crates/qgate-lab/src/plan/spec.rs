@@ -1,5 +1,6 @@
-//! The plan file format: what a scenario is, as data (README "Plan files" documents it with a
-//! complete example). Every table refuses unknown keys, so a typo is an error, not a default.
+//! The plan file format: what a scenario is, as data (the book's "Plan files" chapter,
+//! docs/book/src/lab/plans.md, documents it with a complete example). Every table refuses
+//! unknown keys, so a typo is an error, not a default.
 
 use qgate_netsim::topology::{Directions, LinkChange, Topology};
 use serde::Deserialize;
@@ -47,8 +48,8 @@ pub struct Header {
     /// Simulated time per run, s: every workload stops by then.
     pub duration_s: f64,
     /// Metrics written to the summary tables (all when empty). Names are
-    /// `<workload>.<metric>`, where `*` stands for any characters (`gw.path*_share`); `README`
-    /// lists each workload's metrics.
+    /// `<workload>.<metric>`, where `*` stands for any characters (`gw.path*_share`); the
+    /// book's "Plan files" chapter lists each workload's metrics.
     #[serde(default)]
     pub metrics: Vec<String>,
     /// What `--quick` changes.

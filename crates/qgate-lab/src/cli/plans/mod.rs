@@ -61,8 +61,8 @@ pub enum Lab {
     /// Paper 000: the gateway's schedulers over three backhaul paths (runs the shipped plan
     /// lab/plans/paper000-proxy.toml into results/proxy/).
     Proxy(ProxyArgs),
-    /// Run a scenario described in a plan file (README "Plan files"; examples in lab/plans/):
-    /// results.csv, summary.md with confidence intervals and p-values, SVG figures.
+    /// Run a scenario described in a plan file (docs/book/src/lab/plans.md; examples in
+    /// lab/plans/): results.csv, summary.md with confidence intervals and p-values, SVG figures.
     Run(RunArgs),
 }
 
