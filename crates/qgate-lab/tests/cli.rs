@@ -338,6 +338,13 @@ fn lab_proxy_quick_writes_every_result_file() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Against paper 000"), "{summary}");
     assert!(summary.contains("Distinct outcomes"), "{summary}");
+    // One seed: a mean without a deviation it cannot have; the figures linked.
+    assert!(summary.contains(" (n = 1) |"), "{summary}");
+    assert!(!summary.contains("± 0 (n = 1)"), "{summary}");
+    assert!(
+        summary.contains("![lines-gw-total_s-delay-hetero.svg](lines-gw-total_s-delay-hetero.svg)"),
+        "{summary}"
+    );
     let prov = std::fs::read_to_string(out.join("provenance.toml")).unwrap();
     assert!(
         prov.contains("plan = \"lab/plans/paper000-proxy.toml\"") && prov.contains("plan_sha256"),
@@ -413,12 +420,15 @@ fn lab_run_plan_is_deterministic_and_its_errors_name_the_line() {
     );
     assert!(summary.contains("| dl.from_history | ewma |"), "{summary}");
     assert!(a.join("bars-dl-latency_s_mean.svg").exists());
+    // No time series in this plan, so no series.csv of a header alone.
+    assert!(!a.join("series.csv").exists());
     // A rerun into the same directory replaces the previous run's files, leaving no stale ones
     // (a figure of another name here), and other files alone.
     std::fs::write(a.join("bars-old-metric.svg"), "<svg/>").unwrap();
     std::fs::write(a.join("notes.txt"), "mine").unwrap();
+    std::fs::write(a.join("series.csv"), "scheme\n").unwrap();
     run_to("a");
-    assert!(!a.join("bars-old-metric.svg").exists());
+    assert!(!a.join("bars-old-metric.svg").exists() && !a.join("series.csv").exists());
     assert!(a.join("bars-dl-latency_s_mean.svg").exists() && a.join("notes.txt").exists());
     // An --out that cannot be written is refused before anything runs.
     std::fs::write(home.join("afile"), "").unwrap();

@@ -223,7 +223,10 @@ pub fn write(
     if prov.samples {
         put("samples.csv", samples)?;
     }
-    put("series.csv", series)?;
+    // Only plans with time series have rows for it: no empty file among those written.
+    if series.lines().nth(1).is_some() {
+        put("series.csv", series)?;
+    }
     let warnings = warnings(loaded, records);
     for w in &warnings {
         eprintln!("warning: {w}");
@@ -235,6 +238,19 @@ pub fn write(
             let _ = writeln!(text, "- {w}");
         }
         text.push('\n');
+    }
+    let t = Table::new(loaded, records);
+    let figures: Vec<(String, String)> = loaded
+        .plan
+        .figures
+        .iter()
+        .flat_map(|f| figure(f, &t, loaded))
+        .collect();
+    if !figures.is_empty() {
+        text.push_str("## Figures\n\n");
+        for (name, _) in &figures {
+            let _ = writeln!(text, "![{name}]({name})\n");
+        }
     }
     put("summary.md", text + extra)?;
     put(
@@ -252,11 +268,8 @@ pub fn write(
             prov.wall_s
         ),
     )?;
-    let t = Table::new(loaded, records);
-    for f in &loaded.plan.figures {
-        for (name, svg) in figure(f, &t, loaded) {
-            put(&name, svg)?;
-        }
+    for (name, svg) in figures {
+        put(&name, svg)?;
     }
     Ok(files)
 }
@@ -388,6 +401,9 @@ pub fn summary(loaded: &Loaded, records: &[Record], prov: &Provenance) -> String
                 let sm = Summary::of(&v);
                 if sm.n == 0 {
                     let _ = write!(s, " – |");
+                } else if sm.n == 1 {
+                    // One run has no deviation to show.
+                    let _ = write!(s, " {} (n = 1) |", sig(sm.mean));
                 } else {
                     let _ = write!(s, " {} ± {} (n = {}) |", sig(sm.mean), sig(sm.std), sm.n);
                 }
