@@ -1,9 +1,9 @@
-//! The path probe's wire format (qgate_core::probe) on arbitrary datagrams: decode never panics,
+//! The path probe's wire format (qgate_forward::probe) on arbitrary datagrams: decode never panics,
 //! and whatever decodes encodes back to the same 9 bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use qgate_core::probe::ProbeMsg;
+use qgate_forward::probe::ProbeMsg;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(m) = ProbeMsg::decode(data) {

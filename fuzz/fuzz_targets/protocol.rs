@@ -1,10 +1,10 @@
-//! The device ↔ gateway ↔ server protocol values (qgate_core::protocol and Hash IDs) on
+//! The device ↔ gateway ↔ server protocol values (qgate_forward::protocol and Hash IDs) on
 //! arbitrary header and body bytes: parsing never panics, and what parses round-trips.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use qgate_core::protocol::{self, Registered};
-use qgate_core::session::HashId;
+use qgate_forward::protocol::{self, Registered};
+use qgate_forward::session::HashId;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(r) = Registered::parse(data) {

@@ -1,23 +1,14 @@
-//! Sans-IO cores of qgate: plain data structures and algorithms that take `now` as an argument
-//! and return decisions; the async shells in other crates own sockets, clocks and files.
+//! Infrastructure shared by qgate's crates: counters declared once ([`counters!`]) and the
+//! metrics helpers they render with, log gating, per-client quotas and the client key, units
+//! (durations, sizes), summaries, and a lock that outlives a panicked holder. The sans-IO cores
+//! live in crates of their own, by who uses them: `qgate-forward` (forwarding and its
+//! protocol), `qgate-history` (window history), `qgate-chunks` (the upload's planner and
+//! protocol).
 
-pub mod batch;
-pub mod careful_resume;
 pub mod counters;
-pub mod forwarded;
-pub mod forwarder;
-pub mod frame_guard;
-pub mod history;
-pub mod holdings;
 pub mod loggate;
 pub mod metrics;
-pub mod path;
-pub mod probe;
-pub mod protocol;
 pub mod quota;
-pub mod scheduler;
-pub mod session;
 pub mod summary;
 pub mod sync;
 pub mod units;
-pub mod upload;

@@ -5,8 +5,8 @@
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use qgate_core::batch;
-use qgate_core::protocol::PATH_HEADER;
+use qgate_forward::batch;
+use qgate_forward::protocol::PATH_HEADER;
 use qgate_transport::http3::H3Response;
 
 /// What the server said about one record.

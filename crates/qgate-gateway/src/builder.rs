@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use qgate_core::forwarder::Forwarder;
-use qgate_core::path::PathConfig;
-use qgate_core::scheduler::{self, Scheduler};
+use qgate_forward::forwarder::Forwarder;
+use qgate_forward::path::PathConfig;
+use qgate_forward::scheduler::{self, Scheduler};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{
     client_config, shared_driver, Congestion, Identity, Socket, TransportError, TransportOptions,
@@ -71,7 +71,7 @@ pub struct GatewayBuilder {
 }
 
 impl Gateway {
-    /// A builder with every default: scheduler [`DEFAULT_SCHEDULER`](qgate_core::scheduler::DEFAULT_SCHEDULER), [`GatewayConfig::default`],
+    /// A builder with every default: scheduler [`DEFAULT_SCHEDULER`](qgate_forward::scheduler::DEFAULT_SCHEDULER), [`GatewayConfig::default`],
     /// [`PathConfig::default`], [`TransportOptions::default`], no history, randomness from the
     /// operating system.
     pub fn builder() -> GatewayBuilder {

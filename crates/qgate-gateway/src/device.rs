@@ -14,13 +14,13 @@ use bytes::Bytes;
 use qgate_transport::http3::{H3Client, H3Error};
 use tokio::time::Instant;
 
-use qgate_core::protocol::{
+use qgate_core::sync::lock;
+use qgate_forward::protocol::{
     emit_device_request_id, emit_priority, parse_path, Registered, HASH_ID_HEADER, PATH_HEADER,
     PRIORITY_HEADER, REQUEST_ID_HEADER,
 };
-use qgate_core::scheduler::Priority;
-use qgate_core::session::HashId;
-use qgate_core::sync::lock;
+use qgate_forward::scheduler::Priority;
+use qgate_forward::session::HashId;
 
 /// Why a device operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! Device-facing side of the gateway (paper 000 §3.3–3.4): the shell of the sans-IO
-//! [`Forwarder`](qgate_core::forwarder::Forwarder) (registration, sessions, the scheduler, hits, retries and request ids, under
+//! [`Forwarder`](qgate_forward::forwarder::Forwarder) (registration, sessions, the scheduler, hits, retries and request ids, under
 //! one lock) that carries each request over the path it chose, and again on another path with
 //! the same request id when that one fails.
 
@@ -10,23 +10,23 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use qgate_core::forwarder::{Attempt, Outcome, RequestId, Step};
 use qgate_core::loggate::LogGate;
-use qgate_core::path::PathId;
-use qgate_core::scheduler::Priority;
-use qgate_core::session::{ConnId, HashId, SessionError};
+use qgate_forward::forwarder::{Attempt, Outcome, RequestId, Step};
+use qgate_forward::path::PathId;
+use qgate_forward::scheduler::Priority;
+use qgate_forward::session::{ConnId, HashId, SessionError};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
 use qgate_transport::shared_driver::{self, EndpointStats};
 use tokio::time::Instant;
 
 use crate::answer::Answer;
-use crate::batch::{self, BatchStats, Batcher};
+use crate::batcher::{self, BatchStats, Batcher};
 use crate::paths::{Lease, PathManager};
 use qgate_core::sync::lock;
 
 use crate::outbound::{self, Facts};
-use qgate_core::protocol::{self as wire, Registered, REQUEST_ID_HEADER};
-pub use qgate_core::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
+use qgate_forward::protocol::{self as wire, Registered, REQUEST_ID_HEADER};
+pub use qgate_forward::protocol::{HASH_ID_HEADER, PRIORITY_HEADER};
 
 /// Kinds of log line that a peer can cause at will, each rate-limited (decision G11).
 #[derive(Debug, Clone, Copy)]
@@ -454,7 +454,7 @@ impl Gateway {
             step = match step {
                 Step::Send(a) => {
                     facts.path = Some(a.path.0);
-                    let record = batch::Record {
+                    let record = batcher::Record {
                         urgent: a.urgent,
                         facts: facts.clone(),
                         body: body.clone(),
@@ -497,7 +497,7 @@ impl Gateway {
         &self,
         a: Attempt,
         method: &http::Method,
-        record: batch::Record,
+        record: batcher::Record,
         batchable: bool,
     ) -> Result<Response<Bytes>, Step> {
         let (path, bytes) = (a.path, record.body.len() as u64);
@@ -635,9 +635,12 @@ impl Handler for DeviceConnection {
             ("POST", "/register") => self.gw.register(&req, self),
             // The gateway's own route to the server: a device's batch would name other
             // devices and request ids, and could take ids the gateway's records need (G23).
-            (_, qgate_core::batch::BATCH_PATH) => text(
+            (_, qgate_forward::batch::BATCH_PATH) => text(
                 StatusCode::NOT_FOUND,
-                format!("no route {} for devices\n", qgate_core::batch::BATCH_PATH),
+                format!(
+                    "no route {} for devices\n",
+                    qgate_forward::batch::BATCH_PATH
+                ),
             ),
             _ => self.gw.forward(req, body, self, peer).await,
         }

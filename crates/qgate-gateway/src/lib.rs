@@ -3,7 +3,7 @@
 //! library. [`Gateway::builder`](gateway::Gateway::builder) assembles one.
 
 pub mod answer;
-pub mod batch;
+pub mod batcher;
 pub mod builder;
 pub mod device;
 pub mod gateway;

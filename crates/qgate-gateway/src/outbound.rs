@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue, Method, Request};
-use qgate_core::forwarded::Forwarded;
+use qgate_forward::forwarded::Forwarded;
 
 /// A forwarded record's facts as the gateway keeps them across attempts.
 pub type Facts = Forwarded<Arc<str>>;
@@ -36,7 +36,7 @@ pub(crate) fn request(method: &Method, authority: &str, fwd: &Facts) -> Request<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qgate_core::scheduler::Priority;
+    use qgate_forward::scheduler::Priority;
 
     #[test]
     fn a_forwarded_request_parses_back_to_its_facts() {

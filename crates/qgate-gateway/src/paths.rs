@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::forwarder::Forwarder;
-use qgate_core::path::{ConnectionSample, PathId, PathTable};
-use qgate_core::probe::ProbeMsg;
 use qgate_core::sync::lock;
+use qgate_forward::forwarder::Forwarder;
+use qgate_forward::path::{ConnectionSample, PathId, PathTable};
+use qgate_forward::probe::ProbeMsg;
 use qgate_transport::{connect, Congestion, Socket, TransportError, TransportOptions};
 
 use crate::reachability::{Reachability, Say};
@@ -186,7 +186,7 @@ impl Drop for PathManager {
 #[derive(Clone)]
 pub struct BackhaulHistory {
     /// The store.
-    pub store: Arc<qgate_transport::history::HistoryStore>,
+    pub store: Arc<qgate_transport::window_history::HistoryStore>,
     /// Careful-resume factor, if on.
     pub safeguard: Option<f64>,
 }

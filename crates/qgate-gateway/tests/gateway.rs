@@ -5,11 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::{assert_metrics, metrics, register, send, world};
-use qgate_core::path::PathId;
+use qgate_forward::path::PathId;
 
 #[tokio::test(start_paused = true)]
 async fn every_scheduler_answers_every_request() {
-    for sched in qgate_core::scheduler::SCHEDULERS {
+    for sched in qgate_forward::scheduler::SCHEDULERS {
         let w = world(10, sched).await;
         let mut hashes = Vec::new();
         for (i, d) in w.devices.iter().enumerate() {

@@ -11,7 +11,7 @@ use common::{
     assert_metrics, metrics, register, send, send_to, try_register, world, world_with,
     world_with_lanes, Far, Slow,
 };
-use qgate_core::path::PathId;
+use qgate_forward::path::PathId;
 use qgate_gateway::gateway::GatewayConfig;
 
 #[tokio::test(start_paused = true)]

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use qgate_core::forwarder::{Forwarder, Step};
-use qgate_core::path::{PathConfig, PathId};
-use qgate_core::scheduler::{Priority, Scheduler, Single};
+use qgate_forward::forwarder::{Forwarder, Step};
+use qgate_forward::path::{PathConfig, PathId};
+use qgate_forward::scheduler::{Priority, Scheduler, Single};
 use qgate_gateway::paths::{Backhaul, PathManager};
 use qgate_netsim::{LinkParams, Network};
 use qgate_transport::http3::ALPN_H3;
@@ -82,10 +82,10 @@ impl Backhauls {
 }
 
 /// An in-memory history store on the tokio clock.
-fn virtual_store() -> Arc<qgate_transport::history::HistoryStore> {
+fn virtual_store() -> Arc<qgate_transport::window_history::HistoryStore> {
     let start = tokio::time::Instant::now();
-    qgate_transport::history::HistoryStore::in_memory(
-        qgate_core::history::HistoryConfig::default(),
+    qgate_transport::window_history::HistoryStore::in_memory(
+        qgate_history::HistoryConfig::default(),
         Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64),
     )
 }
@@ -224,7 +224,7 @@ async fn bbr_per_path(history: bool) -> [bool; 2] {
         paths,
         cfg,
         opts,
-        core(2, qgate_core::scheduler::by_name("completion").unwrap()),
+        core(2, qgate_forward::scheduler::by_name("completion").unwrap()),
         history,
     );
     tokio::time::sleep(Duration::from_secs(2)).await;

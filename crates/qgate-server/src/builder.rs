@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use qgate_core::quota::Quota;
-use qgate_transport::history::HistoryStore;
 use qgate_transport::http3::{ServeLimits, ALPN_H3};
+use qgate_transport::window_history::HistoryStore;
 use qgate_transport::{
     server_config, server_endpoint, Identity, Socket, TransportError, TransportOptions,
 };

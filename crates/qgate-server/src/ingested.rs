@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use qgate_core::batch;
+use qgate_forward::batch;
 
 use crate::SinkError;
 

@@ -4,10 +4,10 @@
 //! Routes:
 //! - `POST /ingest` or `POST /ingest/<name>`: store the body; `201 Created` with
 //!   `{"id":N,"bytes":B}` once it is on disk (or counted, with no sink).
-//! - `POST /batch`: several records a gateway forwards at once (`qgate_core::batch`), each
+//! - `POST /batch`: several records a gateway forwards at once (`qgate_forward::batch`), each
 //!   stored as its own `POST /ingest/<name>` would be; `200 OK` with an answer per record.
 //! - `POST /upload/<name>`, `PUT /upload/<name>/<chunk>`: the two-ended multi-homed upload
-//!   (paper 001; [`upload`] and `qgate_core::upload`), when an upload directory is set.
+//!   (paper 001; [`upload_receiver`] and `qgate_chunks`), when an upload directory is set.
 //! - `GET /health`: `ok` (503 while a queue sink's broker is unreachable).
 //!
 //! Counters and metrics are on the admin port (`qgate_admin`), not here: a device must not
@@ -18,10 +18,10 @@ mod dedup;
 mod dedup_store;
 pub mod disk;
 mod ingested;
-mod probe;
+mod probe_answer;
 pub mod room;
 pub mod sink;
-pub mod upload;
+pub mod upload_receiver;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,10 +29,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use qgate_core::forwarded::Forwarded;
 use qgate_core::metrics;
-use qgate_core::protocol as wire;
 use qgate_core::quota::Quota;
+use qgate_forward::forwarded::Forwarded;
+use qgate_forward::protocol as wire;
 use qgate_transport::http3::{self, Handler, ServeLimits};
 
 pub use builder::{
@@ -41,12 +41,12 @@ pub use builder::{
 };
 pub use dedup_store::{DedupStore, DedupStoreError};
 pub use ingested::Ingested;
-pub use probe::answer_probes;
+pub use probe_answer::answer_probes;
 pub use sink::{
     CountSink, DirSink, QueueSink, QueueSinkConfig, QueueSinkStats, Record, Sink, SinkError,
     Upstream, UpstreamView,
 };
-pub use upload::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
+pub use upload_receiver::{UploadLimits, Uploads, EXPIRE_CHECK_EVERY};
 
 qgate_core::counters! {
     /// Counters of what the server has done.
@@ -284,7 +284,7 @@ fn json(status: StatusCode, body: String) -> Response<Bytes> {
 /// The answer to a forwarded record whose facts do not parse. A value present but malformed is
 /// the sender's error: a request id ignored instead would store the record without its
 /// de-duplication, and a retried copy twice (decision S7).
-fn refused(e: qgate_core::protocol::ProtocolError) -> String {
+fn refused(e: qgate_forward::protocol::ProtocolError) -> String {
     format!("{e}\n")
 }
 
@@ -333,8 +333,8 @@ impl Handler for IngestService {
                     Err(why) => text(StatusCode::BAD_REQUEST, why),
                 }
             }
-            (&Method::POST, qgate_core::batch::BATCH_PATH) => self.batch(&body, peer).await,
-            (_, qgate_core::batch::BATCH_PATH) => {
+            (&Method::POST, qgate_forward::batch::BATCH_PATH) => self.batch(&body, peer).await,
+            (_, qgate_forward::batch::BATCH_PATH) => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n")
             }
             (m, p) if p.starts_with("/upload/") => self.upload(m, p, &req, body, peer).await,
@@ -358,7 +358,7 @@ impl IngestService {
     /// gets that request's `400`, and the others are stored. A batch that does not parse, or
     /// has no entry, is refused whole with `400`: nothing of it is stored.
     async fn batch(&self, body: &Bytes, peer: SocketAddr) -> Response<Bytes> {
-        use qgate_core::batch;
+        use qgate_forward::batch;
         let entries = match batch::parse_entries(body) {
             Ok(e) if e.is_empty() => {
                 return text(
@@ -498,7 +498,7 @@ impl IngestService {
         body: Bytes,
         peer: SocketAddr,
     ) -> Response<Bytes> {
-        use qgate_core::upload::{FileInfo, HELD_HEADER};
+        use qgate_chunks::{FileInfo, HELD_HEADER};
         let Some(uploads) = self.uploads.clone() else {
             return text(
                 StatusCode::NOT_FOUND,
@@ -510,7 +510,7 @@ impl IngestService {
             Some((n, c)) => (n.to_string(), Some(c)),
             None => (rest.to_string(), None),
         };
-        if !upload::valid_name(&name) {
+        if !upload_receiver::valid_name(&name) {
             return text(
                 StatusCode::BAD_REQUEST,
                 "upload names are 1-128 characters of A-Z a-z 0-9 . _ - and do not start with '.'\n",
@@ -524,77 +524,78 @@ impl IngestService {
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
         };
         let stats = self.stats.clone();
-        let answer = match (method, chunk) {
-            (&Method::POST, None) => {
-                self.storage(move || {
-                    uploads.announce(peer.ip(), &name, &info).map(|a| match a {
-                        upload::Announced::Complete => Response::builder()
-                            .status(StatusCode::CREATED)
-                            .body(Bytes::from("{\"complete\":true}"))
-                            .expect("valid response"),
-                        upload::Announced::InProgress(held) => Response::builder()
-                            .status(StatusCode::OK)
-                            .header(HELD_HEADER, held.to_string())
-                            .body(Bytes::from(format!(
-                                "{{\"complete\":false,\"held\":{}}}",
-                                held.count()
-                            )))
-                            .expect("valid response"),
+        let answer =
+            match (method, chunk) {
+                (&Method::POST, None) => {
+                    self.storage(move || {
+                        uploads.announce(peer.ip(), &name, &info).map(|a| match a {
+                            upload_receiver::Announced::Complete => Response::builder()
+                                .status(StatusCode::CREATED)
+                                .body(Bytes::from("{\"complete\":true}"))
+                                .expect("valid response"),
+                            upload_receiver::Announced::InProgress(held) => Response::builder()
+                                .status(StatusCode::OK)
+                                .header(HELD_HEADER, held.to_string())
+                                .body(Bytes::from(format!(
+                                    "{{\"complete\":false,\"held\":{}}}",
+                                    held.count()
+                                )))
+                                .expect("valid response"),
+                        })
                     })
-                })
-                .await
-            }
-            (&Method::PUT, Some(c)) => {
-                let Some(index) = c
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|_| c.len() <= 9 && c.bytes().all(|b| b.is_ascii_digit()))
-                else {
-                    return text(
-                        StatusCode::BAD_REQUEST,
-                        "the chunk number must be a decimal number\n",
-                    );
-                };
-                self.storage(move || {
-                    // Counted under the upload's lock, before the file can be answered
-                    // complete.
-                    let stored =
-                        uploads.put_counting(peer.ip(), &name, &info, index, &body, |len| {
-                            stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
-                            stats.upload_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        })?;
-                    Ok(match stored {
-                        upload::Stored::Complete => {
-                            stats.uploads_completed.fetch_add(1, Ordering::Relaxed);
-                            json(StatusCode::CREATED, "{\"complete\":true}".into())
-                        }
-                        upload::Stored::Written => json(StatusCode::OK, "{\"stored\":true}".into()),
-                        upload::Stored::Duplicate => json(
-                            StatusCode::OK,
-                            "{\"stored\":true,\"duplicate\":true}".into(),
-                        ),
-                        // A copy that crossed the completing chunk (U11's end game): the file
-                        // is complete, and this answer says so as well (U12).
-                        upload::Stored::AlreadyComplete => json(
-                            StatusCode::CREATED,
-                            "{\"complete\":true,\"duplicate\":true}".into(),
-                        ),
+                    .await
+                }
+                (&Method::PUT, Some(c)) => {
+                    let Some(index) = c
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|_| c.len() <= 9 && c.bytes().all(|b| b.is_ascii_digit()))
+                    else {
+                        return text(
+                            StatusCode::BAD_REQUEST,
+                            "the chunk number must be a decimal number\n",
+                        );
+                    };
+                    self.storage(move || {
+                        // Counted under the upload's lock, before the file can be answered
+                        // complete.
+                        let stored =
+                            uploads.put_counting(peer.ip(), &name, &info, index, &body, |len| {
+                                stats.upload_chunks.fetch_add(1, Ordering::Relaxed);
+                                stats.upload_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                            })?;
+                        Ok(match stored {
+                            upload_receiver::Stored::Complete => {
+                                stats.uploads_completed.fetch_add(1, Ordering::Relaxed);
+                                json(StatusCode::CREATED, "{\"complete\":true}".into())
+                            }
+                            upload_receiver::Stored::Written => {
+                                json(StatusCode::OK, "{\"stored\":true}".into())
+                            }
+                            upload_receiver::Stored::Duplicate => json(
+                                StatusCode::OK,
+                                "{\"stored\":true,\"duplicate\":true}".into(),
+                            ),
+                            // A copy that crossed the completing chunk (U11's end game): the file
+                            // is complete, and this answer says so as well (U12).
+                            upload_receiver::Stored::AlreadyComplete => json(
+                                StatusCode::CREATED,
+                                "{\"complete\":true,\"duplicate\":true}".into(),
+                            ),
+                        })
                     })
-                })
-                .await
-            }
-            (&Method::POST, Some(_)) | (&Method::PUT, None) => {
-                return text(
+                    .await
+                }
+                (&Method::POST, Some(_)) | (&Method::PUT, None) => return text(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "announce with POST /upload/NAME, send chunks with PUT /upload/NAME/CHUNK\n",
-                )
-            }
-            _ => return text(StatusCode::METHOD_NOT_ALLOWED, "use POST or PUT\n"),
-        };
+                ),
+                _ => return text(StatusCode::METHOD_NOT_ALLOWED, "use POST or PUT\n"),
+            };
         match answer {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
-                if let upload::UploadFailure::Io { .. } = e {
+                if let upload_receiver::UploadFailure::Io { .. } = e {
                     tracing::error!(error = %e, "upload storage failed");
                 }
                 text(e.status(), format!("{e}\n"))
@@ -617,7 +618,7 @@ pub struct PerConnection {
     pub opts: qgate_transport::TransportOptions,
     /// The history store and the careful-resume RTT factor, if the safeguard is on.
     pub history: Option<(
-        std::sync::Arc<qgate_transport::history::HistoryStore>,
+        std::sync::Arc<qgate_transport::window_history::HistoryStore>,
         Option<f64>,
     )>,
 }
@@ -632,7 +633,7 @@ impl PerConnection {
         let peer = incoming.remote_address();
         let own = match &self.history {
             Some((store, safeguard)) => {
-                let key = qgate_transport::history::server_peer_key(peer);
+                let key = qgate_transport::window_history::server_peer_key(peer);
                 store
                     .server_config(&self.base, &self.opts, &key, *safeguard)
                     .map(|(cfg, _)| Some(cfg))

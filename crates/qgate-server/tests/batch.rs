@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use qgate_core::batch::{self, Entry};
+use qgate_forward::batch::{self, Entry};
 use qgate_server::{DirSink, IngestService};
 use qgate_transport::http3::Handler;
 

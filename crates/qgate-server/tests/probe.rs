@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::probe::ProbeMsg;
+use qgate_forward::probe::ProbeMsg;
 use qgate_netsim::{LinkParams, Network};
 use qgate_transport::http3::{H3Client, ALPN_H3};
 use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TransportOptions};

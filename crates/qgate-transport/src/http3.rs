@@ -2,8 +2,8 @@
 //! h3-quinn), with bounded bodies.
 
 use crate::frame_guard::{Guarded, MAX_HELD_FRAME};
+use crate::holdings::{BodyId, Holdings};
 use crate::quinn_streams;
-use qgate_core::holdings::{BodyId, Holdings};
 use qgate_core::quota::client_key;
 use std::collections::HashMap;
 use std::future::Future;

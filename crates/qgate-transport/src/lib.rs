@@ -7,7 +7,7 @@ mod endpoint;
 mod flight;
 pub mod frame_guard;
 mod h3_adapter;
-pub mod history;
+pub mod holdings;
 pub mod http3;
 pub mod loss_switch;
 mod options;
@@ -18,6 +18,7 @@ pub mod shared_driver;
 pub mod tasks;
 pub mod tickets;
 pub mod tls;
+pub mod window_history;
 
 pub use endpoint::{
     client_config, client_config_for, client_config_with_identity, connect, constrained_endpoint,

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::careful_resume::Outcome;
-use qgate_core::history::{Averaging, HistoryConfig, Observed, Resume};
+use qgate_history::careful_resume::Outcome;
+use qgate_history::{Averaging, HistoryConfig, Observed, Resume};
 use qgate_netsim::{LinkId, LinkParams, Network};
-use qgate_transport::history::{client_peer_key, HistoryStore};
+use qgate_transport::window_history::{client_peer_key, HistoryStore};
 use qgate_transport::{
     client_config, connect, endpoint, server_config, DevPki, Socket, TransportOptions,
 };
@@ -45,7 +45,7 @@ fn rtt(us: u64) -> Observed {
 }
 
 /// Virtual-time clock for the store.
-fn virtual_clock() -> qgate_transport::history::Clock {
+fn virtual_clock() -> qgate_transport::window_history::Clock {
     let start = tokio::time::Instant::now();
     Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64)
 }
@@ -383,7 +383,7 @@ async fn a_lost_first_packet_is_resent_after_the_recorded_rtt() {
 fn store_persists_across_reopen_and_survives_a_corrupt_file() {
     let dir = tmp("persist");
     let path = dir.join("history.redb");
-    let clock = qgate_transport::history::system_clock();
+    let clock = qgate_transport::window_history::system_clock();
     {
         let (store, warning) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
         assert!(warning.is_none());
@@ -449,7 +449,7 @@ async fn zero_rtt_handshake_completion_is_recorded() {
         accepted.await,
         "handshake completed with early data accepted"
     );
-    let e = qgate_transport::history::record_now(&store, &peer, &conn);
+    let e = qgate_transport::window_history::record_now(&store, &peer, &conn);
     assert_eq!(e.count, 2, "recorded at 0-RTT handshake completion");
     conn.close(0u32.into(), b"");
 }
@@ -461,7 +461,7 @@ async fn zero_rtt_handshake_completion_is_recorded() {
 fn truncated_store_opens_cleanly() {
     let dir = tmp("torn");
     let path = dir.join("history.redb");
-    let clock = qgate_transport::history::system_clock();
+    let clock = qgate_transport::window_history::system_clock();
     {
         let (store, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
         for i in 0..200 {
@@ -489,7 +489,7 @@ fn truncated_store_opens_cleanly() {
 fn a_store_in_use_is_an_error_not_corruption() {
     let dir = tmp("inuse");
     let path = dir.join("history.redb");
-    let clock = qgate_transport::history::system_clock();
+    let clock = qgate_transport::window_history::system_clock();
     let (first, _) = HistoryStore::open(&path, config(), clock.clone()).unwrap();
     first.record("keep", 100_000, rtt(1_000));
     let e = HistoryStore::open(&path, config(), clock)

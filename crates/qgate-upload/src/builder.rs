@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use qgate_core::upload::{FileInfo, Planner, MAX_LANES};
+use qgate_chunks::{FileInfo, Planner, MAX_LANES};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{client_config, endpoint, Socket, TransportOptions, TrustRoots};
 use tokio::sync::Notify;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use qgate_core::upload::{FileInfo, Held, Planner, HELD_HEADER};
+use qgate_chunks::{FileInfo, Held, Planner, HELD_HEADER};
 use qgate_transport::http3::{H3Client, H3Error};
 use qgate_transport::{connect, TransportOptions};
 use tokio::sync::Notify;

@@ -1,8 +1,8 @@
 //! The device side of qgate's multi-homed two-ended upload (paper 001): one QUIC connection per
 //! interface ("lane"), each bound to its own local address; the sans-IO
-//! [`Planner`](qgate_core::upload::Planner) says which chunk each lane sends next, lane 0
+//! [`Planner`](qgate_chunks::Planner) says which chunk each lane sends next, lane 0
 //! from the front of the file and lane 1 from the back, until they meet. Each chunk is one
-//! HTTP/3 request to `qgate server` (protocol: `qgate_core::upload`, decision U1), read from
+//! HTTP/3 request to `qgate server` (protocol: `qgate_chunks`, decision U1), read from
 //! the file when it is sent. A lane whose connection fails gives its unconfirmed chunks back
 //! to the planner and reconnects; an upload that was interrupted resumes with what the server
 //! already holds.

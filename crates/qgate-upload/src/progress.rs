@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use qgate_core::upload::MAX_LANES;
+use qgate_chunks::MAX_LANES;
 
 /// Live counters of an upload, readable while it runs (progress bars, the lab's series).
 #[derive(Debug, Default)]

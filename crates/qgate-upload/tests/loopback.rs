@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::upload::{FileInfo, Layout};
+use qgate_chunks::{FileInfo, Layout};
 use qgate_server::{RunningServer, Server, UploadLimits, Uploads};
 use qgate_transport::{DevPki, Socket};
 use qgate_upload::{sha256, Lane, Upload, UploadError};

@@ -112,13 +112,13 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
         .unwrap_or(qgate_transport::http3::DEFAULT_MAX_BODY);
     let ccfg = client_config(&trust, &[ALPN_H3], &cfg.transport).map_err(usage)?;
     let include = a.include;
-    let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;
+    let history = crate::historycmd::open(a.history, a.history_store.clone(), cfg)?;
     let transport = cfg.transport.clone();
     crate::runtime().block_on(async move {
         let addr = target.resolve().await.map_err(usage)?;
         let ccfg = match &history {
             Some((store, safeguard)) => {
-                let peer = qgate_transport::history::client_peer_key(&target.host, addr);
+                let peer = qgate_transport::window_history::client_peer_key(&target.host, addr);
                 let (c, h) = store.client_config(&ccfg, &transport, &peer, *safeguard).map_err(usage)?;
                 tracing::info!(%peer, window = h.decision.window, from_history = h.decision.from_history, jump = h.decision.careful.map(|c| c.capacity / 2), "initial window");
                 c
@@ -126,7 +126,7 @@ fn request(a: ClientArgs, cfg: &Config, method: http::Method, body: Bytes) -> Re
             None => qgate_transport::client_config_for(
                 &ccfg,
                 &transport,
-                &qgate_transport::history::client_peer_key(&target.host, addr),
+                &qgate_transport::window_history::client_peer_key(&target.host, addr),
             )
             .map_err(usage)?,
         };

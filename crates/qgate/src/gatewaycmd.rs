@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Args;
-use qgate_core::path::PathConfig;
+use qgate_forward::path::PathConfig;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_transport::http3::{H3Client, ALPN_H3};
@@ -33,7 +33,7 @@ pub struct GatewayArgs {
     #[arg(long = "path", value_name = "LOCAL[=SERVER]")]
     paths: Vec<String>,
     #[arg(long, value_name = "NAME", help = dflt(
-        "Path choice: completion (per request, ours), adaptive or adaptive-packets (paper 000, hits as devices or as packets), round-robin or single", qgate_core::scheduler::DEFAULT_SCHEDULER))]
+        "Path choice: completion (per request, ours), adaptive or adaptive-packets (paper 000, hits as devices or as packets), round-robin or single", qgate_forward::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = dflt(
         "Routine probe period", secs(PathConfig::default().probe_interval)))]
@@ -74,7 +74,7 @@ pub struct GatewayArgs {
     #[arg(long, value_enum, value_name = "MODE")]
     history: Option<crate::config::HistoryMode>,
     #[arg(long, value_name = "FILE", help = format!(
-        "The history database [default: $QGATE_HOME/{}]", crate::history::GATEWAY_STORE))]
+        "The history database [default: $QGATE_HOME/{}]", crate::historycmd::GATEWAY_STORE))]
     history_store: Option<PathBuf>,
 }
 
@@ -170,11 +170,11 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             "no backhaul paths: give --path LOCAL[=SERVER] (repeatable) or [[gateway.paths]]",
         ));
     }
-    let history = crate::history::open_default_on(
+    let history = crate::historycmd::open_default_on(
         a.history,
         a.history_store.clone(),
         cfg,
-        crate::history::GATEWAY_STORE,
+        crate::historycmd::GATEWAY_STORE,
     )
     .map(|(store, safeguard)| qgate_gateway::paths::BackhaulHistory { store, safeguard });
     let scheduler_flag = a.scheduler.is_some();
@@ -182,7 +182,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         .scheduler
         .clone()
         .or(g.scheduler.clone())
-        .unwrap_or_else(|| qgate_core::scheduler::DEFAULT_SCHEDULER.into());
+        .unwrap_or_else(|| qgate_forward::scheduler::DEFAULT_SCHEDULER.into());
     let mut pcfg = PathConfig::default();
     if let Some(p) = a
         .probe_interval
@@ -334,7 +334,7 @@ pub struct DeviceArgs {
     #[arg(long, value_enum, value_name = "MODE")]
     history: Option<crate::config::HistoryMode>,
     #[arg(long, value_name = "FILE", help = format!(
-        "The history database [default: $QGATE_HOME/{}]", crate::history::DEVICE_STORE))]
+        "The history database [default: $QGATE_HOME/{}]", crate::historycmd::DEVICE_STORE))]
     history_store: Option<PathBuf>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help = crate::dflt(
         "Keep sending a record the gateway could not pass on (503 or 502: the server's queue or every backhaul path down; waiting as Retry-After says) for this long before giving up",
@@ -382,11 +382,11 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
     };
     let (roots, _) = trust(a.ca)?;
     let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
-    let history = crate::history::open_default_on(
+    let history = crate::historycmd::open_default_on(
         a.history,
         a.history_store.clone(),
         cfg,
-        crate::history::DEVICE_STORE,
+        crate::historycmd::DEVICE_STORE,
     );
     let transport = cfg.transport.clone();
     crate::runtime().block_on(async move {
@@ -394,7 +394,7 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         // With history on, this connection starts from the window of earlier ones to the gateway.
         let ccfg = match &history {
             Some((store, safeguard)) => {
-                let peer = qgate_transport::history::client_peer_key(&target.host, addr);
+                let peer = qgate_transport::window_history::client_peer_key(&target.host, addr);
                 store
                     .client_config(&ccfg, &transport, &peer, *safeguard)
                     .map_err(usage)?
@@ -403,7 +403,7 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
             None => qgate_transport::client_config_for(
                 &ccfg,
                 &transport,
-                &qgate_transport::history::client_peer_key(&target.host, addr),
+                &qgate_transport::window_history::client_peer_key(&target.host, addr),
             )
             .map_err(usage)?,
         };

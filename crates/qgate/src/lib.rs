@@ -8,7 +8,7 @@ mod amqpcmd;
 mod client;
 pub mod config;
 mod gatewaycmd;
-mod history;
+mod historycmd;
 mod server;
 mod uploadcmd;
 pub mod url;
@@ -131,7 +131,7 @@ enum Command {
     /// Send an HTTP/3 POST (body from --data, --file or standard input) and print the response.
     Post(client::PostArgs),
     /// Inspect or clear the congestion-window history (paper 002).
-    History(history::HistoryArgs),
+    History(historycmd::HistoryArgs),
     /// Run the AMQP 1.0 broker over QUIC and/or TCP(+TLS): durable queues, competing
     /// consumers, credit flow control (paper 003).
     Broker(amqpcmd::BrokerArgs),
@@ -302,7 +302,7 @@ pub fn run() -> ExitCode {
         Command::Device(a) => gatewaycmd::device(a, &config),
         Command::Get(a) => client::get(a, &config),
         Command::Post(a) => client::post(a, &config),
-        Command::History(h) => history::run(h, &config),
+        Command::History(h) => historycmd::run(h, &config),
         Command::Broker(a) => amqpcmd::broker(a, &config),
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),

@@ -224,7 +224,7 @@ pub fn run(a: ServerArgs, cfg: &Config) -> Result<(), Failure> {
         }
         None => None,
     };
-    let history = crate::history::open(a.history, a.history_store.clone(), cfg)?;
+    let history = crate::historycmd::open(a.history, a.history_store.clone(), cfg)?;
     crate::runtime().block_on(async move {
         // Watch for Ctrl-C and SIGTERM before saying the service is up.
         let stop = crate::stop_requested();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use qgate_chunks::{FileInfo, Layout, DEFAULT_CHUNK};
 use qgate_core::units::{format_duration, parse_bytes};
-use qgate_core::upload::{FileInfo, Layout, DEFAULT_CHUNK};
 use qgate_transport::Socket;
 use qgate_upload::{sha256, Lane, Upload, UploadError, CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 
@@ -61,7 +61,7 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
             }
         },
     };
-    if !qgate_server::upload::valid_name(&name) {
+    if !qgate_server::upload_receiver::valid_name(&name) {
         return Err(usage(format!(
             "upload name '{name}': use 1-128 characters of A-Z a-z 0-9 . _ - not starting with '.' \
              (give one in the URL: https://HOST:PORT/upload/NAME)"
@@ -75,10 +75,10 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
         .map_err(|e| usage(format!("cannot read {}: {e}", a.file.display())))?
         .len();
     let layout = Layout::new(size, chunk).map_err(usage)?;
-    if a.via.len() > qgate_core::upload::MAX_LANES {
+    if a.via.len() > qgate_chunks::MAX_LANES {
         return Err(usage(format!(
             "at most {} --via interfaces",
-            qgate_core::upload::MAX_LANES
+            qgate_chunks::MAX_LANES
         )));
     }
     let trust = crate::client::trust_from(a.ca.clone(), cfg)?;
@@ -205,7 +205,7 @@ pub fn run(a: UploadArgs, cfg: &Config) -> Result<(), Failure> {
                 let sent: u64 = r.lanes.iter().map(|l| l.bytes).sum();
                 println!(
                     "uploaded {name}: {size} bytes, SHA-256 {} verified by the server, in {secs:.2} s ({:.2} Mbit/s){}",
-                    qgate_core::upload::hex(&info.sha256),
+                    qgate_chunks::hex(&info.sha256),
                     sent as f64 * 8e-6 / secs.max(1e-9),
                     if r.resumed_bytes > 0 {
                         format!("; {} bytes were already there", r.resumed_bytes)

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use qgate_transport::history::{client_peer_key, HistoryStore};
+use qgate_transport::window_history::{client_peer_key, HistoryStore};
 use qgate_transport::{
     client_config, connect, constrained_endpoint, endpoint, one_connection_endpoint, Socket,
     TransportOptions, TrustRoots,

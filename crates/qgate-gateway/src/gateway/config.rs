@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use qgate_core::forwarder::ForwarderConfig;
-use qgate_core::path::PathConfig;
-use qgate_core::session::SessionLimits;
+use qgate_forward::forwarder::ForwarderConfig;
+use qgate_forward::path::PathConfig;
+use qgate_forward::session::SessionLimits;
 use qgate_transport::http3;
 use qgate_transport::{
     server_config_resuming, shared_driver, Identity, Socket, TransportError, TransportOptions,
 };
 
-use crate::batch;
+use crate::batcher;
 
 /// Gateway limits and timeouts, and the `[gateway]` keys of a config file that set them
 /// (durations as `"5s"`). The defaults live here (and in [`SessionLimits::DEFAULT`] and
@@ -71,7 +71,7 @@ impl Default for GatewayConfig {
             attempts: 3,
             max_body: 1 << 20,
             server_authority: "localhost".into(),
-            batch_max_record: batch::DEFAULT_MAX_RECORD,
+            batch_max_record: batcher::DEFAULT_MAX_RECORD,
         }
     }
 }

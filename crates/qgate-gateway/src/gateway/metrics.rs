@@ -7,7 +7,7 @@ use qgate_core::loggate::LogGate;
 use qgate_core::metrics;
 use qgate_core::sync::lock;
 
-use qgate_core::path::PathId;
+use qgate_forward::path::PathId;
 
 use super::Gateway;
 

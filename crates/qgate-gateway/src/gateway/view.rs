@@ -4,8 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
-use qgate_core::scheduler;
-use qgate_core::session::ConnId;
+use qgate_forward::scheduler;
+use qgate_forward::session::ConnId;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -110,7 +110,7 @@ impl Gateway {
     /// lock (which forwarding and the path driver take too) is held only to copy the rows.
     pub fn session_views(&self, limit: usize) -> (Vec<SessionView>, usize) {
         let now = Instant::now().into_std();
-        let rows: Vec<qgate_core::session::Session> = self
+        let rows: Vec<qgate_forward::session::Session> = self
             .paths
             .with_core(|f| f.sessions().iter().cloned().collect());
         let total = rows.len();

@@ -24,7 +24,7 @@ pub struct DemoArgs {
     duration: Option<u64>,
     #[arg(long, help = dflt(
         "Gateway demo: completion, adaptive, adaptive-packets, round-robin or single",
-        qgate_core::scheduler::DEFAULT_SCHEDULER))]
+        qgate_forward::scheduler::DEFAULT_SCHEDULER))]
     scheduler: Option<String>,
     /// Gateway demo: run in virtual time (no live view; finishes at once).
     #[arg(long = "virtual")]
@@ -144,7 +144,9 @@ fn gateway_demo(a: DemoArgs) -> Result<(), Failure> {
         c.duration = Duration::from_secs(d);
     }
     if let Some(name) = a.scheduler.as_deref() {
-        c.scheduler = qgate_core::scheduler::by_name(name).map_err(usage)?.name();
+        c.scheduler = qgate_forward::scheduler::by_name(name)
+            .map_err(usage)?
+            .name();
     }
     if let Some(p) = a.loss {
         if !(0.0..=0.5).contains(&p) {

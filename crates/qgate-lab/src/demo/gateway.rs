@@ -30,7 +30,7 @@ pub struct GatewayDemo {
     pub interval: Duration,
     /// Bytes per request.
     pub body_bytes: usize,
-    /// A scheduler by name (`qgate_core::scheduler::SCHEDULERS`).
+    /// A scheduler by name (`qgate_forward::scheduler::SCHEDULERS`).
     pub scheduler: &'static str,
     /// Random loss on every path.
     pub loss: f64,
@@ -45,7 +45,7 @@ impl Default for GatewayDemo {
             duration: Duration::from_secs(10),
             interval: Duration::from_millis(100),
             body_bytes: 1024,
-            scheduler: qgate_core::scheduler::DEFAULT_SCHEDULER,
+            scheduler: qgate_forward::scheduler::DEFAULT_SCHEDULER,
             loss: 0.0,
             seed: 1,
         }

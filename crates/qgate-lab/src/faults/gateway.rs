@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use qgate_core::batch;
+use qgate_forward::batch;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_netsim::topology::{LinkChange, LinkSpec};

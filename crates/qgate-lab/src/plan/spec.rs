@@ -229,7 +229,7 @@ pub struct GatewayLoad {
     pub server: String,
     /// Backhaul paths: links joining the gateway and server hosts, path 1 first.
     pub paths: Vec<String>,
-    /// Scheduler: one of `qgate_core::scheduler::SCHEDULERS` (the gateway's default when absent).
+    /// Scheduler: one of `qgate_forward::scheduler::SCHEDULERS` (the gateway's default when absent).
     pub scheduler: Option<String>,
     /// Give up on a request on one path after this long and retry on another, ms.
     pub request_timeout_ms: Option<f64>,
@@ -363,11 +363,11 @@ pub enum HistoryMode {
 
 impl HistoryMode {
     /// The store's averaging, `None` when off (EWMA at the product's weight).
-    pub fn averaging(self) -> Option<qgate_core::history::Averaging> {
+    pub fn averaging(self) -> Option<qgate_history::Averaging> {
         match self {
             HistoryMode::Off => None,
-            HistoryMode::Mean => Some(qgate_core::history::Averaging::Mean),
-            HistoryMode::Ewma => Some(qgate_core::history::HistoryConfig::default().averaging),
+            HistoryMode::Mean => Some(qgate_history::Averaging::Mean),
+            HistoryMode::Ewma => Some(qgate_history::HistoryConfig::default().averaging),
         }
     }
 }
@@ -407,7 +407,7 @@ pub struct DownloadLoad {
     /// careful resume, decision H9; its RTT check uses the safeguard's factor when
     /// `safeguard`, else RFC 9959's 10×).
     #[serde(default)]
-    pub resume: qgate_core::history::Resume,
+    pub resume: qgate_history::Resume,
 }
 
 fn default_interval() -> f64 {
@@ -416,7 +416,7 @@ fn default_interval() -> f64 {
 
 /// The product's default (`HistoryConfig`), read from there.
 pub(crate) fn default_seed_rtt() -> bool {
-    qgate_core::history::HistoryConfig::default().seed_rtt
+    qgate_history::HistoryConfig::default().seed_rtt
 }
 
 /// The transport under AMQP.
@@ -590,7 +590,7 @@ pub struct UploadLoad {
 }
 
 fn default_chunk() -> u64 {
-    qgate_core::upload::DEFAULT_CHUNK
+    qgate_chunks::DEFAULT_CHUNK
 }
 
 /// What a figure shows.

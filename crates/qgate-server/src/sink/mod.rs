@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 
 use bytes::Bytes;
-use qgate_core::scheduler::Priority;
+use qgate_forward::scheduler::Priority;
 
 pub use count::CountSink;
 pub use dir::DirSink;

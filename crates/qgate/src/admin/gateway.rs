@@ -50,7 +50,7 @@ impl GatewayApi {
             let name = new
                 .scheduler
                 .as_deref()
-                .unwrap_or(qgate_core::scheduler::DEFAULT_SCHEDULER);
+                .unwrap_or(qgate_forward::scheduler::DEFAULT_SCHEDULER);
             if self.scheduler_flag {
                 kept.push(format!("scheduler {name}: --scheduler fixed it"));
             } else if name == self.gw.scheduler_name() {
@@ -120,7 +120,7 @@ impl Api for GatewayApi {
                 }
                 (&Method::GET, ["scheduler"]) => Ok(json!({
                     "name": gw.scheduler_name(),
-                    "choices": qgate_core::scheduler::SCHEDULERS,
+                    "choices": qgate_forward::scheduler::SCHEDULERS,
                 })),
                 (&Method::POST, ["scheduler"]) => {
                     let name = call.str_field("name")?;

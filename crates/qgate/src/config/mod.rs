@@ -55,9 +55,9 @@ pub enum HistoryMode {
     Ewma,
 }
 
-/// `[history]`: the keys people write (`mode`, `ewma_weight`, `max_age_s`), turned into the
-/// core crate's [`qgate_core::history::HistoryConfig`] by `history::history_config`; every
-/// default is read from there (and from `DEFAULT_SAFEGUARD_FACTOR`), not repeated here.
+/// `[history]`: the keys people write (`mode`, `ewma_weight`, `max_age_s`), turned into
+/// [`qgate_history::HistoryConfig`] by `historycmd::history_config`; every default is read from
+/// there (and from `DEFAULT_SAFEGUARD_FACTOR`), not repeated here.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
@@ -81,7 +81,7 @@ pub struct HistorySection {
     pub seed_rtt: Option<bool>,
     /// How a new connection uses the history: "window" (paper 002: start at the average
     /// window) or "careful" (RFC 9959 careful resume, decision H9).
-    pub resume: Option<qgate_core::history::Resume>,
+    pub resume: Option<qgate_history::Resume>,
 }
 
 /// `[server]`

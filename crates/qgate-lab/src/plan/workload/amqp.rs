@@ -27,7 +27,7 @@ use qgate_amqp::transport::{self, BoxStream, Dialer, Scheme, TlsVersion, ALPN_AM
 use qgate_netsim::tcp::TcpHost;
 use qgate_netsim::topology::Topology;
 use qgate_netsim::{Direction, LinkId, Network, World};
-use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
+use qgate_transport::window_history::DEFAULT_SAFEGUARD_FACTOR;
 use qgate_transport::{
     constrained_endpoint, endpoint, one_connection_endpoint, server_config, Socket,
     TransportOptions,

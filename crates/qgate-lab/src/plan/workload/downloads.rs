@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use qgate_core::careful_resume::Outcome as CarefulOutcome;
-use qgate_core::history::HistoryConfig;
+use qgate_history::careful_resume::Outcome as CarefulOutcome;
+use qgate_history::HistoryConfig;
 use qgate_netsim::World;
-use qgate_transport::history::{server_peer_key, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
+use qgate_transport::window_history::{server_peer_key, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
 use qgate_transport::{client_config, connect, endpoint, server_config, Socket, TransportOptions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;

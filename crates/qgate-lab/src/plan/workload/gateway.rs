@@ -15,16 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::history::HistoryConfig;
 use qgate_gateway::builder::{PathOptions, RunningGateway};
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_gateway::paths::BackhaulHistory;
+use qgate_history::HistoryConfig;
 use qgate_netsim::topology::{LinkSpec, Topology};
 use qgate_netsim::{Direction, LinkId, Network, World};
 use qgate_server::RunningServer;
-use qgate_transport::history::DEFAULT_SAFEGUARD_FACTOR;
 use qgate_transport::http3::{H3Client, ALPN_H3};
+use qgate_transport::window_history::DEFAULT_SAFEGUARD_FACTOR;
 use qgate_transport::Congestion;
 use qgate_transport::{client_config, connect, endpoint, Socket, TransportOptions};
 use rand::Rng;
@@ -80,7 +80,7 @@ pub(super) fn check(
         }
     }
     if let Some(s) = &g.scheduler {
-        qgate_core::scheduler::by_name(s)
+        qgate_forward::scheduler::by_name(s)
             .map_err(|e| format!("workload '{}': 'scheduler': {e}", g.name))?;
     }
     if g.file_bytes.is_none() && g.interval_ms.is_none() {

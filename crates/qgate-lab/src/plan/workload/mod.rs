@@ -156,12 +156,12 @@ fn rng(seed: u64, index: usize) -> rand_chacha::ChaCha8Rng {
 /// An in-memory history store whose timestamps follow the tokio clock, so entries age in
 /// simulated time.
 fn virtual_history(
-    config: qgate_core::history::HistoryConfig,
-) -> Arc<qgate_transport::history::HistoryStore> {
+    config: qgate_history::HistoryConfig,
+) -> Arc<qgate_transport::window_history::HistoryStore> {
     let start = Instant::now();
-    let clock: qgate_transport::history::Clock =
+    let clock: qgate_transport::window_history::Clock =
         Arc::new(move || 1_700_000_000_000 + start.elapsed().as_millis() as u64);
-    qgate_transport::history::HistoryStore::in_memory(config, clock)
+    qgate_transport::window_history::HistoryStore::in_memory(config, clock)
 }
 
 /// Seconds as a duration (plan values are checked finite and non-negative).

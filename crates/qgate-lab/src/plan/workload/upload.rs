@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use qgate_core::upload::{FileInfo, Layout};
+use qgate_chunks::{FileInfo, Layout};
 use qgate_netsim::topology::Topology;
 use qgate_netsim::World;
 use qgate_server::{RunningServer, Server, UploadLimits, Uploads};
@@ -52,10 +52,10 @@ pub(super) fn check(
     if u.device == u.server {
         return fail("'device' and 'server' are the same host".into());
     }
-    if u.paths.is_empty() || u.paths.len() > qgate_core::upload::MAX_LANES {
+    if u.paths.is_empty() || u.paths.len() > qgate_chunks::MAX_LANES {
         return fail(format!(
             "'paths' must name 1 to {} of the device's links",
-            qgate_core::upload::MAX_LANES
+            qgate_chunks::MAX_LANES
         ));
     }
     for (i, p) in u.paths.iter().enumerate() {

@@ -3,10 +3,10 @@
 //! then jumps to half the recorded capacity, paced by the sender, and either validates the jump
 //! or retreats to half of what it had validated. Decision H9.
 //!
-//! This is the decision loop only. The shell (qgate-transport's history controller) feeds it
-//! the controller events quinn gives, asks [`CarefulResume::window`] for the window while a
-//! careful phase owns it (`None`: the wrapped controller is in charge), and, when a phase ends,
-//! carries out the returned [`Handover`].
+//! This is the decision loop only. The shell (qgate-transport's `window_history` controller)
+//! feeds it the controller events quinn gives, asks [`CarefulResume::window`] for the window
+//! while a careful phase owns it (`None`: the wrapped controller is in charge), and, when a
+//! phase ends, carries out the returned [`Handover`].
 //!
 //! Phases (RFC 9959 §3):
 //! - *Reconnaissance*: the wrapped controller runs from its initial window. An RTT sample above

@@ -1,3 +1,6 @@
+//! The chunks of qgate's two-ended upload, sans-IO: used by both ends, qgate-upload (the
+//! client's lanes) and qgate-server (the receiver), and by the CLI and the lab.
+//!
 //! Multi-homed two-ended upload (paper 001): the file's layout in chunks, the sans-IO chunk
 //! planner, and the HTTP/3 protocol values both ends read and write (parse untrusted bytes,
 //! emit, in one place).

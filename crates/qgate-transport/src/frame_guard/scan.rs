@@ -10,7 +10,7 @@
 //! apply to it.
 //!
 //! Sans-IO: [`FrameGuard::scan`] takes the bytes in any cuts and says whether they are still
-//! within the limit; the transport's stream wrapper calls it on every chunk it hands h3.
+//! within the limit; the stream wrapper ([`super::Guarded`]) calls it on every chunk it hands h3.
 
 /// HTTP/3 frame type DATA (RFC 9114 §7.2.1): streamed, not held, so never too long here.
 const DATA: u64 = 0x00;
@@ -509,7 +509,7 @@ mod tests {
         // Random cuts of random streams: always the input without its empty DATA frames.
         let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
         for _ in 0..300 {
-            let (mut s, mut want) = (Vec::new(), Vec::new());
+            let (mut s, mut want) = (Vec::new(), Vec::<u8>::new());
             for _ in 0..(next() % 6) {
                 let ty = [DATA, DATA, 0x01, 0x21][(next() % 4) as usize];
                 let len = next() % 40;

@@ -1,5 +1,6 @@
 //! Who holds a server's budget of request-body bytes, and whose body gives way when a body
-//! from another client finds it spent (decision T13).
+//! from another client finds it spent (decision T13). Sans-IO, with `now` passed in: the body
+//! budget in [`http3`](crate::http3) keeps one under its lock.
 //!
 //! The budget (T7) bounds memory, but one client could keep all of it: bodies sent almost
 //! whole and then trickled a byte at a time stay under the stall timeout, and every other

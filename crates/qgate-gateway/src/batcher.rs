@@ -7,7 +7,7 @@
 //! at priority's, decision G24, and never wait in a batch behind best effort's bytes), a task
 //! fed by a bounded channel: it takes the first record that comes, lets the tasks that are ready run (as the AMQP shim does, decision M31: no timer, so
 //! nothing waits for a batch to fill), takes whatever they queued meanwhile, and sends the lot
-//! as one `POST /batch` (`qgate_core::batch`), or a record alone as the request it was. The
+//! as one `POST /batch` (`qgate_forward::batch`), or a record alone as the request it was. The
 //! exchange runs in a task of its own, so the next batch is gathered while this one is out. A
 //! `404` or `405` (a server that does not know batches) sends each record again on its own; any
 //! other error status (a busy server's `503` with its Retry-After) is each record's; a failed
@@ -19,14 +19,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use qgate_core::batch;
+use qgate_forward::batch;
 use qgate_transport::http3::{H3Client, H3Error, H3Response};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::answer::Answer;
 use crate::outbound::{self, Facts};
 
-/// Most records in one batch (the server takes up to `qgate_core::batch::MAX_ENTRIES`).
+/// Most records in one batch (the server takes up to `qgate_forward::batch::MAX_ENTRIES`).
 pub const MAX_RECORDS: usize = 64;
 /// A batch stops growing once its bodies reach this many bytes.
 pub const MAX_BYTES: usize = 64 * 1024;
@@ -226,7 +226,9 @@ async fn exchange(lane: Arc<Lane>, batch: Vec<Pending>) {
         }
         BatchAnswer::Unknown => {
             lane.stats.refused.fetch_add(1, Relaxed);
+            // The module's name before it was renamed: log filters name it.
             tracing::debug!(
+                target: "qgate_gateway::batch",
                 records = batch.len(),
                 "batch refused; sending its records alone"
             );

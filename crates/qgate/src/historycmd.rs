@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use qgate_core::history::{Averaging, HistoryConfig, DEFAULT_EWMA_WEIGHT};
-use qgate_transport::history::{system_clock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
+use qgate_history::{Averaging, HistoryConfig, DEFAULT_EWMA_WEIGHT};
+use qgate_transport::window_history::{system_clock, HistoryStore, DEFAULT_SAFEGUARD_FACTOR};
 
 use crate::config::{Config, HistoryMode, HistorySection};
 use crate::{usage, Failure};
@@ -140,7 +140,7 @@ pub fn run(a: HistoryArgs, cfg: &Config) -> Result<(), Failure> {
         eprintln!("qgate: warning: {w}");
     }
     let now = store.now_ms();
-    let line = |peer: &str, e: &qgate_core::history::Entry| {
+    let line = |peer: &str, e: &qgate_history::Entry| {
         format!(
             "{peer}\tavg_cwnd={:.0} B\tsamples={}\tmin_rtt={:.3} ms\tlast_srtt={:.3} ms\tcapacity={:.0} B\trecent_min_rtt={:.3} ms\tupdated={:.0} s ago",
             e.avg_cwnd,

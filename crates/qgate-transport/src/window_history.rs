@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use qgate_core::careful_resume::{self, CarefulResume, Handover, Outcome};
-use qgate_core::history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable, Observed};
+use qgate_history::careful_resume::{self, CarefulResume, Handover, Outcome};
+use qgate_history::{path_changed, Decision, Entry, HistoryConfig, HistoryTable, Observed};
 use quinn::congestion::{Controller, ControllerFactory};
 use quinn_proto::RttEstimator;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -21,6 +21,10 @@ use crate::delegate::{Layer, Wrapped};
 use crate::TransportOptions;
 
 const TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("cwnd_history");
+
+/// Log target: the module's name before it was renamed, which operators filter on
+/// (`RUST_LOG=qgate_transport::history=debug`).
+const LOG_TARGET: &str = "qgate_transport::history";
 
 /// The RTT ratio above which a connection started from history falls back to the default
 /// window (decision H4: twice the recorded minimum RTT).
@@ -246,7 +250,7 @@ impl HistoryStore {
             };
             if let Err(e) = write() {
                 self.write_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(path = %path.display(), error = %e, "could not persist a history entry");
+                tracing::warn!(target: LOG_TARGET, path = %path.display(), error = %e, "could not persist a history entry");
             }
         }
         entry
@@ -527,6 +531,7 @@ impl HistoryController {
     /// congestion event if there is one (RFC 9959 §3.5: its own decrease from the pipe size).
     fn hand_over(&mut self, now: Instant, h: Handover) {
         tracing::debug!(
+            target: LOG_TARGET,
             peer = %self.factory.conn.peer,
             window = h.window,
             congestion = ?h.congestion,
@@ -634,7 +639,7 @@ impl Layer for HistoryController {
                 if d.from_history && path_changed(d.reference_rtt_us, sample, factor) {
                     self.inner = f.fallback.clone().build(now, self.mtu);
                     f.conn.fell_back.store(true, Ordering::Relaxed);
-                    tracing::debug!(peer = %f.conn.peer, "path slower than its history: default window");
+                    tracing::debug!(target: LOG_TARGET, peer = %f.conn.peer, "path slower than its history: default window");
                 }
             }
         }
@@ -663,6 +668,7 @@ impl Layer for HistoryController {
         }
         if let Some(c) = self.careful.as_ref().filter(|c| Some(c.phase()) != before) {
             tracing::debug!(
+                target: LOG_TARGET,
                 peer = %self.factory.conn.peer,
                 phase = ?c.phase(),
                 window = self.window(),

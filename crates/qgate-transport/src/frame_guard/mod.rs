@@ -1,19 +1,21 @@
-//! Every stream a peer sends HTTP/3 on, watched by [`qgate_core::frame_guard`]: a frame other
-//! than DATA announced longer than the limit stops the stream before h3 buffers it (decision
-//! T12). The shell wraps any QUIC connection h3 runs on (quinn's, the shared driver's) and
-//! hands h3 the same streams, each chunk checked on its way through. More that h3 would
-//! otherwise hold: bytes it buffers reach it gathered into whole frames, copied out of the
-//! datagrams they came in (one byte per padded datagram pinned ~1 KB each, and h3 keeps and
-//! sums every chunk it is given); the peer's QPACK streams, which h3 never reads after their
-//! type, are read here and dropped (up to [`MAX_DRAINED`]); an empty DATA frame, which h3
-//! takes for the end of a body, is dropped.
+//! Every stream a peer sends HTTP/3 on, watched by [`scan::FrameGuard`]: a frame other than DATA
+//! announced longer than the limit stops the stream before h3 buffers it (decision T12). The shell
+//! wraps any QUIC connection h3 runs on (quinn's, the shared driver's) and hands h3 the same
+//! streams, each chunk checked on its way through. More that h3 would otherwise hold: bytes it
+//! buffers reach it gathered into whole frames, copied out of the datagrams they came in (one byte
+//! per padded datagram pinned ~1 KB each, and h3 keeps and sums every chunk it is given); the
+//! peer's QPACK streams, which h3 never reads after their type, are read here and dropped (up to
+//! [`MAX_DRAINED`]); an empty DATA frame, which h3 takes for the end of a body, is dropped.
+
+pub mod scan;
 
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
-use qgate_core::frame_guard::{FrameGuard, Segment, StreamKind, TooLong};
+
+use scan::{FrameGuard, Segment, StreamKind, TooLong};
 
 /// The longest frame other than DATA a peer may send us (HEADERS, SETTINGS, a reserved type),
 /// and the header block we decode: h3 holds such a frame whole (decision T12). Far above any

@@ -19,11 +19,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use qgate_core::quota::client_key;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 use crate::path::PathId;
-use crate::quota::client_key;
 use crate::scheduler::Priority;
 
 /// A device's Hash ID: 128 unguessable bits, written as 32 lowercase hex digits.

@@ -10,7 +10,7 @@ use crate::ServerStats;
 /// Answer every Path Request datagram on `conn` with its ACK Response at once (paper 000 Fig. 2
 /// steps 2–3); anything else is counted and ignored. Ends with the connection.
 pub async fn answer_probes(conn: quinn::Connection, stats: Arc<ServerStats>) {
-    use qgate_core::probe::ProbeMsg;
+    use qgate_forward::probe::ProbeMsg;
     while let Ok(d) = conn.read_datagram().await {
         match ProbeMsg::decode(&d) {
             Ok(ProbeMsg::Request(seq)) => {

@@ -1,6 +1,6 @@
 //! The receiving side of the two-ended upload (paper 001 Algorithm 2): each chunk is written at
 //! its offset as it arrives (positional writes, no reordering buffer), on whichever connection
-//! it comes. Protocol: `qgate_core::upload` (decision U1); storage rules: decision U3.
+//! it comes. Protocol: `qgate_chunks` (decision U1); storage rules: decision U3.
 //!
 //! Under the upload directory, file `NAME` is complete and verified; `.NAME.part` holds the
 //! chunks received so far and `.NAME.state` the file's description and the chunks known to be
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use qgate_core::upload::{hex, FileInfo, Held};
+use qgate_chunks::{hex, FileInfo, Held};
 use tokio::time::Instant;
 
 /// Limits on what uploads may hold (decision U3).
@@ -56,7 +56,7 @@ impl Default for UploadLimits {
         UploadLimits {
             max_file_bytes: 4 << 30,
             max_chunks: 1 << 20,
-            max_chunk_bytes: qgate_core::upload::MAX_CHUNK,
+            max_chunk_bytes: qgate_chunks::MAX_CHUNK,
             max_active: 64,
             max_active_per_client: 8,
             idle: Duration::from_secs(60),
@@ -729,7 +729,7 @@ mod tests {
 
     /// The client address of the tests' requests.
     const ME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-    use qgate_core::upload::Layout;
+    use qgate_chunks::Layout;
 
     fn dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("qgate-upload-{tag}-{}", std::process::id()));

@@ -1,3 +1,7 @@
+//! Paper 002's congestion-window history and careful resume (RFC 9959), sans-IO: the per-peer
+//! table and the decision loop, with `now` passed in. qgate-transport persists the table and
+//! runs both under quinn's congestion controller; the CLI and the lab configure them.
+//!
 //! Initial congestion window from the history of earlier connections to the same peer
 //! (paper 002 §4, Algorithm 1): record the window when a connection closes and when a 0-RTT
 //! resumption completes its handshake; keep an average per peer; start a new 1-RTT connection
@@ -9,6 +13,8 @@
 //!
 //! Times are milliseconds of wall-clock (Unix) time passed in by the caller, so a history
 //! survives restarts and simulations can pass virtual time.
+
+pub mod careful_resume;
 
 use std::collections::HashMap;
 
