@@ -122,7 +122,7 @@ impl Gateway {
             shapers: Vec::new(),
             stats: GatewayStats::default(),
             batch_stats: Arc::default(),
-            bodies: http3::BodyBudget::default(),
+            bodies: http3::BodyBudget::new(cfg.max_buffered),
             cfg,
             paths,
         }

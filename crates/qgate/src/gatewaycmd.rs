@@ -64,6 +64,8 @@ pub struct GatewayArgs {
     request_timeout: Option<Duration>,
     #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = dflt("Largest request body, bytes", GatewayConfig::default().max_body))]
     max_body: Option<usize>,
+    #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = dflt("Request-body bytes held at once over all device connections; past it the heaviest client's body gives way, or the request gets 503", GatewayConfig::default().max_buffered))]
+    max_buffered: Option<usize>,
     #[arg(long, value_name = "BYTES", value_parser = crate::parse_size, help = dflt("Ingest records up to this size, of one class, that are ready for a backhaul connection at once go to the server in one request (/batch); 0: each alone", GatewayConfig::default().batch_max_record))]
     batch_max_record: Option<usize>,
     /// The name on the server's certificate [default: localhost].
@@ -196,6 +198,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         (a.max_devices, &mut gcfg.max_devices),
         (a.max_inflight_per_device, &mut gcfg.max_inflight_per_device),
         (a.max_body, &mut gcfg.max_body),
+        (a.max_buffered, &mut gcfg.max_buffered),
         (a.batch_max_record, &mut gcfg.batch_max_record),
         (
             a.max_sessions_per_connection,
@@ -212,6 +215,12 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         if let Some(v) = flag {
             *field = v;
         }
+    }
+    if gcfg.max_body > gcfg.max_buffered {
+        return Err(usage(format!(
+            "max_body ({}) is larger than max_buffered ({}): such a body could never be taken",
+            gcfg.max_body, gcfg.max_buffered
+        )));
     }
     for (flag, field) in [
         (a.request_timeout, &mut gcfg.request_timeout),

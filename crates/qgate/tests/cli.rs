@@ -650,6 +650,21 @@ fn device_through_gateway_to_server_as_processes() {
         ],
     );
     assert_fails(o, 2, "unknown scheduler 'fastest'");
+    let o = run(
+        &home,
+        &[
+            "gateway",
+            "--server",
+            "127.0.0.1:1",
+            "--path",
+            "127.0.0.2:0",
+            "--max-body",
+            "2048",
+            "--max-buffered",
+            "1024",
+        ],
+    );
+    assert_fails(o, 2, "max_body (2048) is larger than max_buffered (1024)");
 
     // Every limit is a flag whose help shows the default the code uses (issue 18).
     let o = run(&home, &["gateway", "--help"]);
@@ -662,6 +677,7 @@ fn device_through_gateway_to_server_as_processes() {
         ("--max-handshakes", "[default: 256]"),
         ("--retry-above", "[default: 16]"),
         ("--handshake-timeout", "[default: 10s]"),
+        ("--max-buffered", "[default: 268435456]"),
     ] {
         let at = help
             .find(flag)

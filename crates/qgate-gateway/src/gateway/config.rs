@@ -44,6 +44,9 @@ pub struct GatewayConfig {
     pub attempts: usize,
     /// Largest request body.
     pub max_body: usize,
+    /// Request-body bytes held at once over all device connections (decisions T7, T13): when
+    /// they are spent, the client holding the most gives way, or the request gets `503`.
+    pub max_buffered: usize,
     /// The server's authority in forwarded URIs, and the name its certificate must carry.
     #[serde(rename = "server_name")]
     pub server_authority: String,
@@ -70,6 +73,7 @@ impl Default for GatewayConfig {
             request_timeout: Duration::from_secs(5),
             attempts: 3,
             max_body: 1 << 20,
+            max_buffered: http3::DEFAULT_MAX_BUFFERED,
             server_authority: "localhost".into(),
             batch_max_record: batcher::DEFAULT_MAX_RECORD,
         }
