@@ -116,7 +116,7 @@ async fn a_torn_tail_is_cut_at_the_last_good_record_and_counted() {
     let frame = bytes.len() / 10;
     let n = bytes.len();
     bytes[n - frame / 2] ^= 1;
-    bytes.extend_from_slice(&bytes[..frame / 2].to_vec());
+    bytes.extend_from_within(..frame / 2);
     std::fs::write(&seg, &bytes).unwrap();
     let s = Spool::open(cfg(&dir)).unwrap();
     assert_eq!(s.stats().snapshot().torn, 1);
