@@ -129,7 +129,10 @@ impl Step {
 /// A request between `begin` and its final step.
 #[derive(Debug)]
 struct InFlight {
-    hash: HashId,
+    /// Its session; `None` for a record drained from the gateway's spool, whose device may be
+    /// long gone.
+    hash: Option<HashId>,
+    class: Priority,
     conn: ConnId,
     bytes: u64,
     /// Paths where an attempt failed: avoided while another is up.
@@ -270,7 +273,8 @@ impl Forwarder {
         self.next_seq += 1;
         let budget = self.cfg.attempt_timeout * self.cfg.attempts.max(1) as u32;
         let mut r = InFlight {
-            hash: *hash,
+            hash: Some(*hash),
+            class: priority,
             conn,
             bytes,
             tried: Vec::new(),
@@ -282,6 +286,36 @@ impl Forwarder {
         let step = attempt(&mut self.paths, id, &mut r, pick, priority, now);
         self.requests.insert(id, r);
         Ok((id, priority, step))
+    }
+
+    /// A record of `class` and `bytes` drained from the gateway's spool: no session holds it
+    /// (its device may be long gone), but the scheduler places it as a new device's record of
+    /// its class, and its attempts and retries are planned like any request's (issue 50).
+    pub fn begin_spooled(&mut self, class: Priority, bytes: u64, now: Instant) -> (RequestId, Step) {
+        let id = RequestId {
+            instance: self.instance,
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
+        let budget = self.cfg.attempt_timeout * self.cfg.attempts.max(1) as u32;
+        let mut r = InFlight {
+            hash: None,
+            class,
+            conn: ConnId::MAX,
+            bytes,
+            tried: Vec::new(),
+            attempts: 0,
+            deadline: now + budget,
+            current: None,
+        };
+        let pick = pick_avoiding(
+            &mut *self.scheduler,
+            &mut self.paths,
+            &Ask::new(class, bytes, None, now),
+        );
+        let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
+        self.requests.insert(id, r);
+        (id, step)
     }
 
     /// Plan the next attempt after a [`Step::Wait`]. A request abandoned meanwhile is
@@ -340,8 +374,8 @@ impl Forwarder {
 
     /// The request `id` is over: its session has one fewer in flight.
     fn end(&mut self, id: RequestId, now: Instant) {
-        if let Some(r) = self.requests.remove(&id) {
-            self.sessions.end(&r.hash, now);
+        if let Some(h) = self.requests.remove(&id).and_then(|r| r.hash) {
+            self.sessions.end(&h, now);
         }
     }
 
@@ -352,18 +386,28 @@ impl Forwarder {
             return Step::Failed;
         };
         if r.attempts >= self.cfg.attempts.max(1) || now >= r.deadline {
-            self.sessions.end(&r.hash, now);
+            if let Some(h) = r.hash {
+                self.sessions.end(&h, now);
+            }
             return Step::Failed;
         }
-        let s = match self.sessions.lookup(&r.hash, r.conn, now) {
-            Ok(s) => s,
-            Err(e) => {
-                self.sessions.end(&r.hash, now);
-                return Step::Refused(e);
+        let class = r.class;
+        let pick = match r.hash {
+            Some(h) => match self.sessions.lookup(&h, r.conn, now) {
+                Ok(s) => assign(&mut *self.scheduler, &mut self.paths, s, &r, now),
+                Err(e) => {
+                    self.sessions.end(&h, now);
+                    return Step::Refused(e);
+                }
+            },
+            None => {
+                let ask = Ask {
+                    avoid: &r.tried,
+                    ..Ask::new(class, r.bytes, None, now)
+                };
+                pick_avoiding(&mut *self.scheduler, &mut self.paths, &ask)
             }
         };
-        let class = s.priority;
-        let pick = assign(&mut *self.scheduler, &mut self.paths, s, &r, now);
         let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
         self.requests.insert(id, r);
         step
@@ -447,7 +491,7 @@ impl Forwarder {
             }
         }
         for s in self.sessions.iter() {
-            let n = self.requests.values().filter(|r| r.hash == s.hash).count();
+            let n = self.requests.values().filter(|r| r.hash == Some(s.hash)).count();
             if n != s.inflight {
                 return Err(format!(
                     "session {}: {} in flight but {n} requests",

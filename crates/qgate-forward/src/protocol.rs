@@ -23,6 +23,9 @@ pub const PATH_HEADER: &str = "qgate-path";
 /// The device a forwarded request came from, as the gateway saw it (its address); the server
 /// passes it on with the body.
 pub const DEVICE_HEADER: &str = "qgate-device";
+/// On a gateway's answer: `1` when the record was kept in the gateway's spool, to be sent on
+/// when a backhaul path can take it (issue 50). The gateway then owns the record.
+pub const SPOOLED_HEADER: &str = "qgate-spooled";
 /// Longest request id accepted.
 pub const MAX_REQUEST_ID: usize = 64;
 /// Paths are numbered below this.

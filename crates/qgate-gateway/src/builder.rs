@@ -68,6 +68,7 @@ pub struct GatewayBuilder {
     trust: Option<TrustRoots>,
     history: Option<BackhaulHistory>,
     seed: Option<u64>,
+    spool: Option<qgate_spool::Spool>,
 }
 
 impl Gateway {
@@ -86,6 +87,7 @@ impl Gateway {
             trust: None,
             history: None,
             seed: None,
+            spool: None,
         }
     }
 }
@@ -167,6 +169,13 @@ impl GatewayBuilder {
     /// Backhaul connections start from their path's window history (paper 002).
     pub fn with_history(mut self, history: Option<BackhaulHistory>) -> Self {
         self.history = history;
+        self
+    }
+
+    /// Keep records no path can take in `spool`, answered as stored, and drain them when a
+    /// path returns (issue 50).
+    pub fn with_spool(mut self, spool: qgate_spool::Spool) -> Self {
+        self.spool = Some(spool);
         self
     }
 
@@ -252,12 +261,19 @@ impl GatewayBuilder {
                 .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;
         let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
+        if let Some(s) = self.spool.clone() {
+            gateway.set_spool(s);
+        }
         let gateway = Arc::new(gateway);
         let task = tokio::spawn(gateway.clone().serve_devices(endpoint.clone()));
+        let drain = self
+            .spool
+            .map(|s| tokio::spawn(gateway.clone().drain_spool(s)));
         Ok(RunningGateway {
             gateway,
             endpoint,
             task,
+            drain,
         })
     }
 }
@@ -278,6 +294,8 @@ pub struct RunningGateway {
     /// The device listener.
     pub endpoint: shared_driver::Endpoint,
     task: tokio::task::JoinHandle<()>,
+    /// The spool's drain, if the gateway has a spool.
+    drain: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningGateway {
@@ -312,5 +330,8 @@ impl RunningGateway {
 impl Drop for RunningGateway {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(d) = &self.drain {
+            d.abort();
+        }
     }
 }

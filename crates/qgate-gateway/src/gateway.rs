@@ -82,6 +82,11 @@ pub struct Gateway {
     pub batch_stats: Arc<BatchStats>,
     /// The request-body budget devices' connections share (T7, T13).
     bodies: http3::BodyBudget,
+    /// Where records go when no path can take them (issue 50), if the gateway has one.
+    pub(crate) spool: Option<qgate_spool::Spool>,
+    /// The wall clock at start (ms since the Unix epoch) and the runtime's clock then: spooled
+    /// records' ages follow the runtime's clock, so they run in virtual time too.
+    epoch: (Instant, u64),
 }
 
 /// A lane's HTTP/3 client, the id of the QUIC connection it runs on, and its batcher.
@@ -123,6 +128,13 @@ impl Gateway {
             stats: GatewayStats::default(),
             batch_stats: Arc::default(),
             bodies: http3::BodyBudget::new(cfg.max_buffered),
+            spool: None,
+            epoch: (
+                Instant::now(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            ),
             cfg,
             paths,
         }
@@ -398,14 +410,67 @@ impl Gateway {
         let mut admitted = Admitted {
             gw: self,
             id,
-            // The id it goes under: the device's if it named one, else the gateway's.
-            rid: device_rid
-                .map_or_else(|| id.to_string(), |d| wire::forwarded_device_request_id(&d)),
             over: false,
         };
-        let mut resp = self
-            .carry(&mut admitted, step, req, body, conn, device, class)
-            .await;
+        // The id it goes under: the device's if it named one, else the gateway's.
+        let rid: Arc<str> = device_rid
+            .map_or_else(|| id.to_string(), |d| wire::forwarded_device_request_id(&d))
+            .into();
+        // Built once for every attempt (only the path and urgency change). Who sent it and
+        // which path carried it are for the server's sink (S7).
+        let facts = Facts {
+            target: req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .into(),
+            request_id: Some(rid.clone()),
+            device: Some(device.to_string().into()),
+            path: None,
+            class: Some(class),
+        };
+        let record = wire::is_record(req.method().as_str(), req.uri().path());
+        let batchable =
+            req.uri().query().is_none() && body.len() <= self.cfg.batch_max_record && record;
+        let spool = self.spool.as_ref().filter(|_| record);
+        let owner = device.ip().to_string();
+        let mut resp = if spool.is_some_and(|s| s.holds(&owner, class)) {
+            // Its earlier records of this class wait in the spool: it queues behind them, so
+            // the server gets them in the order the device sent them.
+            drop(admitted);
+            self.spool_record(&facts, body, &owner, None).await
+        } else {
+            let carried = self
+                .carry(
+                    &mut admitted,
+                    step,
+                    req.method(),
+                    facts.clone(),
+                    body.clone(),
+                    batchable,
+                    spool.is_some(),
+                )
+                .await;
+            match carried {
+                // The server or its queue is busy or down: the spool holds it meanwhile.
+                Carried::Answered(r) if spool.is_some() && spoolable_status(r.status()) => {
+                    self.spool_record(&facts, body, &owner, Some(r)).await
+                }
+                Carried::Answered(r) => r,
+                Carried::NoPath | Carried::Failed if spool.is_some() => {
+                    self.spool_record(&facts, body, &owner, None).await
+                }
+                Carried::NoPath | Carried::Failed => {
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
+                    text(
+                        StatusCode::BAD_GATEWAY,
+                        "the server is unreachable on every backhaul path\n",
+                    )
+                }
+                Carried::Refused(e) => self.refuse(conn, device, e),
+            }
+        };
         // The Hash ID of a session made on first use, for the device's next requests.
         if !named {
             if let Ok(v) = http::HeaderValue::from_str(&hash.to_string()) {
@@ -421,35 +486,20 @@ impl Gateway {
         resp
     }
 
-    /// Carry out the core's steps for request `admitted` until one is final.
+    /// Carry out the core's steps for request `admitted` until one is final. With
+    /// `spool_on_wait`, a request that finds no path up ends there ([`Carried::NoPath`]) instead
+    /// of waiting for one: the spool takes it.
     #[allow(clippy::too_many_arguments)]
-    async fn carry(
+    pub(crate) async fn carry(
         &self,
         admitted: &mut Admitted<'_>,
         mut step: Step,
-        req: Request<()>,
+        method: &http::Method,
+        mut facts: Facts,
         body: Bytes,
-        conn: ConnId,
-        device: SocketAddr,
-        class: Priority,
-    ) -> Response<Bytes> {
-        let rid: Arc<str> = std::mem::take(&mut admitted.rid).into();
-        // Built once for every attempt (only the path and urgency change). Who sent it and
-        // which path carried it are for the server's sink (S7).
-        let mut facts = Facts {
-            target: req
-                .uri()
-                .path_and_query()
-                .map_or("/", |p| p.as_str())
-                .into(),
-            request_id: Some(rid.clone()),
-            device: Some(device.to_string().into()),
-            path: None,
-            class: Some(class),
-        };
-        let batchable = req.uri().query().is_none()
-            && body.len() <= self.cfg.batch_max_record
-            && wire::is_record(req.method().as_str(), req.uri().path());
+        batchable: bool,
+        spool_on_wait: bool,
+    ) -> Carried {
         loop {
             step = match step {
                 Step::Send(a) => {
@@ -459,14 +509,16 @@ impl Gateway {
                         facts: facts.clone(),
                         body: body.clone(),
                     };
-                    match self.attempt(a, req.method(), record, batchable).await {
+                    match self.attempt(a, method, record, batchable).await {
                         Ok(resp) => {
                             admitted.over = true;
-                            return resp;
+                            return Carried::Answered(resp);
                         }
                         Err(next) => next,
                     }
                 }
+                // Left to `admitted`'s drop to hand back to the core.
+                Step::Wait(_) if spool_on_wait => return Carried::NoPath,
                 Step::Wait(w) => {
                     tokio::time::sleep_until(Instant::from_std(w.until)).await;
                     self.paths
@@ -476,17 +528,12 @@ impl Gateway {
                 Step::Answered(_) | Step::Failed => {
                     debug_assert!(matches!(step, Step::Failed), "{step:?}");
                     admitted.over = true;
-                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
-                    return text(
-                        StatusCode::BAD_GATEWAY,
-                        "the server is unreachable on every backhaul path\n",
-                    );
+                    return Carried::Failed;
                 }
                 // The session ended meanwhile (its connection closed, or it expired).
                 Step::Refused(e) => {
                     admitted.over = true;
-                    return self.refuse(conn, device, e);
+                    return Carried::Refused(e);
                 }
             };
         }
@@ -587,14 +634,33 @@ impl Gateway {
     }
 }
 
+/// How carrying a request ended.
+pub(crate) enum Carried {
+    /// The server answered (on the path the response names).
+    Answered(Response<Bytes>),
+    /// No path was up (asked to stop there rather than wait).
+    NoPath,
+    /// Every attempt failed, or its budget ran out.
+    Failed,
+    /// Its session ended meanwhile.
+    Refused(SessionError),
+}
+
+/// Statuses that say the server side is busy or down now, not that the record is wrong: a
+/// gateway with a spool keeps the record rather than hand the failure to the device.
+fn spoolable_status(s: StatusCode) -> bool {
+    matches!(
+        s,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
 /// A request admitted by the core, abandoned on drop unless it is over (its task was dropped
 /// mid-way: the device went away, or the gateway stopped).
-struct Admitted<'a> {
-    gw: &'a Gateway,
-    id: RequestId,
-    /// Its id on the wire.
-    rid: String,
-    over: bool,
+pub(crate) struct Admitted<'a> {
+    pub(crate) gw: &'a Gateway,
+    pub(crate) id: RequestId,
+    pub(crate) over: bool,
 }
 
 impl Drop for Admitted<'_> {
@@ -649,6 +715,7 @@ impl Handler for DeviceConnection {
 
 mod config;
 mod metrics;
+mod spooling;
 mod stats;
 mod view;
 pub use config::GatewayConfig;

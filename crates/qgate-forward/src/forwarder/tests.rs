@@ -665,3 +665,38 @@ fn first_use_registers_once_per_connection_and_class() {
     assert_eq!(f.sessions().iter().filter(|s| s.conn == 7).count(), 1);
     f.audit().unwrap();
 }
+
+#[test]
+fn a_spooled_record_is_placed_and_retried_without_a_session() {
+    let (mut f, t0, _) = pair("adaptive", 3);
+    let (id, step) = f.begin_spooled(Priority::BestEffort, 100, t0 + ms(30));
+    let a = sent(step);
+    assert!(!a.urgent, "a best-effort record's first attempt");
+    // Its connection-less entry is untouched by a device's connection closing.
+    assert_eq!(f.end_connection(1), 1);
+    let b = sent(f.finish(a, Outcome::Unanswered, t0 + ms(1_030)).unwrap());
+    assert_eq!(b.request, id);
+    assert!(b.urgent, "a retry goes at priority's urgency (G24)");
+    assert_eq!(
+        f.finish(
+            b,
+            Outcome::Answered {
+                success: true,
+                sample: None
+            },
+            t0 + ms(1_060)
+        )
+        .map(|s| s.is_final()),
+        Some(true)
+    );
+    assert_eq!(f.requests_in_flight(), 0);
+    f.audit().unwrap();
+    // With no path up it waits, like any request; abandoned, nothing is left.
+    f.on_connection_lost(PathId(0), t0 + ms(2_000));
+    f.on_connection_lost(PathId(1), t0 + ms(2_000));
+    let (id, step) = f.begin_spooled(Priority::Priority, 100, t0 + ms(2_010));
+    assert!(matches!(step, Step::Wait(_)), "{step:?}");
+    f.abandon(id, t0 + ms(2_020));
+    assert_eq!(f.requests_in_flight(), 0);
+    f.audit().unwrap();
+}

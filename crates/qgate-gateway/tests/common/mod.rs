@@ -93,6 +93,26 @@ pub async fn world_with_lanes(
     far: Far,
     lanes: usize,
 ) -> World {
+    world_built(n, sched, cfg, far, lanes, None).await
+}
+
+/// [`world`] with the gateway keeping what no path can take in `spool` (issue 50).
+pub async fn world_spooled(n: usize, sched: &str, spool: qgate_spool::Spool) -> World {
+    let cfg = GatewayConfig {
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    world_built(n, sched, cfg, Far::Counting, 1, Some(spool)).await
+}
+
+async fn world_built(
+    n: usize,
+    sched: &str,
+    cfg: GatewayConfig,
+    far: Far,
+    lanes: usize,
+    spool: Option<qgate_spool::Spool>,
+) -> World {
     // Built through qgate_netsim's World (the plans' assembly path): paths 1–3 get the
     // automatic addresses 10.0.k.1 (gateway) and 10.0.k.2 (server).
     let mut sim = SimWorld::new(7);
@@ -164,6 +184,9 @@ pub async fn world_with_lanes(
             ..Default::default()
         };
         builder = builder.with_backhaul(Socket::from(net.bind(g, local).unwrap()), remote, options);
+    }
+    if let Some(s) = spool {
+        builder = builder.with_spool(s);
     }
     let running = builder.start().unwrap();
     let gateway = running.gateway.clone();

@@ -1,0 +1,250 @@
+//! The gateway's side of its spool (issue 50): a record no path can take now (none up, every
+//! attempt failed, or the server answered that it or its queue is busy or down) is written to
+//! the spool and answered `202 Accepted` with `qgate-spooled: 1`: from then on the gateway owns
+//! it. A drain task sends spooled records on when a path is up, priority first, oldest first,
+//! through the same scheduler, paths and batches as live records, under their own request ids.
+//!
+//! Draining leaves live traffic its share (decision G30): drained records in flight are kept
+//! to what [`DRAIN_WINDOW`] leaves after live requests, and never below [`DRAIN_FLOOR`], so a
+//! spool always empties.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use qgate_forward::protocol::SPOOLED_HEADER;
+use qgate_spool::spool::CLASSES;
+use qgate_spool::{Done, Entry, NewRecord, Spool, SpoolError};
+use tokio::time::Instant;
+
+use super::{text, Admitted, Carried, Gateway};
+use crate::outbound::Facts;
+
+/// Requests in flight (live and drained) below which the spool drains freely.
+pub const DRAIN_WINDOW: usize = 256;
+/// Drained records in flight however busy live traffic is: the spool always empties.
+pub const DRAIN_FLOOR: usize = 16;
+/// Bytes taken from the spool at a time, at most.
+const DRAIN_BYTES: u64 = 1 << 20;
+/// How often the drain looks for work while nothing wakes it.
+const DRAIN_TICK: Duration = Duration::from_millis(100);
+/// How often expired records are dropped and the spool's cursors written.
+const UPKEEP: Duration = Duration::from_secs(1);
+/// Seconds a device refused by a full or failed spool is asked to wait.
+const SPOOL_RETRY_AFTER: u16 = 5;
+
+impl Gateway {
+    /// The gateway with `spool` (set by the builder).
+    pub(crate) fn set_spool(&mut self, spool: Spool) {
+        self.spool = Some(spool);
+    }
+
+    /// Its spool, if it has one.
+    pub fn spool(&self) -> Option<&Spool> {
+        self.spool.as_ref()
+    }
+
+    /// Now on the wall clock, ms since the Unix epoch, advanced by the runtime's clock.
+    pub(crate) fn wall_ms(&self) -> u64 {
+        let (at, ms) = self.epoch;
+        ms + Instant::now().duration_since(at).as_millis() as u64
+    }
+
+    /// Keep the record in the spool and answer it as stored; if the spool refuses, the device
+    /// keeps it: the server's own answer `fallback` if there was one, else `503`.
+    pub(crate) async fn spool_record(
+        &self,
+        facts: &Facts,
+        body: Bytes,
+        owner: &str,
+        fallback: Option<Response<Bytes>>,
+    ) -> Response<Bytes> {
+        let Some(spool) = self.spool.as_ref() else {
+            return fallback.unwrap_or_else(|| text(StatusCode::BAD_GATEWAY, "no spool\n"));
+        };
+        let r = NewRecord {
+            class: facts.class.unwrap_or(qgate_forward::scheduler::Priority::BestEffort),
+            owner: owner.to_owned(),
+            device: facts.device.as_deref().unwrap_or("").to_owned(),
+            target: facts.target.to_string(),
+            request_id: facts.request_id.as_deref().unwrap_or("").to_owned(),
+            body,
+        };
+        match spool.append(r, self.wall_ms()).await {
+            Ok(_) => {
+                let mut resp = text(
+                    StatusCode::ACCEPTED,
+                    "spooled: the gateway holds this record and sends it on when the server can take it\n",
+                );
+                resp.headers_mut()
+                    .insert(SPOOLED_HEADER, http::HeaderValue::from_static("1"));
+                resp
+            }
+            Err(e) => {
+                if let Some(r) = fallback {
+                    return r;
+                }
+                let status = match e {
+                    SpoolError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                    _ => StatusCode::SERVICE_UNAVAILABLE,
+                };
+                let mut resp = text(
+                    status,
+                    format!("{e}; the server is unreachable now: keep the record and try again\n"),
+                );
+                resp.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from(SPOOL_RETRY_AFTER),
+                );
+                resp
+            }
+        }
+    }
+
+    /// Send spooled records on while the gateway runs: priority first, oldest first, as much
+    /// as live traffic leaves room for (decision G30). Also drops expired records and writes
+    /// the spool's cursors, paths up or not.
+    pub(crate) async fn drain_spool(self: Arc<Self>, spool: Spool) {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let mut upkeep = Instant::now();
+        let mut paused_until = Instant::now();
+        let pause = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(DRAIN_TICK) => {}
+                _ = wake.notified() => {}
+            }
+            let now = Instant::now();
+            if now >= upkeep {
+                upkeep = now + UPKEEP;
+                spool.expire(self.wall_ms()).await;
+                if let Err(e) = spool.checkpoint().await {
+                    tracing::warn!(target: "qgate_gateway::spool", error = %e, "could not write the spool's cursor");
+                }
+            }
+            if let Some(p) = qgate_core::sync::lock(&pause).take() {
+                paused_until = paused_until.max(p);
+            }
+            if now < paused_until {
+                continue;
+            }
+            let up = self.paths.with_core(|f| f.paths().up().next().is_some());
+            if !up {
+                continue;
+            }
+            let mine = in_flight.load(Ordering::Relaxed);
+            let live = self
+                .paths
+                .with_core(|f| f.requests_in_flight())
+                .saturating_sub(mine);
+            let mut room = DRAIN_WINDOW
+                .saturating_sub(live)
+                .max(DRAIN_FLOOR)
+                .saturating_sub(mine);
+            for class in CLASSES {
+                if room == 0 {
+                    break;
+                }
+                let got = spool.take(class, room, DRAIN_BYTES, self.wall_ms()).await;
+                room -= got.len();
+                for e in got {
+                    in_flight.fetch_add(1, Ordering::Relaxed);
+                    let (gw, spool, in_flight, wake, pause) = (
+                        self.clone(),
+                        spool.clone(),
+                        in_flight.clone(),
+                        wake.clone(),
+                        pause.clone(),
+                    );
+                    tokio::spawn(async move {
+                        if let Some(wait) = gw.drain_one(&spool, e).await {
+                            let until = Instant::now() + wait;
+                            let mut p = qgate_core::sync::lock(&pause);
+                            *p = Some(p.map_or(until, |q| q.max(until)));
+                        }
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
+                        wake.notify_one();
+                    });
+                }
+            }
+        }
+    }
+
+    /// Send one spooled record; how long the drain should pause if the server side is busy or
+    /// no path could take it.
+    async fn drain_one(&self, spool: &Spool, e: Entry) -> Option<Duration> {
+        let bytes = e.body.len() as u64;
+        let (id, step) = self
+            .paths
+            .with_core(|f| f.begin_spooled(e.class, bytes, Instant::now().into_std()));
+        let mut admitted = Admitted {
+            gw: self,
+            id,
+            over: false,
+        };
+        let facts = Facts {
+            target: e.target.as_str().into(),
+            request_id: Some(e.request_id.as_str().into()),
+            device: Some(e.device.as_str().into()),
+            path: None,
+            class: Some(e.class),
+        };
+        let batchable = !e.target.contains('?') && e.body.len() <= self.cfg.batch_max_record;
+        let carried = self
+            .carry(
+                &mut admitted,
+                step,
+                &Method::POST,
+                facts,
+                e.body.clone(),
+                batchable,
+                true,
+            )
+            .await;
+        drop(admitted);
+        match carried {
+            Carried::Answered(r) if r.status().is_success() => {
+                spool.finish(&[e], Done::Delivered);
+                None
+            }
+            Carried::Answered(r) if is_final_refusal(r.status()) => {
+                tracing::warn!(
+                    target: "qgate_gateway::spool",
+                    request = %e.request_id, status = %r.status(),
+                    "the server refused a spooled record for good: dropped"
+                );
+                spool.finish(&[e], Done::Rejected);
+                None
+            }
+            Carried::Answered(r) => {
+                let wait = r
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse().ok())
+                    .map_or(Duration::from_secs(1), |s: u64| {
+                        Duration::from_secs(s.min(60))
+                    });
+                spool.back(vec![e]);
+                Some(wait)
+            }
+            Carried::NoPath | Carried::Failed | Carried::Refused(_) => {
+                spool.back(vec![e]);
+                Some(Duration::from_millis(500))
+            }
+        }
+    }
+}
+
+/// A 4xx the server would give the record again however often it is sent.
+fn is_final_refusal(s: StatusCode) -> bool {
+    s.is_client_error()
+        && !matches!(
+            s,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
+        )
+        && s.as_u16() != 425
+}
