@@ -53,7 +53,7 @@ async fn records_are_spooled_while_every_path_is_down_and_drain_when_one_returns
         w.net.update_both(*l, |l| l.up = true).unwrap();
     }
     // A device whose records wait in the spool queues its new ones behind them.
-    assert!(s.holds("10.8.0.2", qgate_forward::scheduler::Priority::Priority));
+    assert!(s.holds("10.8.0.2", qgate_forward::scheduler::Priority::BestEffort));
     assert_eq!(send(&w.devices[0], &hashes[0]).await.0, 202);
     let mut waited = 0;
     while s.view().priority.held.records + s.view().best_effort.held.records > 0 {
