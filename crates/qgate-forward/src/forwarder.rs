@@ -291,7 +291,12 @@ impl Forwarder {
     /// A record of `class` and `bytes` drained from the gateway's spool: no session holds it
     /// (its device may be long gone), but the scheduler places it as a new device's record of
     /// its class, and its attempts and retries are planned like any request's (issue 50).
-    pub fn begin_spooled(&mut self, class: Priority, bytes: u64, now: Instant) -> (RequestId, Step) {
+    pub fn begin_spooled(
+        &mut self,
+        class: Priority,
+        bytes: u64,
+        now: Instant,
+    ) -> (RequestId, Step) {
         let id = RequestId {
             instance: self.instance,
             seq: self.next_seq,
@@ -491,7 +496,11 @@ impl Forwarder {
             }
         }
         for s in self.sessions.iter() {
-            let n = self.requests.values().filter(|r| r.hash == Some(s.hash)).count();
+            let n = self
+                .requests
+                .values()
+                .filter(|r| r.hash == Some(s.hash))
+                .count();
             if n != s.inflight {
                 return Err(format!(
                     "session {}: {} in flight but {n} requests",

@@ -59,7 +59,11 @@ async fn records_are_spooled_while_every_path_is_down_and_drain_when_one_returns
     while s.view().priority.held.records + s.view().best_effort.held.records > 0 {
         tokio::time::sleep(Duration::from_millis(200)).await;
         waited += 1;
-        assert!(waited < 600, "not drained after 2 virtual minutes: {:?}", s.view());
+        assert!(
+            waited < 600,
+            "not drained after 2 virtual minutes: {:?}",
+            s.view()
+        );
     }
     let snap = s.stats().snapshot();
     assert_eq!((snap.spooled, snap.drained, snap.rejected), (41, 41, 0));

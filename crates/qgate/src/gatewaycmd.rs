@@ -78,6 +78,11 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "FILE", help = format!(
         "The history database [default: $QGATE_HOME/{}]", crate::historycmd::GATEWAY_STORE))]
     history_store: Option<PathBuf>,
+    /// Keep records no backhaul path can take in DIR, answered 202 with qgate-spooled: 1, and
+    /// send them on when a path returns (limits in [gateway.spool]) [default: [gateway.spool]
+    /// dir, else off].
+    #[arg(long, value_name = "DIR")]
+    spool: Option<PathBuf>,
 }
 
 fn secs(d: Duration) -> String {
@@ -235,6 +240,42 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         gcfg.server_authority = n;
     }
     let (trust, pki) = trust(a.ca.or(g.ca.clone()))?;
+    let spool_cfg = match (&a.spool, &g.spool) {
+        (None, None) => None,
+        (flag, section) => {
+            let mut section = section.clone().unwrap_or(crate::config::SpoolSection {
+                dir: PathBuf::new(),
+                max_bytes: None,
+                max_records: None,
+                max_age: None,
+                device_max_bytes: None,
+                device_max_records: None,
+                on_full_priority: None,
+                on_full_best_effort: None,
+                keep_free: None,
+            });
+            if let Some(d) = flag {
+                section.dir = d.clone();
+            }
+            Some(
+                section
+                    .config()
+                    .map_err(|e| usage(format!("[gateway.spool] {e}")))?,
+            )
+        }
+    };
+    let spool = match spool_cfg {
+        Some(c) => {
+            let dir = c.dir.clone();
+            Some(qgate_spool::Spool::open(c).map_err(|e| {
+                usage(format!(
+                    "spool {}: {e} (a directory this user may create and write)",
+                    dir.display()
+                ))
+            })?)
+        }
+        None => None,
+    };
 
     crate::runtime().block_on(async move {
         // Watch for Ctrl-C and SIGTERM before saying the service is up.
@@ -253,6 +294,12 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             let socket = Socket::bind_udp(*local).map_err(usage)?;
             builder = builder.with_backhaul(socket, *server, options.clone());
         }
+        let spool_note = spool.as_ref().map_or(String::new(), |s| {
+            format!(", spool {}", s.config().dir.display())
+        });
+        if let Some(s) = spool {
+            builder = builder.with_spool(s);
+        }
         let running = builder.start()?;
         let local = running.addr();
         let gw = running.gateway.clone();
@@ -263,7 +310,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         })
         .await?;
         println!(
-            "qgate gateway listening on udp/{local} (HTTP/3), {}, scheduler {sched_name}{}",
+            "qgate gateway listening on udp/{local} (HTTP/3), {}, scheduler {sched_name}{spool_note}{}",
             crate::count(paths.len() as u64, "path", "paths"),
             admin
                 .as_ref()

@@ -233,6 +233,9 @@ impl metrics::Collector for GatewayMetrics {
         let st = &gw.stats;
         st.snapshot().encode(&mut e)?;
         gw.batch_stats.snapshot().encode(&mut e)?;
+        if let Some(s) = &gw.spool {
+            s.stats().snapshot().encode(&mut e)?;
+        }
         metrics::histograms(
             &mut e,
             "qgate_gateway_response_delay_seconds",

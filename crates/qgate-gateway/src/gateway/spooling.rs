@@ -47,7 +47,7 @@ impl Gateway {
     }
 
     /// Now on the wall clock, ms since the Unix epoch, advanced by the runtime's clock.
-    pub(crate) fn wall_ms(&self) -> u64 {
+    pub fn wall_ms(&self) -> u64 {
         let (at, ms) = self.epoch;
         ms + Instant::now().duration_since(at).as_millis() as u64
     }
@@ -65,7 +65,9 @@ impl Gateway {
             return fallback.unwrap_or_else(|| text(StatusCode::BAD_GATEWAY, "no spool\n"));
         };
         let r = NewRecord {
-            class: facts.class.unwrap_or(qgate_forward::scheduler::Priority::BestEffort),
+            class: facts
+                .class
+                .unwrap_or(qgate_forward::scheduler::Priority::BestEffort),
             owner: owner.to_owned(),
             device: facts.device.as_deref().unwrap_or("").to_owned(),
             target: facts.target.to_string(),

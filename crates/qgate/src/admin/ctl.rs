@@ -60,6 +60,19 @@ enum Ctl {
         /// completion, adaptive, adaptive-packets, round-robin or single.
         name: Option<String>,
     },
+    /// Gateway: the spool (held by class and device, oldest, counters); with --purge, drop
+    /// spooled records (of --device and/or --class, else all).
+    Spool {
+        /// Drop spooled records instead of showing them.
+        #[arg(long)]
+        purge: bool,
+        /// With --purge: this device's records (its address, without the port).
+        #[arg(long, requires = "purge")]
+        device: Option<String>,
+        /// With --purge: this class's records, priority or best-effort.
+        #[arg(long, requires = "purge", value_parser = ["priority", "best-effort"])]
+        class: Option<String>,
+    },
     /// Broker: queues with depth and rates.
     Queues,
     /// Broker: drop QUEUE's ready messages.
@@ -178,6 +191,21 @@ pub fn ctl(a: CtlArgs, cfg: &crate::config::Config) -> Result<(), Failure> {
             api("scheduler"),
             Some(serde_json::json!({ "name": n })),
         ),
+        Ctl::Spool { purge: false, .. } => (Method::GET, api("spool"), None),
+        Ctl::Spool {
+            purge: true,
+            device,
+            class,
+        } => {
+            let mut body = serde_json::Map::new();
+            if let Some(d) = device {
+                body.insert("device".into(), d.clone().into());
+            }
+            if let Some(c) = class {
+                body.insert("class".into(), c.clone().into());
+            }
+            (Method::POST, api("spool/purge"), Some(Value::Object(body)))
+        }
         Ctl::Queues => (Method::GET, api("queues"), None),
         Ctl::Purge { queue } => {
             if queue.is_empty() {

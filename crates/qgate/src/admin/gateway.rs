@@ -85,7 +85,12 @@ impl GatewayApi {
     }
 }
 
-const ROUTES: [Route; 9] = [
+/// The answer to a spool route on a gateway without one.
+fn no_spool() -> ApiError {
+    ApiError::not_found("this gateway has no spool: start it with --spool DIR or [gateway.spool]")
+}
+
+const ROUTES: [Route; 11] = [
     Route { method: "GET", path: "paths", about: "backhaul paths: up, RTT, cwnd, loss, hits, requests, bytes" },
     Route { method: "GET", path: "sessions", about: "registered devices, most recently active first (?limit=N)" },
     Route { method: "GET", path: "connections", about: "device connections (?limit=N)" },
@@ -94,6 +99,8 @@ const ROUTES: [Route; 9] = [
     Route { method: "POST", path: "scheduler", about: "switch the scheduler: {\"name\": \"adaptive\"}" },
     Route { method: "GET", path: "stats", about: "counters" },
     Route { method: "GET", path: "delay", about: "responses and their summed delay per class (priority, best_effort) since start" },
+    Route { method: "GET", path: "spool", about: "the spool: records and bytes held by class and device, oldest, counters" },
+    Route { method: "POST", path: "spool/purge", about: "drop spooled records: {\"device\": \"10.0.0.7\"} and/or {\"class\": \"best-effort\"}; {} drops all" },
     Route { method: "POST", path: "reload", about: "read the config file again: the scheduler changes live; other changes are listed as needing a restart" },
 ];
 
@@ -146,6 +153,32 @@ impl Api for GatewayApi {
                         "best_effort": class(&gw.stats.delay_best_effort),
                     }))
                 }
+                (&Method::GET, ["spool"]) => {
+                    let s = gw.spool().ok_or_else(no_spool)?;
+                    let mut v = json!(s.view());
+                    v["counters"] = json!(s.stats().snapshot());
+                    v["now_ms"] = json!(gw.wall_ms());
+                    Ok(v)
+                }
+                (&Method::POST, ["spool", "purge"]) => {
+                    let s = gw.spool().ok_or_else(no_spool)?;
+                    let device = call.body.get("device").and_then(|v| v.as_str());
+                    let class = match call.body.get("class").and_then(|v| v.as_str()) {
+                        None => None,
+                        Some("priority") => Some(qgate_forward::scheduler::Priority::Priority),
+                        Some("best-effort") => Some(qgate_forward::scheduler::Priority::BestEffort),
+                        Some(c) => {
+                            return Err(ApiError::bad_request(format!(
+                                "class '{c}': priority or best-effort"
+                            )))
+                        }
+                    };
+                    let n = s
+                        .purge(device, class)
+                        .await
+                        .map_err(|e| ApiError::conflict(format!("spool purge not saved: {e}")))?;
+                    Ok(json!({ "purged": n }))
+                }
                 (&Method::POST, ["reload"]) => self.reload(),
                 _ => Err(call.no_route()),
             }
@@ -153,6 +186,9 @@ impl Api for GatewayApi {
     }
 
     fn health(&self) -> Result<(), String> {
+        if let Some(why) = self.gw.spool().and_then(|s| s.unavailable()) {
+            return Err(format!("the spool is off: {why}"));
+        }
         if self.gw.path_views().iter().any(|p| p.up) {
             Ok(())
         } else {

@@ -25,10 +25,81 @@ pub struct GatewaySection {
     pub probe_interval: Option<String>,
     /// The backhaul paths.
     pub paths: Vec<PathSection>,
+    /// `[gateway.spool]`: keep records no path can take on this disk (issue 50); none = off.
+    pub spool: Option<SpoolSection>,
     /// Limits and timeouts: the gateway crate's own configuration (`server_name`,
     /// `max_devices`, `request_timeout = "5s"`, …), not a copy of it.
     #[serde(flatten)]
     pub limits: GatewayConfig,
+}
+
+/// `[gateway.spool]`: where and how much the gateway keeps while no path can take its records.
+/// Defaults in `qgate_spool::config`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpoolSection {
+    /// Its directory (one gateway's alone).
+    pub dir: PathBuf,
+    /// Bytes held at most.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Records held at most.
+    #[serde(default)]
+    pub max_records: Option<u64>,
+    /// A record older than this is dropped, e.g. "24h".
+    #[serde(default)]
+    pub max_age: Option<String>,
+    /// One device's bytes at most [default: max_bytes / 8].
+    #[serde(default)]
+    pub device_max_bytes: Option<u64>,
+    /// One device's records at most [default: max_records / 8].
+    #[serde(default)]
+    pub device_max_records: Option<u64>,
+    /// A full spool and a new priority record: "refuse" (the device keeps it) or "drop-oldest"
+    /// (the oldest best-effort records go).
+    #[serde(default)]
+    pub on_full_priority: Option<qgate_spool::OnFull>,
+    /// The same for a best-effort record.
+    #[serde(default)]
+    pub on_full_best_effort: Option<qgate_spool::OnFull>,
+    /// Bytes kept free on the spool's filesystem.
+    #[serde(default)]
+    pub keep_free: Option<u64>,
+}
+
+impl SpoolSection {
+    /// The spool's settings: these values over the crate's defaults.
+    pub fn config(&self) -> Result<qgate_spool::SpoolConfig, String> {
+        let mut c = qgate_spool::SpoolConfig::new(&self.dir);
+        let l = &mut c.limits;
+        if let Some(v) = self.max_bytes {
+            l.max_bytes = v;
+            l.device_bytes = v / qgate_spool::config::DEFAULT_DEVICE_SHARE;
+        }
+        if let Some(v) = self.max_records {
+            l.max_records = v;
+            l.device_records = v / qgate_spool::config::DEFAULT_DEVICE_SHARE;
+        }
+        if let Some(v) = &self.max_age {
+            l.max_age = crate::config::parse_duration(v).map_err(|e| format!("max_age: {e}"))?;
+        }
+        if let Some(v) = self.device_max_bytes {
+            l.device_bytes = v;
+        }
+        if let Some(v) = self.device_max_records {
+            l.device_records = v;
+        }
+        if let Some(v) = self.on_full_best_effort {
+            l.on_full[0] = v;
+        }
+        if let Some(v) = self.on_full_priority {
+            l.on_full[1] = v;
+        }
+        if let Some(v) = self.keep_free {
+            c.keep_free = v;
+        }
+        Ok(c)
+    }
 }
 
 /// `[[gateway.paths]]`

@@ -12,7 +12,7 @@ mod broker;
 mod gateway;
 
 pub use broker::{BridgeSection, BrokerSection};
-pub use gateway::{GatewaySection, PathSection};
+pub use gateway::{GatewaySection, PathSection, SpoolSection};
 
 /// The whole file. (`qgate-lab` reads its own tables, `[demo]` and `[linkem]`, from a file of
 /// its own.)
