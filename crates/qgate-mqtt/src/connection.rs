@@ -398,7 +398,7 @@ impl Connection {
             let packet = self.input.split_to(size).freeze();
             self.last_packet = self.last_input;
             if connected {
-                self.handle_packet(header, packet);
+                self.handle_packet(packet);
             } else {
                 self.handle_first_packet(header, packet);
             }
@@ -453,19 +453,20 @@ impl Connection {
             return;
         };
         self.state = State::Authenticating { deadline, pending };
-        self.events.push_back(Event::Connect(Box::new(ConnectRequest {
-            protocol,
-            client_id: connect.client_id,
-            clean_start: connect.clean_start,
-            keep_alive: connect.keep_alive,
-            username: connect.username,
-            password: connect.password,
-            session_expiry,
-            receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
-            maximum_packet_size: props.maximum_packet_size,
-            will: connect.will,
-            user_properties: props.user_properties,
-        })));
+        self.events
+            .push_back(Event::Connect(Box::new(ConnectRequest {
+                protocol,
+                client_id: connect.client_id,
+                clean_start: connect.clean_start,
+                keep_alive: connect.keep_alive,
+                username: connect.username,
+                password: connect.password,
+                session_expiry,
+                receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
+                maximum_packet_size: props.maximum_packet_size,
+                will: connect.will,
+                user_properties: props.user_properties,
+            })));
     }
 
     /// Sends a refusing CONNACK and closes.
@@ -479,13 +480,12 @@ impl Connection {
         self.close_with(Closed::Refused(reason));
     }
 
-    fn handle_packet(&mut self, header: FixedHeader, packet: Bytes) {
+    fn handle_packet(&mut self, packet: Bytes) {
         let protocol = self.protocol.unwrap_or(ProtocolVersion::V5);
         let packet = match Packet::parse(packet, protocol) {
             Ok(packet) => packet,
             Err(error) => return self.fail(Violation::Decode(error)),
         };
-        debug_assert_eq!(packet.packet_type(), header.packet_type);
         match packet {
             Packet::Publish(publish) => self.handle_publish(publish),
             Packet::PubRel(rel) => self.handle_pubrel(rel.packet_id),
