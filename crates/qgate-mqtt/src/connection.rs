@@ -417,6 +417,7 @@ impl Connection {
                 // A 5.0 client hears why in CONNACK (spec §4.13.1); a 3.1.1 one only about its
                 // protocol level; any other closes silently.
                 if level == Some(5) {
+                    self.protocol = Some(ProtocolVersion::V5);
                     self.refuse_connect(error.reason_code(), ProtocolVersion::V5);
                 } else if let Some(code) = error.v311_return_code() {
                     self.refuse_connect(code.to_reason(), ProtocolVersion::V311);
