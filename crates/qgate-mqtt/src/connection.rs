@@ -132,6 +132,9 @@ pub struct Connection {
     keep_alive_timeout: Option<Duration>,
     session_expiry_zero: bool,
     client_max_packet_size: Option<u32>,
+    /// The client's Request Problem Information: when `false`, no reason string outside
+    /// CONNACK and DISCONNECT (spec §3.1.2.11.7).
+    problem_information: bool,
     in_flight: HashMap<u16, InFlight>,
     /// Topic alias `n` is at index `n - 1`.
     topic_aliases: Vec<Option<String>>,
@@ -154,6 +157,7 @@ impl Connection {
             keep_alive_timeout: None,
             session_expiry_zero: true,
             client_max_packet_size: None,
+            problem_information: true,
             in_flight: HashMap::new(),
             topic_aliases: Vec::new(),
             events: VecDeque::new(),
@@ -443,6 +447,7 @@ impl Connection {
         };
         let props = connect.properties;
         self.client_max_packet_size = props.maximum_packet_size;
+        self.problem_information = props.request_problem_information != Some(false);
         let session_expiry = props.session_expiry_interval.unwrap_or(0);
         let pending = Box::new(Pending {
             client_id_empty: connect.client_id.is_empty(),
@@ -597,7 +602,8 @@ impl Connection {
 
     /// Answers SUBSCRIBE with a failure for every filter: 0x83 Implementation specific error
     /// ("valid, but the Server does not accept it", spec §3.9.3) with [`SUBSCRIBE_REFUSAL`] as
-    /// reason string, 0x8F for a malformed filter; 3.1.1 has only 0x80.
+    /// reason string (unless the client asked for no problem information), 0x8F for a malformed
+    /// filter; 3.1.1 has only 0x80.
     fn handle_subscribe(&mut self, subscribe: Subscribe) {
         let reasons = subscribe
             .filters
@@ -608,7 +614,9 @@ impl Connection {
             })
             .collect();
         let properties = Properties {
-            reason_string: Some(SUBSCRIBE_REFUSAL.to_owned()),
+            reason_string: self
+                .problem_information
+                .then(|| SUBSCRIBE_REFUSAL.to_owned()),
             ..Properties::default()
         };
         self.send(Packet::SubAck(SubAck {

@@ -648,6 +648,20 @@ fn reason_string_is_dropped_for_a_client_with_a_small_maximum_packet_size() {
 }
 
 #[test]
+fn no_reason_string_for_a_client_that_asks_for_no_problem_information() {
+    let mut c = connect(V5, 0);
+    c.properties.request_problem_information = Some(false);
+    let mut h = Harness::connected_with(Config::default(), c);
+    h.feed(&subscribe(&["a"]));
+    let sent = h.sent();
+    let [Packet::SubAck(ack)] = &sent[..] else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(ack.properties.reason_string, None);
+    assert_eq!(ack.reasons, [ReasonCode::ImplementationSpecificError]);
+}
+
+#[test]
 fn garbage_after_connack_closes_with_the_right_reason() {
     for (bytes, reason) in [
         (&[0x00, 0x00][..], ReasonCode::MalformedPacket),
