@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::config::MAX_RECORD;
-use crate::frame::{Entry, FrameError};
+use crate::frame::{Entry, FrameError, HEADER};
 
 /// A segment as the spool tracks it.
 #[derive(Debug)]
@@ -51,24 +51,52 @@ pub fn parse_name(name: &str) -> Option<u64> {
 
 /// A segment's records read at start: each record's frame length is given to `each`; the
 /// length of the good frames and, if the file goes on past them, why it stops there.
+///
+/// Read a frame at a time, so what a scan holds is one record, whatever the segment's size.
 pub fn scan(
     path: &Path,
     mut each: impl FnMut(&Entry, u64),
 ) -> std::io::Result<(u64, Option<FrameError>)> {
-    let mut data = Vec::new();
-    File::open(path)?.read_to_end(&mut data)?;
-    let data = Bytes::from(data);
-    let mut at = 0usize;
-    while at < data.len() {
-        match Entry::parse(&data.slice(at..), MAX_RECORD) {
+    let mut r = std::io::BufReader::with_capacity(64 << 10, File::open(path)?);
+    let mut at = 0u64;
+    loop {
+        let mut header = [0u8; HEADER];
+        match read_full(&mut r, &mut header)? {
+            0 => return Ok((at, None)),
+            n if n < HEADER => return Ok((at, Some(FrameError::Truncated))),
+            _ => {}
+        }
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        if len > MAX_RECORD {
+            return Ok((at, Some(FrameError::Malformed)));
+        }
+        let mut frame = vec![0u8; HEADER + len];
+        frame[..HEADER].copy_from_slice(&header);
+        if read_full(&mut r, &mut frame[HEADER..])? < len {
+            return Ok((at, Some(FrameError::Truncated)));
+        }
+        match Entry::parse(&Bytes::from(frame), MAX_RECORD) {
             Ok((e, n)) => {
                 each(&e, n as u64);
-                at += n;
+                at += n as u64;
             }
-            Err(e) => return Ok((at as u64, Some(e))),
+            Err(e) => return Ok((at, Some(e))),
         }
     }
-    Ok((at as u64, None))
+}
+
+/// Fill `buf` from `r` unless the file ends first; the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// The frames in `data` (a read from a segment starting at a frame boundary): the records and

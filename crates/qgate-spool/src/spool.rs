@@ -33,6 +33,10 @@ use crate::stats::SpoolStats;
 /// Bytes read from a segment at a time when draining.
 const READ_CHUNK: u64 = 256 << 10;
 
+/// Bytes a group commit writes at most (one record more if a single record is larger): what
+/// the spool holds in memory however much is waiting.
+const GROUP_BYTES: u64 = 1 << 20;
+
 /// How long the spool stays off after a disk error before it tries again.
 const BROKEN_FOR: Duration = Duration::from_secs(10);
 
@@ -820,7 +824,21 @@ fn read_frames(
 /// Write what waits, a group at a time, until nothing does.
 async fn flush(inner: Arc<Inner>) {
     loop {
-        let batch: Vec<Pending> = std::mem::take(&mut lock(&inner.state).pending);
+        let batch: Vec<Pending> = {
+            let mut s = lock(&inner.state);
+            // Oldest first, up to a group's bytes; the rest waits for the next sync.
+            let mut bytes = 0u64;
+            let n = s
+                .pending
+                .iter()
+                .take_while(|p| {
+                    let first = bytes == 0;
+                    bytes += p.entry.frame_len() as u64;
+                    first || bytes <= GROUP_BYTES
+                })
+                .count();
+            s.pending.drain(..n).collect()
+        };
         if batch.is_empty() {
             inner.flushing.store(false, Ordering::Release);
             // An append may have queued after the take and seen a flush still running.

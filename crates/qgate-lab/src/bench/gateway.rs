@@ -172,7 +172,7 @@ fn added(via: &[Load], direct: &[Load]) -> Summary {
     )
 }
 
-type SendFn = Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
+pub(crate) type SendFn = Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().expect("valid address")
@@ -181,7 +181,7 @@ fn sa(s: &str) -> SocketAddr {
 /// One sender per client, `body` bytes per request, for `secs`: closed loop (the next request
 /// when the last is answered) when `rps` is 0, else each client sends at `rps / clients`
 /// requests/s, the clients' start times spread evenly over one interval.
-async fn drive(clients: Vec<SendFn>, body: usize, secs: f64, rps: f64) -> Load {
+pub(crate) async fn drive(clients: Vec<SendFn>, body: usize, secs: f64, rps: f64) -> Load {
     let n = clients.len();
     let stop = Arc::new(AtomicBool::new(false));
     let lat = Arc::new(Mutex::new(Vec::new()));

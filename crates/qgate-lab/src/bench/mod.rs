@@ -4,6 +4,7 @@
 pub mod amqp;
 pub mod gateway;
 pub mod pipeline;
+pub mod spool;
 pub mod transport;
 
 /// The gateway every bench measures: on loopback, two backhaul paths (from 127.0.0.2 and

@@ -164,6 +164,26 @@ pub enum Bench {
         #[arg(long, default_value = "quic", value_name = "SCHEME")]
         transport: qgate_amqp::transport::Scheme,
     },
+    /// The gateway's spool: records/s it takes (each answered once synced to disk) beside
+    /// records/s posted straight to a local ingest server, alternating; and resident memory
+    /// with the spool empty, holding --fill-mib, and reopened full.
+    Spool {
+        /// Concurrent writers.
+        #[arg(long, default_value_t = crate::bench::spool::SpoolBenchConfig::default().writers)]
+        writers: usize,
+        /// Bytes per record.
+        #[arg(long, default_value_t = crate::bench::spool::SpoolBenchConfig::default().body)]
+        body: usize,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = crate::bench::spool::SpoolBenchConfig::default().secs)]
+        seconds: f64,
+        /// Alternating (spool, direct) pairs.
+        #[arg(long, default_value_t = crate::bench::spool::SpoolBenchConfig::default().repeats)]
+        repeats: usize,
+        /// MiB to spool for the memory measurement (0 skips it).
+        #[arg(long, default_value_t = crate::bench::spool::SpoolBenchConfig::default().fill_mib)]
+        fill_mib: u64,
+    },
     /// QUIC bulk throughput on loopback UDP: qgate-transport against plain quinn, alternating.
     Loopback {
         /// MiB per transfer.
@@ -177,6 +197,42 @@ pub enum Bench {
 
 pub fn bench(which: Bench) -> Result<(), Failure> {
     match which {
+        Bench::Spool {
+            writers,
+            body,
+            seconds,
+            repeats,
+            fill_mib,
+        } => {
+            if writers == 0 || repeats == 0 || !(seconds.is_finite() && seconds > 0.0) {
+                return Err(usage("--writers, --repeats and --seconds must be positive"));
+            }
+            eprintln!(
+                "bench spool: {writers} writers × {body} B records, {seconds} s per measurement, {repeats} pairs (spool, direct to a local server){}",
+                if fill_mib > 0 { format!("; then {fill_mib} MiB spooled for memory") } else { String::new() }
+            );
+            let cfg = crate::bench::spool::SpoolBenchConfig {
+                writers,
+                body,
+                secs: seconds,
+                repeats,
+                fill_mib,
+            };
+            let r = crate::bench::spool::run(cfg, |m| eprintln!("  {m}"));
+            println!("spooled           {:.0} records/s", r.spool_rps());
+            println!("direct to server  {:.0} records/s", r.direct_rps());
+            println!("spooled / direct  {:.2}", r.ratio());
+            if let Some((empty, full, reopened)) = r.rss {
+                let mib = |b: u64| b as f64 / 1048576.0;
+                println!(
+                    "memory            RSS {:.1} MiB empty, {:.1} MiB holding {fill_mib} MiB ({:+.1} %), {:.1} MiB reopened full",
+                    mib(empty),
+                    mib(full),
+                    (full as f64 / empty.max(1) as f64 - 1.0) * 100.0,
+                    mib(reopened)
+                );
+            }
+        }
         Bench::Pipeline {
             devices,
             body,
