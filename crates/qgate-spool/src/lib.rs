@@ -4,7 +4,8 @@
 //!
 //! - [`frame`]: one record on disk, with its length and checksum (parse/emit).
 //! - [`segment`]: a class's log as a run of segment files, scanned and cut at start.
-//! - [`ledger`]: what is held and whether one more record may come in (sans-IO policy).
+//! - [`ledger`]: what is held and whether one more record may come in (sans-IO policy, decision
+//!   K3).
 //! - [`spool`]: the store itself: group-committed appends, reads oldest first, done-tracking.
 //! - [`config`]: limits and their defaults, declared once.
 

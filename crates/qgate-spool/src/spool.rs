@@ -1,6 +1,6 @@
 //! The spool: two append-only logs (priority, best effort) of segment files on the gateway's
 //! disk, written by group commit, read back oldest first, and given back to the disk a
-//! segment at a time (decision G30).
+//! segment at a time (decision K1).
 //!
 //! A record is answered as stored only after its frame is synced (`append` returns). Disk work
 //! runs on the blocking pool, never on a runtime thread; under a paused test clock the

@@ -4,7 +4,7 @@
 //! it. A drain task sends spooled records on when a path is up, priority first, oldest first,
 //! through the same scheduler, paths and batches as live records, under their own request ids.
 //!
-//! Draining leaves live traffic its share (decision G30): drained records in flight are kept
+//! Draining leaves live traffic its share (decision K2): drained records in flight are kept
 //! to what [`DRAIN_WINDOW`] leaves after live requests, and never below [`DRAIN_FLOOR`], so a
 //! spool always empties.
 
@@ -106,7 +106,7 @@ impl Gateway {
     }
 
     /// Send spooled records on while the gateway runs: priority first, oldest first, as much
-    /// as live traffic leaves room for (decision G30). Also drops expired records and writes
+    /// as live traffic leaves room for (decision K2). Also drops expired records and writes
     /// the spool's cursors, paths up or not.
     pub(crate) async fn drain_spool(self: Arc<Self>, spool: Spool) {
         let in_flight = Arc::new(AtomicUsize::new(0));
