@@ -1,5 +1,5 @@
 //! The gateway keeps what it acknowledges (issue 50), as real processes: devices post while the
-//! server is down and while the spool drains, the gateway is killed with SIGKILL five times in
+//! server is down and while the spool drains, the gateway is killed with SIGKILL six times in
 //! between, and every record answered as stored or created reaches the server's sink (counted
 //! by the record's own number).
 
@@ -33,17 +33,18 @@ fn free_udp_port() -> u16 {
         .port()
 }
 
-/// A gateway on `listen` with its spool in `home/spool`, its one path to `server`.
-fn gateway(home: &Path, listen: &str, server: SocketAddr) -> (Proc, SocketAddr) {
+/// A gateway on `listen` with its spool in `home/spool`, its one path to `server`, and its
+/// admin port; the first line it printed.
+fn gateway(home: &Path, listen: &str, server: SocketAddr) -> (Proc, String) {
     let mut c = qgate(home);
     c.args(["gateway", "--listen", listen, "--probe-interval", "1s"])
+        .args(["--admin", "127.0.0.1:0"])
         .args(["--request-timeout", "1s"])
         .args(["--server", &server.to_string(), "--path", "127.0.0.1:0"])
         .arg("--spool")
         .arg(home.join("spool"))
         .stderr(Stdio::null());
-    let (p, line) = first_line(&mut c);
-    (p, listening_addr(&line))
+    first_line(&mut c)
 }
 
 fn kill9(p: Proc) {
@@ -137,12 +138,14 @@ async fn device(
 }
 
 #[test]
-fn killed_five_times_during_an_outage_and_the_drain_the_gateway_loses_no_acknowledged_record() {
+fn killed_six_times_during_an_outage_and_the_drain_the_gateway_loses_no_acknowledged_record() {
     let home = std::env::temp_dir().join(format!("qgate-spool-kill-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let server_addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
-    let (mut gw, listen) = gateway(&home, "127.0.0.1:0", server_addr);
+    let (mut gw, line) = gateway(&home, "127.0.0.1:0", server_addr);
+    assert!(line.contains("spool"), "{line}");
+    let listen = listening_addr(&line);
     let listen_s = listen.to_string();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -180,6 +183,38 @@ fn killed_five_times_during_an_outage_and_the_drain_the_gateway_loses_no_acknowl
         gw = gateway(&home, &listen_s, server_addr).0;
     }
     wait_for_more(count(&acked));
+    // The admin port shows what is held; restarts found it all.
+    let line = {
+        kill9(gw);
+        let (g, line) = gateway(&home, &listen_s, server_addr);
+        gw = g;
+        line
+    };
+    let admin = line
+        .split("admin http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no admin address in {line}"))
+        .to_string();
+    let ctl = qgate(&home)
+        .args(["ctl", "--admin", &admin, "--json", "spool"])
+        .output()
+        .unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&ctl.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&ctl.stderr)));
+    let held = |v: &serde_json::Value| {
+        v["priority"]["held"]["records"].as_u64().unwrap()
+            + v["best_effort"]["held"]["records"].as_u64().unwrap()
+    };
+    assert!(held(&view) > 0, "{view}");
+    // A purge of a device that holds nothing purges nothing.
+    let ctl = qgate(&home)
+        .args(["ctl", "--admin", &admin, "--json", "spool", "--purge"])
+        .args(["--device", "192.0.2.1"])
+        .output()
+        .unwrap();
+    let purged: serde_json::Value = serde_json::from_slice(&ctl.stdout).unwrap();
+    assert_eq!(purged["purged"], 0, "{purged}");
     // The server comes up; the spool drains while devices go on; killed three more times.
     let sink = home.join("sink");
     let mut s = qgate(&home);

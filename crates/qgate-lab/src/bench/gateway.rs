@@ -172,7 +172,8 @@ fn added(via: &[Load], direct: &[Load]) -> Summary {
     )
 }
 
-pub(crate) type SendFn = Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
+pub(crate) type SendFn =
+    Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().expect("valid address")
