@@ -174,6 +174,7 @@ pub async fn run(cfg: GatewayDemo, view: impl Fn(String)) -> DemoOutcome {
         history: crate::plan::spec::backhaul_history(),
         congestion: None,
         connections_per_path: None,
+        spool: false,
     };
     let mut world = World::build(&topology, cfg.seed).expect("a valid topology");
     let link0 = world.link("p1").expect("built").id;

@@ -270,6 +270,10 @@ pub struct GatewayLoad {
     pub congestion: Option<String>,
     /// QUIC connections per backhaul path (the gateway's default when absent; decision G21).
     pub connections_per_path: Option<usize>,
+    /// The gateway keeps what no path can take in a spool (issue 50; a fresh one per run, in the
+    /// system's temporary directory) and drains it when a path returns.
+    #[serde(default)]
+    pub spool: bool,
 }
 
 pub(crate) fn backhaul_history() -> HistoryMode {

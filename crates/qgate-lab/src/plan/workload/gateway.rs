@@ -8,6 +8,10 @@
 //! priority class's), `path<k>_util` (bytes the link carried gateway → server ÷ its capacity, second by second
 //! as the timeline changes it, from the start of the run),
 //! `path<k>_rtt_ms` (the gateway's mean RTT estimate). Series: `path<k>_rtt_ms`.
+//!
+//! With `spool = true`: scalars `spooled`, `drained` (records the spool took and sent on),
+//! `spool_left` (held at the end), `spool_empty_s` (when it last became empty after holding
+//! records; the run waits for it until the deadline), series `spool_held` (records, each second).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -164,6 +168,8 @@ pub(crate) struct Prepared {
     pub(crate) running: RunningGateway,
     pub(crate) server: RunningServer,
     _keep: Vec<quinn::Endpoint>,
+    /// The gateway's spool and its directory, removed after the run.
+    spool: Option<(qgate_spool::Spool, std::path::PathBuf)>,
 }
 
 /// Device `i` of `n` is priority when `i × fraction` has a fractional part below `fraction`:
@@ -254,6 +260,25 @@ pub(crate) async fn prepare(
         builder = builder.with_backhaul(Socket::from(sock), SocketAddr::new(remote, 443), options);
         paths.push(PathLink { id: l.id, up });
     }
+    let spool = if g.spool {
+        let dir = std::env::temp_dir().join(format!(
+            "qgate-lab-spool-{}-{}-{}-{}",
+            std::process::id(),
+            g.name,
+            s.seed,
+            s.index
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = qgate_spool::SpoolConfig {
+            keep_free: 0,
+            ..qgate_spool::SpoolConfig::new(&dir)
+        };
+        let spool = qgate_spool::Spool::open(cfg).map_err(|e| format!("spool: {e}"))?;
+        builder = builder.with_spool(spool.clone());
+        Some((spool, dir))
+    } else {
+        None
+    };
     let running = builder.start().map_err(|e| e.to_string())?;
     // Connect and measure the paths before the devices come.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -319,6 +344,7 @@ pub(crate) async fn prepare(
         running,
         server,
         _keep: keep,
+        spool,
     })
 }
 
@@ -406,8 +432,19 @@ impl Prepared {
         let gw = self.running.gateway.clone();
         let n = self.paths.len();
         let done = std::sync::atomic::AtomicBool::new(false);
+        let spool = self.spool.as_ref().map(|s| s.0.clone());
+        let held = |s: &qgate_spool::Spool| {
+            let v = s.view();
+            v.priority.held.records + v.best_effort.held.records
+        };
         let all_sent = async {
             futures_util::future::join_all(sends).await;
+            // What the spool holds is not delivered yet: wait for it, until the deadline.
+            if let Some(s) = &spool {
+                while held(s) > 0 && Instant::now() < clock.deadline {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
             done.store(true, Ordering::Relaxed);
             clock.t()
         };
@@ -425,6 +462,7 @@ impl Prepared {
         // The paths' RTT estimates, and their capacity summed, once a second until every
         // device is done.
         let sampler = async {
+            let mut spool_series = Vec::new();
             let mut series = vec![Vec::new(); n];
             let mut bits = vec![0.0f64; n];
             let mut last = 0.0;
@@ -441,6 +479,9 @@ impl Prepared {
                     bits[k] += capacity(p);
                 }
                 last = sec as f64;
+                if let Some(s) = &spool {
+                    spool_series.push((sec as f64, held(s) as f64));
+                }
                 let table = gw.paths().table();
                 for (k, p) in table.paths().iter().enumerate().take(n) {
                     if let Some(rtt) = p.rtt {
@@ -448,9 +489,9 @@ impl Prepared {
                     }
                 }
             }
-            (series, bits, last)
+            (series, bits, last, spool_series)
         };
-        let (end, (rtts, mut bits, last)) = tokio::join!(all_sent, sampler);
+        let (end, (rtts, mut bits, last, spool_series)) = tokio::join!(all_sent, sampler);
         for (k, p) in self.paths.iter().enumerate() {
             bits[k] += capacity(p) * (end - last).max(0.0);
         }
@@ -502,6 +543,26 @@ impl Prepared {
                 m.scalars.push((format!("path{}_rtt_ms", k + 1), mean));
             }
             m.series.push((format!("path{}_rtt_ms", k + 1), series));
+        }
+        if let Some((s, dir)) = &self.spool {
+            let snap = s.stats().snapshot();
+            m.scalars.push(("spooled".into(), snap.spooled as f64));
+            m.scalars.push(("drained".into(), snap.drained as f64));
+            m.scalars.push(("spool_left".into(), held(s) as f64));
+            // The last second the spool went from holding records to empty (at the end, if
+            // it emptied after the sampler stopped).
+            let peak = spool_series.iter().any(|x| x.1 > 0.0);
+            let empty = spool_series
+                .windows(2)
+                .filter(|w| w[0].1 > 0.0 && w[1].1 == 0.0)
+                .map(|w| w[1].0)
+                .last()
+                .or((peak && held(s) == 0).then_some(end));
+            if let Some(t) = empty {
+                m.scalars.push(("spool_empty_s".into(), t));
+            }
+            m.series.push(("spool_held".into(), spool_series));
+            let _ = std::fs::remove_dir_all(dir);
         }
         m
     }
