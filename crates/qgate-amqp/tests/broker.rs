@@ -969,3 +969,124 @@ async fn racing_declarations_respect_the_queue_cap() {
     // Every loser of a race for a created name saw it exist; the rest found the broker full.
     assert_eq!(count(Declared::Exists) + count(Declared::Full), 13);
 }
+
+/// Issue 49 item 6c (decision M32): a consumer settles messages while the broker is stopped as
+/// `qgate broker` stops on SIGTERM (`RunningBroker::close`, then its runtime dropped); restarted
+/// on the same store, the broker delivers none of the settled messages again, and loses none.
+#[test]
+fn a_clean_stop_keeps_every_settlement() {
+    const TOTAL: usize = 2000;
+    let dir = std::env::temp_dir().join(format!("qgate-clean-stop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = BrokerConfig {
+        store: Some(dir.join("broker.redb")),
+        ..BrokerConfig::default()
+    };
+    let pki = DevPki::generate(&[]).unwrap();
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The broker in a runtime of its own, as the CLI runs it.
+    let start = |cfg: BrokerConfig| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let opts = transport::broker_options(&TransportOptions::default());
+        let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).unwrap();
+        // The previous broker's store closes as its runtime goes: wait for its file lock.
+        let t0 = std::time::Instant::now();
+        let running = loop {
+            let _g = rt.enter();
+            let ep = endpoint(
+                Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+                Some(scfg.clone()),
+                None,
+            )
+            .unwrap();
+            match Broker::builder().config(cfg.clone()).quic(ep).start() {
+                Ok(r) => break r,
+                Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                    eprintln!("restart: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let _g = clients.enter();
+        let c = connector_to(Scheme::Quic, running.quic_addrs()[0], &pki, None);
+        (rt, running, c)
+    };
+    let (rt, running, c) = start(cfg.clone());
+    clients
+        .block_on(client::send(
+            &c,
+            &send_spec("jobs", false),
+            bodies(TOTAL, 9),
+        ))
+        .unwrap();
+    // A consumer accepting every message as it comes, until its connection ends.
+    let (tx, half) = std::sync::mpsc::channel();
+    let consumer = clients.spawn(async move {
+        let (mut cl, _) = c.open().await.unwrap();
+        let mut rx = cl.receiver("worker", "jobs", false, 100).await.unwrap();
+        let mut settled = std::collections::BTreeSet::new();
+        loop {
+            let d = match tokio::time::timeout(Duration::from_secs(5), rx.recv::<Body<Value>>())
+                .await
+            {
+                Ok(Ok(d)) => d,
+                _ => break,
+            };
+            if rx.accept(&d).await.is_err() {
+                break;
+            }
+            assert!(settled.insert(id(&d)), "delivered twice before the stop");
+            if settled.len() == TOTAL / 4 {
+                let _ = tx.send(());
+            }
+        }
+        settled
+    });
+    half.recv_timeout(Duration::from_secs(30))
+        .expect("a quarter settled");
+    rt.block_on(running.close(Duration::from_secs(2)));
+    drop(rt);
+    let settled = clients.block_on(consumer).unwrap();
+    assert!(settled.len() < TOTAL, "the stop came before the end");
+
+    let (rt, running, c) = start(cfg);
+    let mut again = Vec::new();
+    let rest = (TOTAL - settled.len()) as u64;
+    let rep = clients
+        .block_on(async {
+            let (mut cl, _) = c.open().await.unwrap();
+            let mut rx = cl.receiver("after", "jobs", false, 100).await.unwrap();
+            let mut n = 0;
+            while let Ok(Ok(d)) =
+                tokio::time::timeout(Duration::from_secs(2), rx.recv::<Body<Value>>()).await
+            {
+                rx.accept(&d).await.unwrap();
+                again.push(id(&d));
+                n += 1;
+            }
+            cl.close().await;
+            Ok::<_, ()>(n)
+        })
+        .unwrap();
+    let repeated: Vec<_> = again.iter().filter(|i| settled.contains(*i)).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} of {} settled messages delivered again after a clean stop: {:?}",
+        repeated.len(),
+        settled.len(),
+        &repeated[..repeated.len().min(5)]
+    );
+    assert_eq!(rep, rest, "every message not settled is still there");
+    rt.block_on(running.close(Duration::from_secs(1)));
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -244,7 +244,8 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
         std::io::stdout().flush().ok();
         stop.await;
         eprintln!("qgate: shutting down");
-        // QUIC peers are told now (TCP peers see their sockets close when the process exits).
+        // Consumers settle what they hold and every settlement is made durable (M32); QUIC
+        // peers are told now (TCP peers see their sockets close when the process exits).
         running.close(Duration::from_secs(1)).await;
         for q in broker.queue_stats() {
             eprintln!(

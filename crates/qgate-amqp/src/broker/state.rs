@@ -57,6 +57,8 @@ pub(super) struct Inner {
     /// Connections held, by id, for the admin port's list and close.
     pub(super) conns: Mutex<BTreeMap<u64, std::sync::Weak<Tenancy>>>,
     next_conn: AtomicU64,
+    /// A clean stop has begun: consumers are handed no more messages (decision M32).
+    pub(super) stopping: std::sync::atomic::AtomicBool,
 }
 
 /// One connection's hold on the broker's tables, from accept until its last task ends: the
@@ -149,6 +151,7 @@ impl Broker {
             bridges: Mutex::new(Vec::new()),
             conns: Mutex::default(),
             next_conn: AtomicU64::new(1),
+            stopping: Default::default(),
             cfg,
         });
         let broker = Broker { inner };
