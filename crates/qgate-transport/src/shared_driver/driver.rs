@@ -38,6 +38,19 @@ fn surface(ep: &mut EpState, cell: &ConnCell, c: &mut Conn) {
     }
 }
 
+/// Announce every stream the peer may open again at once (MAX_STREAMS, decision T14).
+/// quinn-proto announces new stream credit only once more than an eighth of the limit has been
+/// freed: 2 of a device's 8 request streams, so with 7 held a finished one gave nothing back.
+/// Lowering the limit by one and restoring it queues the announcement whenever a stream has
+/// been freed since the last one (and nothing otherwise); the limit is unchanged.
+fn announce_streams(p: &mut proto::Connection) {
+    let n = p.max_concurrent_streams(proto::Dir::Bi);
+    if n >= 8 {
+        p.set_max_concurrent_streams(proto::Dir::Bi, proto::VarInt::from_u64(n - 1).expect("< n"));
+        p.set_max_concurrent_streams(proto::Dir::Bi, proto::VarInt::from_u64(n).expect("was n"));
+    }
+}
+
 /// One turn of a connection (the driver's, under the connection's lock): due timer, transmits
 /// (built in `buf`), endpoint and application events, drain, next timer. If the socket would
 /// block, the rest waits for the next turn.
@@ -67,6 +80,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
             );
         }
     }
+    announce_streams(c.proto.as_mut().expect("alive"));
     loop {
         if !transmit(shared, cell, c, t, buf) {
             return;
