@@ -1090,3 +1090,66 @@ fn a_clean_stop_keeps_every_settlement() {
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 49 item 6b (decision M33): the broker holds at most `max_connections`, whatever the
+/// addresses they come from; one more is closed on accept and counted, and once one closes a
+/// new one is admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_broker_limit_are_refused_until_one_closes() {
+    let r = start(BrokerConfig {
+        max_connections: 3,
+        max_connections_per_address: 2,
+        ..Default::default()
+    })
+    .await;
+    let open = |n: u64| {
+        let b = r.broker.clone();
+        async move {
+            for _ in 0..250 {
+                if b.connections_open() == n {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        }
+    };
+    // Plain TCP from three loopback addresses, each within its per-address share.
+    let connect = |from: &'static str| {
+        let to = r.tcp;
+        async move {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let mut s = s.connect(to).await.unwrap();
+            s.write_all(b"AMQP\x03\x01\x00\x00").await.unwrap();
+            s
+        }
+    };
+    let mut held = Vec::new();
+    for (i, from) in ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        .into_iter()
+        .enumerate()
+    {
+        held.push(connect(from).await);
+        assert!(open(i as u64 + 1).await, "connection {} admitted", i + 1);
+    }
+    // A fourth, from an address that holds none: closed on accept.
+    let mut fourth = connect("127.0.0.4").await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), fourth.read(&mut buf))
+        .await
+        .expect("the fourth is closed at once");
+    assert!(matches!(n, Ok(0) | Err(_)), "the fourth was served: {n:?}");
+    assert_eq!(r.broker.connections_open(), 3);
+    let m = r.broker.metrics();
+    assert!(
+        m.contains("qgate_amqp_connections_refused_full_total 1"),
+        "{m}"
+    );
+    assert!(m.contains("qgate_amqp_max_connections 3"), "{m}");
+    // One closes: the next is admitted.
+    drop(held.remove(0));
+    assert!(open(2).await, "a closed connection frees its place");
+    let _fifth = connect("127.0.0.4").await;
+    assert!(open(3).await, "admitted again once one closed");
+}
