@@ -178,15 +178,22 @@ impl RunningBroker {
         self.tasks.abort_all();
     }
 
-    /// Stop as a service stops: every QUIC connection is closed with "broker shutting down"
-    /// (its peers learn at once instead of after their idle timeout) and the close is given up
-    /// to `grace` to reach them; then as [`shutdown`](Self::shutdown).
+    /// Stop as a service stops (`qgate broker` on SIGTERM or Ctrl-C): consumers are handed no
+    /// more messages and given up to `grace` to settle what they hold ([`Broker::drain`]);
+    /// every QUIC connection is closed with "broker shutting down" (its peers learn at once
+    /// instead of after their idle timeout) and the close is given up to `grace` to reach
+    /// them; every settlement is made durable ([`Broker::flush`]), so none is delivered again
+    /// after a restart (decision M32); then as [`shutdown`](Self::shutdown).
     pub async fn close(self, grace: std::time::Duration) {
+        self.broker.drain(grace).await;
         for ep in &self.endpoints {
             ep.close(0u32.into(), b"broker shutting down");
         }
         let idle = futures_util::future::join_all(self.endpoints.iter().map(|e| e.wait_idle()));
         let _ = tokio::time::timeout(grace, idle).await;
+        if let Err(e) = self.broker.flush().await {
+            tracing::error!(target: "qgate_amqp::broker", error = %e, "message store: settlements may not be durable");
+        }
         self.shutdown();
     }
 }

@@ -969,3 +969,187 @@ async fn racing_declarations_respect_the_queue_cap() {
     // Every loser of a race for a created name saw it exist; the rest found the broker full.
     assert_eq!(count(Declared::Exists) + count(Declared::Full), 13);
 }
+
+/// Issue 49 item 6c (decision M32): a consumer settles messages while the broker is stopped as
+/// `qgate broker` stops on SIGTERM (`RunningBroker::close`, then its runtime dropped); restarted
+/// on the same store, the broker delivers none of the settled messages again, and loses none.
+#[test]
+fn a_clean_stop_keeps_every_settlement() {
+    const TOTAL: usize = 2000;
+    let dir = std::env::temp_dir().join(format!("qgate-clean-stop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = BrokerConfig {
+        store: Some(dir.join("broker.redb")),
+        ..BrokerConfig::default()
+    };
+    let pki = DevPki::generate(&[]).unwrap();
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The broker in a runtime of its own, as the CLI runs it.
+    let start = |cfg: BrokerConfig| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let opts = transport::broker_options(&TransportOptions::default());
+        let scfg = server_config(&pki.server, &[ALPN_AMQP], &opts).unwrap();
+        // The previous broker's store closes as its runtime goes: wait for its file lock.
+        let t0 = std::time::Instant::now();
+        let running = loop {
+            let _g = rt.enter();
+            let ep = endpoint(
+                Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+                Some(scfg.clone()),
+                None,
+            )
+            .unwrap();
+            match Broker::builder().config(cfg.clone()).quic(ep).start() {
+                Ok(r) => break r,
+                Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                    eprintln!("restart: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let _g = clients.enter();
+        let c = connector_to(Scheme::Quic, running.quic_addrs()[0], &pki, None);
+        (rt, running, c)
+    };
+    let (rt, running, c) = start(cfg.clone());
+    clients
+        .block_on(client::send(
+            &c,
+            &send_spec("jobs", false),
+            bodies(TOTAL, 9),
+        ))
+        .unwrap();
+    // A consumer accepting every message as it comes, until its connection ends.
+    let (tx, half) = std::sync::mpsc::channel();
+    let consumer = clients.spawn(async move {
+        let (mut cl, _) = c.open().await.unwrap();
+        let mut rx = cl.receiver("worker", "jobs", false, 100).await.unwrap();
+        let mut settled = std::collections::BTreeSet::new();
+        loop {
+            let d = match tokio::time::timeout(Duration::from_secs(5), rx.recv::<Body<Value>>())
+                .await
+            {
+                Ok(Ok(d)) => d,
+                _ => break,
+            };
+            if rx.accept(&d).await.is_err() {
+                break;
+            }
+            assert!(settled.insert(id(&d)), "delivered twice before the stop");
+            if settled.len() == TOTAL / 4 {
+                let _ = tx.send(());
+            }
+        }
+        settled
+    });
+    half.recv_timeout(Duration::from_secs(30))
+        .expect("a quarter settled");
+    rt.block_on(running.close(Duration::from_secs(2)));
+    drop(rt);
+    let settled = clients.block_on(consumer).unwrap();
+    assert!(settled.len() < TOTAL, "the stop came before the end");
+
+    let (rt, running, c) = start(cfg);
+    let mut again = Vec::new();
+    let rest = (TOTAL - settled.len()) as u64;
+    let rep = clients
+        .block_on(async {
+            let (mut cl, _) = c.open().await.unwrap();
+            let mut rx = cl.receiver("after", "jobs", false, 100).await.unwrap();
+            let mut n = 0;
+            while let Ok(Ok(d)) =
+                tokio::time::timeout(Duration::from_secs(2), rx.recv::<Body<Value>>()).await
+            {
+                rx.accept(&d).await.unwrap();
+                again.push(id(&d));
+                n += 1;
+            }
+            cl.close().await;
+            Ok::<_, ()>(n)
+        })
+        .unwrap();
+    let repeated: Vec<_> = again.iter().filter(|i| settled.contains(*i)).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} of {} settled messages delivered again after a clean stop: {:?}",
+        repeated.len(),
+        settled.len(),
+        &repeated[..repeated.len().min(5)]
+    );
+    assert_eq!(rep, rest, "every message not settled is still there");
+    rt.block_on(running.close(Duration::from_secs(1)));
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 49 item 6b (decision M33): the broker holds at most `max_connections`, whatever the
+/// addresses they come from; one more is closed on accept and counted, and once one closes a
+/// new one is admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_broker_limit_are_refused_until_one_closes() {
+    let r = start(BrokerConfig {
+        max_connections: 3,
+        max_connections_per_address: 2,
+        ..Default::default()
+    })
+    .await;
+    let open = |n: u64| {
+        let b = r.broker.clone();
+        async move {
+            for _ in 0..250 {
+                if b.connections_open() == n {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        }
+    };
+    // Plain TCP from three loopback addresses, each within its per-address share.
+    let connect = |from: &'static str| {
+        let to = r.tcp;
+        async move {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let mut s = s.connect(to).await.unwrap();
+            s.write_all(b"AMQP\x03\x01\x00\x00").await.unwrap();
+            s
+        }
+    };
+    let mut held = Vec::new();
+    for (i, from) in ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        .into_iter()
+        .enumerate()
+    {
+        held.push(connect(from).await);
+        assert!(open(i as u64 + 1).await, "connection {} admitted", i + 1);
+    }
+    // A fourth, from an address that holds none: closed on accept.
+    let mut fourth = connect("127.0.0.4").await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), fourth.read(&mut buf))
+        .await
+        .expect("the fourth is closed at once");
+    assert!(matches!(n, Ok(0) | Err(_)), "the fourth was served: {n:?}");
+    assert_eq!(r.broker.connections_open(), 3);
+    let m = r.broker.metrics();
+    assert!(
+        m.contains("qgate_amqp_connections_refused_full_total 1"),
+        "{m}"
+    );
+    assert!(m.contains("qgate_amqp_max_connections 3"), "{m}");
+    // One closes: the next is admitted.
+    drop(held.remove(0));
+    assert!(open(2).await, "a closed connection frees its place");
+    let _fifth = connect("127.0.0.4").await;
+    assert!(open(3).await, "admitted again once one closed");
+}

@@ -251,3 +251,41 @@ async fn one_address_holds_at_most_its_limit_of_connections() {
     peers.push(TcpStream::connect(r.tcp).await.unwrap());
     assert!(held(&r.broker, 3, Duration::from_millis(500)).await);
 }
+
+/// Not a test: the load of decision M33's measurement. Holds `QGATE_IDLE_N` (default 2000) idle
+/// AMQP connections (SASL ANONYMOUS, open, two sessions) to the broker at `QGATE_BROKER_TCP`,
+/// from 127.0.0.1–127.0.0.20 in turn, for `QGATE_IDLE_HOLD` seconds (default 20), so that the
+/// broker's RSS can be read meanwhile (see docs/experiments/M33.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement's load; needs a broker at QGATE_BROKER_TCP"]
+async fn hold_idle_connections() {
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let to: SocketAddr = env("QGATE_BROKER_TCP", "127.0.0.1:5672").parse().unwrap();
+    let n: usize = env("QGATE_IDLE_N", "2000").parse().unwrap();
+    let hold: u64 = env("QGATE_IDLE_HOLD", "20").parse().unwrap();
+    let mut opening = opening(None);
+    opening.extend(frame(0, &begin(), &[]));
+    opening.extend(frame(1, &begin(), &[]));
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("127.0.0.{}:0", 1 + i % 20).parse().unwrap())
+            .unwrap();
+        let mut t = s.connect(to).await.unwrap();
+        t.write_all(&opening).await.unwrap();
+        held.push(t);
+    }
+    // Every connection's answer (SASL outcome, open, two begins) read, so each is opened.
+    let mut opened = 0;
+    for t in &mut held {
+        let mut buf = [0u8; 4096];
+        if tokio::time::timeout(Duration::from_secs(5), t.read(&mut buf))
+            .await
+            .is_ok_and(|r| r.is_ok_and(|n| n > 0))
+        {
+            opened += 1;
+        }
+    }
+    println!("holding {n} connections ({opened} answered) for {hold} s");
+    tokio::time::sleep(Duration::from_secs(hold)).await;
+}

@@ -205,3 +205,48 @@ async fn a_timed_out_request_cancels_only_its_stream() {
     assert!(w.gateway.paths().table().get(PathId(0)).unwrap().up);
     assert_eq!(slow.answered.load(Ordering::Relaxed), 31);
 }
+
+/// Issue 49 item 6d: a request stream the device gave up on (STOP_SENDING before the answer)
+/// gives its credit back as soon as the gateway's answer fails: the gateway resets its sending
+/// half, as quinn's streams do when dropped (decision T14). Before, each such stream kept one of
+/// the device's 8 request streams for the connection's life, and its 9th request waited for
+/// ever.
+#[tokio::test(start_paused = true)]
+async fn streams_a_device_gave_up_on_return_their_credit() {
+    let slow = Arc::new(Slow::default());
+    let cfg = GatewayConfig {
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let streams = cfg.max_inflight_per_device;
+    let w = world_with(1, "single", cfg, Far::Slow(slow.clone())).await;
+    let d = &w.devices[0];
+    let hash = register(d, 0).await;
+    for _ in 0..2 * streams {
+        // Given up after 100 ms: stopped and reset by the device, answered later by the gateway.
+        let r = d
+            .request_within(
+                http::Request::post("https://gw/ingest/slow")
+                    .header(qgate_gateway::gateway::HASH_ID_HEADER, hash.as_str())
+                    .body(())
+                    .unwrap(),
+                bytes::Bytes::from_static(b"x"),
+                4096,
+                Duration::from_millis(100),
+            )
+            .await;
+        assert!(r.is_err(), "the device gave up");
+        // The gateway's answer (a 502 after its 500 ms request timeout) meets the stop.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let t0 = tokio::time::Instant::now();
+    let (status, _) = tokio::time::timeout(Duration::from_secs(5), try_register(d, 0))
+        .await
+        .expect("a stream was free for the next request");
+    assert!(status == 201 || status == 429, "status {status}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "waited {:?} for a stream",
+        t0.elapsed()
+    );
+}

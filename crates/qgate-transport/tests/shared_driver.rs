@@ -625,3 +625,81 @@ async fn a_stream_reset_after_its_finish_is_not_waited_for() {
     assert_eq!(ep.open_connections(), 0, "closed at once, not after 10 s");
     drop(client);
 }
+
+/// Holds `/slow` requests for 10 s; echoes the rest at once.
+struct Held;
+
+impl Handler for Held {
+    async fn handle(&self, req: Request<()>, body: Bytes, _peer: SocketAddr) -> Response<Bytes> {
+        if req.uri().path() == "/slow" {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        Response::new(body)
+    }
+}
+
+/// Issue 49 item 6d (decision T14): with 8 request streams per connection, 7 of them held and
+/// the 8th answered, the 9th opens at once. quinn-proto announces new stream credit only once
+/// an eighth of the limit has ended (2 of 8), so the 9th waited for a held request to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_stream_returns_its_credit_while_the_others_are_held() {
+    let pki = DevPki::generate(&[]).unwrap();
+    let opts = TransportOptions {
+        max_concurrent_bidi_streams: 8,
+        ..Default::default()
+    };
+    let scfg = server_config(&pki.server, &[ALPN_H3], &opts).unwrap();
+    let ep = shared_driver::Endpoint::server(
+        Socket::bind_udp(sa("127.0.0.1:0")).unwrap(),
+        scfg,
+        &opts,
+        None,
+        shared_driver::Limits::with_connections(4),
+    )
+    .unwrap();
+    let addr = ep.local_addr();
+    tokio::spawn(async move {
+        while let Some(c) = ep.accept().await {
+            let peer = c.remote_address();
+            tokio::spawn(http3::serve_quic(
+                c,
+                peer,
+                Arc::new(Held),
+                ServeLimits::default(),
+            ));
+        }
+    });
+    let cep = endpoint(Socket::bind_udp(sa("127.0.0.1:0")).unwrap(), None, None).unwrap();
+    let ccfg = client_config(&pki.trust(), &[ALPN_H3], &TransportOptions::default()).unwrap();
+    let client = Arc::new(h3_client(&cep, &ccfg, addr).await);
+    let req = |path: &str| {
+        Request::post(format!("https://localhost{path}"))
+            .body(())
+            .unwrap()
+    };
+    let mut held = tokio::task::JoinSet::new();
+    for _ in 0..7 {
+        let c = client.clone();
+        let r = req("/slow");
+        held.spawn(async move { c.request(r, Bytes::from_static(b"x"), 64).await });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The 8th stream, then the 9th, which needs the 8th's credit back.
+    for n in [8, 9] {
+        let t0 = std::time::Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.request(req("/fast"), Bytes::from_static(b"y"), 64),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("stream {n} waited 5 s for credit"))
+        .unwrap();
+        assert_eq!(&r.body[..], b"y");
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "stream {n} waited {:?} with 7 others held",
+            t0.elapsed()
+        );
+    }
+    assert!(held.try_join_next().is_none(), "the 7 are still held");
+}

@@ -64,6 +64,8 @@ pub struct BrokerArgs {
         "Close a connection that receives nothing (or takes no bytes) this long; half is announced as AMQP idle-time-out, and empty frames are sent as often as a peer asks",
         secs(BrokerConfig::default().idle_timeout)))]
     idle_timeout: Option<Duration>,
+    #[arg(long, value_name = "N", help = dflt("Most connections held at once, from every address (more are closed on accept)", BrokerConfig::default().max_connections))]
+    max_connections: Option<usize>,
     #[arg(long, value_name = "N", help = dflt("Most connections from one IP address at once (more are closed on accept)", BrokerConfig::default().max_connections_per_address))]
     max_connections_per_address: Option<usize>,
     #[arg(long, value_name = "N", help = dflt("Most sessions per AMQP connection", BrokerConfig::default().max_sessions))]
@@ -112,6 +114,7 @@ fn broker_config(a: &BrokerArgs, b: &BrokerSection) -> Result<BrokerConfig, Fail
     c.default_ttl = a.ttl.or(c.default_ttl);
     c.handshake_timeout = a.handshake_timeout.unwrap_or(c.handshake_timeout);
     c.idle_timeout = a.idle_timeout.unwrap_or(c.idle_timeout);
+    c.max_connections = a.max_connections.unwrap_or(c.max_connections);
     c.max_connections_per_address = a
         .max_connections_per_address
         .unwrap_or(c.max_connections_per_address);
@@ -244,7 +247,8 @@ pub fn broker(a: BrokerArgs, cfg: &Config) -> Result<(), Failure> {
         std::io::stdout().flush().ok();
         stop.await;
         eprintln!("qgate: shutting down");
-        // QUIC peers are told now (TCP peers see their sockets close when the process exits).
+        // Consumers settle what they hold and every settlement is made durable (M32); QUIC
+        // peers are told now (TCP peers see their sockets close when the process exits).
         running.close(Duration::from_secs(1)).await;
         for q in broker.queue_stats() {
             eprintln!(

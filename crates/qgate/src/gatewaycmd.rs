@@ -54,11 +54,16 @@ pub struct GatewayArgs {
     session_idle_timeout: Option<Duration>,
     #[arg(long, help = dflt("Most device handshakes in progress, a budget of their own", GatewayConfig::default().max_handshakes))]
     max_handshakes: Option<usize>,
+    #[arg(long, value_name = "N", help = dflt("Most device handshakes in progress from one source IP address (an IPv6 /64 counts as one)", GatewayConfig::default().max_handshakes_per_address))]
+    max_handshakes_per_address: Option<usize>,
     #[arg(long, value_name = "N", help = dflt("With N handshakes in progress, new devices must first pass a QUIC Retry (address validation)", GatewayConfig::default().retry_above))]
     retry_above: Option<usize>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           help = dflt("A device handshake not finished within this long is closed", secs(GatewayConfig::default().handshake_timeout)))]
     handshake_timeout: Option<Duration>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help = dflt("A device handshake whose peer sends nothing for this long is closed", secs(GatewayConfig::default().handshake_silence)))]
+    handshake_silence: Option<Duration>,
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           help = dflt("Per-attempt timeout of a forwarded request", secs(GatewayConfig::default().request_timeout)))]
     request_timeout: Option<Duration>,
@@ -214,6 +219,10 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             &mut gcfg.max_sessions_per_address,
         ),
         (a.max_handshakes, &mut gcfg.max_handshakes),
+        (
+            a.max_handshakes_per_address,
+            &mut gcfg.max_handshakes_per_address,
+        ),
         (a.retry_above, &mut gcfg.retry_above),
     ];
     for (flag, field) in flags {
@@ -231,6 +240,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         (a.request_timeout, &mut gcfg.request_timeout),
         (a.session_idle_timeout, &mut gcfg.session_idle_timeout),
         (a.handshake_timeout, &mut gcfg.handshake_timeout),
+        (a.handshake_silence, &mut gcfg.handshake_silence),
     ] {
         if let Some(v) = flag {
             *field = v;

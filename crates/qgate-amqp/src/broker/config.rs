@@ -83,6 +83,9 @@ pub struct BrokerConfig {
     /// the broker's idle-time-out (AMQP 1.0 §2.4.5). Zero: never (decision M16).
     #[serde(with = "qgate_core::units::timeout")]
     pub idle_timeout: Duration,
+    /// Most connections held at once, from every address (an in-process bridge's own counts
+    /// but is never refused); more are closed on accept (decision M33).
+    pub max_connections: usize,
     /// Most connections from one IP address at once; more are closed on accept (M16).
     pub max_connections_per_address: usize,
     /// Most sessions per connection (a begin beyond is a framing error).
@@ -111,6 +114,7 @@ impl Default for BrokerConfig {
             credentials: Credentials::anonymous(),
             handshake_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
+            max_connections: 4096,
             max_connections_per_address: 256,
             max_sessions: shim::DEFAULT_MAX_SESSIONS,
             plain_amqp: true,
@@ -135,6 +139,7 @@ impl BrokerConfig {
             ("max_queues", self.max_queues),
             ("producer_credit", self.producer_credit as usize),
             ("consumer_window", self.consumer_window),
+            ("max_connections", self.max_connections),
             (
                 "max_connections_per_address",
                 self.max_connections_per_address,

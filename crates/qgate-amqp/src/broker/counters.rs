@@ -14,6 +14,9 @@ qgate_core::counters! {
         /// Connections closed on accept for their address's share.
         connections_refused: counter "qgate_amqp_connections_refused",
             "connections closed on accept: their address held max_connections_per_address";
+        /// Connections closed on accept for the broker's limit.
+        connections_refused_full: counter "qgate_amqp_connections_refused_full",
+            "connections closed on accept: the broker held max_connections (decision M33)";
         /// Connections closed by a deadline.
         connections_timed_out: counter "qgate_amqp_connections_timed_out",
             "connections closed by a deadline (handshake, idle, held frame, close, write)";

@@ -352,6 +352,21 @@ impl Broker {
             let arrived = q.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
+            // A clean stop hands out nothing more (decision M32): only outcomes of what is out
+            // are awaited, until the link ends. Checked after `enable`, so a stop begun since
+            // wakes this link.
+            if self.stopping() {
+                tokio::select! {
+                    biased;
+                    Some((seq, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                        if !self.settle(&q, id, seq, outcome).await {
+                            break 'link;
+                        }
+                    }
+                    _ = s.on_detach() => break 'link,
+                }
+                continue;
+            }
             let mut expired = Vec::new();
             let (taken, more) = {
                 let mut g = q.lock();

@@ -76,12 +76,16 @@ pub async fn serve_quic(broker: Broker, endpoint: quinn::Endpoint, own: Option<P
                         .connections_early
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                // Every stream is an AMQP connection and takes a place of its address (M16);
+                // Every stream is an AMQP connection and takes a place of its address (M16)
+                // and of the broker's (M33);
                 // the first one refused closes the QUIC connection, so a peer cannot open and
                 // drop streams at line rate against the limit (decision M25).
-                let Some(t) = broker.tenancy(Some(peer), "quic") else {
-                    conn.close(1u32.into(), b"per-address connection limit");
-                    break;
+                let t = match broker.tenancy(Some(peer), "quic") {
+                    Ok(t) => t,
+                    Err(refused) => {
+                        conn.close(1u32.into(), refused.reason());
+                        break;
+                    }
                 };
                 tokio::spawn(async move {
                     broker
@@ -114,7 +118,7 @@ pub async fn serve_tcp(
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let kind = if acceptor.is_some() { "tls" } else { "tcp" };
-            let Some(tenancy) = broker.tenancy(Some(peer.ip()), kind) else {
+            let Ok(tenancy) = broker.tenancy(Some(peer.ip()), kind) else {
                 return;
             };
             match acceptor {

@@ -91,6 +91,12 @@ impl metrics::Collector for BrokerMetrics {
         b.inner.counters.snapshot().encode(&mut e)?;
         metrics::gauge(
             &mut e,
+            "qgate_amqp_max_connections",
+            "configured limit of connections held at once",
+            cfg.max_connections as u64,
+        )?;
+        metrics::gauge(
+            &mut e,
             "qgate_amqp_max_connections_per_address",
             "configured limit of connections per source address",
             cfg.max_connections_per_address as u64,

@@ -7,7 +7,7 @@
 //!
 //! Files by what they are: `config` (settings), `state` (the handle, the shared state, start),
 //! `registry` (the queues), `serve` and `links` (a connection and its links), `listen` (accept
-//! loops), `connections` (the admin port's view), `bridges`, `metrics`, `replay` (the 0-RTT
+//! loops), `stop` (a clean stop), `connections` (the admin port's view), `bridges`, `metrics`, `replay` (the 0-RTT
 //! guard). Log events keep the target `qgate_amqp::broker` that log filters and collectors
 //! name.
 
@@ -24,6 +24,7 @@ mod registry;
 mod replay;
 mod serve;
 mod state;
+mod stop;
 
 pub use config::{BrokerConfig, QueueDecl, MAX_FRAME_SIZE};
 pub use connections::ConnectionView;

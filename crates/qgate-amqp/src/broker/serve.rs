@@ -21,7 +21,7 @@ impl Broker {
 
     /// [`Broker::serve`] for a connection from `peer`, counted against its address's limit.
     pub async fn serve_from<S: Stream>(&self, io: S, peer: Option<IpAddr>) {
-        if let Some(t) = self.tenancy(peer, "tcp") {
+        if let Ok(t) = self.tenancy(peer, "tcp") {
             self.serve_guarded(io, false, t).await
         }
     }
@@ -48,7 +48,7 @@ impl Broker {
                 .connections_early
                 .fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(t) = self.tenancy(peer, "quic") {
+        if let Ok(t) = self.tenancy(peer, "quic") {
             self.serve_guarded(io, true, t).await
         }
     }
@@ -68,7 +68,7 @@ impl Broker {
     /// ANONYMOUS whatever the credentials, since it never leaves the process, and never
     /// counted against an address.
     pub(crate) async fn serve_trusted<S: Stream>(&self, io: S) {
-        if let Some(t) = self.tenancy(None, "bridge") {
+        if let Ok(t) = self.tenancy(None, "bridge") {
             self.serve_as(io, false, t, true).await
         }
     }
@@ -158,7 +158,7 @@ impl Broker {
     /// The TLS server handshake on `io` (any byte stream: a user-space TCP on the simulated
     /// network, say), then serve the AMQP connection over it.
     pub async fn serve_tls<S: Stream>(&self, io: S, tls: Arc<rustls::ServerConfig>) {
-        let Some(tenancy) = self.tenancy(None, "tls") else {
+        let Ok(tenancy) = self.tenancy(None, "tls") else {
             return;
         };
         let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);

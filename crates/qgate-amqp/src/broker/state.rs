@@ -50,13 +50,15 @@ pub(super) struct Inner {
     pub(super) next_consumer: AtomicU64,
     pub(super) counters: Counters,
     pub(super) replays: Mutex<ReplayGuard>,
-    /// Connections held per source address (entries at zero are removed).
-    per_address: Mutex<std::collections::HashMap<IpAddr, usize>>,
+    /// Connections held, in all and per client (entries at zero are removed).
+    held: Mutex<Held>,
     /// Bridges started: (local queue, upstream as shown, counters).
     pub(super) bridges: Mutex<Vec<(String, String, Arc<BridgeStats>)>>,
     /// Connections held, by id, for the admin port's list and close.
     pub(super) conns: Mutex<BTreeMap<u64, std::sync::Weak<Tenancy>>>,
     next_conn: AtomicU64,
+    /// A clean stop has begun: consumers are handed no more messages (decision M32).
+    pub(super) stopping: std::sync::atomic::AtomicBool,
 }
 
 /// One connection's hold on the broker's tables, from accept until its last task ends: the
@@ -105,18 +107,42 @@ impl Drop for Tenancy {
             .counters
             .connections_open
             .fetch_sub(1, Ordering::Relaxed);
+        let mut h = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.total -= 1;
         if let Some(a) = self.client {
-            let mut m = self
-                .inner
-                .per_address
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = m.get_mut(&a) {
+            if let Some(n) = h.per_client.get_mut(&a) {
                 *n -= 1;
                 if *n == 0 {
-                    m.remove(&a);
+                    h.per_client.remove(&a);
                 }
             }
+        }
+    }
+}
+
+/// Connections held: in all (against `max_connections`, decision M33) and per client
+/// (against `max_connections_per_address`, M16 and S10).
+#[derive(Default)]
+struct Held {
+    total: usize,
+    per_client: std::collections::HashMap<IpAddr, usize>,
+}
+
+/// Why a connection was refused on accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// Its client held `max_connections_per_address` already (M16).
+    PerAddress,
+    /// The broker held `max_connections` already (M33).
+    Full,
+}
+
+impl Refused {
+    /// The reason a QUIC connection is closed with.
+    pub(super) fn reason(self) -> &'static [u8] {
+        match self {
+            Refused::PerAddress => b"per-address connection limit",
+            Refused::Full => b"broker connection limit",
         }
     }
 }
@@ -145,10 +171,11 @@ impl Broker {
             next_consumer: AtomicU64::new(1),
             counters: Counters::default(),
             replays: Mutex::new(ReplayGuard::default()),
-            per_address: Mutex::new(std::collections::HashMap::new()),
+            held: Mutex::default(),
             bridges: Mutex::new(Vec::new()),
             conns: Mutex::default(),
             next_conn: AtomicU64::new(1),
+            stopping: Default::default(),
             cfg,
         });
         let broker = Broker { inner };
@@ -200,26 +227,37 @@ impl Broker {
     }
 
     /// Take a place for a connection from `addr` (None: unknown, e.g. a simulated stream);
-    /// None when that client (address, or IPv6 /64: S10) holds `max_connections_per_address`
-    /// already (counted, M16).
-    pub(super) fn tenancy(&self, addr: Option<IpAddr>, kind: &'static str) -> Option<Arc<Tenancy>> {
+    /// refused when the broker holds `max_connections` (decision M33; an in-process bridge is
+    /// counted but never refused) or that client (address, or IPv6 /64: S10) holds
+    /// `max_connections_per_address` already (counted, M16).
+    pub(super) fn tenancy(
+        &self,
+        addr: Option<IpAddr>,
+        kind: &'static str,
+    ) -> Result<Arc<Tenancy>, Refused> {
         let c = &self.inner.counters;
+        let cfg = &self.inner.cfg;
         c.connections_total.fetch_add(1, Ordering::Relaxed);
         let client = addr.map(qgate_core::quota::client_key);
-        if let Some(a) = client {
-            let mut m = self
-                .inner
-                .per_address
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let n = m.entry(a).or_insert(0);
-            if *n >= self.inner.cfg.max_connections_per_address {
-                drop(m);
-                c.connections_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(target: "qgate_amqp::broker", peer = %a, limit = self.inner.cfg.max_connections_per_address, "connection refused: per-address limit");
-                return None;
+        {
+            let mut h = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
+            if h.total >= cfg.max_connections && kind != "bridge" {
+                drop(h);
+                c.connections_refused_full.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(target: "qgate_amqp::broker", peer = ?addr, limit = cfg.max_connections, "connection refused: the broker's connection limit");
+                return Err(Refused::Full);
             }
-            *n += 1;
+            if let Some(a) = client {
+                let n = h.per_client.entry(a).or_insert(0);
+                if *n >= cfg.max_connections_per_address {
+                    drop(h);
+                    c.connections_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(target: "qgate_amqp::broker", peer = %a, limit = cfg.max_connections_per_address, "connection refused: per-address limit");
+                    return Err(Refused::PerAddress);
+                }
+                *n += 1;
+            }
+            h.total += 1;
         }
         c.connections_open.fetch_add(1, Ordering::Relaxed);
         let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -237,6 +275,6 @@ impl Broker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, Arc::downgrade(&t));
-        Some(t)
+        Ok(t)
     }
 }

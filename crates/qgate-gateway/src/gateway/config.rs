@@ -31,12 +31,18 @@ pub struct GatewayConfig {
     pub session_idle_timeout: Duration,
     /// Most device handshakes in progress, a budget apart from `max_devices` (decision G12).
     pub max_handshakes: usize,
+    /// Most device handshakes in progress from one source IP address (an IPv6 /64 counting
+    /// as one); its Initials beyond are ignored and counted (decision G26).
+    pub max_handshakes_per_address: usize,
     /// With this many device handshakes in progress, new devices must prove their address
     /// with a QUIC Retry first (decision G12).
     pub retry_above: usize,
     /// A device handshake not finished within this long is closed (decision G12).
     #[serde(with = "qgate_core::units::duration")]
     pub handshake_timeout: Duration,
+    /// A device handshake whose peer has sent nothing for this long is closed (decision G26).
+    #[serde(with = "qgate_core::units::duration")]
+    pub handshake_silence: Duration,
     /// Give up on a forwarded request on one path after this long, and retry on another.
     #[serde(with = "qgate_core::units::duration")]
     pub request_timeout: Duration,
@@ -68,8 +74,10 @@ impl Default for GatewayConfig {
             max_sessions_per_address: s.per_address,
             session_idle_timeout: s.idle,
             max_handshakes: h.max_handshakes,
+            max_handshakes_per_address: h.max_handshakes_per_client,
             retry_above: h.retry_above,
             handshake_timeout: h.handshake_timeout,
+            handshake_silence: h.handshake_silence,
             request_timeout: Duration::from_secs(5),
             attempts: 3,
             max_body: 1 << 20,
@@ -119,8 +127,10 @@ impl GatewayConfig {
         let limits = shared_driver::Limits {
             max_connections: self.max_devices + self.max_devices / 8 + 16,
             max_handshakes: self.max_handshakes,
+            max_handshakes_per_client: self.max_handshakes_per_address,
             retry_above: self.retry_above,
             handshake_timeout: self.handshake_timeout,
+            handshake_silence: self.handshake_silence,
             ..shared_driver::Limits::DEFAULT
         };
         // A resumption ticket for every device it may serve, so returning devices use 0-RTT

@@ -175,6 +175,10 @@ impl metrics::Collector for GatewayMetrics {
                 limits.max_inflight,
             ),
             ("qgate_gateway_limit_max_handshakes", gw.cfg.max_handshakes),
+            (
+                "qgate_gateway_limit_max_handshakes_per_address",
+                gw.cfg.max_handshakes_per_address,
+            ),
             ("qgate_gateway_limit_retry_above", gw.cfg.retry_above),
         ] {
             metrics::gauge(&mut e, name, "configured limit", v as u64)?;
@@ -207,6 +211,11 @@ impl metrics::Collector for GatewayMetrics {
                     "qgate_gateway_handshakes_ignored",
                     "device Initials ignored: handshake budget spent",
                     &ep.ignored_busy,
+                ),
+                (
+                    "qgate_gateway_handshakes_ignored_share",
+                    "device Initials ignored: their address held its share of the handshake budget (decision G26)",
+                    &ep.ignored_share,
                 ),
                 (
                     "qgate_gateway_handshake_timeouts",

@@ -38,6 +38,19 @@ fn surface(ep: &mut EpState, cell: &ConnCell, c: &mut Conn) {
     }
 }
 
+/// Announce every stream the peer may open again at once (MAX_STREAMS, decision T14).
+/// quinn-proto announces new stream credit only once more than an eighth of the limit has been
+/// freed: 2 of a device's 8 request streams, so with 7 held a finished one gave nothing back.
+/// Lowering the limit by one and restoring it queues the announcement whenever a stream has
+/// been freed since the last one (and nothing otherwise); the limit is unchanged.
+fn announce_streams(p: &mut proto::Connection) {
+    let n = p.max_concurrent_streams(proto::Dir::Bi);
+    if n >= 8 {
+        p.set_max_concurrent_streams(proto::Dir::Bi, proto::VarInt::from_u64(n - 1).expect("< n"));
+        p.set_max_concurrent_streams(proto::Dir::Bi, proto::VarInt::from_u64(n).expect("was n"));
+    }
+}
+
 /// One turn of a connection (the driver's, under the connection's lock): due timer, transmits
 /// (built in `buf`), endpoint and application events, drain, next timer. If the socket would
 /// block, the rest waits for the next turn.
@@ -51,8 +64,11 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
     if timed_out {
         c.proto.as_mut().expect("alive").handle_timeout(t);
     }
-    if c.handshake_deadline.is_some_and(|at| at <= t) {
+    if c.handshake_deadline.is_some_and(|at| at <= t)
+        || c.silence_deadline.is_some_and(|at| at <= t)
+    {
         c.handshake_deadline = None;
+        c.silence_deadline = None;
         let p = c.proto.as_mut().expect("alive");
         // A handshake that already failed is draining: nothing to close, nothing to count.
         if !p.is_closed() {
@@ -67,6 +83,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
             );
         }
     }
+    announce_streams(c.proto.as_mut().expect("alive"));
     loop {
         if !transmit(shared, cell, c, t, buf) {
             return;
@@ -90,7 +107,8 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
                 if !c.established {
                     c.established = true;
                     c.handshake_deadline = None;
-                    ep.handshaking -= 1;
+                    c.silence_deadline = None;
+                    ep.handshake_ended(c.client);
                     ep.established += 1;
                     if c.surfaced {
                         ep.early -= 1;
@@ -162,6 +180,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
         [
             p.poll_timeout(),
             c.handshake_deadline,
+            c.silence_deadline,
             c.linger.as_ref().map(|l| l.until),
         ]
         .into_iter()
@@ -184,7 +203,7 @@ fn drive(shared: &Shared, cell: &ConnCell, c: &mut Conn, t: Instant, buf: &mut V
             if c.established {
                 ep.established -= 1;
             } else {
-                ep.handshaking -= 1;
+                ep.handshake_ended(c.client);
                 if c.surfaced {
                     ep.early -= 1;
                 }
@@ -446,10 +465,15 @@ fn datagram(
             else {
                 return;
             };
+            let silence = ep.limits.handshake_silence;
             drop(ep);
             let mut c = lock(&cell.conn);
             if let Some(p) = c.proto.as_mut() {
                 p.handle_event(ev);
+            }
+            // The peer of a handshake spoke: its silence is counted from now (G26).
+            if c.silence_deadline.is_some() {
+                c.silence_deadline = Some(t + silence);
             }
             drop(c);
             queue(shared, &cell);
@@ -468,6 +492,18 @@ fn datagram(
             }
             if ep.handshaking >= l.max_handshakes {
                 shared.stats.ignored_busy.fetch_add(1, Ordering::Relaxed);
+                ep.proto.ignore(incoming);
+                return;
+            }
+            // Decision G26: each client (address, or IPv6 /64) a share of the budget, so one
+            // that answers Retries and goes silent holds a few handshakes, not all of them.
+            let client = qgate_core::quota::client_key(incoming.remote_address().ip());
+            if ep
+                .handshaking_by_client
+                .get(&client)
+                .is_some_and(|&n| n >= l.max_handshakes_per_client.max(1))
+            {
+                shared.stats.ignored_share.fetch_add(1, Ordering::Relaxed);
                 ep.proto.ignore(incoming);
                 return;
             }
@@ -502,6 +538,8 @@ fn datagram(
                         conn: Mutex::new(Conn {
                             remote: conn.remote_address(),
                             handshake_deadline: Some(t + l.handshake_timeout),
+                            silence_deadline: Some(t + l.handshake_silence),
+                            client,
                             established: false,
                             surfaced: false,
                             proto: Some(conn),
@@ -518,6 +556,7 @@ fn datagram(
                     ep.conns.insert(id, cell.clone());
                     ep.by_handle.insert(h, id);
                     ep.handshaking += 1;
+                    *ep.handshaking_by_client.entry(client).or_insert(0) += 1;
                     ep.publish(&shared.stats);
                     ep.enqueue(&cell);
                 }

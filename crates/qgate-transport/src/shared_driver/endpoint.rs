@@ -26,24 +26,33 @@ pub struct Limits {
     /// Most handshakes in progress, a budget of their own within `max_connections`; an Initial
     /// beyond it is ignored (the client's own retransmission tries again later).
     pub max_handshakes: usize,
+    /// Most handshakes in progress from one client (an IPv4 address or an IPv6 /64, as S10
+    /// counts them); its Initials beyond are ignored, so one address cannot take the whole
+    /// `max_handshakes` budget (decision G26).
+    pub max_handshakes_per_client: usize,
     /// With this many handshakes in progress, a client that has not proved its address is
     /// sent a Retry (RFC 9000 §8.1.2) instead of getting state.
     pub retry_above: usize,
     /// A handshake not finished within this long is closed.
     pub handshake_timeout: Duration,
+    /// A handshake whose peer has sent nothing for this long is closed, before
+    /// `handshake_timeout` (a client that answered a Retry and went silent, decision G26).
+    pub handshake_silence: Duration,
     /// Once the last handle is dropped, the close waits at most this long for the peer to
     /// acknowledge the answers already finished (decision G19).
     pub linger: Duration,
 }
 
 impl Limits {
-    /// The defaults besides `max_connections`: 256 handshakes, Retry above 16, 10 s to finish,
-    /// 10 s to linger.
+    /// The defaults besides `max_connections`: 256 handshakes, 32 per client, Retry above 16,
+    /// 10 s to finish, 3 s of silence, 10 s to linger.
     pub const DEFAULT: Limits = Limits {
         max_connections: 1024,
         max_handshakes: 256,
+        max_handshakes_per_client: 32,
         retry_above: 16,
         handshake_timeout: Duration::from_secs(10),
+        handshake_silence: Duration::from_secs(3),
         linger: Duration::from_secs(10),
     };
 
@@ -69,6 +78,8 @@ pub struct EndpointStats {
     pub refused_full: AtomicU64,
     /// Initials ignored: the handshake budget was spent.
     pub ignored_busy: AtomicU64,
+    /// Initials ignored: their client held its share of the handshake budget (G26).
+    pub ignored_share: AtomicU64,
     /// Handshakes closed at their deadline.
     pub handshake_timeouts: AtomicU64,
 }
@@ -126,6 +137,7 @@ impl Endpoint {
             next_id: 0,
             limits,
             handshaking: 0,
+            handshaking_by_client: HashMap::new(),
             established: 0,
             early: 0,
             timers: BTreeSet::new(),

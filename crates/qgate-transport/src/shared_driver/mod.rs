@@ -82,6 +82,11 @@ struct Conn {
     remote: SocketAddr,
     /// Until its handshake finishes: the deadline for it.
     handshake_deadline: Option<Instant>,
+    /// Until its handshake finishes: closed then if the peer has sent nothing more
+    /// ([`Limits::handshake_silence`], decision G26).
+    silence_deadline: Option<Instant>,
+    /// The client it counts for while handshaking: its address, or its IPv6 /64 (G26).
+    client: std::net::IpAddr,
     /// Its handshake finished (it counts as established, not handshaking).
     established: bool,
     /// Handed to [`Endpoint::accept`]: after its handshake, or before it once the peer's 0-RTT
@@ -191,6 +196,8 @@ struct EpState {
     limits: Limits,
     /// Handshakes in progress (accepted, neither connected nor drained).
     handshaking: usize,
+    /// Handshakes in progress per client (entries at zero are removed; decision G26).
+    handshaking_by_client: HashMap<std::net::IpAddr, usize>,
     /// Connected and not yet drained.
     established: usize,
     /// Handed to `accept` before their handshake finished, and still handshaking.
@@ -212,6 +219,17 @@ struct EpState {
 }
 
 impl EpState {
+    /// A handshake of `client` ended (connected or drained): its places are given back.
+    fn handshake_ended(&mut self, client: std::net::IpAddr) {
+        self.handshaking -= 1;
+        if let Some(n) = self.handshaking_by_client.get_mut(&client) {
+            *n -= 1;
+            if *n == 0 {
+                self.handshaking_by_client.remove(&client);
+            }
+        }
+    }
+
     /// Copy the connection gauges into `stats` (read without the endpoint's lock).
     fn publish(&self, stats: &EndpointStats) {
         stats.handshaking.store(self.handshaking, Ordering::Relaxed);

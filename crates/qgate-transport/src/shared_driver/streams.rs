@@ -131,7 +131,8 @@ impl quic::OpenStreams<Bytes> for Connection {
 }
 
 /// The sending half of a stream. A bidirectional one dropped before it is finished or reset
-/// finishes (as quinn's streams do); a unidirectional one is left open (G19).
+/// finishes, or resets if the peer stopped it (as quinn's streams do, T14); a unidirectional one
+/// is left open (G19).
 pub type SendStream = h3_adapter::SendStream<SendHalf, Bytes>;
 
 /// What a [`SendStream`] writes to.
@@ -208,6 +209,10 @@ impl Write for SendHalf {
                     Ok(())
                 }
                 Err(proto::FinishError::Stopped(code)) => {
+                    // Reset, or quinn-proto never frees the stream and the peer never gets its
+                    // credit back (decision T14).
+                    let _ = p.send_stream(id).reset(code);
+                    c.acked(id);
                     Err(StreamErrorIncoming::StreamTerminated {
                         error_code: code.into_inner(),
                     })
@@ -245,8 +250,14 @@ impl Drop for SendHalf {
         let ended = self.ended || id.dir() == Dir::Uni;
         self.conn.drop_half(Waiter::Write(id), ended, |c| {
             if let Some(p) = c.proto.as_mut() {
-                if p.send_stream(id).finish().is_ok() {
-                    c.finished(id);
+                match p.send_stream(id).finish() {
+                    Ok(()) => c.finished(id),
+                    // Stopped by the peer: a stream neither finished nor reset is never freed,
+                    // so the peer would never get its credit back (decision T14).
+                    Err(proto::FinishError::Stopped(code)) => {
+                        let _ = p.send_stream(id).reset(code);
+                    }
+                    Err(proto::FinishError::ClosedStream) => {}
                 }
             }
         });
@@ -294,7 +305,11 @@ impl quic::RecvStream for RecvStream {
                 }
             };
             let res = chunks.next(usize::MAX);
-            if chunks.finalize().should_transmit() {
+            // A stream read to its end or reset is freed: the driver's turn announces the
+            // credit (decision T14).
+            if chunks.finalize().should_transmit()
+                || matches!(res, Ok(None) | Err(proto::ReadError::Reset(_)))
+            {
                 s.touch();
             }
             match res {
