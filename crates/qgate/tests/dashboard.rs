@@ -1,5 +1,5 @@
 //! The admin port's dashboard in a real browser (headless Chromium driven over WebDriver by
-//! chromedriver): the gateway's page loads, shows its paths, updates by itself when the paths
+//! chromedriver): the gateway's page loads, shows its paths and spool, updates by itself when the paths
 //! go down, and fits a phone's width. `.ci/run` installs Chromium; with QGATE_INTEROP set a
 //! missing browser fails the suite, otherwise the test is skipped.
 
@@ -160,6 +160,8 @@ fn the_gateway_dashboard_shows_its_paths_and_follows_them_down() {
         "200ms",
         "--admin",
         "127.0.0.1:0",
+        "--spool",
+        home.join("spool").to_str().unwrap(),
     ]));
     let admin = after(&line, "admin http://", &['/']);
     let port = {
@@ -189,6 +191,12 @@ fn the_gateway_dashboard_shows_its_paths_and_follows_them_down() {
     assert_eq!(
         b.eval("return document.title").as_str(),
         Some("qgate gateway")
+    );
+    // The spool's panel: its classes, empty while the server answers.
+    b.wait_for(
+        "const t = document.querySelector('#gw-spool table'); return t ? t.rows.length + ':' + t.rows[1].cells[1].textContent : ''",
+        "3:0",
+        Duration::from_secs(10),
     );
     let ticks = "return document.getElementById('ticks').textContent";
     let before: u64 = b.eval(ticks).as_str().unwrap().parse().unwrap();

@@ -1,5 +1,5 @@
 // The qgate admin dashboard: polls the daemon's JSON API once a second and draws what it finds
-// (the gateway's paths and per-class delay, the broker's queues, the server's ingest rate).
+// (the gateway's paths, per-class delay and spool, the broker's queues, the server's ingest rate).
 "use strict";
 const HISTORY = 120; // samples kept for the charts (two minutes)
 const $ = (id) => document.getElementById(id);
@@ -130,6 +130,31 @@ async function gateway(now, values) {
     lines.push({ name: cls.replace("_", "-"), color, values: push("delay." + cls, dn ? (ds / dn) * 1000 : null) });
   }
   panel("gw-delay", "Response delay per class (mean each second)", chart(lines, "ms"));
+  await spool();
+}
+
+// The gateway's spool, if it has one (a gateway without answers 404: asked once).
+let hasSpool = true;
+async function spool() {
+  if (!hasSpool) return;
+  let s;
+  try {
+    s = await api("/api/spool");
+  } catch (e) {
+    hasSpool = false;
+    return;
+  }
+  const rows = [["priority", s.priority], ["best-effort", s.best_effort]].map(([name, c]) => ({
+    class: name,
+    records: c.held.records,
+    bytes: c.held.bytes,
+    in_flight: c.in_flight,
+    oldest_s: c.oldest_at_ms ? Math.max(0, (s.now_ms - c.oldest_at_ms) / 1000) : null,
+  }));
+  const held = rows.reduce((a, r) => a + r.records, 0);
+  panel("gw-spool", s.unavailable ? `Spool · off: ${s.unavailable}` : `Spool · ${s.dir}`,
+    table("spool", [["class", "class"], ["records", "records"], ["bytes", "bytes"], ["in_flight", "in flight"], ["oldest_s", "oldest, s"]], rows),
+    chart([{ name: "held", color: "#e37400", values: push("spool", held) }], "records"));
 }
 
 async function broker(now, values) {
