@@ -105,6 +105,24 @@ impl Ledger {
         self.owners.entry(owner.to_owned()).or_default()[c].add(bytes);
     }
 
+    /// Count what an owner was found holding at start.
+    pub fn add_held(&mut self, owner: &str, class: Priority, h: Held) {
+        let c = class_index(class);
+        for held in [&mut self.total, &mut self.classes[c]] {
+            held.records += h.records;
+            held.bytes += h.bytes;
+        }
+        let mine = &mut self.owners.entry(owner.to_owned()).or_default()[c];
+        mine.records += h.records;
+        mine.bytes += h.bytes;
+    }
+
+    /// Whether a record of `bytes` could ever come in: not larger than the spool or a
+    /// device's share.
+    pub fn fits(&self, bytes: u64) -> bool {
+        bytes <= self.limits.max_bytes && bytes <= self.limits.device_bytes
+    }
+
     /// A record left (delivered, dropped, expired) or its write failed.
     pub fn remove(&mut self, owner: &str, class: Priority, bytes: u64) {
         let c = class_index(class);

@@ -52,7 +52,7 @@ pub enum SpoolError {
     /// Its device holds its whole share of the spool.
     #[error("this device holds its whole share of the gateway's spool")]
     Share,
-    /// Larger than the spool takes.
+    /// Larger than the spool or a device's share of it could ever hold.
     #[error("too large for the gateway's spool")]
     TooLarge,
     /// The spool is off: its disk failed, or keeps too little free.
@@ -234,6 +234,8 @@ struct Inner {
     /// One reader per class at a time.
     readers: [tokio::sync::Mutex<()>; 2],
     stats: SpoolStats,
+    /// The directory's lock, held while the spool is open: one gateway per spool.
+    _lock: File,
 }
 
 /// The spool. Cheap to clone.
@@ -250,68 +252,58 @@ fn class_dir(c: Priority) -> &'static str {
 }
 
 impl Spool {
-    /// Open the spool in `cfg.dir` (made if missing), reading what an earlier run left: a torn
-    /// or corrupted tail is cut at its last good record, logged and counted, never a refusal to
-    /// start. Blocking (it reads every segment once): call it at start.
+    /// Open the spool in `cfg.dir` (made if missing) and lock it for this process, reading what
+    /// an earlier run left: a torn or corrupted tail is cut at its last good record, a cursor or
+    /// purge list that cannot be right is ignored (everything is sent again), each logged and
+    /// counted. Refused only if the directory cannot be made, locked or listed. Blocking (it
+    /// reads every segment once): call it at start.
     pub fn open(cfg: SpoolConfig) -> std::io::Result<Spool> {
         std::fs::create_dir_all(&cfg.dir)?;
+        let lock_file = lock_dir(&cfg.dir)?;
         let stats = SpoolStats::default();
         let mut ledger = Ledger::new(cfg.limits);
-        let purges = read_purges(&cfg.dir.join("purges"))?;
+        let purges = read_purges(&cfg.dir.join("purges"));
         let mut next_seq = 0u64;
         let mut logs = Vec::new();
         for c in [Priority::BestEffort, Priority::Priority] {
             let dir = cfg.dir.join(class_dir(c));
             std::fs::create_dir_all(&dir)?;
-            let cursor = read_cursor(&dir.join("cursor"))?;
-            next_seq = next_seq.max(cursor);
-            let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)?
-                .filter_map(|d| d.ok())
-                .filter_map(|d| {
-                    let n = segment::parse_name(d.file_name().to_str()?)?;
-                    Some((n, d.path()))
-                })
-                .collect();
-            names.sort();
-            let mut segments = VecDeque::new();
-            for (first_seq, path) in names {
-                let mut s = Segment {
-                    first_seq,
-                    path: path.clone(),
-                    len: 0,
-                    records: 0,
-                    done: 0,
-                    first_at_ms: 0,
-                };
-                let (good, bad) = segment::scan(&path, |e, n| {
-                    if s.records == 0 {
-                        s.first_at_ms = e.at_ms;
-                    }
-                    s.records += 1;
-                    next_seq = next_seq.max(e.seq + 1);
-                    let purged = purges
-                        .iter()
-                        .any(|p| p.class == e.class && e.seq < p.below && p.owner == e.owner);
-                    // Below the cursor: done before the restart (and skipped when read).
-                    // Purged: done when read, never counted.
-                    if e.seq < cursor {
-                        s.done += 1;
-                    } else if !purged {
-                        ledger.add(&e.owner, c, n);
-                    }
-                })?;
-                s.len = good;
-                if let Some(why) = bad {
+            let mut cursor = read_cursor(&dir.join("cursor"));
+            let mut loaded = load_class(&dir, c, cursor, &purges, &stats)?;
+            match loaded.max_seq {
+                // A cursor past every record written cannot be right: trusted, it would take
+                // every record for done.
+                Some(m) if cursor > m + 1 => {
                     stats.torn.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         target: "qgate_spool",
-                        segment = %path.display(), kept = good, error = %why,
-                        "spool segment cut at its last good record (a torn write or a bad disk)"
+                        class = class_dir(c), cursor, last = m,
+                        "spool cursor is past every record: ignored, everything held is sent again"
                     );
-                    OpenOptions::new().write(true).open(&path)?.set_len(good)?;
+                    cursor = 0;
+                    loaded = load_class(&dir, c, 0, &purges, &stats)?;
                 }
+                Some(_) => {}
+                // Nothing held: a stale cursor must not hide the records to come.
+                None => {
+                    if cursor != 0 {
+                        if let Err(e) = std::fs::remove_file(dir.join("cursor")) {
+                            tracing::warn!(target: "qgate_spool", error = %e, "could not remove an old spool cursor");
+                        }
+                    }
+                    cursor = 0;
+                }
+            }
+            next_seq = next_seq.max(loaded.max_seq.map_or(0, |m| m + 1));
+            for (owner, held) in &loaded.held {
+                ledger.add_held(owner, c, *held);
+            }
+            let mut segments = VecDeque::new();
+            for s in loaded.segments {
                 if s.finished() {
-                    std::fs::remove_file(&path)?;
+                    if let Err(e) = std::fs::remove_file(&s.path) {
+                        tracing::warn!(target: "qgate_spool", segment = %s.path.display(), error = %e, "could not remove a drained spool segment");
+                    }
                 } else {
                     segments.push_back(s);
                 }
@@ -330,14 +322,23 @@ impl Spool {
             });
         }
         let logs: [Log; 2] = logs.try_into().expect("two classes");
-        // Purges below every record left have done their work.
+        // Purges below every record left have done their work; one past every record written
+        // cannot be right.
         let oldest = logs
             .iter()
             .filter_map(|l| l.segments.front().map(|s| s.first_seq))
             .min()
             .unwrap_or(next_seq);
-        let purges: Vec<Purge> = purges.into_iter().filter(|p| p.below > oldest).collect();
-        write_purges(&cfg.dir.join("purges"), &purges)?;
+        let kept: Vec<Purge> = purges
+            .iter()
+            .filter(|p| p.below > oldest && p.below <= next_seq)
+            .cloned()
+            .collect();
+        if kept != purges {
+            if let Err(e) = write_purges(&cfg.dir.join("purges"), &kept) {
+                tracing::warn!(target: "qgate_spool", error = %e, "could not rewrite the spool's purge list");
+            }
+        }
         let held = ledger.total();
         if held.records > 0 {
             tracing::info!(
@@ -345,6 +346,16 @@ impl Spool {
                 records = held.records, bytes = held.bytes, dir = %cfg.dir.display(),
                 "spool holds records from an earlier run: they drain when a path is up"
             );
+        }
+        if let Ok(s) = rustix::fs::statvfs(&cfg.dir) {
+            let free = s.f_bavail.saturating_mul(s.f_frsize);
+            if free < cfg.keep_free {
+                tracing::warn!(
+                    target: "qgate_spool",
+                    free, keep_free = cfg.keep_free, dir = %cfg.dir.display(),
+                    "the spool's disk has less free than it keeps free: the spool refuses records until there is room (lower [gateway.spool] keep_free on a small disk)"
+                );
+            }
         }
         let spool = Spool {
             inner: Arc::new(Inner {
@@ -354,12 +365,13 @@ impl Spool {
                     next_seq,
                     pending: Vec::new(),
                     broken: None,
-                    purges,
+                    purges: kept,
                 }),
                 tails: Mutex::new([None, None]),
                 flushing: AtomicBool::new(false),
                 readers: [tokio::sync::Mutex::new(()), tokio::sync::Mutex::new(())],
                 stats,
+                _lock: lock_file,
                 cfg,
             }),
         };
@@ -396,9 +408,14 @@ impl Spool {
         s.logs.iter().map(|l| l.in_flight.len()).sum()
     }
 
-    /// Why the spool is off, if it is.
-    pub fn unavailable(&self) -> Option<String> {
-        lock(&self.inner.state).broken.as_ref().map(|b| b.0.clone())
+    /// Why the spool is off at `now_ms`, if it is (it tries its disk again once the pause
+    /// after a failure is over).
+    pub fn unavailable(&self, now_ms: u64) -> Option<String> {
+        lock(&self.inner.state)
+            .broken
+            .as_ref()
+            .filter(|(_, at)| now_ms < at.saturating_add(BROKEN_FOR.as_millis() as u64))
+            .map(|b| b.0.clone())
     }
 
     /// Spool `r` at `now_ms` (ms since the Unix epoch): its sequence number once it is on disk
@@ -429,6 +446,10 @@ impl Spool {
                     }
                     s.broken = None;
                     tracing::info!(target: "qgate_spool", "spool tries its disk again");
+                }
+                if !s.ledger.fits(bytes) {
+                    self.count(|st| &st.refused_share);
+                    return Err(SpoolError::TooLarge);
                 }
                 match s.ledger.admit(&entry.owner, entry.class, bytes) {
                     Admit::Yes => {
@@ -850,39 +871,42 @@ async fn flush(inner: Arc<Inner>) {
         }
         let frames: Vec<Entry> = batch.iter().map(|p| p.entry.clone()).collect();
         let inner2 = inner.clone();
+        let n = frames.len();
         let wrote = tokio::task::spawn_blocking(move || write_group(&inner2, &frames))
             .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            .unwrap_or_else(|e| Written {
+                events: Vec::new(),
+                stored: vec![false; n],
+                error: Some(std::io::Error::other(e)),
+            });
         let mut s = lock(&inner.state);
-        match wrote {
-            Ok(events) => {
-                for ev in events {
-                    apply(&mut s, ev);
-                }
-                for p in batch {
-                    inner.stats.spooled.fetch_add(1, Ordering::Relaxed);
-                    let _ = p.tx.send(Ok(p.entry.seq));
-                }
-            }
-            Err(e) => {
-                let why = e.to_string();
-                tracing::error!(
-                    target: "qgate_spool",
-                    error = %why, dir = %inner.cfg.dir.display(),
-                    "spool write failed: the spool is off for {}s, devices get 503 meanwhile",
-                    BROKEN_FOR.as_secs()
-                );
-                let at = batch.iter().map(|p| p.entry.at_ms).max().unwrap_or(0);
-                s.broken = Some((why.clone(), at));
-                for p in batch {
-                    s.ledger
-                        .remove(&p.entry.owner, p.entry.class, p.entry.frame_len() as u64);
-                    inner
-                        .stats
-                        .refused_unavailable
-                        .fetch_add(1, Ordering::Relaxed);
-                    let _ = p.tx.send(Err(SpoolError::Unavailable(why.clone())));
-                }
+        for ev in wrote.events {
+            apply(&mut s, ev);
+        }
+        let why = wrote.error.map(|e| e.to_string());
+        if let Some(why) = &why {
+            tracing::error!(
+                target: "qgate_spool",
+                error = %why, dir = %inner.cfg.dir.display(),
+                "spool write failed: the spool is off for {}s, devices get 503 meanwhile",
+                BROKEN_FOR.as_secs()
+            );
+            let at = batch.iter().map(|p| p.entry.at_ms).max().unwrap_or(0);
+            s.broken = Some((why.clone(), at));
+        }
+        for (p, stored) in batch.into_iter().zip(wrote.stored) {
+            if stored {
+                inner.stats.spooled.fetch_add(1, Ordering::Relaxed);
+                let _ = p.tx.send(Ok(p.entry.seq));
+            } else {
+                s.ledger
+                    .remove(&p.entry.owner, p.entry.class, p.entry.frame_len() as u64);
+                inner
+                    .stats
+                    .refused_unavailable
+                    .fetch_add(1, Ordering::Relaxed);
+                let why = why.clone().unwrap_or_else(|| "not written".into());
+                let _ = p.tx.send(Err(SpoolError::Unavailable(why)));
             }
         }
         Spool {
@@ -939,126 +963,247 @@ fn apply(s: &mut State, ev: Wrote) {
     }
 }
 
+/// What a group's write did: the changes to the logs, which entries are on disk and synced,
+/// and why the others are not.
+struct Written {
+    events: Vec<Wrote>,
+    stored: Vec<bool>,
+    error: Option<std::io::Error>,
+}
+
 /// Write `entries` (in sequence order) to their classes' tails, rolling to new segments as
-/// they fill, and sync: the group is on disk when this returns `Ok`. Blocking.
-fn write_group(inner: &Inner, entries: &[Entry]) -> std::io::Result<Vec<Wrote>> {
+/// they fill, and sync each run of records written to one file: an entry is stored once its
+/// run is synced, and only then. A failure stops its class; the other class goes on. Blocking.
+fn write_group(inner: &Inner, entries: &[Entry]) -> Written {
+    let mut out = Written {
+        events: Vec::new(),
+        stored: vec![false; entries.len()],
+        error: None,
+    };
     let need: u64 = entries.iter().map(|e| e.frame_len() as u64).sum();
     if let Ok(s) = rustix::fs::statvfs(&inner.cfg.dir) {
         let free = s.f_bavail.saturating_mul(s.f_frsize);
         if free < inner.cfg.keep_free.saturating_add(need) {
-            return Err(std::io::Error::other(format!(
+            out.error = Some(std::io::Error::other(format!(
                 "its disk keeps too little free ({} free, {} kept free)",
                 qgate_core::units::format_bytes(free),
                 qgate_core::units::format_bytes(inner.cfg.keep_free)
             )));
+            return out;
         }
     }
     let mut tails = lock(&inner.tails);
-    let written = write_tails(inner, &mut tails, entries);
-    if written.is_err() {
-        // Whatever part of the group reached a file is cut off again, and the next group
-        // starts new segments: a segment the spool does not know of is never appended to.
-        for slot in tails.iter_mut() {
-            if let Some(t) = slot.take() {
-                let _ = t.file.set_len(t.len);
-            }
-        }
-    }
-    written
-}
-
-/// [`write_group`]'s writes and syncs.
-fn write_tails(
-    inner: &Inner,
-    tails: &mut [Option<Tail>; 2],
-    entries: &[Entry],
-) -> std::io::Result<Vec<Wrote>> {
-    let mut events = Vec::new();
-    let mut buf = Vec::new();
     for c in CLASSES {
-        let mine: Vec<&Entry> = entries.iter().filter(|e| e.class == c).collect();
+        let mine: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].class == c).collect();
         if mine.is_empty() {
             continue;
         }
         let slot = &mut tails[class_index(c)];
-        let mut i = 0;
-        while i < mine.len() {
-            let roll = slot.as_ref().is_none_or(|t| {
-                t.len > 0 && t.len + mine[i].frame_len() as u64 > inner.cfg.segment_bytes
-            });
-            if roll {
-                if let Some(old) = slot.take() {
-                    old.file.sync_data()?;
-                }
-                let dir = inner.cfg.dir.join(class_dir(c));
-                let path = dir.join(segment::file_name(mine[i].seq));
-                let file = OpenOptions::new()
-                    .create(true)
-                    .truncate(true)
-                    .write(true)
-                    .open(&path)?;
-                // The new file's name must survive a crash as well as its bytes.
-                File::open(&dir)?.sync_all()?;
-                events.push(Wrote::Opened {
-                    class: c,
-                    first_seq: mine[i].seq,
-                    path,
-                    at_ms: mine[i].at_ms,
-                });
-                *slot = Some(Tail {
-                    file,
-                    first_seq: mine[i].seq,
-                    len: 0,
-                });
+        if let Err(e) = write_class(inner, c, slot, entries, &mine, &mut out) {
+            // Whatever of the failed run reached the file is cut off again, and the class's
+            // next group starts a new segment: a segment the spool does not know of is never
+            // appended to.
+            if let Some(t) = slot.take() {
+                let _ = t.file.set_len(t.len);
             }
-            let tail = slot.as_mut().expect("a tail");
-            buf.clear();
-            let mut n = 0u64;
-            while i < mine.len()
-                && (n == 0
-                    || tail.len + buf.len() as u64 + mine[i].frame_len() as u64
-                        <= inner.cfg.segment_bytes)
-            {
-                mine[i].emit(&mut buf);
-                n += 1;
-                i += 1;
-            }
-            tail.file.write_all(&buf)?;
-            events.push(Wrote::Appended {
+            out.error = Some(e);
+        }
+    }
+    out
+}
+
+/// Write class `c`'s entries (`mine`, indexes into `entries`) run by run; each run's entries
+/// are marked stored once it is synced.
+fn write_class(
+    inner: &Inner,
+    c: Priority,
+    slot: &mut Option<Tail>,
+    entries: &[Entry],
+    mine: &[usize],
+    out: &mut Written,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut i = 0;
+    while i < mine.len() {
+        let first = &entries[mine[i]];
+        let roll = slot.as_ref().is_none_or(|t| {
+            t.len > 0 && t.len + first.frame_len() as u64 > inner.cfg.segment_bytes
+        });
+        if roll {
+            // The segment it leaves was synced with its last run.
+            *slot = None;
+            let dir = inner.cfg.dir.join(class_dir(c));
+            let path = dir.join(segment::file_name(first.seq));
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(&path)?;
+            // The new file's name must survive a crash as well as its bytes.
+            File::open(&dir)?.sync_all()?;
+            out.events.push(Wrote::Opened {
                 class: c,
-                first_seq: tail.first_seq,
-                bytes: buf.len() as u64,
-                records: n,
+                first_seq: first.seq,
+                path,
+                at_ms: first.at_ms,
             });
-            tail.len += buf.len() as u64;
+            *slot = Some(Tail {
+                file,
+                first_seq: first.seq,
+                len: 0,
+            });
         }
-        if let Some(t) = slot.as_mut() {
-            t.file.sync_data()?;
+        let tail = slot.as_mut().expect("a tail");
+        buf.clear();
+        let start = i;
+        while i < mine.len()
+            && (i == start
+                || tail.len + buf.len() as u64 + entries[mine[i]].frame_len() as u64
+                    <= inner.cfg.segment_bytes)
+        {
+            entries[mine[i]].emit(&mut buf);
+            i += 1;
+        }
+        tail.file.write_all(&buf)?;
+        tail.file.sync_data()?;
+        out.events.push(Wrote::Appended {
+            class: c,
+            first_seq: tail.first_seq,
+            bytes: buf.len() as u64,
+            records: (i - start) as u64,
+        });
+        tail.len += buf.len() as u64;
+        for &k in &mine[start..i] {
+            out.stored[k] = true;
         }
     }
-    Ok(events)
+    Ok(())
 }
 
-fn read_cursor(path: &Path) -> std::io::Result<u64> {
-    match std::fs::read(path) {
-        Ok(b) if b.len() == 8 => Ok(u64::from_le_bytes(b.try_into().expect("8 bytes"))),
-        Ok(_) => {
-            tracing::warn!(target: "qgate_spool", cursor = %path.display(), "spool cursor unreadable: everything held is sent again");
-            Ok(0)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
-    }
+/// One class's segments as found at start.
+struct Loaded {
+    segments: Vec<Segment>,
+    /// What each owner holds (not done, not purged).
+    held: std::collections::HashMap<String, Held>,
+    /// The highest sequence number found.
+    max_seq: Option<u64>,
 }
 
-fn read_purges(path: &Path) -> std::io::Result<Vec<Purge>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+/// Read one class's segment files, cutting torn tails; records below `cursor` are done.
+fn load_class(
+    dir: &Path,
+    c: Priority,
+    cursor: u64,
+    purges: &[Purge],
+    stats: &SpoolStats,
+) -> std::io::Result<Loaded> {
+    let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
+        .filter_map(|d| d.ok())
+        .filter(|d| d.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|d| {
+            let n = segment::parse_name(d.file_name().to_str()?)?;
+            Some((n, d.path()))
+        })
+        .collect();
+    names.sort();
+    let mut out = Loaded {
+        segments: Vec::new(),
+        held: std::collections::HashMap::new(),
+        max_seq: None,
     };
-    Ok(text
-        .lines()
+    for (first_seq, path) in names {
+        let mut s = Segment {
+            first_seq,
+            path: path.clone(),
+            len: 0,
+            records: 0,
+            done: 0,
+            first_at_ms: 0,
+        };
+        let scanned = segment::scan(&path, |e, n| {
+            if s.records == 0 {
+                s.first_at_ms = e.at_ms;
+            }
+            s.records += 1;
+            out.max_seq = Some(out.max_seq.map_or(e.seq, |m| m.max(e.seq)));
+            let purged = purges
+                .iter()
+                .any(|p| p.class == e.class && e.seq < p.below && p.owner == e.owner);
+            // Below the cursor: done before the restart (and skipped when read). Purged:
+            // done when read, never counted.
+            if e.seq < cursor {
+                s.done += 1;
+            } else if !purged {
+                let h = out.held.entry(e.owner.clone()).or_default();
+                h.records += 1;
+                h.bytes += n;
+            }
+        });
+        let (good, bad) = match scanned {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "qgate_spool", segment = %path.display(), error = %e, "spool segment unreadable: skipped");
+                stats.torn.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        s.len = good;
+        if let Some(why) = bad {
+            stats.torn.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                target: "qgate_spool",
+                class = class_dir(c), segment = %path.display(), kept = good, records = s.records, error = %why,
+                "spool segment cut at its last good record (a torn write or a bad disk): what followed is lost"
+            );
+            if let Err(e) = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(good)) {
+                tracing::warn!(target: "qgate_spool", segment = %path.display(), error = %e, "could not cut the spool segment (it is read up to the cut only)");
+            }
+        }
+        out.segments.push(s);
+    }
+    Ok(out)
+}
+
+/// Lock `dir` for this process (`flock` on `dir/lock`): a second gateway on the same spool
+/// would send and delete the first one's records.
+fn lock_dir(dir: &Path) -> std::io::Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(|e| {
+        std::io::Error::other(format!(
+            "{} is in use by another gateway ({e}): each gateway needs its own spool directory",
+            dir.display()
+        ))
+    })?;
+    Ok(f)
+}
+
+/// The cursor in `path`, 0 (send everything again) if missing or unreadable.
+fn read_cursor(path: &Path) -> u64 {
+    match std::fs::read(path) {
+        Ok(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        _ => {
+            tracing::warn!(target: "qgate_spool", cursor = %path.display(), "spool cursor unreadable: everything held is sent again");
+            0
+        }
+    }
+}
+
+/// The purges in `path`; lines that are not one are ignored (their records are sent).
+fn read_purges(path: &Path) -> Vec<Purge> {
+    let text = match std::fs::read(path) {
+        Ok(t) => String::from_utf8_lossy(&t).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            tracing::warn!(target: "qgate_spool", error = %e, "spool purge list unreadable: ignored");
+            return Vec::new();
+        }
+    };
+    text.lines()
         .filter_map(|l| {
             let mut it = l.splitn(3, ' ');
             let class = match it.next()? {
@@ -1074,7 +1219,7 @@ fn read_purges(path: &Path) -> std::io::Result<Vec<Purge>> {
                 below,
             })
         })
-        .collect())
+        .collect()
 }
 
 fn write_purges(path: &Path, purges: &[Purge]) -> std::io::Result<()> {

@@ -355,7 +355,8 @@ async fn a_disk_without_room_turns_the_spool_off_and_it_says_so() {
         matches!(e, SpoolError::Unavailable(ref why) if why.contains("kept free")),
         "{e}"
     );
-    assert!(s.unavailable().is_some());
+    assert!(s.unavailable(T0).is_some());
+    assert!(s.unavailable(T0 + 10_001).is_none(), "off for 10 s only");
     assert_eq!(
         s.view().priority.held.records,
         0,
@@ -367,5 +368,58 @@ async fn a_disk_without_room_turns_the_spool_off_and_it_says_so() {
         Err(SpoolError::Unavailable(_))
     ));
     assert_eq!(s.stats().snapshot().refused_unavailable, 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_cursor_that_cannot_be_right_is_ignored_and_nothing_is_lost() {
+    let dir = tempdir("bad-cursor");
+    {
+        let s = Spool::open(cfg(&dir)).unwrap();
+        for n in 0..10 {
+            s.append(rec("a", Priority::BestEffort, n), T0).await.unwrap();
+        }
+    }
+    for garbage in [&b"garbage\n"[..], &[0xff; 8][..], &[1, 2, 3][..]] {
+        std::fs::write(dir.join("best-effort/cursor"), garbage).unwrap();
+        let s = Spool::open(cfg(&dir)).unwrap();
+        assert_eq!(s.view().best_effort.held.records, 10, "{garbage:?}");
+        // New records still get numbers and go in.
+        s.append(rec("b", Priority::BestEffort, 0), T0).await.unwrap();
+        let got = s.take(Priority::BestEffort, 100, u64::MAX, T0).await;
+        assert_eq!(got.len(), 11);
+        s.back(got);
+        s.purge(Some("b"), None).await.unwrap();
+    }
+    // Garbage in the purge list and a directory where a segment should be: started anyway.
+    std::fs::write(dir.join("purges"), [0xc3, 0x28, b'\n', b'x']).unwrap();
+    std::fs::create_dir_all(dir.join("priority").join("00000000000000000099.seg")).unwrap();
+    let s = Spool::open(cfg(&dir)).unwrap();
+    // A lost purge list sends the purged records after all; nothing else changes.
+    let got = s.take(Priority::BestEffort, 100, u64::MAX, T0).await;
+    assert_eq!(got.iter().filter(|e| e.owner == "a").count(), 10);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn one_spool_directory_serves_one_gateway() {
+    let dir = tempdir("lock");
+    let a = Spool::open(cfg(&dir)).unwrap();
+    let e = Spool::open(cfg(&dir)).unwrap_err();
+    assert!(e.to_string().contains("in use by another gateway"), "{e}");
+    drop(a);
+    Spool::open(cfg(&dir)).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_record_no_share_could_hold_is_too_large_not_a_full_share() {
+    let dir = tempdir("too-large");
+    let mut c = cfg(&dir);
+    c.limits.device_bytes = 200;
+    let s = Spool::open(c).unwrap();
+    let mut r = rec("a", Priority::Priority, 0);
+    r.body = Bytes::from(vec![0u8; 300]);
+    assert_eq!(s.append(r, T0).await, Err(SpoolError::TooLarge));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -98,6 +98,19 @@ impl SpoolSection {
         if let Some(v) = self.keep_free {
             c.keep_free = v;
         }
+        let l = &mut c.limits;
+        if l.max_bytes == 0 || l.max_records == 0 {
+            return Err("max_bytes and max_records must be at least 1".into());
+        }
+        // A share rounded down to nothing would refuse every record.
+        l.device_bytes = l.device_bytes.max(1);
+        l.device_records = l.device_records.max(1);
+        if l.device_bytes > l.max_bytes || l.device_records > l.max_records {
+            return Err(format!(
+                "device_max_bytes ({}) and device_max_records ({}) must be at most max_bytes ({}) and max_records ({})",
+                l.device_bytes, l.device_records, l.max_bytes, l.max_records
+            ));
+        }
         Ok(c)
     }
 }
