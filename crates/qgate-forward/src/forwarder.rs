@@ -315,7 +315,7 @@ impl Forwarder {
         };
         let pick = pick_avoiding(
             &mut *self.scheduler,
-            &mut self.paths,
+            &self.paths,
             &Ask::new(class, bytes, None, now),
         );
         let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
@@ -410,7 +410,7 @@ impl Forwarder {
                     avoid: &r.tried,
                     ..Ask::new(class, r.bytes, None, now)
                 };
-                pick_avoiding(&mut *self.scheduler, &mut self.paths, &ask)
+                pick_avoiding(&mut *self.scheduler, &self.paths, &ask)
             }
         };
         let step = attempt(&mut self.paths, id, &mut r, pick, class, now);
