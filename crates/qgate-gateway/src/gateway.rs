@@ -83,6 +83,8 @@ pub struct Gateway {
     bodies: http3::BodyBudget,
     /// Where records go when no path can take them (issue 50), if the gateway has one.
     pub(crate) spool: Option<qgate_spool::Spool>,
+    /// The MQTT door's counters, once it has one (issue 51).
+    mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttStats>>,
     /// The wall clock at start (ms since the Unix epoch) and the runtime's clock then: spooled
     /// records' ages follow the runtime's clock, so they run in virtual time too.
     epoch: (Instant, u64),
@@ -128,6 +130,7 @@ impl Gateway {
             batch_stats: Arc::default(),
             bodies: http3::BodyBudget::new(cfg.max_buffered),
             spool: None,
+            mqtt: std::sync::OnceLock::new(),
             epoch: (
                 Instant::now(),
                 std::time::SystemTime::now()
@@ -197,6 +200,31 @@ impl Gateway {
         self.paths.with_core(|f| f.end_connection(conn));
     }
 
+    /// Its limits and timeouts.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.cfg
+    }
+
+    /// An id for a new door connection (any door's): sessions are bound to it.
+    pub fn next_connection_id(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A door's connection `conn` closed: its sessions end.
+    pub fn end_connection(&self, conn: ConnId) {
+        self.end_sessions(conn);
+    }
+
+    /// The MQTT door's counters (made on first use; on `/metrics` from then on).
+    pub fn mqtt_stats(&self) -> Arc<crate::mqtt::MqttStats> {
+        self.mqtt.get_or_init(Arc::default).clone()
+    }
+
+    /// The MQTT door's counters, if it has one.
+    pub(crate) fn mqtt_stats_if_any(&self) -> Option<&Arc<crate::mqtt::MqttStats>> {
+        self.mqtt.get()
+    }
+
     /// End idle sessions (decision G10).
     pub fn expire_sessions(&self) {
         let n = self
@@ -246,6 +274,11 @@ impl Gateway {
 
     /// Count a refused registration and answer it.
     fn registration_refused(&self, device: SocketAddr, e: SessionError) -> Response<Bytes> {
+        self.registration_refusal(device, e).into_response()
+    }
+
+    /// Count a refused registration (or first-use session) and say why.
+    pub fn registration_refusal(&self, device: SocketAddr, e: SessionError) -> Refusal {
         self.stats
             .registrations_refused
             .fetch_add(1, Ordering::Relaxed);
@@ -254,7 +287,12 @@ impl Gateway {
             SessionError::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::TOO_MANY_REQUESTS,
         };
-        text(status, format!("{e}\n"))
+        Refusal {
+            status,
+            reason: format!("{e}\n"),
+            retry_after: None,
+            session: Some(e),
+        }
     }
 
     /// The session a request names: its Hash ID, or (no Hash ID, a class instead) the session
