@@ -35,6 +35,12 @@ pub enum BuildError {
     /// A QUIC endpoint or TLS configuration failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// The MQTT door's listener could not be opened.
+    #[error("MQTT door on tcp/{0}: {1}")]
+    Mqtt(SocketAddr, std::io::Error),
+    /// The MQTT door's configuration is wrong.
+    #[error("[gateway.mqtt] {0}")]
+    MqttConfig(String),
     /// The operating system's randomness could not be read.
     #[error("reading /dev/urandom for the Hash ID generator: {0}")]
     Entropy(std::io::Error),
@@ -69,6 +75,13 @@ pub struct GatewayBuilder {
     history: Option<BackhaulHistory>,
     seed: Option<u64>,
     spool: Option<qgate_spool::Spool>,
+    mqtt: Option<(MqttListen, crate::mqtt::MqttConfig)>,
+}
+
+/// Where the MQTT door listens.
+enum MqttListen {
+    Addr(SocketAddr),
+    Listener(std::net::TcpListener),
 }
 
 impl Gateway {
@@ -88,6 +101,7 @@ impl Gateway {
             history: None,
             seed: None,
             spool: None,
+            mqtt: None,
         }
     }
 }
@@ -179,6 +193,24 @@ impl GatewayBuilder {
         self
     }
 
+    /// Open the MQTT front door (issue 51) on TCP `addr` with `config`. It takes any client
+    /// id until devices have identities (issue 49): bound to an address that is not loopback,
+    /// the gateway says in its first log line that the door is open to anyone.
+    pub fn with_mqtt(mut self, addr: SocketAddr, config: crate::mqtt::MqttConfig) -> Self {
+        self.mqtt = Some((MqttListen::Addr(addr), config));
+        self
+    }
+
+    /// The MQTT door on a listener the caller bound (tests; systemd sockets).
+    pub fn with_mqtt_listener(
+        mut self,
+        listener: std::net::TcpListener,
+        config: crate::mqtt::MqttConfig,
+    ) -> Self {
+        self.mqtt = Some((MqttListen::Listener(listener), config));
+        self
+    }
+
     /// Make every random choice (Hash IDs, quinn's connection IDs) follow `seed`, as
     /// simulations need. Without it randomness comes from the operating system: a deployed
     /// gateway's Hash IDs must be unguessable.
@@ -259,6 +291,27 @@ impl GatewayBuilder {
         let endpoint =
             self.config
                 .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;
+        let mqtt = match self.mqtt {
+            None => None,
+            Some((listen, cfg)) => {
+                cfg.check().map_err(BuildError::MqttConfig)?;
+                let listener = match listen {
+                    MqttListen::Listener(l) => l,
+                    MqttListen::Addr(a) => {
+                        std::net::TcpListener::bind(a).map_err(|e| BuildError::Mqtt(a, e))?
+                    }
+                };
+                let addr = listener
+                    .local_addr()
+                    .map_err(|e| BuildError::Mqtt(([0, 0, 0, 0], 0).into(), e))?;
+                listener
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpListener::from_std(listener))
+                    .map(|l| (l, addr, cfg))
+                    .map(Some)
+                    .map_err(|e| BuildError::Mqtt(addr, e))?
+            }
+        };
         let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
         if let Some(s) = self.spool.clone() {
@@ -269,11 +322,29 @@ impl GatewayBuilder {
         let drain = self
             .spool
             .map(|s| tokio::spawn(gateway.clone().drain_spool(s)));
+        let mqtt = match mqtt {
+            None => None,
+            Some((listener, addr, cfg)) => {
+                if crate::mqtt::open_to_anyone(addr) {
+                    tracing::warn!(
+                        %addr,
+                        "the MQTT door is OPEN TO ANYONE who reaches tcp/{addr}: it has no authentication yet and takes any client id; bind it to loopback (127.0.0.1) unless a firewall keeps others out"
+                    );
+                }
+                let salt = match seed {
+                    Some(s) => s.rotate_left(17) ^ 0x6d71_7474,
+                    None => u64::from_le_bytes(os_random()?[..8].try_into().expect("8 bytes")),
+                };
+                let door = crate::mqtt::MqttDoor::new(gateway.clone(), cfg, salt);
+                Some((addr, tokio::spawn(door.serve(listener))))
+            }
+        };
         Ok(RunningGateway {
             gateway,
             endpoint,
             task,
             drain,
+            mqtt,
         })
     }
 }
@@ -296,12 +367,26 @@ pub struct RunningGateway {
     task: tokio::task::JoinHandle<()>,
     /// The spool's drain, if the gateway has a spool.
     drain: Option<tokio::task::JoinHandle<()>>,
+    /// The MQTT door's address and listener task, if it has one.
+    mqtt: Option<(SocketAddr, tokio::task::JoinHandle<()>)>,
 }
 
 impl RunningGateway {
     /// Where devices reach it.
     pub fn addr(&self) -> SocketAddr {
         self.endpoint.local_addr()
+    }
+
+    /// Where MQTT clients reach it, if it has an MQTT door.
+    pub fn mqtt_addr(&self) -> Option<SocketAddr> {
+        self.mqtt.as_ref().map(|(a, _)| *a)
+    }
+
+    /// Stop taking MQTT connections (open ones carry on until they close).
+    pub fn stop_mqtt(&self) {
+        if let Some((_, t)) = &self.mqtt {
+            t.abort();
+        }
     }
 
     /// Wait until every path has an RTT sample (connected and probed), at most `limit`;
@@ -333,5 +418,6 @@ impl Drop for RunningGateway {
         if let Some(d) = &self.drain {
             d.abort();
         }
+        self.stop_mqtt();
     }
 }

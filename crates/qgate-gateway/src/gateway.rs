@@ -13,7 +13,6 @@ use http::{Request, Response, StatusCode};
 use qgate_core::loggate::LogGate;
 use qgate_forward::forwarder::{Attempt, Outcome, RequestId, Step};
 use qgate_forward::path::PathId;
-use qgate_forward::scheduler::Priority;
 use qgate_forward::session::{ConnId, HashId, SessionError};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
 use qgate_transport::shared_driver::{self, EndpointStats};
@@ -84,6 +83,8 @@ pub struct Gateway {
     bodies: http3::BodyBudget,
     /// Where records go when no path can take them (issue 50), if the gateway has one.
     pub(crate) spool: Option<qgate_spool::Spool>,
+    /// The MQTT door's counters, once it has one (issue 51).
+    mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttStats>>,
     /// The wall clock at start (ms since the Unix epoch) and the runtime's clock then: spooled
     /// records' ages follow the runtime's clock, so they run in virtual time too.
     epoch: (Instant, u64),
@@ -129,6 +130,7 @@ impl Gateway {
             batch_stats: Arc::default(),
             bodies: http3::BodyBudget::new(cfg.max_buffered),
             spool: None,
+            mqtt: std::sync::OnceLock::new(),
             epoch: (
                 Instant::now(),
                 std::time::SystemTime::now()
@@ -198,6 +200,31 @@ impl Gateway {
         self.paths.with_core(|f| f.end_connection(conn));
     }
 
+    /// Its limits and timeouts.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.cfg
+    }
+
+    /// An id for a new door connection (any door's): sessions are bound to it.
+    pub fn next_connection_id(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A door's connection `conn` closed: its sessions end.
+    pub fn end_connection(&self, conn: ConnId) {
+        self.end_sessions(conn);
+    }
+
+    /// The MQTT door's counters (made on first use; on `/metrics` from then on).
+    pub fn mqtt_stats(&self) -> Arc<crate::mqtt::MqttStats> {
+        self.mqtt.get_or_init(Arc::default).clone()
+    }
+
+    /// The MQTT door's counters, if it has one.
+    pub(crate) fn mqtt_stats_if_any(&self) -> Option<&Arc<crate::mqtt::MqttStats>> {
+        self.mqtt.get()
+    }
+
     /// End idle sessions (decision G10).
     pub fn expire_sessions(&self) {
         let n = self
@@ -247,6 +274,11 @@ impl Gateway {
 
     /// Count a refused registration and answer it.
     fn registration_refused(&self, device: SocketAddr, e: SessionError) -> Response<Bytes> {
+        self.registration_refusal(device, e).into_response()
+    }
+
+    /// Count a refused registration (or first-use session) and say why.
+    pub fn registration_refusal(&self, device: SocketAddr, e: SessionError) -> Refusal {
         self.stats
             .registrations_refused
             .fetch_add(1, Ordering::Relaxed);
@@ -255,7 +287,12 @@ impl Gateway {
             SessionError::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::TOO_MANY_REQUESTS,
         };
-        text(status, format!("{e}\n"))
+        Refusal {
+            status,
+            reason: format!("{e}\n"),
+            retry_after: None,
+            session: Some(e),
+        }
     }
 
     /// The session a request names: its Hash ID, or (no Hash ID, a class instead) the session
@@ -336,6 +373,11 @@ impl Gateway {
 
     /// Count a refused request and answer it.
     fn refuse(&self, conn: ConnId, device: SocketAddr, e: SessionError) -> Response<Bytes> {
+        self.refusal(conn, device, e).into_response()
+    }
+
+    /// Count a refused request and say why.
+    pub(crate) fn refusal(&self, conn: ConnId, device: SocketAddr, e: SessionError) -> Refusal {
         self.stats.refused.fetch_add(1, Ordering::Relaxed);
         noisy_warn!(self, Noise::Refused, %device, conn, error = %e, "request refused");
         let status = match e {
@@ -344,19 +386,24 @@ impl Gateway {
             SessionError::InFlight(_) => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::UNAUTHORIZED,
         };
-        let mut body = format!("{e}\n");
+        let mut reason = format!("{e}\n");
         if e == SessionError::Unknown {
-            body.push_str(&format!(
+            reason.push_str(&format!(
                 "register first: POST /register, then send {HASH_ID_HEADER}; or send {PRIORITY_HEADER} to register on first use\n"
             ));
         }
-        text(status, body)
+        Refusal {
+            status,
+            reason,
+            retry_after: None,
+            session: Some(e),
+        }
     }
 
-    /// Forward one device request: the core admits it (its session bound to `conn`, with
-    /// room in flight) and plans its attempts; each goes out on its path here. A request that
-    /// arrived in 0-RTT goes on only under the device's own request id, so a replay of it is
-    /// stored once (decision G18).
+    /// Forward one device request: its session (named, or made on first use) and the 0-RTT
+    /// rule here, then the one record pipeline ([`Gateway::ingest`]). A request that arrived
+    /// in 0-RTT goes on only under the device's own request id, so a replay of it is stored
+    /// once (decision G18).
     async fn forward(
         &self,
         req: Request<()>,
@@ -398,89 +445,27 @@ impl Gateway {
         if registered {
             self.stats.registered.fetch_add(1, Ordering::Relaxed);
         }
-        let bytes = body.len() as u64;
-        let begun = self
-            .paths
-            .with_core(|f| f.begin(&hash, conn, bytes, Instant::now().into_std()));
-        let (id, class, step) = match begun {
-            Ok(b) => b,
-            Err(e) => return self.refuse(conn, device, e),
-        };
-        // Handed back however this future ends, dropped mid-way included.
-        let mut admitted = Admitted {
-            gw: self,
-            id,
-            over: false,
-        };
-        // The id it goes under: the device's if it named one, else the gateway's.
-        let rid: Arc<str> = device_rid
-            .map_or_else(|| id.to_string(), |d| wire::forwarded_device_request_id(&d))
-            .into();
-        // Built once for every attempt (only the path and urgency change). Who sent it and
-        // which path carried it are for the server's sink (S7).
-        let facts = Facts {
+        let rec = DoorRecord {
+            conn,
+            session: hash,
+            device,
+            owner: device.ip().to_string(),
+            method: req.method().clone(),
             target: req
                 .uri()
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .into(),
-            request_id: Some(rid.clone()),
-            device: Some(device.to_string().into()),
-            path: None,
-            class: Some(class),
+            // The id it goes under: the device's if it named one, else the gateway's.
+            request_id: device_rid.map(|d| wire::forwarded_device_request_id(&d).into()),
+            body,
+            received: start,
         };
-        let record = wire::is_record(req.method().as_str(), req.uri().path());
-        let batchable =
-            req.uri().query().is_none() && body.len() <= self.cfg.batch_max_record && record;
-        let spool = self.spool.as_ref().filter(|_| record);
-        let owner = device.ip().to_string();
-        let mut resp = if spool.is_some_and(|s| s.holds(&owner, class)) {
-            // Its earlier records of this class wait in the spool: it queues behind them, so
-            // the server gets them in the order the device sent them.
-            drop(admitted);
-            self.spool_record(&facts, body, &owner, None).await
-        } else {
-            let carried = self
-                .carry(
-                    &mut admitted,
-                    step,
-                    req.method(),
-                    facts.clone(),
-                    body.clone(),
-                    batchable,
-                    spool.is_some(),
-                )
-                .await;
-            match carried {
-                // The server or its queue is busy or down: the spool holds it meanwhile.
-                Carried::Answered(r) if spool.is_some() && spoolable_status(r.status()) => {
-                    self.spool_record(&facts, body, &owner, Some(r)).await
-                }
-                Carried::Answered(r) => r,
-                Carried::NoPath | Carried::Failed if spool.is_some() => {
-                    self.spool_record(&facts, body, &owner, None).await
-                }
-                Carried::NoPath | Carried::Failed => {
-                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    noisy_warn!(self, Noise::Failed, %device, request = %rid, "failed on every backhaul path");
-                    text(
-                        StatusCode::BAD_GATEWAY,
-                        "the server is unreachable on every backhaul path\n",
-                    )
-                }
-                Carried::Refused(e) => self.refuse(conn, device, e),
-            }
-        };
+        let mut resp = self.ingest(rec).await.into_response();
         // The Hash ID of a session made on first use, for the device's next requests.
         if !named {
             if let Ok(v) = http::HeaderValue::from_str(&hash.to_string()) {
                 resp.headers_mut().insert(HASH_ID_HEADER, v);
-            }
-        }
-        if resp.status().is_success() {
-            match class {
-                Priority::Priority => self.stats.delay_priority.record(start.elapsed()),
-                Priority::BestEffort => self.stats.delay_best_effort.record(start.elapsed()),
             }
         }
         resp
@@ -714,11 +699,13 @@ impl Handler for DeviceConnection {
 }
 
 mod config;
+mod ingest;
 mod metrics;
 mod spooling;
 mod stats;
 mod view;
 pub use config::GatewayConfig;
+pub use ingest::{DoorRecord, Ingested, Refusal};
 pub use metrics::GatewayMetrics;
 pub use stats::{DelayHistogram, GatewayStats, StatsSnapshot};
 pub use view::{ConnectionView, PathView, SessionView};

@@ -7,6 +7,7 @@ pub mod batcher;
 pub mod builder;
 pub mod device;
 pub mod gateway;
+pub mod mqtt;
 pub mod outbound;
 pub mod paths;
 pub mod reachability;

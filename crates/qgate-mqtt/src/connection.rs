@@ -512,6 +512,7 @@ impl Connection {
 
     fn handle_publish(&mut self, publish: Publish) {
         let Publish {
+            dup,
             qos,
             retain,
             topic,
@@ -549,6 +550,7 @@ impl Connection {
         self.events.push_back(Event::Publish(Message {
             packet_id,
             qos,
+            dup,
             topic,
             payload,
             retain,

@@ -46,6 +46,9 @@ pub struct Message {
     /// Present for QoS 1 and 2: the identifier `ack` takes.
     pub packet_id: Option<u16>,
     pub qos: QoS,
+    /// The client's DUP flag: it may have sent this message before, perhaps on an earlier
+    /// connection (a shell that stores by message id uses the id it gave the first copy).
+    pub dup: bool,
     pub topic: String,
     pub payload: Bytes,
     pub retain: bool,

@@ -88,7 +88,15 @@ pub struct GatewayArgs {
     /// dir, else off].
     #[arg(long, value_name = "DIR")]
     spool: Option<PathBuf>,
+    /// Open the MQTT front door (3.1.1 and 5.0 over TCP) on ADDR, e.g. 127.0.0.1:1883; limits and
+    /// priority_topics in [gateway.mqtt] [default: [gateway.mqtt] listen, else off]. No
+    /// authentication yet: an address other than loopback lets anyone publish.
+    #[arg(long, value_name = "ADDR")]
+    mqtt: Option<SocketAddr>,
 }
+
+/// Where the MQTT door listens when `[gateway.mqtt]` names no address.
+const DEFAULT_MQTT: &str = "127.0.0.1:1883";
 
 fn secs(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
@@ -310,7 +318,22 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         if let Some(s) = spool {
             builder = builder.with_spool(s);
         }
+        if a.mqtt.is_some() || g.mqtt.is_some() {
+            let section = g.mqtt.clone().unwrap_or_default();
+            let addr = a
+                .mqtt
+                .or(section.listen)
+                .unwrap_or_else(|| DEFAULT_MQTT.parse().expect("valid"));
+            builder = builder.with_mqtt(addr, section.config);
+        }
         let running = builder.start()?;
+        let mqtt_note = match running.mqtt_addr() {
+            Some(m) if qgate_gateway::mqtt::open_to_anyone(m) => {
+                format!(", MQTT on tcp/{m} OPEN TO ANYONE (no authentication yet)")
+            }
+            Some(m) => format!(", MQTT on tcp/{m}"),
+            None => String::new(),
+        };
         let local = running.addr();
         let gw = running.gateway.clone();
         let admin = crate::admin::start(&a.admin, g.admin.as_deref(), cfg, || {
@@ -320,7 +343,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         })
         .await?;
         println!(
-            "qgate gateway listening on udp/{local} (HTTP/3), {}, scheduler {sched_name}{spool_note}{}",
+            "qgate gateway listening on udp/{local} (HTTP/3){mqtt_note}, {}, scheduler {sched_name}{spool_note}{}",
             crate::count(paths.len() as u64, "path", "paths"),
             admin
                 .as_ref()
@@ -333,6 +356,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         // until none is in flight or the grace ends; then every device connection closes and
         // the devices retry or go elsewhere.
         running.endpoint.stop_accepting();
+        running.stop_mqtt();
         eprintln!(
             "qgate: shutting down: no new connections; waiting up to {}s for requests in flight",
             crate::DRAIN_GRACE.as_secs()

@@ -245,6 +245,9 @@ impl metrics::Collector for GatewayMetrics {
         if let Some(s) = &gw.spool {
             s.stats().snapshot().encode(&mut e)?;
         }
+        if let Some(m) = gw.mqtt_stats_if_any() {
+            m.snapshot().encode(&mut e)?;
+        }
         metrics::histograms(
             &mut e,
             "qgate_gateway_response_delay_seconds",

@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
-use qgate_forward::protocol::SPOOLED_HEADER;
 use qgate_spool::spool::CLASSES;
 use qgate_spool::{Done, Entry, NewRecord, Spool, SpoolError};
 use tokio::time::Instant;
 
-use super::{text, Admitted, Carried, Gateway};
+use super::{Admitted, Carried, Gateway, Ingested, Refusal};
 use crate::outbound::Facts;
 
 /// Requests in flight (live and drained) below which the spool drains freely.
@@ -52,17 +51,28 @@ impl Gateway {
         ms + Instant::now().duration_since(at).as_millis() as u64
     }
 
-    /// Keep the record in the spool and answer it as stored; if the spool refuses, the device
-    /// keeps it: the server's own answer `fallback` if there was one, else `503`.
+    /// Keep the record in the spool ([`Ingested::Spooled`]); if the spool refuses, the device
+    /// keeps it: the server's own answer `fallback` if there was one, else a refusal (`503`,
+    /// or `413` for a record too large for the spool) asking it to try again later.
     pub(crate) async fn spool_record(
         &self,
         facts: &Facts,
         body: Bytes,
         owner: &str,
         fallback: Option<Response<Bytes>>,
-    ) -> Response<Bytes> {
+    ) -> Ingested {
         let Some(spool) = self.spool.as_ref() else {
-            return fallback.unwrap_or_else(|| text(StatusCode::BAD_GATEWAY, "no spool\n"));
+            return fallback.map_or_else(
+                || {
+                    Ingested::Refused(Refusal {
+                        status: StatusCode::BAD_GATEWAY,
+                        reason: "no spool\n".into(),
+                        retry_after: None,
+                        session: None,
+                    })
+                },
+                Ingested::Answered,
+            );
         };
         let r = NewRecord {
             class: facts
@@ -75,32 +85,23 @@ impl Gateway {
             body,
         };
         match spool.append(r, self.wall_ms()).await {
-            Ok(_) => {
-                let mut resp = text(
-                    StatusCode::ACCEPTED,
-                    "spooled: the gateway holds this record and sends it on when the server can take it\n",
-                );
-                resp.headers_mut()
-                    .insert(SPOOLED_HEADER, http::HeaderValue::from_static("1"));
-                resp
-            }
+            Ok(_) => Ingested::Spooled,
             Err(e) => {
                 if let Some(r) = fallback {
-                    return r;
+                    return Ingested::Answered(r);
                 }
                 let status = match e {
                     SpoolError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                     _ => StatusCode::SERVICE_UNAVAILABLE,
                 };
-                let mut resp = text(
+                Ingested::Refused(Refusal {
                     status,
-                    format!("{e}; the server is unreachable now: keep the record and try again\n"),
-                );
-                resp.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    http::HeaderValue::from(SPOOL_RETRY_AFTER),
-                );
-                resp
+                    reason: format!(
+                        "{e}; the server is unreachable now: keep the record and try again\n"
+                    ),
+                    retry_after: Some(SPOOL_RETRY_AFTER),
+                    session: None,
+                })
             }
         }
     }

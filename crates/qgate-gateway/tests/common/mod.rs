@@ -324,6 +324,8 @@ pub struct Loopback {
     pub addr: SocketAddr,
     pub trust: qgate_transport::TrustRoots,
     pub stats: Arc<ServerStats>,
+    /// Where MQTT clients reach the gateway, if it has an MQTT door.
+    pub mqtt: Option<SocketAddr>,
 }
 
 /// [`Loopback`] with one backhaul path per address in `paths` (e.g. "127.0.0.2:0") and scheduler
@@ -338,6 +340,28 @@ pub async fn loopback_shaped(
     paths: &[&str],
     sched: &str,
     shape: Option<qgate_link::LinkParams>,
+) -> Loopback {
+    loopback_with(cfg, paths, sched, shape, None).await
+}
+
+/// [`loopback`] with an MQTT door on 127.0.0.1 (any port) configured by `mqtt`.
+pub async fn loopback_mqtt(paths: &[&str], mqtt: qgate_gateway::mqtt::MqttConfig) -> Loopback {
+    loopback_with(
+        GatewayConfig::default(),
+        paths,
+        "round-robin",
+        None,
+        Some(mqtt),
+    )
+    .await
+}
+
+async fn loopback_with(
+    cfg: GatewayConfig,
+    paths: &[&str],
+    sched: &str,
+    shape: Option<qgate_link::LinkParams>,
+    mqtt: Option<qgate_gateway::mqtt::MqttConfig>,
 ) -> Loopback {
     let pki = DevPki::generate(&[]).unwrap();
     let opts = TransportOptions::default();
@@ -357,11 +381,15 @@ pub async fn loopback_shaped(
             None => builder.with_path(socket, server.addr()),
         };
     }
+    if let Some(m) = mqtt {
+        builder = builder.with_mqtt(sa("127.0.0.1:0"), m);
+    }
     let running = builder.start().unwrap();
     assert!(running.paths_measured(Duration::from_secs(10)).await);
     let (gw, addr) = (running.gateway.clone(), running.addr());
     Loopback {
         gw,
+        mqtt: running.mqtt_addr(),
         _running: running,
         addr,
         trust: pki.trust(),

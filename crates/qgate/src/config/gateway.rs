@@ -27,6 +27,8 @@ pub struct GatewaySection {
     pub paths: Vec<PathSection>,
     /// `[gateway.spool]`: keep records no path can take on this disk (issue 50); none = off.
     pub spool: Option<SpoolSection>,
+    /// `[gateway.mqtt]`: the MQTT front door over TCP (issue 51); none = off.
+    pub mqtt: Option<MqttSection>,
     /// Limits and timeouts: the gateway crate's own configuration (`server_name`,
     /// `max_devices`, `request_timeout = "5s"`, …), not a copy of it.
     #[serde(flatten)]
@@ -113,6 +115,20 @@ impl SpoolSection {
         }
         Ok(c)
     }
+}
+
+/// `[gateway.mqtt]`: where the MQTT door listens (`listen = "127.0.0.1:1883"`, or
+/// `qgate gateway --mqtt ADDR`) and the gateway crate's own MQTT limits
+/// (`qgate_gateway::mqtt::MqttConfig`: `priority_topics = ["alarms/#"]`, `max_connections`, …).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttSection {
+    /// The TCP address MQTT clients connect to [default: 127.0.0.1:1883]. Any other than
+    /// loopback lets anyone in: there is no authentication yet (issue 49).
+    pub listen: Option<SocketAddr>,
+    /// Limits and the class rule.
+    #[serde(flatten)]
+    pub config: qgate_gateway::mqtt::MqttConfig,
 }
 
 /// `[[gateway.paths]]`

@@ -12,7 +12,7 @@ mod broker;
 mod gateway;
 
 pub use broker::{BridgeSection, BrokerSection};
-pub use gateway::{GatewaySection, PathSection, SpoolSection};
+pub use gateway::{GatewaySection, MqttSection, PathSection, SpoolSection};
 
 /// The whole file. (`qgate-lab` reads its own tables, `[demo]` and `[linkem]`, from a file of
 /// its own.)
@@ -268,6 +268,22 @@ ttl = "30s"
                 "no token in the example: loopback only"
             );
         }
+    }
+
+    #[test]
+    fn gateway_mqtt_section_is_the_gateway_crates_config_plus_listen() {
+        let text = "[gateway.mqtt]\nlisten = \"127.0.0.1:1884\"\npriority_topics = [\"alarms/#\"]\nmax_connections = 10\n";
+        let cfg = Config::parse(text, "x.toml").unwrap();
+        let m = cfg.gateway.mqtt.unwrap();
+        assert_eq!(m.listen, Some("127.0.0.1:1884".parse().unwrap()));
+        assert_eq!(m.config.priority_topics, ["alarms/#"]);
+        assert_eq!(m.config.max_connections, 10);
+        assert_eq!(
+            m.config.receive_maximum,
+            qgate_gateway::mqtt::MqttConfig::default().receive_maximum
+        );
+        assert!(Config::parse("[gateway.mqtt]\nlisten_on = 1\n", "x.toml").is_err());
+        assert!(Config::parse("", "x.toml").unwrap().gateway.mqtt.is_none());
     }
 
     #[test]
