@@ -994,7 +994,9 @@ fn write_group(inner: &Inner, entries: &[Entry]) -> Written {
     }
     let mut tails = lock(&inner.tails);
     for c in CLASSES {
-        let mine: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].class == c).collect();
+        let mine: Vec<usize> = (0..entries.len())
+            .filter(|&i| entries[i].class == c)
+            .collect();
         if mine.is_empty() {
             continue;
         }
@@ -1155,7 +1157,11 @@ fn load_class(
                 class = class_dir(c), segment = %path.display(), kept = good, records = s.records, error = %why,
                 "spool segment cut at its last good record (a torn write or a bad disk): what followed is lost"
             );
-            if let Err(e) = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(good)) {
+            if let Err(e) = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_len(good))
+            {
                 tracing::warn!(target: "qgate_spool", segment = %path.display(), error = %e, "could not cut the spool segment (it is read up to the cut only)");
             }
         }

@@ -377,7 +377,9 @@ async fn a_cursor_that_cannot_be_right_is_ignored_and_nothing_is_lost() {
     {
         let s = Spool::open(cfg(&dir)).unwrap();
         for n in 0..10 {
-            s.append(rec("a", Priority::BestEffort, n), T0).await.unwrap();
+            s.append(rec("a", Priority::BestEffort, n), T0)
+                .await
+                .unwrap();
         }
     }
     for garbage in [&b"garbage\n"[..], &[0xff; 8][..], &[1, 2, 3][..]] {
@@ -385,7 +387,9 @@ async fn a_cursor_that_cannot_be_right_is_ignored_and_nothing_is_lost() {
         let s = Spool::open(cfg(&dir)).unwrap();
         assert_eq!(s.view().best_effort.held.records, 10, "{garbage:?}");
         // New records still get numbers and go in.
-        s.append(rec("b", Priority::BestEffort, 0), T0).await.unwrap();
+        s.append(rec("b", Priority::BestEffort, 0), T0)
+            .await
+            .unwrap();
         let got = s.take(Priority::BestEffort, 100, u64::MAX, T0).await;
         assert_eq!(got.len(), 11);
         s.back(got);

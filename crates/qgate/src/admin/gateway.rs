@@ -186,7 +186,11 @@ impl Api for GatewayApi {
     }
 
     fn health(&self) -> Result<(), String> {
-        if let Some(why) = self.gw.spool().and_then(|s| s.unavailable(self.gw.wall_ms())) {
+        if let Some(why) = self
+            .gw
+            .spool()
+            .and_then(|s| s.unavailable(self.gw.wall_ms()))
+        {
             return Err(format!("the spool is off: {why}"));
         }
         if self.gw.path_views().iter().any(|p| p.up) {

@@ -556,7 +556,7 @@ impl Prepared {
                 .windows(2)
                 .filter(|w| w[0].1 > 0.0 && w[1].1 == 0.0)
                 .map(|w| w[1].0)
-                .last()
+                .next_back()
                 .or((peak && held(s) == 0).then_some(end));
             if let Some(t) = empty {
                 m.scalars.push(("spool_empty_s".into(), t));
