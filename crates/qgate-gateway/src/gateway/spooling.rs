@@ -117,8 +117,10 @@ impl Gateway {
         let pause = Arc::new(std::sync::Mutex::new(None::<Instant>));
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(DRAIN_TICK) => {}
+                // A finished record's wake-up before the tick: either runs the same pass.
+                biased;
                 _ = wake.notified() => {}
+                _ = tokio::time::sleep(DRAIN_TICK) => {}
             }
             let now = Instant::now();
             if now >= upkeep {

@@ -211,20 +211,24 @@ impl MqttDoor {
                 .as_ref()
                 .map_or(never.clone(), |k| k.taken_over.clone());
             tokio::select! {
-                r = rd.read(&mut buf), if room => match r {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => c.codec.handle_bytes(Instant::now().into_std(), &buf[..n]),
-                },
+                // A takeover first, then finished records (their acknowledgements before more
+                // input), then the codec's deadlines, which the peer's bytes do not lift, and
+                // last the peer's bytes.
+                biased;
+                _ = taken.notified() => {
+                    self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+                    let _ = c.codec.close(ReasonCode::SessionTakenOver);
+                }
                 Some(done) = c.tasks.join_next(), if !c.tasks.is_empty() => {
                     if let Ok(done) = done {
                         c.finish(done);
                     }
                 }
                 _ = sleep_until(due) => c.codec.handle_timeout(Instant::now().into_std()),
-                _ = taken.notified() => {
-                    self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
-                    let _ = c.codec.close(ReasonCode::SessionTakenOver);
-                }
+                r = rd.read(&mut buf), if room => match r {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => c.codec.handle_bytes(Instant::now().into_std(), &buf[..n]),
+                },
             }
         }
         c.handle_events();
