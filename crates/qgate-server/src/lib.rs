@@ -143,18 +143,7 @@ impl IngestService {
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, tokio::task::JoinError> {
-        let Some(runner) = &self.disk else {
-            return tokio::task::spawn_blocking(f).await;
-        };
-        let out = Arc::new(std::sync::Mutex::new(None));
-        let slot = out.clone();
-        runner
-            .run(Box::new(move || {
-                *qgate_core::sync::lock(&slot) = Some(f());
-            }))
-            .await?;
-        let done = qgate_core::sync::lock(&out).take();
-        Ok(done.expect("a disk runner resolves only after its job ran"))
+        qgate_core::disk::run(self.disk.as_ref(), f).await
     }
 
     /// Also remember stored request ids in `store`, so de-duplication survives a restart.

@@ -3,8 +3,8 @@
 //! segment at a time (decision K1).
 //!
 //! A record is answered as stored only after its frame is synced (`append` returns). Disk work
-//! runs on the blocking pool, never on a runtime thread; under a paused test clock the
-//! runtime waits for it rather than jumping ahead, so the spool runs unchanged in virtual time.
+//! runs on the blocking pool, never on a runtime thread, unless the spool is given a runner (a
+//! simulation in virtual time runs it in place, so one seed gives one result: decision U12).
 //!
 //! A record taken to be sent ([`Spool::take`]) is in flight until the shell says it is
 //! [`finish`](Spool::finish)ed or gives it [`back`](Spool::back); a record given back is taken
@@ -236,6 +236,8 @@ struct Inner {
     stats: SpoolStats,
     /// The directory's lock, held while the spool is open: one gateway per spool.
     _lock: File,
+    /// Where its disk work runs: tokio's blocking pool unless given (U12).
+    disk: Option<Arc<dyn qgate_core::disk::DiskRunner>>,
 }
 
 /// The spool. Cheap to clone.
@@ -258,6 +260,15 @@ impl Spool {
     /// counted. Refused only if the directory cannot be made, locked or listed. Blocking (it
     /// reads every segment once): call it at start.
     pub fn open(cfg: SpoolConfig) -> std::io::Result<Spool> {
+        Spool::open_with(cfg, None)
+    }
+
+    /// [`open`](Self::open), its disk work run by `disk` (a simulation in virtual time runs it
+    /// in place, decision U12).
+    pub fn open_with(
+        cfg: SpoolConfig,
+        disk: Option<Arc<dyn qgate_core::disk::DiskRunner>>,
+    ) -> std::io::Result<Spool> {
         std::fs::create_dir_all(&cfg.dir)?;
         let lock_file = lock_dir(&cfg.dir)?;
         let stats = SpoolStats::default();
@@ -372,6 +383,7 @@ impl Spool {
                 readers: [tokio::sync::Mutex::new(()), tokio::sync::Mutex::new(())],
                 stats,
                 _lock: lock_file,
+                disk,
                 cfg,
             }),
         };
@@ -534,7 +546,10 @@ impl Spool {
             let Some((path, first_seq, offset, end)) = next else {
                 break;
             };
-            let read = tokio::task::spawn_blocking(move || read_frames(&path, offset, end)).await;
+            let read = qgate_core::disk::run(self.inner.disk.as_ref(), move || {
+                read_frames(&path, offset, end)
+            })
+            .await;
             let mut s = lock(&self.inner.state);
             let (found, used, bad) = match read {
                 Ok(Ok(r)) => r,
@@ -682,9 +697,11 @@ impl Spool {
             (s.purges.clone(), n)
         };
         let path = self.inner.cfg.dir.join("purges");
-        tokio::task::spawn_blocking(move || write_purges(&path, &purges))
-            .await
-            .map_err(std::io::Error::other)??;
+        qgate_core::disk::run(self.inner.disk.as_ref(), move || {
+            write_purges(&path, &purges)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
         Ok(n)
     }
 
@@ -717,7 +734,7 @@ impl Spool {
         if writes.is_empty() {
             return Ok(());
         }
-        tokio::task::spawn_blocking(move || {
+        qgate_core::disk::run(self.inner.disk.as_ref(), move || {
             for (path, cur) in writes {
                 let tmp = path.with_extension("tmp");
                 std::fs::write(&tmp, cur.to_le_bytes())?;
@@ -872,13 +889,14 @@ async fn flush(inner: Arc<Inner>) {
         let frames: Vec<Entry> = batch.iter().map(|p| p.entry.clone()).collect();
         let inner2 = inner.clone();
         let n = frames.len();
-        let wrote = tokio::task::spawn_blocking(move || write_group(&inner2, &frames))
-            .await
-            .unwrap_or_else(|e| Written {
-                events: Vec::new(),
-                stored: vec![false; n],
-                error: Some(std::io::Error::other(e)),
-            });
+        let wrote =
+            qgate_core::disk::run(inner.disk.as_ref(), move || write_group(&inner2, &frames))
+                .await
+                .unwrap_or_else(|e| Written {
+                    events: Vec::new(),
+                    stored: vec![false; n],
+                    error: Some(std::io::Error::other(e)),
+                });
         let mut s = lock(&inner.state);
         for ev in wrote.events {
             apply(&mut s, ev);

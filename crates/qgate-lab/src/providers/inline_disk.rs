@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use qgate_server::disk::DiskRunner;
+use qgate_core::disk::DiskRunner;
 
 /// Runs the upload receiver's disk work where it is asked for, so one seed gives one result.
 #[derive(Debug, Clone, Copy, Default)]

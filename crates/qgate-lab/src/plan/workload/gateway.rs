@@ -273,7 +273,13 @@ pub(crate) async fn prepare(
             keep_free: 0,
             ..qgate_spool::SpoolConfig::new(&dir)
         };
-        let spool = qgate_spool::Spool::open(cfg).map_err(|e| format!("spool: {e}"))?;
+        // Disk work in place: a blocking-pool thread would finish at no fixed point of
+        // virtual time (U12).
+        let spool = qgate_spool::Spool::open_with(
+            cfg,
+            Some(std::sync::Arc::new(crate::providers::InlineDisk)),
+        )
+        .map_err(|e| format!("spool: {e}"))?;
         builder = builder.with_spool(spool.clone());
         Some((spool, dir))
     } else {
