@@ -172,6 +172,28 @@ fn added(via: &[Load], direct: &[Load]) -> Summary {
     )
 }
 
+/// One sender per client posting its body straight to the server's `/ingest/bench`: the
+/// baseline the gateway and spool benches measure against.
+pub(crate) fn direct_senders(direct: &[Arc<H3Client>]) -> Vec<SendFn> {
+    direct
+        .iter()
+        .map(|h| {
+            let h = h.clone();
+            Arc::new(move |b: Bytes| {
+                let h = h.clone();
+                Box::pin(async move {
+                    let req = http::Request::post("https://localhost/ingest/bench")
+                        .body(())
+                        .expect("valid");
+                    h.request(req, b, 4096)
+                        .await
+                        .is_ok_and(|r| r.status.is_success())
+                }) as futures_util::future::BoxFuture<'static, bool>
+            }) as SendFn
+        })
+        .collect()
+}
+
 pub(crate) type SendFn =
     Arc<dyn Fn(Bytes) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
 
@@ -344,25 +366,7 @@ pub fn run(cfg: BenchConfig, progress: impl Fn(usize)) -> GatewayBench {
                 .collect()
         };
         let via_senders = || senders_to(&via);
-        let direct_senders = || -> Vec<SendFn> {
-            direct
-                .iter()
-                .map(|h| {
-                    let h = h.clone();
-                    Arc::new(move |b: Bytes| {
-                        let h = h.clone();
-                        Box::pin(async move {
-                            let req = http::Request::post("https://localhost/ingest/bench")
-                                .body(())
-                                .expect("valid");
-                            h.request(req, b, 4096)
-                                .await
-                                .is_ok_and(|r| r.status.is_success())
-                        }) as futures_util::future::BoxFuture<'static, bool>
-                    }) as SendFn
-                })
-                .collect()
-        };
+        let direct_senders = || direct_senders(&direct);
         let mut out = GatewayBench {
             via_gateway: Vec::new(),
             direct: Vec::new(),

@@ -126,25 +126,7 @@ pub fn run(cfg: SpoolBenchConfig, progress: impl Fn(&str)) -> SpoolBench {
                 H3Client::new(c.connection().clone()).await.expect("h3"),
             ));
         }
-        let direct_senders = || -> Vec<SendFn> {
-            direct
-                .iter()
-                .map(|h| {
-                    let h = h.clone();
-                    Arc::new(move |b: Bytes| {
-                        let h = h.clone();
-                        Box::pin(async move {
-                            let req = http::Request::post("https://localhost/ingest/bench")
-                                .body(())
-                                .expect("valid");
-                            h.request(req, b, 4096)
-                                .await
-                                .is_ok_and(|r| r.status.is_success())
-                        }) as futures_util::future::BoxFuture<'static, bool>
-                    }) as SendFn
-                })
-                .collect()
-        };
+        let direct_senders = || super::gateway::direct_senders(&direct);
         let dir = tempdir("rate");
         let spool = Spool::open(config(&dir)).expect("spool");
         let n = Arc::new(AtomicU64::new(0));
