@@ -427,3 +427,91 @@ async fn a_record_no_share_could_hold_is_too_large_not_a_full_share() {
     assert_eq!(s.append(r, T0).await, Err(SpoolError::TooLarge));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A tmpfs of `size` mounted on `dir` while it lives (root only).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_owned()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_disk_that_fills_mid_write_keeps_every_stored_record_and_no_other() {
+    let dir = tempdir("enospc");
+    let Some(_fs) = Tmpfs::mount(&dir, "256k") else {
+        // Mounting needs root; CI has it, so there the test must run.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must be able to mount a tmpfs for this test"
+        );
+        eprintln!("skipped: cannot mount a tmpfs here (not root)");
+        return;
+    };
+    let s = Spool::open(cfg(&dir)).unwrap();
+    let mut stored = std::collections::BTreeSet::new();
+    let mut refused = 0;
+    // Rounds of concurrent appends (so a group's write is cut mid-way) until the disk is full.
+    for round in 0..40u32 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in 0..16u32 {
+            let s = s.clone();
+            let n = round * 16 + k;
+            tasks.spawn(async move {
+                let mut r = rec("10.0.0.9", Priority::BestEffort, n);
+                r.body = Bytes::from(vec![b'x'; 900 + n as usize % 200]);
+                (r.request_id.clone(), s.append(r, T0).await)
+            });
+        }
+        while let Some(t) = tasks.join_next().await {
+            match t.unwrap() {
+                (id, Ok(_)) => {
+                    stored.insert(id);
+                }
+                (_, Err(e)) => {
+                    assert!(matches!(e, SpoolError::Unavailable(_)), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        if refused > 0 {
+            break;
+        }
+    }
+    assert!(refused > 0, "a 256 KiB disk took 640 KiB of records");
+    assert!(stored.len() > 100, "only {} stored", stored.len());
+    assert!(
+        s.unavailable(T0).is_some(),
+        "a failed write turns the spool off"
+    );
+    assert_eq!(s.view().best_effort.held.records, stored.len() as u64);
+    drop(s);
+    // Reopened on the same full disk: exactly what was answered as stored, nothing torn.
+    let s = Spool::open(cfg(&dir)).unwrap();
+    let got = s.take(Priority::BestEffort, 10_000, u64::MAX, T0).await;
+    let ids: std::collections::BTreeSet<_> = got.iter().map(|e| e.request_id.clone()).collect();
+    assert_eq!(ids, stored);
+    assert_eq!(got.len(), stored.len(), "no record twice");
+    assert_eq!(
+        s.stats().snapshot().torn,
+        0,
+        "the cut write left no torn tail"
+    );
+}
