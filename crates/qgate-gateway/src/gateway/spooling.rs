@@ -5,8 +5,8 @@
 //! through the same scheduler, paths and batches as live records, under their own request ids.
 //!
 //! Draining leaves live traffic its share (decision K2): drained records in flight are kept
-//! to what [`DRAIN_WINDOW`] leaves after live requests, and never below [`DRAIN_FLOOR`], so a
-//! spool always empties.
+//! to what the paths' congestion windows hold ([`drain_window`]) after live requests, and
+//! never below [`DRAIN_FLOOR`], so a spool always empties.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,8 +21,12 @@ use tokio::time::Instant;
 use super::{Admitted, Carried, Gateway, Ingested, Refusal};
 use crate::outbound::Facts;
 
-/// Requests in flight (live and drained) below which the spool drains freely.
+/// Requests in flight (live and drained) below which the spool drains freely, however small
+/// the paths' congestion windows (they start small when the paths return).
 pub const DRAIN_WINDOW: usize = 256;
+/// Bytes a drained record is taken to occupy in a congestion window besides its body: its batch
+/// entry's target, request id and device, and its share of packet and frame headers.
+const DRAIN_RECORD_OVERHEAD: u64 = 96;
 /// Drained records in flight however busy live traffic is: the spool always empties.
 pub const DRAIN_FLOOR: usize = 16;
 /// Bytes taken from the spool at a time, at most.
@@ -115,6 +119,8 @@ impl Gateway {
         let mut upkeep = Instant::now();
         let mut paused_until = Instant::now();
         let pause = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        // The mean body of the records last taken: what a drained record costs the window.
+        let mut record_bytes = 0;
         loop {
             tokio::select! {
                 // A finished record's wake-up before the tick: either runs the same pass.
@@ -141,11 +147,11 @@ impl Gateway {
                 continue;
             }
             let mine = in_flight.load(Ordering::Relaxed);
-            let live = self
-                .paths
-                .with_core(|f| f.requests_in_flight())
-                .saturating_sub(mine);
-            let mut room = DRAIN_WINDOW
+            let (live, cwnd) = self.paths.with_core(|f| {
+                let cwnd = f.paths().up().filter_map(|p| p.cwnd).sum::<u64>();
+                (f.requests_in_flight().saturating_sub(mine), cwnd)
+            });
+            let mut room = drain_window(cwnd, record_bytes)
                 .saturating_sub(live)
                 .max(DRAIN_FLOOR)
                 .saturating_sub(mine);
@@ -155,6 +161,10 @@ impl Gateway {
                 }
                 let got = spool.take(class, room, DRAIN_BYTES, self.wall_ms()).await;
                 room -= got.len();
+                if !got.is_empty() {
+                    let body: usize = got.iter().map(|e| e.body.len()).sum();
+                    record_bytes = (body / got.len()) as u64;
+                }
                 for e in got {
                     in_flight.fetch_add(1, Ordering::Relaxed);
                     let (gw, spool, in_flight, wake, pause) = (
@@ -244,6 +254,15 @@ impl Gateway {
     }
 }
 
+/// Drained and live records the paths carry at once without a queue at the sender: the
+/// records of `body` bytes that the up paths' congestion windows, `cwnd` bytes together, hold,
+/// and at least [`DRAIN_WINDOW`]. Filling no more than the windows keeps a live record from
+/// waiting behind drained ones in a send buffer; filling them drains at what the paths carry.
+fn drain_window(cwnd: u64, body: u64) -> usize {
+    let held = cwnd / (body + DRAIN_RECORD_OVERHEAD);
+    DRAIN_WINDOW.max(usize::try_from(held).unwrap_or(usize::MAX))
+}
+
 /// A 4xx the server would give the record again however often it is sent.
 fn is_final_refusal(s: StatusCode) -> bool {
     s.is_client_error()
@@ -252,4 +271,23 @@ fn is_final_refusal(s: StatusCode) -> bool {
             StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
         )
         && s.as_u16() != 425
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_drain_window_is_what_the_congestion_windows_hold_and_never_below_the_minimum() {
+        // Just after the paths return: initial windows, the minimum.
+        assert_eq!(drain_window(2 * 14_720, 100), DRAIN_WINDOW);
+        // 200 KB of windows over 100-byte records: 1,020 records.
+        assert_eq!(drain_window(200_000, 100), 1_020);
+        // Before any record was taken the overhead alone counts.
+        assert_eq!(drain_window(0, 0), DRAIN_WINDOW);
+        assert_eq!(
+            drain_window(u64::MAX, 0),
+            usize::try_from(u64::MAX / 96).unwrap_or(usize::MAX)
+        );
+    }
 }
