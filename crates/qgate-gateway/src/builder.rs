@@ -71,6 +71,7 @@ pub struct GatewayBuilder {
     paths: Vec<(Socket, SocketAddr, PathOptions)>,
     device_socket: Option<Socket>,
     identity: Option<Identity>,
+    device_ca: Option<TrustRoots>,
     trust: Option<TrustRoots>,
     history: Option<BackhaulHistory>,
     seed: Option<u64>,
@@ -97,6 +98,7 @@ impl Gateway {
             paths: Vec::new(),
             device_socket: None,
             identity: None,
+            device_ca: None,
             trust: None,
             history: None,
             seed: None,
@@ -171,6 +173,14 @@ impl GatewayBuilder {
     /// The certificate devices see.
     pub fn with_identity(mut self, identity: Identity) -> Self {
         self.identity = Some(identity);
+        self
+    }
+
+    /// Devices must present a certificate signed by `ca`; each is known by the identity it
+    /// names (decision G30), which the gateway forwards as `qgate-device`. Without it any
+    /// client that reaches the device port may register, known by its address.
+    pub fn with_device_ca(mut self, ca: TrustRoots) -> Self {
+        self.device_ca = Some(ca);
         self
     }
 
@@ -288,9 +298,13 @@ impl GatewayBuilder {
             core,
             self.history,
         );
-        let endpoint =
-            self.config
-                .device_endpoint(socket, &identity, &self.transport, seed.map(|s| s + 1))?;
+        let endpoint = self.config.device_endpoint(
+            socket,
+            &identity,
+            self.device_ca.as_ref(),
+            &self.transport,
+            seed.map(|s| s + 1),
+        )?;
         let mqtt = match self.mqtt {
             None => None,
             Some((listen, cfg)) => {
@@ -314,6 +328,7 @@ impl GatewayBuilder {
         };
         let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
+        gateway.devices_authenticated = self.device_ca.is_some();
         if let Some(s) = self.spool.clone() {
             gateway.set_spool(s);
         }

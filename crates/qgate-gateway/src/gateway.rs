@@ -15,6 +15,7 @@ use qgate_forward::forwarder::{Attempt, Outcome, RequestId, Step};
 use qgate_forward::path::PathId;
 use qgate_forward::session::{ConnId, HashId, SessionError};
 use qgate_transport::http3::{self, H3Client, H3Error, Handler, ServeLimits};
+use qgate_transport::peer_id;
 use qgate_transport::shared_driver::{self, EndpointStats};
 use tokio::time::Instant;
 
@@ -85,6 +86,8 @@ pub struct Gateway {
     pub(crate) spool: Option<qgate_spool::Spool>,
     /// The MQTT door's counters, once it has one (issue 51).
     mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttStats>>,
+    /// Whether devices authenticate with certificates (set by the builder, decision G30).
+    pub(crate) devices_authenticated: bool,
     /// The wall clock at start (ms since the Unix epoch) and the runtime's clock then: spooled
     /// records' ages follow the runtime's clock, so they run in virtual time too.
     epoch: (Instant, u64),
@@ -131,6 +134,7 @@ impl Gateway {
             bodies: http3::BodyBudget::new(cfg.max_buffered),
             spool: None,
             mqtt: std::sync::OnceLock::new(),
+            devices_authenticated: false,
             epoch: (
                 Instant::now(),
                 std::time::SystemTime::now()
@@ -179,6 +183,7 @@ impl Gateway {
                 gw: self.clone(),
                 id,
                 conn: conn.clone(),
+                identity: std::sync::OnceLock::new(),
             });
             let limits = limits.clone();
             lock(&self.conns).insert(id, conn.clone());
@@ -410,6 +415,7 @@ impl Gateway {
         body: Bytes,
         dc: &DeviceConnection,
         device: SocketAddr,
+        identity: Option<Arc<str>>,
     ) -> Response<Bytes> {
         let start = Instant::now();
         let conn = dc.id;
@@ -449,7 +455,10 @@ impl Gateway {
             conn,
             session: hash,
             device,
-            owner: device.ip().to_string(),
+            owner: identity
+                .as_deref()
+                .map_or_else(|| device.ip().to_string(), str::to_owned),
+            identity,
             method: req.method().clone(),
             target: req
                 .uri()
@@ -678,10 +687,57 @@ struct DeviceConnection {
     gw: Arc<Gateway>,
     id: ConnId,
     conn: shared_driver::Connection,
+    /// The identity its certificate names, once read.
+    identity: std::sync::OnceLock<Arc<str>>,
+}
+
+impl DeviceConnection {
+    /// The device's identity when the gateway authenticates devices (decision G30): `Ok(None)`
+    /// when it does not, `Err` (the answer) when this connection has no usable identity yet.
+    fn identity(&self) -> Result<Option<Arc<str>>, Box<Response<Bytes>>> {
+        if !self.gw.devices_authenticated {
+            return Ok(None);
+        }
+        if let Some(id) = self.identity.get() {
+            return Ok(Some(id.clone()));
+        }
+        match peer_id::peer_identity(self.conn.peer_identity()) {
+            Some(Ok(id)) => Ok(Some(self.identity.get_or_init(|| id.into()).clone())),
+            Some(Err(e)) => {
+                let device = self.conn.remote_address();
+                noisy_warn!(self.gw, Noise::Refused, %device, error = %e, "device refused: its certificate names no usable identity");
+                self.gw
+                    .stats
+                    .unauthenticated
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Box::new(text(StatusCode::FORBIDDEN, format!("{e}\n"))))
+            }
+            // Early data on a connection that is not resuming an authenticated session: the
+            // certificate comes with the end of the handshake (RFC 8446 §4.4.2).
+            None if !self.conn.is_established() => Err(Box::new(text(
+                StatusCode::from_u16(425).expect("valid status"),
+                "send it again once the handshake is done: the gateway authenticates devices\n",
+            ))),
+            None => {
+                self.gw
+                    .stats
+                    .unauthenticated
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Box::new(text(
+                    StatusCode::FORBIDDEN,
+                    "this gateway takes devices with a client certificate only\n",
+                )))
+            }
+        }
+    }
 }
 
 impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
+        let identity = match self.identity() {
+            Ok(i) => i,
+            Err(resp) => return *resp,
+        };
         match (req.method().as_str(), req.uri().path()) {
             ("POST", "/register") => self.gw.register(&req, self),
             // The gateway's own route to the server: a device's batch would name other
@@ -693,7 +749,7 @@ impl Handler for DeviceConnection {
                     qgate_forward::batch::BATCH_PATH
                 ),
             ),
-            _ => self.gw.forward(req, body, self, peer).await,
+            _ => self.gw.forward(req, body, self, peer, identity).await,
         }
     }
 }

@@ -80,14 +80,16 @@ pub fn server_config_with_client_auth(
 /// ticket per connection, in a [`TicketStore`](crate::tickets::TicketStore)), so that many
 /// returning clients may resume with 0-RTT; rustls's default store holds 256. Each ticket is
 /// taken when used: a replayed first flight finds none and gets a full handshake with its early
-/// data discarded (RFC 8446 §8.1; decision G18).
+/// data discarded (RFC 8446 §8.1; decision G18). With `client_ca`, every client must present
+/// a certificate signed by it; a resumed session keeps the certificate of the one it resumes.
 pub fn server_config_resuming(
     identity: &Identity,
     alpn: &[&[u8]],
     opts: &TransportOptions,
     clients: usize,
+    client_ca: Option<&TrustRoots>,
 ) -> Result<ServerConfig, TransportError> {
-    server_config_inner(identity, alpn, opts, None, Some(clients))
+    server_config_inner(identity, alpn, opts, client_ca, Some(clients))
 }
 
 fn server_config_inner(

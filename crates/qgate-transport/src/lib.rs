@@ -11,6 +11,8 @@ pub mod holdings;
 pub mod http3;
 pub mod loss_switch;
 mod options;
+pub mod peer_id;
+pub mod pki;
 pub mod qlog;
 pub mod quinn_streams;
 pub mod shaped;

@@ -324,7 +324,7 @@ fn generate_pems(extra_names: &[String]) -> Result<(String, String, String), Tls
 /// An Ed25519 key as a PKCS#8 v1 document (RFC 5208, the private key alone), which
 /// OpenSSL-based tools read: ring writes v2 (RFC 5958, with the public key), which OpenSSL 3
 /// and Python's `cryptography` here reject ("extra data"). rustls reads both (decision T2).
-fn pkcs8_v1_pem(key: &rcgen::KeyPair) -> Result<String, TlsError> {
+pub(crate) fn pkcs8_v1_pem(key: &rcgen::KeyPair) -> Result<String, TlsError> {
     // SEQUENCE { INTEGER v, SEQUENCE { OID 1.3.101.112 }, OCTET STRING { OCTET STRING seed } …
     const ED25519_V2: [u8; 16] = [
         0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
@@ -345,7 +345,7 @@ fn pkcs8_v1_pem(key: &rcgen::KeyPair) -> Result<String, TlsError> {
 /// A 20-byte serial number taken from the key (so unique per key) whose top bits are 01: its
 /// DER encoding is always 20 bytes. rcgen's own drops a leading zero byte one time in 128, and
 /// a certificate one byte shorter changes a simulated run's byte counts from run to run.
-fn serial(key: &rcgen::KeyPair) -> rcgen::SerialNumber {
+pub(crate) fn serial(key: &rcgen::KeyPair) -> rcgen::SerialNumber {
     let mut s = key.public_key_raw()[..20].to_vec();
     s[0] = (s[0] & 0x3f) | 0x40;
     rcgen::SerialNumber::from(s)

@@ -10,7 +10,7 @@ use qgate_forward::path::PathConfig;
 use qgate_gateway::device::Device;
 use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_transport::http3::{H3Client, ALPN_H3};
-use qgate_transport::{client_config, connect, endpoint, DevPki, Socket, TrustRoots};
+use qgate_transport::{client_config_with_identity, connect, endpoint, DevPki, Socket, TrustRoots};
 
 use crate::config::{parse_duration, Config};
 use crate::{default_dev_pki_dir, dflt, usage, Failure};
@@ -41,6 +41,11 @@ pub struct GatewayArgs {
     /// CA certificate(s) of the server, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
+    /// Devices must present a client certificate signed by this CA (PEM; `qgate pki` makes
+    /// one), and are known by the name it gives them [default: [gateway] device_ca, else
+    /// devices are not authenticated: keep the device port on loopback then].
+    #[arg(long, value_name = "FILE")]
+    device_ca: Option<PathBuf>,
     #[arg(long, help = dflt("Most devices at once", GatewayConfig::default().max_devices))]
     max_devices: Option<usize>,
     #[arg(long, help = dflt("Most requests in flight per device", GatewayConfig::default().max_inflight_per_device))]
@@ -258,6 +263,15 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         gcfg.server_authority = n;
     }
     let (trust, pki) = trust(a.ca.or(g.ca.clone()))?;
+    let device_ca = match a.device_ca.as_ref().or(g.device_ca.as_ref()) {
+        Some(f) => Some(TrustRoots::from_pem_file(f).map_err(|e| {
+            usage(format!(
+                "device_ca {}: {e} (a PEM file with the CA that signs device certificates; `qgate pki ca` makes one)",
+                f.display()
+            ))
+        })?),
+        None => None,
+    };
     let spool_cfg = match (&a.spool, &g.spool) {
         (None, None) => None,
         (flag, section) => {
@@ -312,6 +326,18 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             let socket = Socket::bind_udp(*local).map_err(usage)?;
             builder = builder.with_backhaul(socket, *server, options.clone());
         }
+        let devices_note = if device_ca.is_some() {
+            ", devices by certificate"
+        } else if listen.ip().is_loopback() {
+            ", devices unauthenticated (loopback only)"
+        } else {
+            // Said first and loudly: anyone who reaches the port may register (issue 49).
+            tracing::warn!(%listen, "the device port is OPEN TO ANYONE: devices are not authenticated (set [gateway] device_ca or --device-ca)");
+            ", devices UNAUTHENTICATED: OPEN TO ANYONE"
+        };
+        if let Some(ca) = device_ca {
+            builder = builder.with_device_ca(ca);
+        }
         let spool_note = spool.as_ref().map_or(String::new(), |s| {
             format!(", spool {}", s.config().dir.display())
         });
@@ -343,7 +369,7 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         })
         .await?;
         println!(
-            "qgate gateway listening on udp/{local} (HTTP/3){mqtt_note}, {}, scheduler {sched_name}{spool_note}{}",
+            "qgate gateway listening on udp/{local} (HTTP/3{devices_note}){mqtt_note}, {}, scheduler {sched_name}{spool_note}{}",
             crate::count(paths.len() as u64, "path", "paths"),
             admin
                 .as_ref()
@@ -419,6 +445,13 @@ pub struct DeviceArgs {
     /// CA certificate(s) of the gateway, PEM [default: the development CA].
     #[arg(long, value_name = "FILE")]
     ca: Option<PathBuf>,
+    /// This device's certificate, PEM (`qgate pki issue NAME`), for a gateway that
+    /// authenticates devices; with --key.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The private key of --cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
     /// Start from the window history of earlier connections to this gateway (paper 002)
     /// [default: ewma; off to disable].
     #[arg(long, value_enum, value_name = "MODE")]
@@ -471,7 +504,15 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         None => None,
     };
     let (roots, _) = trust(a.ca)?;
-    let ccfg = client_config(&roots, &[ALPN_H3], &cfg.transport).map_err(usage)?;
+    let me = match (&a.cert, &a.key) {
+        (Some(c), Some(k)) => Some(
+            qgate_transport::Identity::from_pem_files(c, k)
+                .map_err(|e| usage(format!("--cert/--key: {e}")))?,
+        ),
+        _ => None,
+    };
+    let ccfg = client_config_with_identity(&roots, &[ALPN_H3], &cfg.transport, me.as_ref())
+        .map_err(usage)?;
     let history = crate::historycmd::open_default_on(
         a.history,
         a.history_store.clone(),

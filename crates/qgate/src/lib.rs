@@ -9,6 +9,7 @@ mod client;
 pub mod config;
 mod gatewaycmd;
 mod historycmd;
+mod pkicmd;
 mod server;
 mod uploadcmd;
 pub mod url;
@@ -143,6 +144,8 @@ enum Command {
     /// Upload a file over one or more interfaces at once, from both ends of the file toward the
     /// middle, resuming where an interrupted upload stopped (paper 001).
     Upload(uploadcmd::UploadArgs),
+    /// Make a CA for a small fleet, and device and gateway certificates signed by it.
+    Pki(pkicmd::PkiArgs),
     /// Talk to a running server, gateway or broker through its admin port (--admin): paths,
     /// sessions, queues, connections; purge, close, switch the scheduler, reload.
     Ctl(admin::ctl::CtlArgs),
@@ -307,6 +310,7 @@ pub fn run() -> ExitCode {
         Command::Send(a) => amqpcmd::send(a, &config),
         Command::Recv(a) => amqpcmd::recv(a, &config),
         Command::Ctl(a) => admin::ctl::ctl(a, &config),
+        Command::Pki(a) => pkicmd::run(a),
         Command::Upload(a) => uploadcmd::run(a, &config),
     };
     match result {

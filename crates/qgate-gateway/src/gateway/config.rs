@@ -8,6 +8,7 @@ use qgate_forward::session::SessionLimits;
 use qgate_transport::http3;
 use qgate_transport::{
     server_config_resuming, shared_driver, Identity, Socket, TransportError, TransportOptions,
+    TrustRoots,
 };
 
 use crate::batcher;
@@ -115,11 +116,13 @@ impl GatewayConfig {
     /// driver task for all device connections, decision G9). It holds at most `max_devices`
     /// plus an eighth (and 16) established connections, room for devices reconnecting while
     /// their old connection times out; more are refused during the handshake. Handshakes have
-    /// their own budget and address validation (decision G12).
+    /// their own budget and address validation (decision G12). With `device_ca`, a device must
+    /// present a certificate it signed (decision G30).
     pub fn device_endpoint(
         &self,
         socket: Socket,
         identity: &Identity,
+        device_ca: Option<&TrustRoots>,
         base: &TransportOptions,
         seed: Option<u64>,
     ) -> Result<shared_driver::Endpoint, TransportError> {
@@ -135,8 +138,13 @@ impl GatewayConfig {
         };
         // A resumption ticket for every device it may serve, so returning devices use 0-RTT
         // (decision G18).
-        let scfg =
-            server_config_resuming(identity, &[http3::ALPN_H3], &opts, limits.max_connections)?;
+        let scfg = server_config_resuming(
+            identity,
+            &[http3::ALPN_H3],
+            &opts,
+            limits.max_connections,
+            device_ca,
+        )?;
         shared_driver::Endpoint::server(socket, scfg, &opts, seed, limits)
     }
 

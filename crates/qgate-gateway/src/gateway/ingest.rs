@@ -27,8 +27,12 @@ pub struct DoorRecord {
     pub session: HashId,
     /// Where it came from, for the server's sink and the logs.
     pub device: SocketAddr,
-    /// Whose share of the spool it counts against, and behind whose spooled records it queues.
+    /// Whose share of the spool it counts against, and behind whose spooled records it queues:
+    /// its identity, else its address without the port.
     pub owner: String,
+    /// The device's authenticated identity (decision G30), forwarded as `qgate-device` in place
+    /// of its address.
+    pub identity: Option<Arc<str>>,
     /// `POST` for records.
     pub method: Method,
     /// Path and query at the server: `/ingest/<stream>` for a record.
@@ -127,6 +131,7 @@ impl Gateway {
             session,
             device,
             owner,
+            identity,
             method,
             target,
             request_id,
@@ -159,7 +164,7 @@ impl Gateway {
         let facts = Facts {
             target: target.clone(),
             request_id: Some(rid.clone()),
-            device: Some(device.to_string().into()),
+            device: Some(identity.unwrap_or_else(|| device.to_string().into())),
             path: None,
             class: Some(class),
         };

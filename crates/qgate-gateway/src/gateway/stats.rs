@@ -53,6 +53,9 @@ qgate_core::counters! {
     pub struct GatewayStats => StatsSnapshot {
         /// Devices registered.
         registered: counter "qgate_gateway_registered", "devices registered";
+        /// Requests refused because their connection showed no usable device identity.
+        unauthenticated: counter "qgate_gateway_unauthenticated",
+            "requests refused for want of a usable device identity";
         /// Requests answered by the server.
         forwarded: counter "qgate_gateway_forwarded", "requests answered by the server";
         /// Forwarding attempts that failed and were retried on another path.

@@ -67,6 +67,8 @@ pub struct ConnectionView {
     pub id: ConnId,
     /// The device's address now.
     pub remote: String,
+    /// The identity its certificate names, when the gateway authenticates devices (G30).
+    pub identity: Option<String>,
     /// Sessions it holds.
     pub sessions: usize,
 }
@@ -140,17 +142,26 @@ impl Gateway {
             }
         });
         let conns = lock(&self.conns);
-        let mut rows: Vec<ConnectionView> = conns
-            .iter()
-            .map(|(id, c)| ConnectionView {
-                id: *id,
-                remote: c.remote_address().to_string(),
-                sessions: per_conn.get(id).copied().unwrap_or(0),
+        let mut ids: Vec<ConnId> = conns.keys().copied().collect();
+        let total = ids.len();
+        ids.sort_unstable();
+        ids.truncate(limit);
+        let rows = ids
+            .into_iter()
+            .map(|id| {
+                let c = &conns[&id];
+                ConnectionView {
+                    id,
+                    remote: c.remote_address().to_string(),
+                    identity: self
+                        .devices_authenticated
+                        .then(|| qgate_transport::peer_id::peer_identity(c.peer_identity()))
+                        .flatten()
+                        .and_then(Result::ok),
+                    sessions: per_conn.get(&id).copied().unwrap_or(0),
+                }
             })
             .collect();
-        let total = rows.len();
-        rows.sort_by_key(|r| r.id);
-        rows.truncate(limit);
         (rows, total)
     }
 

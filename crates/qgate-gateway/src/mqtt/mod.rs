@@ -422,6 +422,7 @@ impl Conn {
                         session,
                         device: peer,
                         owner: peer.ip().to_string(),
+                        identity: None,
                         method: Method::POST,
                         target: format!("{}/{stream}", qgate_forward::protocol::INGEST_PATH).into(),
                         request_id: Some(rec_id),

@@ -59,6 +59,15 @@ impl Connection {
         lock(&self.cell.conn).established
     }
 
+    /// What TLS says of the peer (its certificate chain), once it has shown one: read it with
+    /// [`peer_id::peer_identity`](crate::peer_id::peer_identity).
+    pub fn peer_identity(&self) -> Option<Box<dyn std::any::Any>> {
+        lock(&self.cell.conn)
+            .proto
+            .as_ref()
+            .and_then(|p| p.crypto_session().peer_identity())
+    }
+
     /// Whether the connection is closing or gone, closed by either side (a local close sets no
     /// [`close_reason`](Self::close_reason)).
     pub fn is_closed(&self) -> bool {

@@ -19,6 +19,9 @@ pub struct GatewaySection {
     pub server: Option<SocketAddr>,
     /// CA to trust for the server.
     pub ca: Option<PathBuf>,
+    /// CA whose certificates devices must present (decision G30); none = devices are not
+    /// authenticated.
+    pub device_ca: Option<PathBuf>,
     /// The path scheduler (`qgate gateway --help` lists them).
     pub scheduler: Option<String>,
     /// Routine probe period, e.g. "30s".
