@@ -95,6 +95,9 @@ class Client(QuicConnectionProtocol):
 async def device(a):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=a.server_name)
     cfg.load_verify_locations(a.ca)
+    if a.cert:
+        # The device's own certificate, for a gateway that authenticates devices.
+        cfg.load_cert_chain(a.cert, a.key)
     cfg.idle_timeout = 30.0
     authority = f"{a.server_name}:{a.port}"
     report = {"stack": "aioquic", "records": a.records, "created": 0, "statuses": {}, "retries": 0}
@@ -237,6 +240,8 @@ def main():
     d.add_argument("port", type=int)
     d.add_argument("--ca", required=True, help="CA certificate the gateway's is checked against")
     d.add_argument("--server-name", default="qgate.test")
+    d.add_argument("--cert", help="this device's certificate (PEM), for a gateway with a device CA")
+    d.add_argument("--key", help="the private key of --cert (PEM)")
     d.add_argument("--records", type=int, default=20)
     d.add_argument("--body-bytes", type=int, default=200)
     d.add_argument("--stream", default="aioquic")

@@ -91,8 +91,18 @@ func device(args []string) error {
 	priority := fs.Bool("priority", false, "register as a priority device")
 	attempts := fs.Int("attempts", 50, "tries per record (502/503 retried)")
 	timeout := fs.Duration("timeout", 20*time.Second, "per request")
+	certFile := fs.String("cert", "", "this device's certificate (PEM), for a gateway with a device CA")
+	keyFile := fs.String("key", "", "the private key of -cert (PEM)")
 	if err := fs.Parse(rest); err != nil {
 		return err
+	}
+	var certs []tls.Certificate
+	if *certFile != "" {
+		c, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			return err
+		}
+		certs = append(certs, c)
 	}
 	pemBytes, err := os.ReadFile(*ca)
 	if err != nil {
@@ -103,7 +113,7 @@ func device(args []string) error {
 		return fmt.Errorf("%s holds no certificate", *ca)
 	}
 	tr := &http3.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: *serverName},
+		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: *serverName, Certificates: certs},
 		QUICConfig:      &quic.Config{MaxIdleTimeout: 30 * time.Second},
 	}
 	defer tr.Close()

@@ -214,6 +214,108 @@ fn aioquic_and_quic_go_devices_post_through_the_gateway() {
     }
 }
 
+/// Devices with certificates (issue 49, decision G30): a gateway with `--device-ca` takes the
+/// aioquic and quic-go devices that present a certificate its CA signed (Ed25519, from `qgate
+/// pki`), and refuses the same devices without one: nothing of theirs is stored. On loopback.
+#[test]
+fn aioquic_and_quic_go_devices_authenticate_with_certificates() {
+    let (Some(aioquic), Some(quicgo)) = (aioquic_peer(), quicgo_peer()) else {
+        return;
+    };
+    let home = tmp("certs");
+    let sink = home.join("sink");
+    let fleet = home.join("fleet");
+    let q = env!("CARGO_BIN_EXE_qgate");
+    let qgate = |args: &[&str]| {
+        let o = Command::new(q)
+            .args(args)
+            .env("QGATE_HOME", &home)
+            .env_remove("QGATE_CONFIG")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", show(&o));
+    };
+    let f = fleet.to_str().unwrap();
+    qgate(&["pki", "ca", f]);
+    qgate(&["pki", "issue", "py-device", "--ca", f]);
+    qgate(&["pki", "issue", "go-device", "--ca", f]);
+    let daemon = |args: &[&str]| {
+        let mut c = Command::new(q);
+        c.args(args)
+            .env("QGATE_HOME", &home)
+            .env_remove("QGATE_CONFIG")
+            .stderr(Stdio::null());
+        first_line(&mut c)
+    };
+    let (_server, line) = daemon(&[
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--sink",
+        sink.to_str().unwrap(),
+    ]);
+    let path = format!("127.0.0.1:0={}", listening_addr(&line));
+    let device_ca = fleet.join("ca.pem");
+    let (_gateway, line) = daemon(&[
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--path",
+        &path,
+        "--device-ca",
+        device_ca.to_str().unwrap(),
+    ]);
+    assert!(line.contains("devices by certificate"), "{line}");
+    let port = listening_addr(&line).port().to_string();
+    let ca = home.join("dev-pki/ca.pem");
+    let ca = ca.to_str().unwrap();
+    let file = |name: &str| fleet.join(name).to_str().unwrap().to_owned();
+    let run = |c: &mut Command| {
+        let o = c.output().unwrap();
+        (o.status.success(), show(&o))
+    };
+    let py = |stream: &str, creds: bool| {
+        let mut c = Command::new("python3");
+        c.arg(&aioquic)
+            .args(["device", "127.0.0.1", &port, "--ca", ca, "--records", "10"])
+            .args(["--stream", stream, "--attempts", "2", "--timeout", "5"]);
+        if creds {
+            c.args([
+                "--cert",
+                &file("py-device.pem"),
+                "--key",
+                &file("py-device.key"),
+            ]);
+        }
+        run(&mut c)
+    };
+    let go = |stream: &str, creds: bool| {
+        let mut c = Command::new(&quicgo);
+        c.args(["device", "127.0.0.1", &port, "-ca", ca, "-records", "10"])
+            .args(["-stream", stream, "-attempts", "2", "-timeout", "5s"]);
+        if creds {
+            c.args([
+                "-cert",
+                &file("go-device.pem"),
+                "-key",
+                &file("go-device.key"),
+            ]);
+        }
+        run(&mut c)
+    };
+    let (ok, text) = py("pycert", true);
+    assert!(ok, "aioquic with its certificate: {text}");
+    let (ok, text) = go("gocert", true);
+    assert!(ok, "quic-go with its certificate: {text}");
+    assert_eq!(stored(&sink, "pycert").len(), 10);
+    assert_eq!(stored(&sink, "gocert").len(), 10);
+    let (ok, text) = py("pyanon", false);
+    assert!(!ok, "aioquic without a certificate was taken: {text}");
+    let (ok, text) = go("goanon", false);
+    assert!(!ok, "quic-go without a certificate was taken: {text}");
+    assert!(stored(&sink, "pyanon").is_empty() && stored(&sink, "goanon").is_empty());
+}
+
 /// Our HTTP/3 client against each peer's server: a GET and two POSTs (one small, one of 300 KB
 /// so the body spans many DATA frames and, against the peers' 64 KiB stream windows, many
 /// flow-control updates); the peer's SHA-256 of what it received must equal the file's.
