@@ -11,8 +11,8 @@ use qgate_forward::path::PathConfig;
 use qgate_forward::scheduler::{self, Scheduler};
 use qgate_transport::http3::ALPN_H3;
 use qgate_transport::{
-    client_config, shared_driver, Congestion, Identity, Socket, TransportError, TransportOptions,
-    TrustRoots,
+    client_config, shared_driver, ClientAuth, Congestion, Identity, Socket, TransportError,
+    TransportOptions, TrustRoots,
 };
 
 use crate::gateway::{Gateway, GatewayConfig};
@@ -72,6 +72,7 @@ pub struct GatewayBuilder {
     device_socket: Option<Socket>,
     identity: Option<Identity>,
     device_ca: Option<TrustRoots>,
+    device_tokens: Option<qgate_transport::token::TokenKey>,
     trust: Option<TrustRoots>,
     history: Option<BackhaulHistory>,
     seed: Option<u64>,
@@ -99,6 +100,7 @@ impl Gateway {
             device_socket: None,
             identity: None,
             device_ca: None,
+            device_tokens: None,
             trust: None,
             history: None,
             seed: None,
@@ -181,6 +183,14 @@ impl GatewayBuilder {
     /// client that reaches the device port may register, known by its address.
     pub fn with_device_ca(mut self, ca: TrustRoots) -> Self {
         self.device_ca = Some(ca);
+        self
+    }
+
+    /// Devices may prove who they are with a token signed by the operator's key (decision
+    /// G33): `authorization: Bearer <JWT>` on the first request of a connection. With a device
+    /// CA as well, a certificate becomes optional.
+    pub fn with_device_tokens(mut self, key: qgate_transport::token::TokenKey) -> Self {
+        self.device_tokens = Some(key);
         self
     }
 
@@ -301,7 +311,11 @@ impl GatewayBuilder {
         let endpoint = self.config.device_endpoint(
             socket,
             &identity,
-            self.device_ca.as_ref(),
+            match (&self.device_ca, &self.device_tokens) {
+                (None, _) => ClientAuth::Off,
+                (Some(ca), None) => ClientAuth::Required(ca),
+                (Some(ca), Some(_)) => ClientAuth::Optional(ca),
+            },
             &self.transport,
             seed.map(|s| s + 1),
         )?;
@@ -328,7 +342,8 @@ impl GatewayBuilder {
         };
         let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
-        gateway.devices_authenticated = self.device_ca.is_some();
+        gateway.devices_authenticated = self.device_ca.is_some() || self.device_tokens.is_some();
+        gateway.device_tokens = self.device_tokens;
         if let Some(s) = self.spool.clone() {
             gateway.set_spool(s);
         }

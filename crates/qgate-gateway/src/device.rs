@@ -102,13 +102,23 @@ pub struct Sent {
 impl Device {
     /// Register over `h3` with `priority` (true = class 1).
     pub async fn register(h3: H3Client, priority: bool) -> Result<Device, DeviceError> {
-        Self::register_on(Arc::new(h3), priority).await
+        Self::register_on(Arc::new(h3), priority, None).await
+    }
+
+    /// [`register`](Self::register) proving who it is with `token` (decision G33), for a
+    /// gateway that takes device tokens: the connection keeps that identity from then on.
+    pub async fn register_with_token(
+        h3: H3Client,
+        priority: bool,
+        token: &str,
+    ) -> Result<Device, DeviceError> {
+        Self::register_on(Arc::new(h3), priority, Some(token)).await
     }
 
     /// Register another session, of class `priority`, on this device's connection: a device
     /// that sends both classes (paper 000 §4.1) holds one session per class.
     pub async fn also(&self, priority: bool) -> Result<Device, DeviceError> {
-        Self::register_on(self.h3.clone(), priority).await
+        Self::register_on(self.h3.clone(), priority, None).await
     }
 
     /// A device that registers on first use (decision G18): no exchange now; its first record
@@ -131,11 +141,17 @@ impl Device {
         self
     }
 
-    async fn register_on(h3: Arc<H3Client>, priority: bool) -> Result<Device, DeviceError> {
-        let req = http::Request::post("https://gateway/register")
-            .header(PRIORITY_HEADER, emit_priority(class(priority)))
-            .body(())
-            .expect("valid request");
+    async fn register_on(
+        h3: Arc<H3Client>,
+        priority: bool,
+        token: Option<&str>,
+    ) -> Result<Device, DeviceError> {
+        let mut req = http::Request::post("https://gateway/register")
+            .header(PRIORITY_HEADER, emit_priority(class(priority)));
+        if let Some(t) = token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req.body(()).expect("valid request");
         let r = h3.request(req, Bytes::new(), 4096).await?;
         let body = String::from_utf8_lossy(&r.body).to_string();
         if r.status != http::StatusCode::CREATED {

@@ -88,6 +88,8 @@ pub struct Gateway {
     mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttStats>>,
     /// Whether devices authenticate with certificates (set by the builder, decision G30).
     pub(crate) devices_authenticated: bool,
+    /// The key device tokens are checked with, if devices may use tokens (decision G33).
+    pub(crate) device_tokens: Option<qgate_transport::token::TokenKey>,
     /// The wall clock at start (ms since the Unix epoch) and the runtime's clock then: spooled
     /// records' ages follow the runtime's clock, so they run in virtual time too.
     epoch: (Instant, u64),
@@ -135,6 +137,7 @@ impl Gateway {
             spool: None,
             mqtt: std::sync::OnceLock::new(),
             devices_authenticated: false,
+            device_tokens: None,
             epoch: (
                 Instant::now(),
                 std::time::SystemTime::now()
@@ -692,49 +695,74 @@ struct DeviceConnection {
 }
 
 impl DeviceConnection {
-    /// The device's identity when the gateway authenticates devices (decision G30): `Ok(None)`
-    /// when it does not, `Err` (the answer) when this connection has no usable identity yet.
-    fn identity(&self) -> Result<Option<Arc<str>>, Box<Response<Bytes>>> {
+    /// The device's identity when the gateway authenticates devices (decisions G30, G33):
+    /// `Ok(None)` when it does not, `Err` (the answer) when this connection has no usable
+    /// identity yet. A connection's identity is its certificate's, else that of the first
+    /// valid token it sends, and stays its own.
+    fn identity(&self, req: &Request<()>) -> Result<Option<Arc<str>>, Box<Response<Bytes>>> {
         if !self.gw.devices_authenticated {
             return Ok(None);
         }
         if let Some(id) = self.identity.get() {
             return Ok(Some(id.clone()));
         }
-        match peer_id::peer_identity(self.conn.peer_identity()) {
-            Some(Ok(id)) => Ok(Some(self.identity.get_or_init(|| id.into()).clone())),
-            Some(Err(e)) => {
-                let device = self.conn.remote_address();
-                noisy_warn!(self.gw, Noise::Refused, %device, error = %e, "device refused: its certificate names no usable identity");
-                self.gw
-                    .stats
-                    .unauthenticated
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(Box::new(text(StatusCode::FORBIDDEN, format!("{e}\n"))))
+        let refuse = |status: StatusCode, why: &str| {
+            let device = self.conn.remote_address();
+            noisy_warn!(self.gw, Noise::Refused, %device, error = %why, "device refused: no usable identity");
+            self.gw
+                .stats
+                .unauthenticated
+                .fetch_add(1, Ordering::Relaxed);
+            let mut r = text(status, format!("{why}\n"));
+            if status == StatusCode::UNAUTHORIZED {
+                r.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
             }
-            // Early data on a connection that is not resuming an authenticated session: the
-            // certificate comes with the end of the handshake (RFC 8446 §4.4.2).
-            None if !self.conn.is_established() => Err(Box::new(text(
-                StatusCode::from_u16(425).expect("valid status"),
-                "send it again once the handshake is done: the gateway authenticates devices\n",
-            ))),
-            None => {
-                self.gw
-                    .stats
-                    .unauthenticated
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(Box::new(text(
-                    StatusCode::FORBIDDEN,
-                    "this gateway takes devices with a client certificate only\n",
-                )))
+            Err(Box::new(r))
+        };
+        match peer_id::peer_identity(self.conn.peer_identity()) {
+            Some(Ok(id)) => return Ok(Some(self.identity.get_or_init(|| id.into()).clone())),
+            Some(Err(e)) => return refuse(StatusCode::FORBIDDEN, &e.to_string()),
+            None => {}
+        }
+        if let Some(key) = &self.gw.device_tokens {
+            let bearer = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            if let Some(token) = bearer {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                return match key.verify(token.trim(), now) {
+                    Ok(id) => Ok(Some(self.identity.get_or_init(|| id.into()).clone())),
+                    Err(e) => refuse(StatusCode::UNAUTHORIZED, &e.to_string()),
+                };
             }
         }
+        if self.gw.device_tokens.is_none() && !self.conn.is_established() {
+            // Early data on a connection that is not resuming an authenticated session: the
+            // certificate comes with the end of the handshake (RFC 8446 §4.4.2).
+            return Err(Box::new(text(
+                StatusCode::from_u16(425).expect("valid status"),
+                "send it again once the handshake is done: the gateway authenticates devices\n",
+            )));
+        }
+        let how = if self.gw.device_tokens.is_some() {
+            "this gateway takes devices with a client certificate or a token (authorization: Bearer) only"
+        } else {
+            "this gateway takes devices with a client certificate only"
+        };
+        refuse(StatusCode::UNAUTHORIZED, how)
     }
 }
 
 impl Handler for DeviceConnection {
     async fn handle(&self, req: Request<()>, body: Bytes, peer: SocketAddr) -> Response<Bytes> {
-        let identity = match self.identity() {
+        let identity = match self.identity(&req) {
             Ok(i) => i,
             Err(resp) => return *resp,
         };

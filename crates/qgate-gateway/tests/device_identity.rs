@@ -14,6 +14,7 @@ use qgate_gateway::gateway::{Gateway, GatewayConfig};
 use qgate_server::ServerStats;
 use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::pki::{self, Issued, Role, Validity};
+use qgate_transport::token::{TokenKey, TokenSigner};
 use qgate_transport::{
     client_config_with_identity, connect, endpoint, server_config, DevPki, Identity, Socket,
     TransportOptions, TrustRoots,
@@ -65,11 +66,12 @@ fn roots(i: &Issued) -> TrustRoots {
 }
 
 async fn setup() -> Setup {
-    setup_with(true).await
+    setup_with(true, None).await
 }
 
-/// [`setup`]; `authenticated`: the gateway takes devices by certificate.
-async fn setup_with(authenticated: bool) -> Setup {
+/// [`setup`]; `authenticated`: the gateway takes devices by certificate; `tokens`: also by
+/// token, checked with this key.
+async fn setup_with(authenticated: bool, tokens: Option<TokenKey>) -> Setup {
     let pki = DevPki::generate(&[]).unwrap();
     let ca = pki::new_ca("fleet CA", Validity::days(30)).unwrap();
     let opts = TransportOptions::default();
@@ -106,6 +108,9 @@ async fn setup_with(authenticated: bool) -> Setup {
         .with_server_trust(pki.trust());
     if authenticated {
         builder = builder.with_device_ca(roots(&ca));
+    }
+    if let Some(key) = tokens {
+        builder = builder.with_device_tokens(key);
     }
     let running = builder
         .with_device_socket(Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap())
@@ -267,7 +272,7 @@ async fn registration_bytes(s: &Setup, me: Option<&Identity>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_adds_at_most_1_5_kb_to_a_registration() {
-    let open = tokio::time::timeout(Duration::from_secs(30), setup_with(false))
+    let open = tokio::time::timeout(Duration::from_secs(30), setup_with(false, None))
         .await
         .unwrap();
     let authed = tokio::time::timeout(Duration::from_secs(30), setup())
@@ -291,4 +296,84 @@ async fn a_certificate_adds_at_most_1_5_kb_to_a_registration() {
         with_cert <= plain + 1536,
         "{with_cert} B with a certificate against {plain} B without (issue 49: at most 1.5 KB more)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_without_a_certificate_is_known_by_its_token() {
+    let (_, signer) = TokenSigner::generate().unwrap();
+    let key = TokenKey::from_pem(&signer.public_pem()).unwrap();
+    // Certificates or tokens: a certificate becomes optional.
+    let s = tokio::time::timeout(Duration::from_secs(30), setup_with(true, Some(key)))
+        .await
+        .unwrap();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let device = |token: Option<String>| {
+        let s = &s;
+        async move {
+            let ccfg = client_config_with_identity(
+                &s.pki.trust(),
+                &[ALPN_H3],
+                &TransportOptions::default(),
+                None,
+            )
+            .unwrap();
+            let ep = endpoint(
+                Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+                None,
+                None,
+            )
+            .unwrap();
+            let c = connect(&ep, &ccfg, s.addr, "localhost", false)
+                .await
+                .unwrap();
+            let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+            match token {
+                Some(t) => Device::register_with_token(h3, false, &t).await,
+                None => Device::register(h3, false).await,
+            }
+        }
+    };
+    let d = device(Some(signer.token("tracker-5", now, 600)))
+        .await
+        .unwrap();
+    d.send("/ingest/t", Bytes::from_static(b"by token"))
+        .await
+        .unwrap();
+    // A certificate still works beside tokens.
+    let dev = pki::issue(&s.ca, "sensor-9", Role::Client, Validity::days(1)).unwrap();
+    try_device(&s, Some(&identity(&dev)))
+        .await
+        .unwrap()
+        .send("/ingest/t", Bytes::from_static(b"by certificate"))
+        .await
+        .unwrap();
+    assert_eq!(*s.far.devices.lock().unwrap(), ["tracker-5", "sensor-9"]);
+
+    // No token, an expired one, another operator's, garbage: 401, nothing stored.
+    let (_, other) = TokenSigner::generate().unwrap();
+    for (what, token) in [
+        ("no token", None),
+        (
+            "an expired token",
+            Some(signer.token("tracker-5", now - 1200, 600)),
+        ),
+        (
+            "another key's token",
+            Some(other.token("tracker-5", now, 600)),
+        ),
+        ("garbage", Some("not.a.token".to_owned())),
+    ] {
+        match device(token).await {
+            Err(qgate_gateway::device::DeviceError::Refused { status, body, .. }) => {
+                assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}: {body}")
+            }
+            Err(e) => panic!("{what}: {e}"),
+            Ok(_) => panic!("{what}: registered"),
+        }
+    }
+    assert_eq!(s.far.devices.lock().unwrap().len(), 2);
+    assert_eq!(s.gw.stats.snapshot().unauthenticated, 4);
 }

@@ -73,43 +73,62 @@ pub fn server_config_with_client_auth(
     opts: &TransportOptions,
     client_ca: Option<&TrustRoots>,
 ) -> Result<ServerConfig, TransportError> {
-    server_config_inner(identity, alpn, opts, client_ca, None)
+    let auth = client_ca.map_or(ClientAuth::Off, ClientAuth::Required);
+    server_config_inner(identity, alpn, opts, auth, None)
+}
+
+/// Whether a server asks its clients for certificates, and signed by whom.
+#[derive(Debug, Clone, Copy)]
+pub enum ClientAuth<'a> {
+    /// It does not ask.
+    Off,
+    /// Every client must present one its CA signed (the handshake fails otherwise).
+    Required(&'a TrustRoots),
+    /// A client may present one (checked against the CA if it does) or none: it proves who it
+    /// is some other way, e.g. a token (decision G33).
+    Optional(&'a TrustRoots),
 }
 
 /// [`server_config`] that remembers the resumption tickets of up to `clients` clients (one
 /// ticket per connection, in a [`TicketStore`](crate::tickets::TicketStore)), so that many
 /// returning clients may resume with 0-RTT; rustls's default store holds 256. Each ticket is
 /// taken when used: a replayed first flight finds none and gets a full handshake with its early
-/// data discarded (RFC 8446 §8.1; decision G18). With `client_ca`, every client must present
-/// a certificate signed by it; a resumed session keeps the certificate of the one it resumes.
+/// data discarded (RFC 8446 §8.1; decision G18). Clients authenticate as `auth` says; a resumed
+/// session keeps the certificate of the one it resumes.
 pub fn server_config_resuming(
     identity: &Identity,
     alpn: &[&[u8]],
     opts: &TransportOptions,
     clients: usize,
-    client_ca: Option<&TrustRoots>,
+    auth: ClientAuth<'_>,
 ) -> Result<ServerConfig, TransportError> {
-    server_config_inner(identity, alpn, opts, client_ca, Some(clients))
+    server_config_inner(identity, alpn, opts, auth, Some(clients))
 }
 
 fn server_config_inner(
     identity: &Identity,
     alpn: &[&[u8]],
     opts: &TransportOptions,
-    client_ca: Option<&TrustRoots>,
+    auth: ClientAuth<'_>,
     tickets: Option<usize>,
 ) -> Result<ServerConfig, TransportError> {
     let b = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
-    let b = match client_ca {
-        None => b.with_no_client_auth(),
-        Some(ca) => {
+    let b = match auth {
+        ClientAuth::Off => b.with_no_client_auth(),
+        ClientAuth::Required(ca) | ClientAuth::Optional(ca) => {
             let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(ca.store()?),
                 provider(),
-            )
-            .build()
-            .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+            );
+            let v = if matches!(auth, ClientAuth::Optional(_)) {
+                v.allow_unauthenticated()
+            } else {
+                v
+            };
+            let v = v
+                .build()
+                .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
             b.with_client_cert_verifier(v)
         }
     };

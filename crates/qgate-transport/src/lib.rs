@@ -20,12 +20,13 @@ pub mod shared_driver;
 pub mod tasks;
 pub mod tickets;
 pub mod tls;
+pub mod token;
 pub mod window_history;
 
 pub use endpoint::{
     client_config, client_config_for, client_config_with_identity, connect, constrained_endpoint,
     endpoint, one_connection_endpoint, server_config, server_config_for, server_config_resuming,
-    server_config_with_client_auth, server_endpoint, Connected, Socket, TransportError,
+    server_config_with_client_auth, server_endpoint, ClientAuth, Connected, Socket, TransportError,
 };
 pub use flight::FlightGauge;
 pub use options::{Congestion, OptionError, TransportOptions};

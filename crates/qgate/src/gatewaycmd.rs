@@ -46,6 +46,10 @@ pub struct GatewayArgs {
     /// devices are not authenticated: keep the device port on loopback then].
     #[arg(long, value_name = "FILE")]
     device_ca: Option<PathBuf>,
+    /// Devices may prove who they are with a token signed by this Ed25519 key (PEM public
+    /// key; `qgate pki token-key` makes one) [default: [gateway] device_token_key].
+    #[arg(long, value_name = "FILE")]
+    device_token_key: Option<PathBuf>,
     #[arg(long, help = dflt("Most devices at once", GatewayConfig::default().max_devices))]
     max_devices: Option<usize>,
     #[arg(long, help = dflt("Most requests in flight per device", GatewayConfig::default().max_inflight_per_device))]
@@ -272,6 +276,20 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         })?),
         None => None,
     };
+    let device_tokens = match a.device_token_key.as_ref().or(g.device_token_key.as_ref()) {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| e.to_string())
+                .and_then(|pem| qgate_transport::token::TokenKey::from_pem(&pem))
+                .map_err(|e| {
+                    usage(format!(
+                        "device_token_key {}: {e} (a PEM Ed25519 public key; `qgate pki token-key` makes one)",
+                        f.display()
+                    ))
+                })?,
+        ),
+        None => None,
+    };
     let spool_cfg = match (&a.spool, &g.spool) {
         (None, None) => None,
         (flag, section) => {
@@ -326,7 +344,11 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
             let socket = Socket::bind_udp(*local).map_err(usage)?;
             builder = builder.with_backhaul(socket, *server, options.clone());
         }
-        let devices_note = if device_ca.is_some() {
+        let devices_note = if device_ca.is_some() && device_tokens.is_some() {
+            ", devices by certificate or token"
+        } else if device_tokens.is_some() {
+            ", devices by token"
+        } else if device_ca.is_some() {
             ", devices by certificate"
         } else if listen.ip().is_loopback() {
             ", devices unauthenticated (loopback only)"
@@ -337,6 +359,9 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         };
         if let Some(ca) = device_ca {
             builder = builder.with_device_ca(ca);
+        }
+        if let Some(key) = device_tokens {
+            builder = builder.with_device_tokens(key);
         }
         let spool_note = spool.as_ref().map_or(String::new(), |s| {
             format!(", spool {}", s.config().dir.display())
@@ -452,6 +477,10 @@ pub struct DeviceArgs {
     /// The private key of --cert, PEM.
     #[arg(long, value_name = "FILE", requires = "cert")]
     key: Option<PathBuf>,
+    /// A file holding this device's token (`qgate pki token NAME`), for a gateway that takes
+    /// device tokens; sent when the device registers.
+    #[arg(long, value_name = "FILE")]
+    token: Option<PathBuf>,
     /// Start from the window history of earlier connections to this gateway (paper 002)
     /// [default: ewma; off to disable].
     #[arg(long, value_enum, value_name = "MODE")]
@@ -513,6 +542,15 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
     };
     let ccfg = client_config_with_identity(&roots, &[ALPN_H3], &cfg.transport, me.as_ref())
         .map_err(usage)?;
+    let token = match &a.token {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| usage(format!("--token {}: {e}", f.display())))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
     let history = crate::historycmd::open_default_on(
         a.history,
         a.history_store.clone(),
@@ -555,9 +593,12 @@ pub fn device(a: DeviceArgs, cfg: &Config) -> Result<(), Failure> {
         })??;
         // Each record goes under its own request id, the same on every retry of it, so the
         // server stores a record once however often it is sent (decision G18).
-        let dev = Device::register(H3Client::new(conn.connection().clone()).await?, a.priority)
-            .await?
-            .with_request_ids(qgate_gateway::device::random_id_seed()?);
+        let h3 = H3Client::new(conn.connection().clone()).await?;
+        let dev = match &token {
+            Some(t) => Device::register_with_token(h3, a.priority, t).await?,
+            None => Device::register(h3, a.priority).await?,
+        }
+        .with_request_ids(qgate_gateway::device::random_id_seed()?);
         let hash = dev.hash_id().unwrap_or_default();
         eprintln!("registered, Hash ID {hash}");
         let mut delays = Vec::with_capacity(records.len());

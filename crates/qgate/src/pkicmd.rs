@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use qgate_transport::pki::{self, Issued, Role, Validity};
+use qgate_transport::token::TokenSigner;
 
 use crate::{usage, Failure};
 
@@ -47,6 +48,24 @@ enum PkiCommand {
         #[arg(long)]
         server: bool,
     },
+    /// Make a token-signing key for devices that cannot hold a certificate: DIR/token.key
+    /// (keep it off the gateway) and DIR/token.pub (the gateway's device_token_key).
+    TokenKey {
+        /// Where to write token.key and token.pub.
+        dir: PathBuf,
+    },
+    /// Print a token for device NAME, signed with DIR/token.key: a JSON Web Token (EdDSA) the
+    /// device sends as `authorization: Bearer …` (`qgate device --token FILE`).
+    Token {
+        /// The device's name: 1 to 64 visible ASCII characters.
+        name: String,
+        /// The directory holding token.key.
+        #[arg(long, value_name = "DIR")]
+        key: PathBuf,
+        /// Days it is valid.
+        #[arg(long, default_value_t = 30)]
+        days: u32,
+    },
 }
 
 pub fn run(a: PkiArgs) -> Result<(), Failure> {
@@ -61,6 +80,40 @@ pub fn run(a: PkiArgs) -> Result<(), Failure> {
             );
             Ok(())
         }
+        PkiCommand::TokenKey { dir } => {
+            let (key_pem, signer) = TokenSigner::generate().map_err(usage)?;
+            std::fs::create_dir_all(&dir).map_err(|e| usage(format!("{}: {e}", dir.display())))?;
+            write_files(
+                &dir,
+                &[
+                    ("token.key".into(), &key_pem, true),
+                    ("token.pub".into(), &signer.public_pem(), false),
+                ],
+            )?;
+            println!(
+                "token key in {}: token.pub (the gateway's device_token_key), token.key (keep it off the gateway)",
+                dir.display()
+            );
+            Ok(())
+        }
+        PkiCommand::Token { name, key, days } => {
+            check_name(&name)?;
+            let path = key.join("token.key");
+            let pem = std::fs::read_to_string(&path).map_err(|e| {
+                usage(format!(
+                    "{}: {e} (make it first: qgate pki token-key {})",
+                    path.display(),
+                    key.display()
+                ))
+            })?;
+            let signer = TokenSigner::from_pem(&pem)
+                .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            println!("{}", signer.token(&name, now, u64::from(days) * 86_400));
+            Ok(())
+        }
         PkiCommand::Issue {
             name,
             ca,
@@ -68,16 +121,7 @@ pub fn run(a: PkiArgs) -> Result<(), Failure> {
             days,
             server,
         } => {
-            if name.is_empty()
-                || name.len() > qgate_transport::peer_id::MAX_IDENTITY
-                || !name.bytes().all(|b| b.is_ascii_graphic())
-                || name.contains('/')
-            {
-                return Err(usage(format!(
-                    "{name:?}: a name is 1 to {} visible ASCII characters, no '/'",
-                    qgate_transport::peer_id::MAX_IDENTITY
-                )));
-            }
+            check_name(&name)?;
             let read = |f: &str| {
                 let p = ca.join(f);
                 std::fs::read_to_string(&p).map_err(|e| {
@@ -108,17 +152,47 @@ pub fn run(a: PkiArgs) -> Result<(), Failure> {
     }
 }
 
+/// A device name a certificate or token may carry (and a file may be named after).
+fn check_name(name: &str) -> Result<(), Failure> {
+    if name.is_empty()
+        || name.len() > qgate_transport::peer_id::MAX_IDENTITY
+        || !name.bytes().all(|b| b.is_ascii_graphic())
+        || name.contains('/')
+    {
+        return Err(usage(format!(
+            "{name:?}: a name is 1 to {} visible ASCII characters, no '/'",
+            qgate_transport::peer_id::MAX_IDENTITY
+        )));
+    }
+    Ok(())
+}
+
 /// Write `stem.pem` and `stem.key` (owner-only) in `dir`, refusing to replace either.
 fn write_pair(dir: &Path, stem: &str, issued: &Issued) -> Result<(), Failure> {
+    write_files(
+        dir,
+        &[
+            (format!("{stem}.key"), &issued.key_pem, true),
+            (format!("{stem}.pem"), &issued.cert_pem, false),
+        ],
+    )
+}
+
+/// Write each (name, text, private) in `dir`, private ones owner-only, refusing to replace any
+/// file (checked before anything is written).
+fn write_files(dir: &Path, files: &[(String, &String, bool)]) -> Result<(), Failure> {
     use std::io::Write;
-    for (file, data, private) in [
-        (format!("{stem}.key"), &issued.key_pem, true),
-        (format!("{stem}.pem"), &issued.cert_pem, false),
-    ] {
-        let path = dir.join(&file);
+    if let Some((name, ..)) = files.iter().find(|(n, ..)| dir.join(n).exists()) {
+        return Err(usage(format!(
+            "{}: exists (nothing is overwritten: remove it first to replace it)",
+            dir.join(name).display()
+        )));
+    }
+    for (file, data, private) in files {
+        let path = dir.join(file);
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create_new(true);
-        if private {
+        if *private {
             use std::os::unix::fs::OpenOptionsExt;
             opts.mode(0o600);
         }

@@ -115,3 +115,71 @@ fn pki_makes_a_fleet_and_the_gateway_takes_only_its_devices() {
     let o = run(&home, &["ctl", "--admin", &admin, "--json", "stats"]);
     assert!(text(&o).contains("\"forwarded\": 5"), "{}", text(&o));
 }
+
+#[test]
+fn a_token_from_qgate_pki_lets_a_device_without_a_certificate_in() {
+    let home = tmp("token");
+    let keys = home.join("keys");
+    let k = keys.to_str().unwrap();
+    let o = run(&home, &["pki", "token-key", k]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&home, &["pki", "token-key", k]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a key is never replaced: {}",
+        text(&o)
+    );
+    let o = run(
+        &home,
+        &["pki", "token", "tracker-1", "--key", k, "--days", "1"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let token = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    assert_eq!(token.split('.').count(), 3, "{token}");
+    let token_file = home.join("tracker-1.token");
+    std::fs::write(&token_file, &token).unwrap();
+    let forged = home.join("forged.token");
+    std::fs::write(&forged, token.replace('.', ".x")).unwrap();
+
+    let (_server, line) = first_line(
+        qgate(&home)
+            .args(["server", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::null()),
+    );
+    let server = listening_addr(&line);
+    let (_gateway, line) = first_line(
+        qgate(&home)
+            .args(["gateway", "--listen", "127.0.0.1:0"])
+            .args(["--server", &server.to_string(), "--path", "127.0.0.1:0"])
+            .arg("--device-token-key")
+            .arg(keys.join("token.pub"))
+            .stderr(Stdio::null()),
+    );
+    assert!(line.contains("devices by token"), "{line}");
+    let url = format!("https://localhost:{}", listening_addr(&line).port());
+    let device = |file: &Path| {
+        qgate(&home)
+            .args([
+                "device",
+                &url,
+                "--count",
+                "3",
+                "--retry-for",
+                "2s",
+                "--token",
+            ])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let o = device(&token_file);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = device(&forged);
+    assert!(
+        !o.status.success(),
+        "a forged token was taken: {}",
+        text(&o)
+    );
+    assert!(text(&o).contains("401"), "{}", text(&o));
+}

@@ -7,8 +7,8 @@ use qgate_forward::path::PathConfig;
 use qgate_forward::session::SessionLimits;
 use qgate_transport::http3;
 use qgate_transport::{
-    server_config_resuming, shared_driver, Identity, Socket, TransportError, TransportOptions,
-    TrustRoots,
+    server_config_resuming, shared_driver, ClientAuth, Identity, Socket, TransportError,
+    TransportOptions,
 };
 
 use crate::batcher;
@@ -116,13 +116,13 @@ impl GatewayConfig {
     /// driver task for all device connections, decision G9). It holds at most `max_devices`
     /// plus an eighth (and 16) established connections, room for devices reconnecting while
     /// their old connection times out; more are refused during the handshake. Handshakes have
-    /// their own budget and address validation (decision G12). With `device_ca`, a device must
-    /// present a certificate it signed (decision G30).
+    /// their own budget and address validation (decision G12). Devices present certificates as
+    /// `auth` says (decisions G30, G33).
     pub fn device_endpoint(
         &self,
         socket: Socket,
         identity: &Identity,
-        device_ca: Option<&TrustRoots>,
+        auth: ClientAuth<'_>,
         base: &TransportOptions,
         seed: Option<u64>,
     ) -> Result<shared_driver::Endpoint, TransportError> {
@@ -143,7 +143,7 @@ impl GatewayConfig {
             &[http3::ALPN_H3],
             &opts,
             limits.max_connections,
-            device_ca,
+            auth,
         )?;
         shared_driver::Endpoint::server(socket, scfg, &opts, seed, limits)
     }

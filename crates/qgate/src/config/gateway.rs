@@ -22,6 +22,8 @@ pub struct GatewaySection {
     /// CA whose certificates devices must present (decision G30); none = devices are not
     /// authenticated.
     pub device_ca: Option<PathBuf>,
+    /// Ed25519 public key (PEM) device tokens are checked with (decision G33).
+    pub device_token_key: Option<PathBuf>,
     /// The path scheduler (`qgate gateway --help` lists them).
     pub scheduler: Option<String>,
     /// Routine probe period, e.g. "30s".
