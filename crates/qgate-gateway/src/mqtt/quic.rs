@@ -81,7 +81,9 @@ async fn serve_connection(door: &Arc<MqttDoor>, incoming: quinn::Incoming, peer:
     }
     // The driver finished the stream: close once the client has it all (a DISCONNECT or a
     // refusing CONNACK included), or the client ends the connection itself.
-    let (_, send) = io.into_inner();
+    // The receiving side is kept until then: dropped, it would ask the client to stop sending,
+    // and some clients (aioquic) then fail to close their own side.
+    let (_recv, send) = io.into_inner();
     let _ = tokio::time::timeout(WRITE_TIMEOUT, send.stopped()).await;
     conn.close(CLOSED.into(), b"");
 }
