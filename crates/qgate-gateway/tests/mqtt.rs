@@ -579,6 +579,29 @@ async fn the_connection_limits_count_every_transport() {
     );
 }
 
+/// Past half its connections the door has a QUIC client prove its address first (a Retry,
+/// which the client answers on its own), then serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_half_its_connections_the_quic_door_asks_for_a_retry() {
+    let cfg = MqttConfig {
+        max_connections: 4,
+        ..MqttConfig::default()
+    };
+    let lb = common::loopback_mqtt(&["127.0.0.2:0"], cfg).await;
+    let (_a, _) = Client::connect(&at(&lb, Via::Quic), V5, "calm", true).await;
+    assert!(lb
+        .gw
+        .metrics()
+        .contains("qgate_gateway_mqtt_quic_retries_total 0"));
+    let (_b, _) = Client::connect(&at(&lb, Via::Tcp), V5, "busy", true).await;
+    let (mut c, ack) = Client::connect(&at(&lb, Via::Quic), V5, "proven", true).await;
+    assert_eq!(ack.reason, ReasonCode::Success);
+    c.publish(QoS::AtLeastOnce, 1, "t", b"x", false).await;
+    assert_eq!(c.puback().await.reason, ReasonCode::Success);
+    let m = lb.gw.metrics();
+    assert!(m.contains("qgate_gateway_mqtt_quic_retries_total 1"), "{m}");
+}
+
 /// With no server reachable and a spool, a QoS 1 or 2 message is acknowledged once the spool
 /// holds it: when PUBACK or PUBREC arrives the spool's view counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

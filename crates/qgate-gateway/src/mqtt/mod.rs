@@ -3,7 +3,7 @@
 //!
 //! A thin shell around the sans-IO [`qgate_mqtt::Connection`]: each transport ([`listen`]: TCP,
 //! [`tls`] on TCP, [`quic`]) hands one byte stream per MQTT connection to the one driver
-//! ([`connection`]), which turns each PUBLISH into a [`DoorRecord`](crate::gateway::DoorRecord).
+//! (`connection`), which turns each PUBLISH into a [`DoorRecord`](crate::gateway::DoorRecord).
 //! The door's own decisions (topic → stream, class, client ids and takeover, request ids) are
 //! in [`rules`].
 //!
@@ -21,7 +21,8 @@
 //!   closes the connection). TLS and QUIC use the gateway's device-facing certificate.
 //! - **Bounds**: connections (global and per address, whatever the transport, handshakes
 //!   included), remembered sessions, the codec's packet size and receive maximum; the TLS or
-//!   QUIC handshake and the QUIC stream must come within `connect_timeout`, as the CONNECT; a
+//!   QUIC handshake and the QUIC stream must come within `connect_timeout`, as the CONNECT
+//!   (past half the connections, a QUIC client first proves its address with a Retry); a
 //!   connection has at most `receive_maximum` records in the pipeline and stops reading while
 //!   full; a QoS 0 message that finds no room is dropped and counted.
 //! - **Not yet**: subscriptions (refused by the codec); QUIC's multi-stream mode; client
@@ -60,6 +61,9 @@ qgate_core::counters! {
         /// Connections closed at once: the door or the address had its most.
         connections_refused: counter "qgate_gateway_mqtt_connections_refused",
             "MQTT connections closed at once: the door or the address had its most";
+        /// QUIC clients asked to prove their address (a Retry): the door was half full.
+        quic_retries: counter "qgate_gateway_mqtt_quic_retries",
+            "MQTT QUIC clients sent a Retry to prove their address: the door was half full";
         /// TLS or QUIC handshakes that failed, or did not end (with a QUIC stream opened)
         /// within `connect_timeout`.
         handshakes_failed: counter "qgate_gateway_mqtt_handshakes_failed",
@@ -132,6 +136,12 @@ impl MqttDoor {
     /// Its counters.
     pub fn stats(&self) -> &Arc<MqttStats> {
         &self.stats
+    }
+
+    /// Whether at least half the door's connections are open.
+    fn crowded(&self) -> bool {
+        let open: usize = lock(&self.per_address).values().sum();
+        open >= self.cfg.max_connections / 2
     }
 
     /// A connection slot for `ip`, if the door and the address have room.

@@ -23,6 +23,14 @@ pub const SECOND_STREAM: u32 = 2;
 /// Take connections on `endpoint` until the task is dropped or the endpoint stops accepting.
 pub(super) async fn serve(door: Arc<MqttDoor>, endpoint: quinn::Endpoint) {
     while let Some(incoming) = endpoint.accept().await {
+        // Past half the door's connections a client must prove its address with a Retry
+        // before it takes a slot, so spoofed Initials cannot hold the slots until their
+        // handshakes time out; below it no client pays the extra round trip.
+        if incoming.may_retry() && door.crowded() {
+            door.stats.quic_retries.fetch_add(1, Ordering::Relaxed);
+            let _ = incoming.retry();
+            continue;
+        }
         let peer = incoming.remote_address();
         door.stats.connections.fetch_add(1, Ordering::Relaxed);
         door.stats.connections_quic.fetch_add(1, Ordering::Relaxed);
