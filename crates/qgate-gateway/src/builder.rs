@@ -330,8 +330,13 @@ impl GatewayBuilder {
             let cfg = self.mqtt.unwrap_or_default();
             cfg.check().map_err(BuildError::MqttConfig)?;
             let quic_seed = seed.map(|s| s + 2);
-            let bound =
-                crate::mqtt::listen::bind(self.mqtt_listen, &identity, &self.transport, quic_seed)?;
+            let bound = crate::mqtt::listen::bind(
+                self.mqtt_listen,
+                &cfg,
+                &identity,
+                &self.transport,
+                quic_seed,
+            )?;
             Some((bound, cfg))
         };
         let mut gateway = Gateway::new(paths, self.config);

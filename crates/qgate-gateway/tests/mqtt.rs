@@ -602,6 +602,41 @@ async fn past_half_its_connections_the_quic_door_asks_for_a_retry() {
     assert!(m.contains("qgate_gateway_mqtt_quic_retries_total 1"), "{m}");
 }
 
+/// A quiet MQTT-over-QUIC client lives as long as MQTT's keep-alive says, not QUIC's idle
+/// timeout: with the gateway's transport idle timeout at 300 ms, a client quiet for 1.5 s (its
+/// keep-alive is 30 s) still gets PINGRESP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_quic_client_lives_by_the_mqtt_keep_alive() {
+    let pki = qgate_transport::DevPki::generate(&[]).unwrap();
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sa = |s: &str| -> SocketAddr { s.parse().unwrap() };
+    let running = qgate_gateway::gateway::Gateway::builder()
+        .with_transport(TransportOptions {
+            idle_timeout_ms: 300,
+            ..TransportOptions::default()
+        })
+        .with_identity(pki.server.clone())
+        .with_server_trust(pki.trust())
+        .with_device_socket(Socket::bind_udp(sa("127.0.0.1:0")).unwrap())
+        .with_path(
+            Socket::bind_udp(sa("127.0.0.2:0")).unwrap(),
+            silent.local_addr().unwrap(),
+        )
+        .with_mqtt_quic(sa("127.0.0.1:0"))
+        .start()
+        .unwrap();
+    let quic_at = At {
+        via: Via::Quic,
+        addr: running.mqtt_quic_addr().unwrap(),
+        trust: pki.trust(),
+    };
+    let (mut c, ack) = Client::connect(&quic_at, V5, "quiet", true).await;
+    assert_eq!(ack.reason, ReasonCode::Success);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.send(&Packet::PingReq).await;
+    assert_eq!(c.recv().await, Some(Packet::PingResp));
+}
+
 /// With no server reachable and a spool, a QoS 1 or 2 message is acknowledged once the spool
 /// holds it: when PUBACK or PUBREC arrives the spool's view counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,10 +51,11 @@ pub(crate) struct Bound {
     quic: Option<(quinn::Endpoint, SocketAddr)>,
 }
 
-/// Bind `listen`'s listeners; TLS and QUIC present `identity`, QUIC with `opts` (seeded by
-/// `seed`, as every endpoint).
+/// Bind `listen`'s listeners for a door configured by `cfg`; TLS and QUIC present `identity`,
+/// QUIC with `opts` (seeded by `seed`, as every endpoint).
 pub(crate) fn bind(
     listen: Listen,
+    cfg: &super::MqttConfig,
     identity: &Identity,
     opts: &TransportOptions,
     seed: Option<u64>,
@@ -70,7 +71,9 @@ pub(crate) fn bind(
     let quic = match listen.quic {
         None => None,
         Some(a) => {
-            let cfg = super::tls::quic(identity, opts)?;
+            // The codec closes a client silent for 1.5 keep-alives.
+            let idle = Duration::from_millis(u64::from(cfg.max_keep_alive.max(1)) * 1500);
+            let cfg = super::tls::quic(identity, opts, idle)?;
             let socket = Socket::bind_udp(a)?;
             let ep = qgate_transport::endpoint(socket, Some(cfg), seed)?;
             let addr = ep.local_addr().map_err(|e| BuildError::Mqtt(a, e))?;

@@ -18,7 +18,8 @@
 //!   messages get a fresh id each.
 //! - **Transports**: TCP; TLS 1.3 or 1.2 on TCP; QUIC with ALPN `mqtt` in single-stream mode
 //!   (one bidirectional stream, opened by the client, per MQTT connection; a second stream
-//!   closes the connection). TLS and QUIC use the gateway's device-facing certificate.
+//!   closes the connection; QUIC's idle timeout is the longest keep-alive's, so MQTT's
+//!   keep-alive decides). TLS and QUIC use the gateway's device-facing certificate.
 //! - **Bounds**: connections (global and per address, whatever the transport, handshakes
 //!   included), remembered sessions, the codec's packet size and receive maximum; the TLS or
 //!   QUIC handshake and the QUIC stream must come within `connect_timeout`, as the CONNECT

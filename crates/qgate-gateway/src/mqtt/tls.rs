@@ -24,10 +24,13 @@ pub fn tcp(identity: &Identity) -> Result<Arc<rustls::ServerConfig>, TransportEr
 /// The door's QUIC configuration: TLS 1.3 with ALPN `mqtt`, no 0-RTT (a replayed PUBLISH
 /// would get a new request id and be stored twice), and `opts` with room for exactly the
 /// streams single-stream mode allows a client: its one bidirectional stream and a second,
-/// which is seen and refused rather than left blocked; no unidirectional ones.
+/// which is seen and refused rather than left blocked; no unidirectional ones. Its idle
+/// timeout is `idle`, the longest MQTT keep-alive's: MQTT's own keep-alive decides when a
+/// quiet client is gone, and QUIC's default (30 s) would close a client that pings every 60.
 pub fn quic(
     identity: &Identity,
     opts: &TransportOptions,
+    idle: std::time::Duration,
 ) -> Result<quinn::ServerConfig, TransportError> {
     let tls = server(identity, &[&rustls::version::TLS13], &[ALPN_MQTT])?;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
@@ -36,6 +39,7 @@ pub fn quic(
     let opts = TransportOptions {
         max_concurrent_bidi_streams: 2,
         max_concurrent_uni_streams: 0,
+        idle_timeout_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
         ..opts.clone()
     };
     cfg.transport_config(Arc::new(opts.to_quinn()?));
