@@ -358,14 +358,14 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         let tls = a.mqtt_tls.or(section.tls_listen);
         let quic = a.mqtt_quic.or(section.quic_listen);
         if g.mqtt.is_some() || tcp.is_some() || tls.is_some() || quic.is_some() {
-            builder = builder.with_mqtt_config(section.config.clone());
             // A [gateway.mqtt] section naming no listener opens TCP on the default address.
             let tcp = tcp.or_else(|| {
                 (tls.is_none() && quic.is_none()).then(|| DEFAULT_MQTT.parse().expect("valid"))
             });
-            if let Some(t) = tcp {
-                builder = builder.with_mqtt(t, section.config);
-            }
+            builder = match tcp {
+                Some(t) => builder.with_mqtt(t, section.config),
+                None => builder.with_mqtt_config(section.config),
+            };
             if let Some(t) = tls {
                 builder = builder.with_mqtt_tls(t);
             }
