@@ -35,7 +35,7 @@ pub enum BuildError {
     /// A QUIC endpoint or TLS configuration failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
-    /// The MQTT door's listener could not be opened.
+    /// An MQTT door's TCP listener could not be opened.
     #[error("MQTT door on tcp/{0}: {1}")]
     Mqtt(SocketAddr, std::io::Error),
     /// The MQTT door's configuration is wrong.
@@ -77,13 +77,8 @@ pub struct GatewayBuilder {
     history: Option<BackhaulHistory>,
     seed: Option<u64>,
     spool: Option<qgate_spool::Spool>,
-    mqtt: Option<(MqttListen, crate::mqtt::MqttConfig)>,
-}
-
-/// Where the MQTT door listens.
-enum MqttListen {
-    Addr(SocketAddr),
-    Listener(std::net::TcpListener),
+    mqtt: Option<crate::mqtt::MqttConfig>,
+    mqtt_listen: crate::mqtt::listen::Listen,
 }
 
 impl Gateway {
@@ -106,6 +101,7 @@ impl Gateway {
             seed: None,
             spool: None,
             mqtt: None,
+            mqtt_listen: Default::default(),
         }
     }
 }
@@ -216,18 +212,41 @@ impl GatewayBuilder {
     /// Open the MQTT front door (issue 51) on TCP `addr` with `config`. It takes any client
     /// id until devices have identities (issue 49): bound to an address that is not loopback,
     /// the gateway says in its first log line that the door is open to anyone.
-    pub fn with_mqtt(mut self, addr: SocketAddr, config: crate::mqtt::MqttConfig) -> Self {
-        self.mqtt = Some((MqttListen::Addr(addr), config));
-        self
+    pub fn with_mqtt(self, addr: SocketAddr, config: crate::mqtt::MqttConfig) -> Self {
+        let mut b = self.with_mqtt_config(config);
+        b.mqtt_listen.tcp = Some(crate::mqtt::listen::TcpListen::Addr(addr));
+        b
     }
 
     /// The MQTT door on a listener the caller bound (tests; systemd sockets).
     pub fn with_mqtt_listener(
-        mut self,
+        self,
         listener: std::net::TcpListener,
         config: crate::mqtt::MqttConfig,
     ) -> Self {
-        self.mqtt = Some((MqttListen::Listener(listener), config));
+        let mut b = self.with_mqtt_config(config);
+        b.mqtt_listen.tcp = Some(crate::mqtt::listen::TcpListen::Listener(listener));
+        b
+    }
+
+    /// The MQTT door's limits, for whichever transports it listens on (the defaults unless
+    /// given).
+    pub fn with_mqtt_config(mut self, config: crate::mqtt::MqttConfig) -> Self {
+        self.mqtt = Some(config);
+        self
+    }
+
+    /// MQTT over TLS on TCP `addr`, presenting the device-facing identity; the same rule on
+    /// addresses other than loopback as [`with_mqtt`](Self::with_mqtt).
+    pub fn with_mqtt_tls(mut self, addr: SocketAddr) -> Self {
+        self.mqtt_listen.tls = Some(crate::mqtt::listen::TcpListen::Addr(addr));
+        self
+    }
+
+    /// MQTT over QUIC (ALPN `mqtt`, single-stream mode) on UDP `addr`, presenting the
+    /// device-facing identity; the same rule on addresses other than loopback.
+    pub fn with_mqtt_quic(mut self, addr: SocketAddr) -> Self {
+        self.mqtt_listen.quic = Some(addr);
         self
     }
 
@@ -319,26 +338,20 @@ impl GatewayBuilder {
             &self.transport,
             seed.map(|s| s + 1),
         )?;
-        let mqtt = match self.mqtt {
-            None => None,
-            Some((listen, cfg)) => {
-                cfg.check().map_err(BuildError::MqttConfig)?;
-                let listener = match listen {
-                    MqttListen::Listener(l) => l,
-                    MqttListen::Addr(a) => {
-                        std::net::TcpListener::bind(a).map_err(|e| BuildError::Mqtt(a, e))?
-                    }
-                };
-                let addr = listener
-                    .local_addr()
-                    .map_err(|e| BuildError::Mqtt(([0, 0, 0, 0], 0).into(), e))?;
-                listener
-                    .set_nonblocking(true)
-                    .and_then(|()| tokio::net::TcpListener::from_std(listener))
-                    .map(|l| (l, addr, cfg))
-                    .map(Some)
-                    .map_err(|e| BuildError::Mqtt(addr, e))?
-            }
+        let mqtt = if self.mqtt.is_none() && self.mqtt_listen.is_empty() {
+            None
+        } else {
+            let cfg = self.mqtt.unwrap_or_default();
+            cfg.check().map_err(BuildError::MqttConfig)?;
+            let quic_seed = seed.map(|s| s + 2);
+            let bound = crate::mqtt::listen::bind(
+                self.mqtt_listen,
+                &cfg,
+                &identity,
+                &self.transport,
+                quic_seed,
+            )?;
+            Some((bound, cfg))
         };
         let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
@@ -354,19 +367,13 @@ impl GatewayBuilder {
             .map(|s| tokio::spawn(gateway.clone().drain_spool(s)));
         let mqtt = match mqtt {
             None => None,
-            Some((listener, addr, cfg)) => {
-                if crate::mqtt::open_to_anyone(addr) {
-                    tracing::warn!(
-                        %addr,
-                        "the MQTT door is OPEN TO ANYONE who reaches tcp/{addr}: it has no authentication yet and takes any client id; bind it to loopback (127.0.0.1) unless a firewall keeps others out"
-                    );
-                }
+            Some((bound, cfg)) => {
                 let salt = match seed {
                     Some(s) => s.rotate_left(17) ^ 0x6d71_7474,
                     None => u64::from_le_bytes(os_random()?[..8].try_into().expect("8 bytes")),
                 };
                 let door = crate::mqtt::MqttDoor::new(gateway.clone(), cfg, salt);
-                Some((addr, tokio::spawn(door.serve(listener))))
+                Some(bound.serve(&door))
             }
         };
         Ok(RunningGateway {
@@ -397,8 +404,8 @@ pub struct RunningGateway {
     task: tokio::task::JoinHandle<()>,
     /// The spool's drain, if the gateway has a spool.
     drain: Option<tokio::task::JoinHandle<()>>,
-    /// The MQTT door's address and listener task, if it has one.
-    mqtt: Option<(SocketAddr, tokio::task::JoinHandle<()>)>,
+    /// The MQTT door's listeners, if it has a door.
+    mqtt: Option<crate::mqtt::listen::Running>,
 }
 
 impl RunningGateway {
@@ -407,15 +414,27 @@ impl RunningGateway {
         self.endpoint.local_addr()
     }
 
-    /// Where MQTT clients reach it, if it has an MQTT door.
+    /// Where MQTT clients reach it over TCP, if its MQTT door listens there.
     pub fn mqtt_addr(&self) -> Option<SocketAddr> {
-        self.mqtt.as_ref().map(|(a, _)| *a)
+        self.mqtt.as_ref().and_then(|m| m.tcp)
+    }
+
+    /// Where MQTT clients reach it over TLS, if its MQTT door listens there.
+    pub fn mqtt_tls_addr(&self) -> Option<SocketAddr> {
+        self.mqtt.as_ref().and_then(|m| m.tls)
+    }
+
+    /// Where MQTT clients reach it over QUIC, if its MQTT door listens there.
+    pub fn mqtt_quic_addr(&self) -> Option<SocketAddr> {
+        self.mqtt
+            .as_ref()
+            .and_then(|m| m.quic.as_ref().map(|(_, a)| *a))
     }
 
     /// Stop taking MQTT connections (open ones carry on until they close).
     pub fn stop_mqtt(&self) {
-        if let Some((_, t)) = &self.mqtt {
-            t.abort();
+        if let Some(m) = &self.mqtt {
+            m.stop();
         }
     }
 

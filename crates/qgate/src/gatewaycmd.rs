@@ -102,9 +102,18 @@ pub struct GatewayArgs {
     /// authentication yet: an address other than loopback lets anyone publish.
     #[arg(long, value_name = "ADDR")]
     mqtt: Option<SocketAddr>,
+    /// Open the MQTT door over TLS on ADDR (e.g. 127.0.0.1:8883), with the certificate the
+    /// device port presents [default: [gateway.mqtt] tls_listen, else off].
+    #[arg(long, value_name = "ADDR")]
+    mqtt_tls: Option<SocketAddr>,
+    /// Open the MQTT door over QUIC on UDP ADDR (ALPN mqtt, one stream per MQTT connection,
+    /// as EMQX serves it; e.g. 127.0.0.1:14567) [default: [gateway.mqtt] quic_listen, else off].
+    #[arg(long, value_name = "ADDR")]
+    mqtt_quic: Option<SocketAddr>,
 }
 
-/// Where the MQTT door listens when `[gateway.mqtt]` names no address.
+/// Where the MQTT door listens over TCP when neither `[gateway.mqtt]` nor a flag names an
+/// address.
 const DEFAULT_MQTT: &str = "127.0.0.1:1883";
 
 fn secs(d: Duration) -> String {
@@ -369,21 +378,46 @@ pub fn gateway(a: GatewayArgs, cfg: &Config) -> Result<(), Failure> {
         if let Some(s) = spool {
             builder = builder.with_spool(s);
         }
-        if a.mqtt.is_some() || g.mqtt.is_some() {
-            let section = g.mqtt.clone().unwrap_or_default();
-            let addr = a
-                .mqtt
-                .or(section.listen)
-                .unwrap_or_else(|| DEFAULT_MQTT.parse().expect("valid"));
-            builder = builder.with_mqtt(addr, section.config);
+        let section = g.mqtt.clone().unwrap_or_default();
+        let tcp = a.mqtt.or(section.listen);
+        let tls = a.mqtt_tls.or(section.tls_listen);
+        let quic = a.mqtt_quic.or(section.quic_listen);
+        if g.mqtt.is_some() || tcp.is_some() || tls.is_some() || quic.is_some() {
+            // A [gateway.mqtt] section naming no listener opens TCP on the default address.
+            let tcp = tcp.or_else(|| {
+                (tls.is_none() && quic.is_none()).then(|| DEFAULT_MQTT.parse().expect("valid"))
+            });
+            builder = match tcp {
+                Some(t) => builder.with_mqtt(t, section.config),
+                None => builder.with_mqtt_config(section.config),
+            };
+            if let Some(t) = tls {
+                builder = builder.with_mqtt_tls(t);
+            }
+            if let Some(q) = quic {
+                builder = builder.with_mqtt_quic(q);
+            }
         }
         let running = builder.start()?;
-        let mqtt_note = match running.mqtt_addr() {
-            Some(m) if qgate_gateway::mqtt::open_to_anyone(m) => {
-                format!(", MQTT on tcp/{m} OPEN TO ANYONE (no authentication yet)")
-            }
-            Some(m) => format!(", MQTT on tcp/{m}"),
-            None => String::new(),
+        let doors: Vec<String> = [
+            ("tcp", running.mqtt_addr()),
+            ("tls", running.mqtt_tls_addr()),
+            ("quic", running.mqtt_quic_addr()),
+        ]
+        .into_iter()
+        .filter_map(|(what, addr)| {
+            let m = addr?;
+            Some(if qgate_gateway::mqtt::open_to_anyone(m) {
+                format!("{what}/{m} OPEN TO ANYONE (no authentication yet)")
+            } else {
+                format!("{what}/{m}")
+            })
+        })
+        .collect();
+        let mqtt_note = if doors.is_empty() {
+            String::new()
+        } else {
+            format!(", MQTT on {}", doors.join(", "))
         };
         let local = running.addr();
         let gw = running.gateway.clone();

@@ -326,6 +326,9 @@ pub struct Loopback {
     pub stats: Arc<ServerStats>,
     /// Where MQTT clients reach the gateway, if it has an MQTT door.
     pub mqtt: Option<SocketAddr>,
+    /// The door's TLS and QUIC listeners, if it has a door.
+    pub mqtt_tls: Option<SocketAddr>,
+    pub mqtt_quic: Option<SocketAddr>,
 }
 
 /// [`Loopback`] with one backhaul path per address in `paths` (e.g. "127.0.0.2:0") and scheduler
@@ -344,7 +347,8 @@ pub async fn loopback_shaped(
     loopback_with(cfg, paths, sched, shape, None).await
 }
 
-/// [`loopback`] with an MQTT door on 127.0.0.1 (any port) configured by `mqtt`.
+/// [`loopback`] with an MQTT door configured by `mqtt` on 127.0.0.1 (any port) over TCP, TLS
+/// and QUIC.
 pub async fn loopback_mqtt(paths: &[&str], mqtt: qgate_gateway::mqtt::MqttConfig) -> Loopback {
     loopback_with(
         GatewayConfig::default(),
@@ -382,7 +386,10 @@ async fn loopback_with(
         };
     }
     if let Some(m) = mqtt {
-        builder = builder.with_mqtt(sa("127.0.0.1:0"), m);
+        builder = builder
+            .with_mqtt(sa("127.0.0.1:0"), m)
+            .with_mqtt_tls(sa("127.0.0.1:0"))
+            .with_mqtt_quic(sa("127.0.0.1:0"));
     }
     let running = builder.start().unwrap();
     assert!(running.paths_measured(Duration::from_secs(10)).await);
@@ -390,6 +397,8 @@ async fn loopback_with(
     Loopback {
         gw,
         mqtt: running.mqtt_addr(),
+        mqtt_tls: running.mqtt_tls_addr(),
+        mqtt_quic: running.mqtt_quic_addr(),
         _running: running,
         addr,
         trust: pki.trust(),

@@ -32,7 +32,7 @@ pub struct GatewaySection {
     pub paths: Vec<PathSection>,
     /// `[gateway.spool]`: keep records no path can take on this disk (issue 50); none = off.
     pub spool: Option<SpoolSection>,
-    /// `[gateway.mqtt]`: the MQTT front door over TCP (issue 51); none = off.
+    /// `[gateway.mqtt]`: the MQTT front door over TCP, TLS and QUIC (issue 51); none = off.
     pub mqtt: Option<MqttSection>,
     /// Limits and timeouts: the gateway crate's own configuration (`server_name`,
     /// `max_devices`, `request_timeout = "5s"`, …), not a copy of it.
@@ -122,16 +122,24 @@ impl SpoolSection {
     }
 }
 
-/// `[gateway.mqtt]`: where the MQTT door listens (`listen = "127.0.0.1:1883"`, or
-/// `qgate gateway --mqtt ADDR`) and the gateway crate's own MQTT limits
+/// `[gateway.mqtt]`: where the MQTT door listens (`listen = "127.0.0.1:1883"`, `tls_listen`,
+/// `quic_listen`, or `qgate gateway --mqtt ADDR`, `--mqtt-tls`, `--mqtt-quic`; the section
+/// alone opens TCP on 127.0.0.1:1883) and the gateway crate's own MQTT limits
 /// (`qgate_gateway::mqtt::MqttConfig`: `priority_topics = ["alarms/#"]`, `max_connections`, …).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MqttSection {
-    /// The TCP address MQTT clients connect to [default: 127.0.0.1:1883]. Any other than
-    /// loopback lets anyone in: there is no authentication yet (issue 49).
+    /// The TCP address MQTT clients connect to [default: 127.0.0.1:1883 unless `tls_listen` or
+    /// `quic_listen` is set]. Any address (of the three) other than loopback lets anyone in:
+    /// there is no authentication yet (issue 49).
     pub listen: Option<SocketAddr>,
-    /// Limits and the class rule.
+    /// The TCP address MQTT-over-TLS clients connect to (e.g. 127.0.0.1:8883), with the
+    /// certificate the device port presents; none = no TLS listener.
+    pub tls_listen: Option<SocketAddr>,
+    /// The UDP address MQTT-over-QUIC clients connect to (ALPN `mqtt`, single-stream mode, e.g.
+    /// 127.0.0.1:14567); none = no QUIC listener.
+    pub quic_listen: Option<SocketAddr>,
+    /// Limits and the class rule, the same on every transport.
     #[serde(flatten)]
     pub config: qgate_gateway::mqtt::MqttConfig,
 }

@@ -272,10 +272,12 @@ ttl = "30s"
 
     #[test]
     fn gateway_mqtt_section_is_the_gateway_crates_config_plus_listen() {
-        let text = "[gateway.mqtt]\nlisten = \"127.0.0.1:1884\"\npriority_topics = [\"alarms/#\"]\nmax_connections = 10\n";
+        let text = "[gateway.mqtt]\nlisten = \"127.0.0.1:1884\"\ntls_listen = \"127.0.0.1:8884\"\nquic_listen = \"127.0.0.1:14568\"\npriority_topics = [\"alarms/#\"]\nmax_connections = 10\n";
         let cfg = Config::parse(text, "x.toml").unwrap();
         let m = cfg.gateway.mqtt.unwrap();
         assert_eq!(m.listen, Some("127.0.0.1:1884".parse().unwrap()));
+        assert_eq!(m.tls_listen, Some("127.0.0.1:8884".parse().unwrap()));
+        assert_eq!(m.quic_listen, Some("127.0.0.1:14568".parse().unwrap()));
         assert_eq!(m.config.priority_topics, ["alarms/#"]);
         assert_eq!(m.config.max_connections, 10);
         assert_eq!(
