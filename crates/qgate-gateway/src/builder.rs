@@ -356,6 +356,7 @@ impl GatewayBuilder {
         let mut gateway = Gateway::new(paths, self.config);
         gateway.shapers = shapers;
         gateway.devices_authenticated = self.device_ca.is_some() || self.device_tokens.is_some();
+        gateway.devices_by_certificate = self.device_ca.is_some();
         gateway.device_tokens = self.device_tokens;
         if let Some(s) = self.spool.clone() {
             gateway.set_spool(s);

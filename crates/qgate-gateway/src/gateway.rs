@@ -34,16 +34,23 @@ enum Noise {
     Registration,
     Refused,
     Failed,
+    /// Refused for want of a usable identity: its own budget, so a flood of bad credentials
+    /// hides no other refusal.
+    Unauthenticated,
 }
 
 /// The log gates, one per [`Noise`]: each kind of line at most 10 times a minute.
-struct LogGates([LogGate; 3]);
+struct LogGates([LogGate; 4]);
 
 impl Default for LogGates {
     fn default() -> Self {
-        LogGates([const { LogGate::new(10, Duration::from_secs(60)) }; 3])
+        LogGates([const { LogGate::new(10, Duration::from_secs(60)) }; 4])
     }
 }
+
+/// Before this (2025-01-01, Unix seconds) the gateway's clock cannot be right: credential
+/// expiries are not checked against it.
+const SANE_CLOCK: u64 = 1_735_689_600;
 
 /// A warning a peer can provoke: written if its kind's gate admits it (with the count of lines
 /// left out before it), otherwise only counted.
@@ -66,7 +73,7 @@ pub struct Gateway {
     endpoint: std::sync::OnceLock<Arc<EndpointStats>>,
     next_conn: AtomicU64,
     /// Device connections being served, for the admin port's list and close.
-    conns: Mutex<std::collections::HashMap<ConnId, shared_driver::Connection>>,
+    conns: Mutex<std::collections::HashMap<ConnId, (shared_driver::Connection, Known)>>,
     /// One attempt's limit: the core's, which also sets the retry budget from it.
     attempt_timeout: Duration,
     cfg: GatewayConfig,
@@ -88,6 +95,8 @@ pub struct Gateway {
     mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttStats>>,
     /// Whether devices authenticate with certificates (set by the builder, decision G30).
     pub(crate) devices_authenticated: bool,
+    /// Whether devices may present certificates (a device CA is set, decision G30).
+    pub(crate) devices_by_certificate: bool,
     /// The key device tokens are checked with, if devices may use tokens (decision G33).
     pub(crate) device_tokens: Option<qgate_transport::token::TokenKey>,
     /// The wall clock at start (ms since the Unix epoch) and the runtime's clock then: spooled
@@ -137,6 +146,7 @@ impl Gateway {
             spool: None,
             mqtt: std::sync::OnceLock::new(),
             devices_authenticated: false,
+            devices_by_certificate: false,
             device_tokens: None,
             epoch: (
                 Instant::now(),
@@ -182,14 +192,15 @@ impl Gateway {
                 },
             };
             let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+            let known = Known::default();
             let handler = Arc::new(DeviceConnection {
                 gw: self.clone(),
                 id,
                 conn: conn.clone(),
-                identity: std::sync::OnceLock::new(),
+                identity: known.clone(),
             });
             let limits = limits.clone();
-            lock(&self.conns).insert(id, conn.clone());
+            lock(&self.conns).insert(id, (conn.clone(), known));
             let listed = Listed {
                 gw: self.clone(),
                 id,
@@ -671,6 +682,10 @@ impl Drop for Admitted<'_> {
     }
 }
 
+/// A device connection's identity once known (its certificate's or token's name), and until
+/// when its credential holds (Unix seconds); shared with the admin port's list.
+pub(crate) type Known = Arc<std::sync::OnceLock<(Arc<str>, u64)>>;
+
 /// A device connection's entry in the admin port's list, removed on drop (also if its task
 /// panics or is aborted), so the list never holds a handle keeping a connection open.
 struct Listed {
@@ -690,31 +705,31 @@ struct DeviceConnection {
     gw: Arc<Gateway>,
     id: ConnId,
     conn: shared_driver::Connection,
-    /// The identity its certificate names, once read.
-    identity: std::sync::OnceLock<Arc<str>>,
+    /// The identity its certificate or token names, once read, and until when.
+    identity: Known,
 }
 
 impl DeviceConnection {
     /// The device's identity when the gateway authenticates devices (decisions G30, G33):
     /// `Ok(None)` when it does not, `Err` (the answer) when this connection has no usable
-    /// identity yet. A connection's identity is its certificate's, else that of the first
-    /// valid token it sends, and stays its own.
+    /// identity now. A connection's identity is its certificate's, else that of the first valid
+    /// token it sends, and stays; it is checked against the credential's end on every request
+    /// (a resumed TLS session keeps a certificate TLS does not check again, and a connection
+    /// may outlive a token).
     fn identity(&self, req: &Request<()>) -> Result<Option<Arc<str>>, Box<Response<Bytes>>> {
         if !self.gw.devices_authenticated {
             return Ok(None);
         }
-        if let Some(id) = self.identity.get() {
-            return Ok(Some(id.clone()));
-        }
+        let tokens = self.gw.device_tokens.as_ref();
         let refuse = |status: StatusCode, why: &str| {
             let device = self.conn.remote_address();
-            noisy_warn!(self.gw, Noise::Refused, %device, error = %why, "device refused: no usable identity");
+            noisy_warn!(self.gw, Noise::Unauthenticated, %device, error = %why, "device refused: no usable identity");
             self.gw
                 .stats
                 .unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
             let mut r = text(status, format!("{why}\n"));
-            if status == StatusCode::UNAUTHORIZED {
+            if status == StatusCode::UNAUTHORIZED && tokens.is_some() {
                 r.headers_mut().insert(
                     http::header::WWW_AUTHENTICATE,
                     http::HeaderValue::from_static("Bearer error=\"invalid_token\""),
@@ -722,28 +737,64 @@ impl DeviceConnection {
             }
             Err(Box::new(r))
         };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if now < SANE_CLOCK {
+            // Every expiry would pass: fail closed until the clock is set.
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gateway's clock is not set: it cannot check credentials",
+            );
+        }
+        let keep = |id: peer_id::Identified| {
+            let (name, _) = self.identity.get_or_init(|| (id.name.into(), id.until));
+            Ok(Some(name.clone()))
+        };
+        if let Some((name, until)) = self.identity.get() {
+            return if now < *until {
+                Ok(Some(name.clone()))
+            } else {
+                refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "this connection's credential has expired: connect again with a valid one",
+                )
+            };
+        }
         match peer_id::peer_identity(self.conn.peer_identity()) {
-            Some(Ok(id)) => return Ok(Some(self.identity.get_or_init(|| id.into()).clone())),
+            Some(Ok(id)) if now < id.until => return keep(id),
+            Some(Ok(_)) => {
+                return refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "the client certificate has expired",
+                )
+            }
             Some(Err(e)) => return refuse(StatusCode::FORBIDDEN, &e.to_string()),
             None => {}
         }
-        if let Some(key) = &self.gw.device_tokens {
+        if let Some(key) = tokens {
             let bearer = req
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            if let Some(token) = bearer {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
+                .and_then(|v| v.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
+            if let Some((_, token)) = bearer {
                 return match key.verify(token.trim(), now) {
-                    Ok(id) => Ok(Some(self.identity.get_or_init(|| id.into()).clone())),
+                    Ok(id) => keep(id),
                     Err(e) => refuse(StatusCode::UNAUTHORIZED, &e.to_string()),
                 };
             }
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                if self.gw.devices_by_certificate {
+                    "this gateway takes devices with a client certificate or a token (authorization: Bearer) only"
+                } else {
+                    "this gateway takes devices with a token (authorization: Bearer) only"
+                },
+            );
         }
-        if self.gw.device_tokens.is_none() && !self.conn.is_established() {
+        if !self.conn.is_established() {
             // Early data on a connection that is not resuming an authenticated session: the
             // certificate comes with the end of the handshake (RFC 8446 §4.4.2).
             return Err(Box::new(text(
@@ -751,12 +802,10 @@ impl DeviceConnection {
                 "send it again once the handshake is done: the gateway authenticates devices\n",
             )));
         }
-        let how = if self.gw.device_tokens.is_some() {
-            "this gateway takes devices with a client certificate or a token (authorization: Bearer) only"
-        } else {
-            "this gateway takes devices with a client certificate only"
-        };
-        refuse(StatusCode::UNAUTHORIZED, how)
+        refuse(
+            StatusCode::FORBIDDEN,
+            "this gateway takes devices with a client certificate only",
+        )
     }
 }
 

@@ -376,4 +376,68 @@ async fn a_device_without_a_certificate_is_known_by_its_token() {
     }
     assert_eq!(s.far.devices.lock().unwrap().len(), 2);
     assert_eq!(s.gw.stats.snapshot().unauthenticated, 4);
+
+    // A connection outliving its token: refused from the token's end on.
+    let d = device(Some(signer.token("tracker-6", now, 2)))
+        .await
+        .unwrap();
+    d.send("/ingest/t", Bytes::from_static(b"in time"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    match d.send("/ingest/t", Bytes::from_static(b"too late")).await {
+        Err(qgate_gateway::device::DeviceError::Refused { status, .. }) => {
+            assert_eq!(status, StatusCode::UNAUTHORIZED)
+        }
+        other => panic!("a request past the token's end: {other:?}"),
+    }
+    assert_eq!(s.far.devices.lock().unwrap().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_does_not_outlive_its_certificate() {
+    let s = tokio::time::timeout(Duration::from_secs(30), setup())
+        .await
+        .unwrap();
+    let now = SystemTime::now();
+    let short = Validity {
+        from: now - Duration::from_secs(3600),
+        until: now + Duration::from_secs(2),
+    };
+    let dev = identity(&pki::issue(&s.ca, "meter-4", Role::Client, short).unwrap());
+    let ccfg = client_config_with_identity(
+        &s.pki.trust(),
+        &[ALPN_H3],
+        &TransportOptions::default(),
+        Some(&dev),
+    )
+    .unwrap();
+    let ep = endpoint(
+        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+        None,
+        None,
+    )
+    .unwrap();
+    let c = connect(&ep, &ccfg, s.addr, "localhost", false)
+        .await
+        .unwrap();
+    let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+    let d = Device::register(h3, false).await.unwrap();
+    d.send("/ingest/t", Bytes::from_static(b"valid"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // TLS resumes the session without checking its certificate again; the gateway does.
+    let c = connect(&ep, &ccfg, s.addr, "localhost", true)
+        .await
+        .unwrap();
+    let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+    match Device::register(h3, false).await {
+        Err(qgate_gateway::device::DeviceError::Refused { status, body, .. }) => {
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}")
+        }
+        Err(e) => eprintln!("refused in the handshake: {e}"),
+        Ok(_) => panic!("a session resumed past its certificate's end registered"),
+    }
+    assert_eq!(*s.far.devices.lock().unwrap(), ["meter-4"]);
 }

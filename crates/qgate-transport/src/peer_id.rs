@@ -28,18 +28,36 @@ pub enum IdentityError {
     Unusable,
 }
 
-/// The identity `cert` names (see the module's rule).
-pub fn certificate_identity(cert: &CertificateDer<'_>) -> Result<String, IdentityError> {
+/// A peer's identity and until when the credential that gave it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identified {
+    /// Its name (see the module's rule).
+    pub name: String,
+    /// Seconds since the Unix epoch after which it is no longer valid (a certificate's
+    /// notAfter, a token's exp). A resumed TLS session carries the certificate of the session
+    /// it resumes and TLS does not check it again, so whoever keeps the identity checks this.
+    pub until: u64,
+}
+
+/// The identity `cert` names (see the module's rule). Alternative names that cannot be read
+/// refuse the certificate rather than fall back to its common name.
+pub fn certificate_identity(cert: &CertificateDer<'_>) -> Result<Identified, IdentityError> {
     let (_, c) = x509_parser::parse_x509_certificate(cert.as_ref())
         .map_err(|_| IdentityError::Unreadable)?;
+    let until = u64::try_from(c.validity().not_after.timestamp()).unwrap_or(0);
+    let sans = c
+        .subject_alternative_name()
+        .map_err(|_| IdentityError::Unreadable)?;
     let (mut uri, mut dns) = (None, None);
-    if let Ok(Some(san)) = c.subject_alternative_name() {
-        for n in &san.value.general_names {
-            match n {
-                GeneralName::URI(u) if uri.is_none() => uri = Some(*u),
-                GeneralName::DNSName(d) if dns.is_none() => dns = Some(*d),
-                _ => {}
+    for n in sans.iter().flat_map(|s| &s.value.general_names) {
+        match n {
+            GeneralName::URI(u) if uri.is_none() => uri = Some(*u),
+            GeneralName::DNSName(d) if dns.is_none() => dns = Some(*d),
+            // A URI (tag 6) or DNS name (tag 2) that is not text is not read as no name.
+            GeneralName::Invalid(tag, _) if matches!(tag.0, 2 | 6) => {
+                return Err(IdentityError::Unreadable)
             }
+            _ => {}
         }
     }
     let cn = || {
@@ -52,14 +70,17 @@ pub fn certificate_identity(cert: &CertificateDer<'_>) -> Result<String, Identit
     if name.is_empty() || name.len() > MAX_IDENTITY || !name.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(IdentityError::Unusable);
     }
-    Ok(name.to_owned())
+    Ok(Identified {
+        name: name.to_owned(),
+        until,
+    })
 }
 
 /// The identity of a connection's peer, from what its TLS session says of it
 /// (`quinn::Connection::peer_identity` or the shared driver's): `None` while the peer has shown
 /// no certificate (none asked for, or the handshake is not done; a resumed session has the
 /// certificate of the one it resumes).
-pub fn peer_identity(peer: Option<Box<dyn Any>>) -> Option<Result<String, IdentityError>> {
+pub fn peer_identity(peer: Option<Box<dyn Any>>) -> Option<Result<Identified, IdentityError>> {
     let chain = peer?.downcast::<Vec<CertificateDer<'static>>>().ok()?;
     chain.first().map(certificate_identity)
 }
@@ -86,15 +107,21 @@ mod tests {
         let uri = SanType::URI("urn:dev:sensor-1".try_into().unwrap());
         let dns = SanType::DnsName("sensor-1.fleet".try_into().unwrap());
         assert_eq!(
-            certificate_identity(&cert(vec![dns.clone(), uri], Some("cn-1"))).unwrap(),
+            certificate_identity(&cert(vec![dns.clone(), uri], Some("cn-1")))
+                .unwrap()
+                .name,
             "urn:dev:sensor-1"
         );
         assert_eq!(
-            certificate_identity(&cert(vec![dns], Some("cn-1"))).unwrap(),
+            certificate_identity(&cert(vec![dns], Some("cn-1")))
+                .unwrap()
+                .name,
             "sensor-1.fleet"
         );
         assert_eq!(
-            certificate_identity(&cert(vec![], Some("cn-1"))).unwrap(),
+            certificate_identity(&cert(vec![], Some("cn-1")))
+                .unwrap()
+                .name,
             "cn-1"
         );
         assert_eq!(

@@ -11,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ring::signature::{self, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 
-use crate::peer_id::MAX_IDENTITY;
+use crate::peer_id::{Identified, MAX_IDENTITY};
 
 /// The header every token carries.
 const HEADER: &str = r#"{"alg":"EdDSA","typ":"JWT"}"#;
@@ -75,7 +75,7 @@ impl TokenKey {
 
     /// The device `token` names, if it verifies and is valid at `now` (seconds since the
     /// Unix epoch).
-    pub fn verify(&self, token: &str, now: u64) -> Result<String, TokenError> {
+    pub fn verify(&self, token: &str, now: u64) -> Result<Identified, TokenError> {
         if token.len() > MAX_TOKEN {
             return Err(TokenError::Malformed);
         }
@@ -111,7 +111,10 @@ impl TokenKey {
         if now >= exp || claims.nbf.is_some_and(|n| now < n) {
             return Err(TokenError::Expired);
         }
-        Ok(sub)
+        Ok(Identified {
+            name: sub,
+            until: exp,
+        })
     }
 }
 
@@ -208,7 +211,8 @@ mod tests {
         let again = TokenSigner::from_pem(&private).unwrap();
         assert_eq!(again.public_pem(), s.public_pem());
         let t = s.token("meter-9", NOW, 3600);
-        assert_eq!(key.verify(&t, NOW + 10).unwrap(), "meter-9");
+        let id = key.verify(&t, NOW + 10).unwrap();
+        assert_eq!((id.name.as_str(), id.until), ("meter-9", NOW + 3600));
         assert_eq!(key.verify(&t, NOW + 3600), Err(TokenError::Expired));
         // Another operator's key, a changed claim, garbage.
         let (_, other) = TokenSigner::generate().unwrap();

@@ -26,7 +26,7 @@ enum PkiCommand {
         #[arg(long, default_value = "qgate device CA")]
         name: String,
         /// Days it is valid.
-        #[arg(long, default_value_t = 3650)]
+        #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
     },
     /// Issue a certificate for NAME signed by the CA in --ca: OUT/NAME.pem and OUT/NAME.key. A
@@ -42,7 +42,7 @@ enum PkiCommand {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
         /// Days it is valid.
-        #[arg(long, default_value_t = 365)]
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
         /// A server certificate (a gateway's device port) instead of a client's.
         #[arg(long)]
@@ -63,7 +63,7 @@ enum PkiCommand {
         #[arg(long, value_name = "DIR")]
         key: PathBuf,
         /// Days it is valid.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
     },
 }

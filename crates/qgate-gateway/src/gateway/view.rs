@@ -67,7 +67,7 @@ pub struct ConnectionView {
     pub id: ConnId,
     /// The device's address now.
     pub remote: String,
-    /// The identity its certificate names, when the gateway authenticates devices (G30).
+    /// The identity its certificate or token names, once it has shown one (G30, G33).
     pub identity: Option<String>,
     /// Sessions it holds.
     pub sessions: usize,
@@ -149,15 +149,11 @@ impl Gateway {
         let rows = ids
             .into_iter()
             .map(|id| {
-                let c = &conns[&id];
+                let (c, known) = &conns[&id];
                 ConnectionView {
                     id,
                     remote: c.remote_address().to_string(),
-                    identity: self
-                        .devices_authenticated
-                        .then(|| qgate_transport::peer_id::peer_identity(c.peer_identity()))
-                        .flatten()
-                        .and_then(Result::ok),
+                    identity: known.get().map(|(name, _)| name.to_string()),
                     sessions: per_conn.get(&id).copied().unwrap_or(0),
                 }
             })
@@ -168,7 +164,7 @@ impl Gateway {
     /// Close device connection `id` (its sessions end with it); false if there is none.
     pub fn close_connection(&self, id: ConnId) -> bool {
         match lock(&self.conns).get(&id) {
-            Some(c) => {
+            Some((c, _)) => {
                 // H3_NO_ERROR (RFC 9114 §8.1): the device may reconnect at once.
                 c.close(0x100, b"closed by the operator");
                 true

@@ -69,6 +69,12 @@ impl GatewayApi {
             ("listen", differs(&started.listen, &new.listen)),
             ("server", differs(&started.server, &new.server)),
             ("ca", differs(&started.ca, &new.ca)),
+            // Credentials are read at start: a CA removed or a key rotated takes a restart.
+            ("device_ca", differs(&started.device_ca, &new.device_ca)),
+            (
+                "device_token_key",
+                differs(&started.device_token_key, &new.device_token_key),
+            ),
             (
                 "probe_interval",
                 differs(&started.probe_interval, &new.probe_interval),
