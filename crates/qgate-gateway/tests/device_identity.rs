@@ -16,8 +16,8 @@ use qgate_transport::http3::{self, H3Client, Handler, ServeLimits, ALPN_H3};
 use qgate_transport::pki::{self, Issued, Role, Validity};
 use qgate_transport::token::{TokenKey, TokenSigner};
 use qgate_transport::{
-    client_config_with_identity, connect, endpoint, server_config, DevPki, Identity, Socket,
-    TransportOptions, TrustRoots,
+    client_config_with_identity, connect, endpoint, server_config, Connected, DevPki, Identity,
+    Socket, TransportOptions, TrustRoots,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -131,25 +131,56 @@ async fn setup_with(authenticated: bool, tokens: Option<TokenKey>) -> Setup {
     }
 }
 
+/// A device's TLS client configuration, presenting `me` if given, and its own UDP endpoint:
+/// its connections share the configuration's resumption tickets.
+struct Client {
+    cfg: quinn::ClientConfig,
+    ep: quinn::Endpoint,
+}
+
+impl Client {
+    fn new(s: &Setup, me: Option<&Identity>) -> Client {
+        Client {
+            cfg: client_config_with_identity(
+                &s.pki.trust(),
+                &[ALPN_H3],
+                &TransportOptions::default(),
+                me,
+            )
+            .unwrap(),
+            ep: endpoint(
+                Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
+                None,
+                None,
+            )
+            .unwrap(),
+        }
+    }
+
+    /// A new connection to the gateway (resuming in 0-RTT if `zero_rtt` and it holds a
+    /// ticket) and its HTTP/3 client; the error that ended it first.
+    async fn connect(&self, s: &Setup, zero_rtt: bool) -> Result<(Connected, H3Client), String> {
+        let c = connect(&self.ep, &self.cfg, s.addr, "localhost", zero_rtt)
+            .await
+            .map_err(|e| e.to_string())?;
+        let h3 = H3Client::new(c.connection().clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((c, h3))
+    }
+}
+
 /// A device presenting `me` (or nothing): its registration's answer, or the error that ended
 /// the connection first.
 async fn try_device(s: &Setup, me: Option<&Identity>) -> Result<Device, String> {
-    let ccfg =
-        client_config_with_identity(&s.pki.trust(), &[ALPN_H3], &TransportOptions::default(), me)
-            .unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        None,
-        None,
-    )
-    .unwrap();
-    let c = connect(&ep, &ccfg, s.addr, "localhost", false)
-        .await
-        .map_err(|e| e.to_string())?;
-    let h3 = H3Client::new(c.connection().clone())
-        .await
-        .map_err(|e| e.to_string())?;
+    let (_, h3) = Client::new(s, me).connect(s, false).await?;
     Device::register(h3, true).await.map_err(|e| e.to_string())
+}
+
+/// Wait until the wall clock is a second past `t`: credentials end on whole seconds.
+async fn sleep_past(t: SystemTime) {
+    let left = t.duration_since(SystemTime::now()).unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_secs(1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,33 +241,16 @@ async fn a_returning_device_in_0rtt_keeps_the_identity_of_the_session_it_resumes
         .await
         .unwrap();
     let dev = identity(&pki::issue(&s.ca, "meter-3", Role::Client, Validity::days(1)).unwrap());
-    let ccfg = client_config_with_identity(
-        &s.pki.trust(),
-        &[ALPN_H3],
-        &TransportOptions::default(),
-        Some(&dev),
-    )
-    .unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        None,
-        None,
-    )
-    .unwrap();
-    let c = connect(&ep, &ccfg, s.addr, "localhost", false)
-        .await
-        .unwrap();
-    let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+    let client = Client::new(&s, Some(&dev));
+    let (_, h3) = client.connect(&s, false).await.unwrap();
     let d = Device::register(h3, false).await.unwrap();
     d.send("/ingest/t", Bytes::from_static(b"first"))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await; // the ticket arrives
-    let c = connect(&ep, &ccfg, s.addr, "localhost", true)
-        .await
-        .unwrap();
+    let (c, h3) = client.connect(&s, true).await.unwrap();
     assert!(c.is_0rtt(), "the device resumes with 0-RTT");
-    let h3 = Arc::new(H3Client::new(c.connection().clone()).await.unwrap());
+    let h3 = Arc::new(h3);
     let d = Device::first_use(h3, false, [9; 32]);
     let id = d.next_request_id().unwrap();
     d.send_as("/ingest/t", Bytes::from_static(b"early"), Some(&id))
@@ -251,20 +265,8 @@ async fn a_returning_device_in_0rtt_keeps_the_identity_of_the_session_it_resumes
 /// Bytes on the wire (both ways, UDP payloads) for a device to connect and register, as the
 /// device counts them.
 async fn registration_bytes(s: &Setup, me: Option<&Identity>) -> u64 {
-    let ccfg =
-        client_config_with_identity(&s.pki.trust(), &[ALPN_H3], &TransportOptions::default(), me)
-            .unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        None,
-        None,
-    )
-    .unwrap();
-    let c = connect(&ep, &ccfg, s.addr, "localhost", false)
-        .await
-        .unwrap();
+    let (c, h3) = Client::new(s, me).connect(s, false).await.unwrap();
     let conn = c.connection().clone();
-    let h3 = H3Client::new(conn.clone()).await.unwrap();
     Device::register(h3, true).await.unwrap();
     let st = conn.stats();
     st.udp_tx.bytes + st.udp_rx.bytes
@@ -280,17 +282,19 @@ async fn a_certificate_adds_at_most_1_5_kb_to_a_registration() {
         .unwrap();
     let dev =
         identity(&pki::issue(&authed.ca, "sensor-42", Role::Client, Validity::days(1)).unwrap());
-    let mut plain = Vec::new();
-    let mut with_cert = Vec::new();
-    // The least of five each: acknowledgements and probe timeouts add bytes by timing alone.
-    for _ in 0..5 {
-        plain.push(registration_bytes(&open, None).await);
-        with_cert.push(registration_bytes(&authed, Some(&dev)).await);
+    // The least of five each, and of up to fifteen if a busy machine inflated every one of the
+    // first: acknowledgements and probe timeouts add bytes by timing alone. Bytes, never time,
+    // are compared.
+    let (mut plain, mut with_cert) = (u64::MAX, u64::MAX);
+    for _ in 0..3 {
+        for _ in 0..5 {
+            plain = plain.min(registration_bytes(&open, None).await);
+            with_cert = with_cert.min(registration_bytes(&authed, Some(&dev)).await);
+        }
+        if with_cert <= plain + 1536 {
+            break;
+        }
     }
-    let (plain, with_cert) = (
-        plain.into_iter().min().unwrap(),
-        with_cert.into_iter().min().unwrap(),
-    );
     eprintln!("registration: {plain} B without a certificate, {with_cert} B with one");
     assert!(
         with_cert <= plain + 1536,
@@ -313,23 +317,7 @@ async fn a_device_without_a_certificate_is_known_by_its_token() {
     let device = |token: Option<String>| {
         let s = &s;
         async move {
-            let ccfg = client_config_with_identity(
-                &s.pki.trust(),
-                &[ALPN_H3],
-                &TransportOptions::default(),
-                None,
-            )
-            .unwrap();
-            let ep = endpoint(
-                Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-                None,
-                None,
-            )
-            .unwrap();
-            let c = connect(&ep, &ccfg, s.addr, "localhost", false)
-                .await
-                .unwrap();
-            let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+            let (_, h3) = Client::new(s, None).connect(s, false).await.unwrap();
             match token {
                 Some(t) => Device::register_with_token(h3, false, &t).await,
                 None => Device::register(h3, false).await,
@@ -377,14 +365,20 @@ async fn a_device_without_a_certificate_is_known_by_its_token() {
     assert_eq!(s.far.devices.lock().unwrap().len(), 2);
     assert_eq!(s.gw.stats.snapshot().unauthenticated, 4);
 
-    // A connection outliving its token: refused from the token's end on.
-    let d = device(Some(signer.token("tracker-6", now, 2)))
+    // A connection outliving its token: refused from the token's end on. Five seconds to
+    // register and send first, however busy the machine.
+    let issued = SystemTime::now();
+    let secs = issued
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let d = device(Some(signer.token("tracker-6", secs, 5)))
         .await
         .unwrap();
     d.send("/ingest/t", Bytes::from_static(b"in time"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    sleep_past(issued + Duration::from_secs(5)).await;
     match d.send("/ingest/t", Bytes::from_static(b"too late")).await {
         Err(qgate_gateway::device::DeviceError::Refused { status, .. }) => {
             assert_eq!(status, StatusCode::UNAUTHORIZED)
@@ -400,38 +394,21 @@ async fn a_resumed_session_does_not_outlive_its_certificate() {
         .await
         .unwrap();
     let now = SystemTime::now();
+    // Five seconds to register and send first, however busy the machine.
     let short = Validity {
         from: now - Duration::from_secs(3600),
-        until: now + Duration::from_secs(2),
+        until: now + Duration::from_secs(5),
     };
     let dev = identity(&pki::issue(&s.ca, "meter-4", Role::Client, short).unwrap());
-    let ccfg = client_config_with_identity(
-        &s.pki.trust(),
-        &[ALPN_H3],
-        &TransportOptions::default(),
-        Some(&dev),
-    )
-    .unwrap();
-    let ep = endpoint(
-        Socket::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap(),
-        None,
-        None,
-    )
-    .unwrap();
-    let c = connect(&ep, &ccfg, s.addr, "localhost", false)
-        .await
-        .unwrap();
-    let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+    let client = Client::new(&s, Some(&dev));
+    let (_, h3) = client.connect(&s, false).await.unwrap();
     let d = Device::register(h3, false).await.unwrap();
     d.send("/ingest/t", Bytes::from_static(b"valid"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    sleep_past(short.until).await;
     // TLS resumes the session without checking its certificate again; the gateway does.
-    let c = connect(&ep, &ccfg, s.addr, "localhost", true)
-        .await
-        .unwrap();
-    let h3 = H3Client::new(c.connection().clone()).await.unwrap();
+    let (_, h3) = client.connect(&s, true).await.unwrap();
     match Device::register(h3, false).await {
         Err(qgate_gateway::device::DeviceError::Refused { status, body, .. }) => {
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}")
