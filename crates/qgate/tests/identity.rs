@@ -36,6 +36,28 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// A server and a gateway in front of it with the extra `args` (its credentials, its admin
+/// port), both killed when dropped; the gateway's listening line.
+fn server_and_gateway(
+    home: &Path,
+    args: &[&std::ffi::OsStr],
+) -> (common::Proc, common::Proc, String) {
+    let (server, line) = first_line(
+        qgate(home)
+            .args(["server", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::null()),
+    );
+    let addr = listening_addr(&line);
+    let (gateway, line) = first_line(
+        qgate(home)
+            .args(["gateway", "--listen", "127.0.0.1:0"])
+            .args(["--server", &addr.to_string(), "--path", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::null()),
+    );
+    (server, gateway, line)
+}
+
 #[test]
 fn pki_makes_a_fleet_and_the_gateway_takes_only_its_devices() {
     let home = tmp("fleet");
@@ -60,25 +82,15 @@ fn pki_makes_a_fleet_and_the_gateway_takes_only_its_devices() {
     let o = run(&home, &["pki", "issue", "two words", "--ca", f]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 
-    let (_server, line) = first_line(
-        qgate(&home)
-            .args(["server", "--listen", "127.0.0.1:0"])
-            .stderr(Stdio::null()),
-    );
-    let server = listening_addr(&line);
-    let (_gateway, line) = first_line(
-        qgate(&home)
-            .args([
-                "gateway",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin",
-                "127.0.0.1:0",
-            ])
-            .args(["--server", &server.to_string(), "--path", "127.0.0.1:0"])
-            .arg("--device-ca")
-            .arg(fleet.join("ca.pem"))
-            .stderr(Stdio::null()),
+    let ca = fleet.join("ca.pem");
+    let (_server, _gateway, line) = server_and_gateway(
+        &home,
+        &[
+            "--admin".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--device-ca".as_ref(),
+            ca.as_os_str(),
+        ],
     );
     assert!(line.contains("devices by certificate"), "{line}");
     let gw = listening_addr(&line);
@@ -142,20 +154,9 @@ fn a_token_from_qgate_pki_lets_a_device_without_a_certificate_in() {
     let forged = home.join("forged.token");
     std::fs::write(&forged, token.replace('.', ".x")).unwrap();
 
-    let (_server, line) = first_line(
-        qgate(&home)
-            .args(["server", "--listen", "127.0.0.1:0"])
-            .stderr(Stdio::null()),
-    );
-    let server = listening_addr(&line);
-    let (_gateway, line) = first_line(
-        qgate(&home)
-            .args(["gateway", "--listen", "127.0.0.1:0"])
-            .args(["--server", &server.to_string(), "--path", "127.0.0.1:0"])
-            .arg("--device-token-key")
-            .arg(keys.join("token.pub"))
-            .stderr(Stdio::null()),
-    );
+    let public = keys.join("token.pub");
+    let (_server, _gateway, line) =
+        server_and_gateway(&home, &["--device-token-key".as_ref(), public.as_os_str()]);
     assert!(line.contains("devices by token"), "{line}");
     let url = format!("https://localhost:{}", listening_addr(&line).port());
     let device = |file: &Path| {
